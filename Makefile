@@ -1,0 +1,38 @@
+# Set-up is part of every target: `make run` and `make test` work on a fresh clone.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+# Nothing downloads models at run time: the default model ships in a Python package.
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+# Idle torch threads otherwise spin and steal CPU from PostgreSQL on small machines.
+export OMP_WAIT_POLICY := PASSIVE
+
+.PHONY: run test lint typecheck bench-ingest clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	# torch first, pinned: an unpinned torch pulls a multi-GB CUDA build.
+	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/ragservice serve
+
+test: $(STAMP)
+	$(BIN)/pytest
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+bench-ingest: $(STAMP)
+	$(BIN)/python benchmarks/ingest.py --corpus ../shared/data/scifact
+
+clean:
+	rm -rf $(VENV) .ragservice .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,119 @@
+"""Ingest throughput against the model's raw `encode` on the same chunk texts.
+
+    python benchmarks/ingest.py --corpus ../shared/data/scifact [--limit N] [--database-url URL]
+
+Ingests `corpus.jsonl` (BEIR layout) into a fresh database with the real pipeline, then times
+`encode` of the same model on exactly the chunk texts the pipeline embedded. Prints a table and a
+final JSON line with docs_per_s, chunks_per_s, encode_chunks_per_s and ratio (pipeline / encode).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import time
+from itertools import islice
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+from sqlalchemy import text
+
+from ingest.loaders import load_documents
+from ingest.pipeline import IngestPipeline
+from ragservice.config import Settings
+from ragservice.runtime import open_runtime
+
+
+def main() -> None:
+    args = _parse_args()
+    corpus = args.corpus / "corpus.jsonl" if args.corpus.is_dir() else args.corpus
+    with tempfile.TemporaryDirectory(prefix="rs-bench-") as tmp:
+        settings = Settings(
+            database_url=args.database_url,
+            data_dir=Path(tmp),
+            device=args.device,
+            embed_batch_size=args.batch_size,
+        )
+        runtime = open_runtime(settings)
+        try:
+            runtime.embedder.embed(["warm-up so that lazy initialisation is not timed"] * 8)
+            figures = _measure(runtime, corpus, args.limit)
+        finally:
+            runtime.close()
+    _print(figures)
+
+
+def _measure(runtime: object, corpus: Path, limit: int | None) -> dict[str, object]:
+    from ragservice.runtime import Runtime
+
+    assert isinstance(runtime, Runtime)
+    pipeline = IngestPipeline(
+        runtime.db,
+        runtime.embedder,
+        model_id=runtime.model_id,
+        tenant_id=runtime.default_tenant_id,
+        chunking=runtime.chunking_options(),
+        batch_chunks=runtime.settings.ingest_batch_chunks,
+    )
+    items = islice(load_documents([corpus]), limit)
+    started = time.perf_counter()
+    report = pipeline.run(items, collection="bench")
+    seconds = time.perf_counter() - started
+    if report.failed:
+        raise SystemExit(f"{len(report.failed)} documents failed: {report.failed[:3]}")
+
+    with runtime.db.read() as session:
+        texts = list(
+            session.execute(text("SELECT DISTINCT ON (content_hash) text FROM chunks")).scalars()
+        )
+    started = time.perf_counter()
+    runtime.embedder.embed(texts)
+    encode_seconds = time.perf_counter() - started
+
+    docs = len(report.new)
+    chunks_per_s = report.chunks_embedded / seconds
+    encode_chunks_per_s = len(texts) / encode_seconds
+    return {
+        "docs": docs,
+        "chunks": report.chunks_written,
+        "chunks_embedded": report.chunks_embedded,
+        "seconds": round(seconds, 2),
+        "docs_per_s": round(docs / seconds, 2),
+        "chunks_per_s": round(chunks_per_s, 2),
+        "encode_seconds": round(encode_seconds, 2),
+        "encode_docs_per_s": round(docs / encode_seconds, 2),
+        "encode_chunks_per_s": round(encode_chunks_per_s, 2),
+        "ratio": round(chunks_per_s / encode_chunks_per_s, 3),
+        "device": runtime.embedder.device,
+        "batch_size": runtime.settings.embed_batch_size,
+        "batch_chunks": runtime.settings.ingest_batch_chunks,
+        "chunk_max_tokens": runtime.chunking_options().max_tokens,
+        "chunk_overlap_tokens": runtime.chunking_options().overlap_tokens,
+    }
+
+
+def _print(figures: dict[str, object]) -> None:
+    width = max(map(len, figures))
+    for key, value in figures.items():
+        print(f"{key:<{width}}  {value}")
+    print(json.dumps(figures))
+
+
+def _parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--corpus", type=Path, required=True, help="BEIR folder or corpus.jsonl")
+    parser.add_argument("--limit", type=int, default=None, help="only the first N documents")
+    parser.add_argument("--database-url", default=None, help="default: a fresh embedded server")
+    parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    parser.add_argument("--batch-size", type=int, default=64)
+    return parser.parse_args()
+
+
+if __name__ == "__main__":
+    main()

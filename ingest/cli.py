@@ -1,0 +1,197 @@
+"""The batch ingest command: `ragservice ingest PATH... -c NAME`, also `python -m ingest`.
+
+The output goes to stderr; the exit status is non-zero when any input failed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from ingest.loaders import JsonlFields, load_documents
+from ingest.pipeline import IngestPipeline, IngestReport, ProgressCallback
+from ragservice import store
+from ragservice.config import get_settings
+from ragservice.errors import RagServiceError
+from ragservice.runtime import Runtime, open_runtime
+
+console = Console(stderr=True)
+log = logging.getLogger(__name__)
+
+_MAX_FAILURES_SHOWN = 20
+
+Runner = Callable[[ProgressCallback], IngestReport]
+
+
+def ingest_command(
+    paths: Annotated[list[Path], typer.Argument(help="Files or folders (walked recursively).")],
+    collection: Annotated[str, typer.Option("--collection", "-c", help="Target collection.")],
+    include: Annotated[
+        list[str] | None, typer.Option("--include", help="Glob of files to take (repeatable).")
+    ] = None,
+    exclude: Annotated[
+        list[str] | None, typer.Option("--exclude", help="Glob of files to skip (repeatable).")
+    ] = None,
+    jsonl_fields: Annotated[
+        str | None,
+        typer.Option(
+            "--jsonl-fields",
+            help="JSONL field mapping, e.g. 'id=doc_id,title=name,text=body,metadata=lang|year'. "
+            "Default: BEIR style _id/title/text.",
+        ),
+    ] = None,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Parse, chunk and compare; write nothing.")
+    ] = False,
+    prune: Annotated[
+        bool,
+        typer.Option("--prune", help="Delete documents of the collection that are not in PATHs."),
+    ] = False,
+) -> None:
+    """Load, chunk, embed and store documents. Unchanged documents are skipped."""
+    try:
+        fields = JsonlFields.parse(jsonl_fields) if jsonl_fields else JsonlFields()
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--jsonl-fields") from exc
+    for path in paths:
+        if not path.exists():
+            raise typer.BadParameter(f"{path} does not exist", param_hint="PATHS")
+    try:
+        report = _run(paths, collection, include or [], exclude or [], fields, dry_run, prune)
+    except RagServiceError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(1) from exc
+    _print_summary(report)
+    raise typer.Exit(0 if report.ok else 1)
+
+
+def _run(
+    paths: list[Path],
+    collection: str,
+    include: list[str],
+    exclude: list[str],
+    fields: JsonlFields,
+    dry_run: bool,
+    prune: bool,
+) -> IngestReport:
+    with console.status("starting database and loading the embedding model"):
+        runtime = open_runtime(get_settings())
+    try:
+        pipeline = IngestPipeline(
+            runtime.db,
+            runtime.embedder,
+            model_id=runtime.model_id,
+            tenant_id=runtime.default_tenant_id,
+            chunking=runtime.chunking_options(),
+            batch_chunks=runtime.settings.ingest_batch_chunks,
+        )
+        items = load_documents(paths, include=include, exclude=exclude, jsonl_fields=fields)
+        params = {"paths": [str(p) for p in paths], "include": include, "exclude": exclude}
+
+        def run(on_progress: ProgressCallback) -> IngestReport:
+            return pipeline.run(
+                items, collection=collection, dry_run=dry_run, prune=prune, on_progress=on_progress
+            )
+
+        return _with_job_record(runtime, collection, params, dry_run, run)
+    finally:
+        runtime.close()
+
+
+def _with_job_record(
+    runtime: Runtime,
+    collection: str,
+    params: dict[str, object],
+    dry_run: bool,
+    run: Runner,
+) -> IngestReport:
+    """Run with a progress bar, recording the run in ingest_jobs (not for dry runs)."""
+    job_id = None
+    if not dry_run:
+        with runtime.db.write() as session:
+            collection_id = store.ensure_collection(session, runtime.default_tenant_id, collection)
+            job_id = store.start_job(
+                session,
+                tenant_id=runtime.default_tenant_id,
+                collection_id=collection_id,
+                kind="cli",
+                params=params,
+                worker=f"{socket.gethostname()}:{os.getpid()}",
+            )
+    status, report = "failed", IngestReport(dry_run=dry_run)
+    try:
+        report = _with_progress(run)
+        status = "done" if report.ok else "failed"
+        return report
+    finally:
+        if job_id is not None:
+            with runtime.db.write() as session:
+                store.finish_job(
+                    session,
+                    job_id,
+                    status=status,
+                    counts=report.counts(),
+                    errors=[{"source": f.source, "reason": f.reason} for f in report.failed],
+                )
+
+
+def _with_progress(
+    run: Runner,
+) -> IngestReport:
+    started = time.perf_counter()
+    totals = {"docs": 0, "chunks": 0}
+    columns = (
+        SpinnerColumn(),
+        TextColumn("[bold]{task.fields[docs]:,}[/bold] documents"),
+        TextColumn("[bold]{task.fields[chunks]:,}[/bold] chunks"),
+        TextColumn("{task.fields[rate]:,.1f} chunks/s"),
+        TimeElapsedColumn(),
+    )
+    with Progress(*columns, console=console, transient=False) as progress:
+        task = progress.add_task("ingest", docs=0, chunks=0, rate=0.0)
+
+        def on_progress(docs: int, chunks: int) -> None:
+            totals["docs"] += docs
+            totals["chunks"] += chunks
+            rate = totals["chunks"] / max(time.perf_counter() - started, 1e-9)
+            progress.update(task, docs=totals["docs"], chunks=totals["chunks"], rate=rate)
+
+        return run(on_progress)
+
+
+def _print_summary(report: IngestReport) -> None:
+    table = Table(title="dry run (nothing written)" if report.dry_run else "ingest summary")
+    table.add_column("documents")
+    table.add_column("count", justify="right")
+    for label, value in (
+        ("new" if not report.dry_run else "new or changed", len(report.new)),
+        ("updated", len(report.updated)),
+        ("unchanged", len(report.unchanged)),
+        ("deleted", len(report.deleted)),
+        ("failed", len(report.failed)),
+    ):
+        table.add_row(label, f"{value:,}")
+    console.print(table)
+    console.print(
+        f"chunks written {report.chunks_written:,} (embedded {report.chunks_embedded:,}, "
+        f"reused {report.chunks_reused:,}) in {report.seconds:.1f} s"
+    )
+    for failure in report.failed[:_MAX_FAILURES_SHOWN]:
+        console.print(f"[red]failed[/red] {failure.source}: {failure.reason}")
+    if len(report.failed) > _MAX_FAILURES_SHOWN:
+        console.print(f"… and {len(report.failed) - _MAX_FAILURES_SHOWN} more failures")
+
+
+def main() -> None:
+    """Entry point of `python -m ingest`."""
+    typer.run(ingest_command)

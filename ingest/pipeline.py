@@ -1,0 +1,373 @@
+"""The ingest pipeline: classify → chunk → embed (reusing stored vectors) → write in batches.
+
+The model works on batch N+1 while a writer thread commits batch N, so PostgreSQL never keeps
+the model waiting. Each batch is one transaction: a crash or Ctrl-C leaves whole batches only,
+and a rerun skips what is already stored (by content hash) and finishes the job.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import queue
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from itertools import islice
+from typing import Any
+
+import numpy as np
+
+from ragservice import store
+from ragservice.chunking import ChunkingOptions, chunk_text
+from ragservice.db import Database
+from ragservice.embedding import Embedder, Vectors
+from ragservice.types import LoadedDocument, LoadFailure, TextChunk
+
+log = logging.getLogger(__name__)
+
+ProgressCallback = Callable[[int, int], None]
+"""Called with (documents done, chunks written) increments as the run advances."""
+
+_LOOKUP_BATCH = 256  # documents per round trip when checking stored content hashes
+
+
+@dataclass
+class IngestReport:
+    new: list[str] = field(default_factory=list)
+    updated: list[str] = field(default_factory=list)
+    unchanged: list[str] = field(default_factory=list)
+    deleted: list[str] = field(default_factory=list)
+    failed: list[LoadFailure] = field(default_factory=list)
+    chunks_written: int = 0
+    chunks_embedded: int = 0
+    chunks_reused: int = 0
+    seconds: float = 0.0
+    dry_run: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return not self.failed
+
+    def counts(self) -> dict[str, int]:
+        return {
+            "new": len(self.new),
+            "updated": len(self.updated),
+            "unchanged": len(self.unchanged),
+            "deleted": len(self.deleted),
+            "failed": len(self.failed),
+            "chunks_written": self.chunks_written,
+            "chunks_embedded": self.chunks_embedded,
+            "chunks_reused": self.chunks_reused,
+        }
+
+
+@dataclass(frozen=True)
+class _Pending:
+    """A document that is new or changed, chunked and waiting to be embedded."""
+
+    doc: LoadedDocument
+    content_hash: str
+    chunks: list[TextChunk]
+    chunk_hashes: list[str]
+
+
+def document_hash(doc: LoadedDocument) -> str:
+    """Hash of a document's content: a change in title, text or metadata makes a new version.
+
+    The source path is left out so that the same files ingested from another folder are unchanged.
+    """
+    payload = json.dumps([doc.title, doc.text, doc.metadata], sort_keys=True, ensure_ascii=False)
+    return hashlib.sha256(payload.encode()).hexdigest()
+
+
+def text_hash(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+class IngestPipeline:
+    """Ingests documents into one collection with one embedding model."""
+
+    def __init__(
+        self,
+        db: Database,
+        embedder: Embedder,
+        *,
+        model_id: int,
+        tenant_id: uuid.UUID,
+        chunking: ChunkingOptions,
+        batch_chunks: int = 512,
+    ) -> None:
+        self._db = db
+        self._embedder = embedder
+        self._model_id = model_id
+        self._tenant_id = tenant_id
+        self._chunking = chunking
+        self._batch_chunks = batch_chunks
+        self._tokenizer = embedder.tokenizer
+
+    def run(
+        self,
+        items: Iterable[LoadedDocument | LoadFailure],
+        *,
+        collection: str,
+        dry_run: bool = False,
+        prune: bool = False,
+        on_progress: ProgressCallback | None = None,
+    ) -> IngestReport:
+        """Ingest `items` into `collection`; `prune` deletes documents absent from `items`."""
+        started = time.perf_counter()
+        report = IngestReport(dry_run=dry_run)
+        progress = on_progress or (lambda _docs, _chunks: None)
+        collection_id = self._collection_id(collection, create=not dry_run)
+        seen: set[str] = set()
+        writer = (
+            None
+            if dry_run
+            else _BatchWriter(self._db, self._tenant_id, collection_id, self._model_id)
+        )
+        try:
+            for batch in self._pending_batches(items, collection_id, seen, report, progress):
+                if writer is None:
+                    _count_dry_run(batch, report, progress)
+                    continue
+                self._embed_and_submit(batch, writer, report)
+                writer.collect(report, progress)
+            if writer is not None:
+                writer.close(report, progress)
+                writer = None
+            if prune:
+                self._prune(collection_id, seen, report, dry_run)
+        finally:
+            if writer is not None:
+                writer.abort()
+        report.seconds = time.perf_counter() - started
+        return report
+
+    # -- stages --------------------------------------------------------------------------
+
+    def _collection_id(self, name: str, *, create: bool) -> uuid.UUID | None:
+        if not create:
+            with self._db.read() as session:
+                return store.find_collection(session, self._tenant_id, name)
+        with self._db.write() as session:
+            return store.ensure_collection(session, self._tenant_id, name)
+
+    def _pending_batches(
+        self,
+        items: Iterable[LoadedDocument | LoadFailure],
+        collection_id: uuid.UUID | None,
+        seen: set[str],
+        report: IngestReport,
+        progress: ProgressCallback,
+    ) -> Iterator[list[_Pending]]:
+        """Group new and changed documents into batches of about `batch_chunks` chunks."""
+        batch: list[_Pending] = []
+        size = 0
+        for group in _groups(self._documents(items, seen, report, progress), _LOOKUP_BATCH):
+            for pending in self._classify(group, collection_id, report, progress):
+                batch.append(pending)
+                size += len(pending.chunks)
+                if size >= self._batch_chunks:
+                    yield batch
+                    batch, size = [], 0
+        if batch:
+            yield batch
+
+    def _documents(
+        self,
+        items: Iterable[LoadedDocument | LoadFailure],
+        seen: set[str],
+        report: IngestReport,
+        progress: ProgressCallback,
+    ) -> Iterator[LoadedDocument]:
+        for item in items:
+            if isinstance(item, LoadFailure):
+                report.failed.append(item)
+                progress(1, 0)
+            elif item.external_id in seen:
+                reason = f"duplicate external id {item.external_id!r} in this ingest"
+                report.failed.append(
+                    LoadFailure(source=item.source or item.external_id, reason=reason)
+                )
+                progress(1, 0)
+            else:
+                seen.add(item.external_id)
+                yield item
+
+    def _classify(
+        self,
+        docs: Sequence[LoadedDocument],
+        collection_id: uuid.UUID | None,
+        report: IngestReport,
+        progress: ProgressCallback,
+    ) -> Iterator[_Pending]:
+        stored = self._stored_hashes(collection_id, [d.external_id for d in docs])
+        for doc in docs:
+            digest = document_hash(doc)
+            if stored.get(doc.external_id) == digest:
+                report.unchanged.append(doc.external_id)
+                progress(1, 0)
+                continue
+            chunks = chunk_text(
+                doc.text, tokenizer=self._tokenizer, options=self._chunking, format=doc.format
+            )
+            if not chunks:
+                report.failed.append(LoadFailure(doc.source or doc.external_id, "no text to index"))
+                progress(1, 0)
+                continue
+            yield _Pending(doc, digest, chunks, [text_hash(c.text) for c in chunks])
+
+    def _stored_hashes(
+        self, collection_id: uuid.UUID | None, external_ids: list[str]
+    ) -> dict[str, str]:
+        if collection_id is None:
+            return {}
+        with self._db.read() as session:
+            return store.document_hashes(session, collection_id, external_ids)
+
+    def _embed_and_submit(
+        self, batch: list[_Pending], writer: _BatchWriter, report: IngestReport
+    ) -> None:
+        vectors = self._vectors_for(batch, report)
+        writes = [
+            store.DocumentWrite(
+                external_id=p.doc.external_id,
+                title=p.doc.title,
+                source=p.doc.source,
+                metadata=p.doc.metadata,
+                content_hash=p.content_hash,
+                char_count=len(p.doc.text),
+                chunks=p.chunks,
+                chunk_hashes=p.chunk_hashes,
+                embeddings=np.stack([vectors[h] for h in p.chunk_hashes]),
+            )
+            for p in batch
+        ]
+        writer.submit(writes)
+
+    def _vectors_for(self, batch: list[_Pending], report: IngestReport) -> dict[str, Any]:
+        """One vector per distinct chunk text: stored ones reused, the rest embedded now."""
+        wanted = list(dict.fromkeys(h for p in batch for h in p.chunk_hashes))
+        with self._db.read() as session:
+            vectors: dict[str, Any] = store.stored_embeddings(
+                session, tenant_id=self._tenant_id, model_id=self._model_id, hashes=wanted
+            )
+        texts = _texts_by_hash(batch)
+        missing = [h for h in wanted if h not in vectors]
+        embedded: Vectors = self._embedder.embed([texts[h] for h in missing])
+        vectors.update(zip(missing, embedded, strict=True))
+        report.chunks_embedded += len(missing)
+        report.chunks_reused += sum(len(p.chunk_hashes) for p in batch) - len(missing)
+        return vectors
+
+    def _prune(
+        self, collection_id: uuid.UUID | None, seen: set[str], report: IngestReport, dry_run: bool
+    ) -> None:
+        if report.failed:
+            log.warning(
+                "not pruning: %d inputs failed, their documents would be lost", len(report.failed)
+            )
+            return
+        if collection_id is None or dry_run:
+            return
+        with self._db.write() as session:
+            report.deleted = store.delete_documents_except(session, collection_id, seen)
+
+
+def _count_dry_run(batch: list[_Pending], report: IngestReport, progress: ProgressCallback) -> None:
+    for pending in batch:
+        report.new.append(pending.doc.external_id)
+        progress(1, len(pending.chunks))
+
+
+def _texts_by_hash(batch: list[_Pending]) -> dict[str, str]:
+    return {h: c.text for p in batch for h, c in zip(p.chunk_hashes, p.chunks, strict=True)}
+
+
+def _groups(items: Iterable[LoadedDocument], size: int) -> Iterator[list[LoadedDocument]]:
+    iterator = iter(items)
+    while group := list(islice(iterator, size)):
+        yield group
+
+
+class _BatchWriter:
+    """Commits batches on a thread of its own, one transaction each, at most one batch behind."""
+
+    def __init__(
+        self, db: Database, tenant_id: uuid.UUID, collection_id: uuid.UUID | None, model_id: int
+    ) -> None:
+        assert collection_id is not None
+        self._db = db
+        self._tenant_id = tenant_id
+        self._collection_id = collection_id
+        self._model_id = model_id
+        self._inbox: queue.Queue[list[store.DocumentWrite] | None] = queue.Queue(maxsize=1)
+        self._results: queue.Queue[store.BatchWriteResult] = queue.Queue()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._loop, name="ingest-writer", daemon=True)
+        self._thread.start()
+
+    def submit(self, writes: list[store.DocumentWrite] | None) -> None:
+        """Queue a batch (None: no more), waiting while the previous one is still in flight."""
+        while True:
+            self._raise_if_failed()
+            try:
+                self._inbox.put(writes, timeout=0.2)
+                return
+            except queue.Full:
+                continue
+
+    def collect(self, report: IngestReport, progress: ProgressCallback) -> None:
+        """Account for the batches committed so far; re-raise a writer failure here."""
+        while not self._results.empty():
+            _account(self._results.get_nowait(), report, progress)
+        self._raise_if_failed()
+
+    def close(self, report: IngestReport, progress: ProgressCallback) -> None:
+        """Wait for every submitted batch to commit."""
+        self.submit(None)
+        self._thread.join()
+        self.collect(report, progress)
+
+    def abort(self) -> None:
+        """Stop after the batch in flight (it still commits whole, or not at all)."""
+        with contextlib.suppress(queue.Empty):
+            self._inbox.get_nowait()
+        with contextlib.suppress(queue.Full):
+            self._inbox.put_nowait(None)
+        self._thread.join(timeout=60)
+
+    def _raise_if_failed(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+    def _loop(self) -> None:
+        while (writes := self._inbox.get()) is not None:
+            try:
+                with self._db.write() as session:
+                    result = store.write_documents(
+                        session,
+                        tenant_id=self._tenant_id,
+                        collection_id=self._collection_id,
+                        model_id=self._model_id,
+                        documents=writes,
+                    )
+            except BaseException as exc:  # handed to the main thread, which re-raises it
+                self._error = exc
+                return
+            self._results.put(result)
+
+
+def _account(
+    result: store.BatchWriteResult, report: IngestReport, progress: ProgressCallback
+) -> None:
+    for doc in result.written:
+        (report.new if doc.version == 1 else report.updated).append(doc.external_id)
+    report.unchanged.extend(result.unchanged)
+    report.chunks_written += result.chunks
+    progress(len(result.written) + len(result.unchanged), result.chunks)

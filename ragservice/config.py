@@ -1,0 +1,53 @@
+"""Service configuration: environment variables prefixed `RAGSERVICE_`, read by `get_settings()`."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DEFAULT_EMBEDDING_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
+DEFAULT_TENANT_ID = "00000000-0000-0000-0000-000000000001"
+
+
+class Settings(BaseSettings):
+    """Every setting of the service; the README's configuration table lists them all."""
+
+    model_config = SettingsConfigDict(env_prefix="RAGSERVICE_", extra="ignore")
+
+    database_url: str | None = Field(
+        default=None, description="PostgreSQL URL; unset starts the embedded server"
+    )
+    data_dir: Path = Field(default=Path(".ragservice"), description="embedded PostgreSQL data")
+    embedding_model: str = Field(default=DEFAULT_EMBEDDING_MODEL)
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    embed_batch_size: int = Field(default=64, ge=1, le=4096)
+    chunk_max_tokens: int | None = Field(
+        default=None, ge=8, description="unset: the embedding model's max sequence"
+    )
+    chunk_overlap_tokens: int = Field(default=32, ge=0)
+    ingest_batch_chunks: int = Field(
+        default=512, ge=1, description="chunks per write transaction during ingest"
+    )
+    hnsw_m: int = Field(default=16, ge=2, le=100)
+    hnsw_ef_construction: int = Field(default=64, ge=4, le=1000)
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=1, le=65535)
+    log_level: str = "INFO"
+
+    @model_validator(mode="after")
+    def _overlap_below_chunk_size(self) -> Settings:
+        if self.chunk_max_tokens is not None and (
+            self.chunk_overlap_tokens >= self.chunk_max_tokens // 2
+        ):
+            raise ValueError("RAGSERVICE_CHUNK_OVERLAP_TOKENS must be below half the chunk size")
+        return self
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """The process's settings, read from the environment once."""
+    return Settings()

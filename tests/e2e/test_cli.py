@@ -1,0 +1,108 @@
+"""The CLI through its real entry points, as separate processes against a real PostgreSQL."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import psycopg
+import pytest
+from sqlalchemy.engine import make_url
+
+BIN = Path(sys.executable).parent
+
+
+def run(args: list[str], database_url: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    env = {
+        **os.environ,
+        "RAGSERVICE_DATABASE_URL": database_url,
+        "RAGSERVICE_DATA_DIR": str(tmp_path / "unused"),
+        "HF_HUB_OFFLINE": "1",
+        "COLUMNS": "200",
+    }
+    return subprocess.run(args, env=env, capture_output=True, text=True, timeout=300, check=False)
+
+
+def libpq(url: str) -> str:
+    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+@pytest.fixture
+def corpus(tmp_path: Path) -> Path:
+    root = tmp_path / "corpus"
+    (root / "notes").mkdir(parents=True)
+    (root / "intro.md").write_text("# Intro\n\nVector search finds similar passages.\n")
+    (root / "notes" / "a.txt").write_text("Hybrid retrieval mixes dense and sparse signals.")
+    (root / "notes" / "skip.log").write_text("not a supported type")
+    return root
+
+
+def test_ingest_cli_end_to_end(database_url: str, corpus: Path, tmp_path: Path) -> None:
+    first = run(
+        [str(BIN / "ragservice"), "ingest", str(corpus), "--collection", "docs"],
+        database_url,
+        tmp_path,
+    )
+    assert first.returncode == 0, first.stderr
+    assert "new" in first.stderr and "chunks written 2" in first.stderr
+
+    with psycopg.connect(libpq(database_url)) as conn:
+        rows = conn.execute("SELECT external_id, version FROM documents ORDER BY 1").fetchall()
+        job = conn.execute("SELECT status, counts->>'new' FROM ingest_jobs").fetchall()
+    assert rows == [("intro.md", 1), ("notes/a.txt", 1)]
+    assert job == [("done", "2")]
+
+    again = run(
+        [sys.executable, "-m", "ingest", str(corpus), "--collection", "docs"],
+        database_url,
+        tmp_path,
+    )
+    assert again.returncode == 0, again.stderr
+    assert "chunks written 0" in again.stderr
+    assert "unchanged" in again.stderr
+
+
+def test_ingest_cli_reports_failures_with_nonzero_exit(
+    database_url: str, corpus: Path, tmp_path: Path
+) -> None:
+    (corpus / "broken.pdf").write_bytes(b"%PDF-1.4\n1 0 obj << /Type /Catalog")
+    result = run(
+        [str(BIN / "ragservice"), "ingest", str(corpus), "-c", "docs"], database_url, tmp_path
+    )
+    assert result.returncode == 1
+    assert "broken.pdf" in result.stderr
+    with psycopg.connect(libpq(database_url)) as conn:
+        count = conn.execute("SELECT count(*) FROM documents").fetchone()
+        job = conn.execute("SELECT status, jsonb_array_length(errors) FROM ingest_jobs").fetchone()
+    assert count == (2,)  # the good files still went in
+    assert job == ("failed", 1)
+
+
+def test_ingest_cli_dry_run_and_bad_arguments(
+    database_url: str, corpus: Path, tmp_path: Path
+) -> None:
+    dry = run(
+        [str(BIN / "ragservice"), "ingest", str(corpus), "-c", "docs", "--dry-run"],
+        database_url,
+        tmp_path,
+    )
+    assert dry.returncode == 0, dry.stderr
+    assert "dry run" in dry.stderr
+    with psycopg.connect(libpq(database_url)) as conn:
+        assert conn.execute("SELECT count(*) FROM documents").fetchone() == (0,)
+
+    missing = run(
+        [str(BIN / "ragservice"), "ingest", str(tmp_path / "nope"), "-c", "docs"],
+        database_url,
+        tmp_path,
+    )
+    assert missing.returncode == 2
+    assert "does not exist" in missing.stderr
+
+
+def test_db_upgrade_command(database_url: str, tmp_path: Path) -> None:
+    result = run([str(BIN / "ragservice"), "db", "upgrade"], database_url, tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "schema at revision 0001" in result.stderr

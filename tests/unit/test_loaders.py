@@ -1,0 +1,519 @@
+"""Loaders against real files the tests write themselves: PDF, DOCX, HTML, text, JSONL, folders."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import docx
+import pytest
+from pypdf import PdfReader, PdfWriter
+
+from ingest.loaders import (
+    SUPPORTED_SUFFIXES,
+    JsonlFields,
+    clean_text,
+    decode_bytes,
+    iter_files,
+    load_documents,
+    load_file,
+)
+from ragservice.types import LoadedDocument, LoadFailure
+
+# --------------------------------------------------------------------------- helpers
+
+
+def make_pdf(pages: list[str], title: str | None = None) -> bytes:
+    """A minimal valid PDF: one Helvetica text line per page and an exact xref table."""
+    count = len(pages)
+    font = 3 + 2 * count
+    kids = " ".join(f"{3 + 2 * i} 0 R" for i in range(count))
+    objects = [
+        b"<< /Type /Catalog /Pages 2 0 R >>",
+        f"<< /Type /Pages /Kids [{kids}] /Count {count} >>".encode(),
+    ]
+    for i, text in enumerate(pages):
+        literal = text.replace("\\", "\\\\").replace("(", "\\(").replace(")", "\\)")
+        stream = f"BT /F1 12 Tf 72 720 Td ({literal}) Tj ET".encode("latin-1")
+        objects.append(
+            f"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents {4 + 2 * i} 0 R "
+            f"/Resources << /Font << /F1 {font} 0 R >> >> >>".encode()
+        )
+        objects.append(b"<< /Length %d >>\nstream\n%s\nendstream" % (len(stream), stream))
+    objects.append(b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>")
+    info = ""
+    if title is not None:
+        objects.append(f"<< /Title ({title}) >>".encode("latin-1"))
+        info = f" /Info {len(objects)} 0 R"
+    out = bytearray(b"%PDF-1.4\n")
+    offsets = []
+    for number, body in enumerate(objects, start=1):
+        offsets.append(len(out))
+        out += b"%d 0 obj\n%s\nendobj\n" % (number, body)
+    xref = len(out)
+    out += b"xref\n0 %d\n0000000000 65535 f \n" % (len(objects) + 1)
+    out += b"".join(b"%010d 00000 n \n" % offset for offset in offsets)
+    out += f"trailer\n<< /Size {len(objects) + 1} /Root 1 0 R{info} >>\n".encode()
+    out += b"startxref\n%d\n%%%%EOF\n" % xref
+    return bytes(out)
+
+
+def encrypt_pdf(data: bytes, user_password: str) -> bytes:
+    writer = PdfWriter(clone_from=PdfReader(io.BytesIO(data)))
+    writer.encrypt(user_password, owner_password="owner", algorithm="RC4-128")
+    buffer = io.BytesIO()
+    writer.write(buffer)
+    return buffer.getvalue()
+
+
+def load_one(path: Path, external_id: str | None = None) -> LoadedDocument | LoadFailure:
+    results = list(load_file(path, external_id or path.name))
+    assert len(results) == 1
+    return results[0]
+
+
+def loaded(path: Path, external_id: str | None = None) -> LoadedDocument:
+    result = load_one(path, external_id)
+    assert isinstance(result, LoadedDocument), result
+    return result
+
+
+def failed(path: Path) -> LoadFailure:
+    result = load_one(path)
+    assert isinstance(result, LoadFailure), result
+    assert result.source == str(path)
+    return result
+
+
+def write(path: Path, data: bytes | str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if isinstance(data, str):
+        path.write_text(data, encoding="utf-8")
+    else:
+        path.write_bytes(data)
+    return path
+
+
+# --------------------------------------------------------------------------- cleaning and decoding
+
+
+def test_clean_text_removes_controls_and_normalizes() -> None:
+    dirty = "a\x00b\r\nc\rd\x07e\tf\x0cg\ud800h Cafe\u0301  \n\n"
+    assert clean_text(dirty) == "ab\nc\nde\tf\ng\ufffdh Caf\u00e9"
+
+
+def test_decode_bytes_honours_boms() -> None:
+    assert decode_bytes("h\u00e9llo".encode("utf-16")) == "h\u00e9llo"
+    assert decode_bytes(b"\xef\xbb\xbfplain") == "plain"
+    assert decode_bytes("\u00e9t\u00e9".encode("utf-32")) == "\u00e9t\u00e9"
+
+
+def test_decode_bytes_prefers_strict_utf8() -> None:
+    assert (
+        decode_bytes("na\u00efve \u2014 \u65e5\u672c".encode()) == "na\u00efve \u2014 \u65e5\u672c"
+    )
+
+
+def test_txt_with_nul_and_invalid_utf8_is_clean(tmp_path: Path) -> None:
+    doc = loaded(write(tmp_path / "note.txt", b"caf\xe9 \x00ok\r\n"))
+    assert doc.text == "caf\u00e9 ok"
+    assert "\x00" not in doc.text
+    doc.text.encode("utf-8")  # would raise on a lone surrogate
+    assert (doc.title, doc.format, doc.external_id) == (None, "text", "note.txt")
+    assert doc.metadata == {"source_path": "note.txt", "file_type": "text"}
+    assert doc.source == str(tmp_path / "note.txt")
+
+
+def test_cp1252_text_is_decoded_sensibly(tmp_path: Path) -> None:
+    text = (
+        "Der Stra\u00dfenverkehr in M\u00fcnchen: "
+        "cr\u00e8me br\u00fbl\u00e9e \u2014 \u201cna\u00efve\u201d."
+    )
+    doc = loaded(write(tmp_path / "legacy.txt", text.encode("cp1252")))
+    assert doc.text == text
+
+
+def test_empty_text_file_fails(tmp_path: Path) -> None:
+    assert (
+        failed(write(tmp_path / "blank.txt", b" \x00\n\n")).reason == "no text could be extracted"
+    )
+
+
+def test_unsupported_suffix_fails(tmp_path: Path) -> None:
+    assert failed(write(tmp_path / "data.xyz", b"hello")).reason == "unsupported file type .xyz"
+
+
+# --------------------------------------------------------------------------- markdown
+
+
+def test_markdown_title_is_first_h1_outside_code(tmp_path: Path) -> None:
+    text = "Intro line\n\n```sh\n# not a title\n```\n\n## Sub\n\n# Real Title #\n\nBody\n"
+    doc = loaded(write(tmp_path / "guide.md", text))
+    assert (doc.title, doc.format) == ("Real Title", "markdown")
+    assert doc.text == text.rstrip()
+    assert doc.metadata["file_type"] == "markdown"
+
+
+def test_markdown_without_h1_has_no_title(tmp_path: Path) -> None:
+    doc = loaded(write(tmp_path / "notes.markdown", "## Only a subheading\n\ntext"))
+    assert doc.title is None
+
+
+# --------------------------------------------------------------------------- HTML
+
+PAGE = """<!doctype html>
+<html><head><title> Widget  Guide </title><style>.x { color: red }</style>
+<script>var secret = "SCRIPT-TEXT";</script></head>
+<body>
+<header><h1>SITE-HEADER</h1></header>
+<nav><a href="/">NAV-LINK</a></nav>
+<div role="navigation">ROLE-NAV</div>
+<main>
+  <h1>Installing   the widget</h1>
+  <p>First <b>unpack</b> the
+     box.<br>Then read on.</p>
+  <!-- COMMENT-TEXT -->
+  <h3>Parts</h3>
+  <ul><li>A bolt</li><li>Two <em>nuts</em></li></ul>
+  <table><tr><th>Part</th><th>Qty</th></tr><tr><td>bolt</td><td>1</td></tr></table>
+  <noscript>NOSCRIPT-TEXT</noscript>
+</main>
+<aside>ASIDE-TEXT</aside>
+<footer>FOOTER-TEXT</footer>
+</body></html>
+"""
+
+
+def test_html_keeps_main_content_as_markdown(tmp_path: Path) -> None:
+    doc = loaded(write(tmp_path / "guide.html", PAGE))
+    assert doc.text == (
+        "# Installing the widget\n\n"
+        "First unpack the box. Then read on.\n\n"
+        "### Parts\n\n"
+        "- A bolt\n\n"
+        "- Two nuts\n\n"
+        "Part | Qty\n\n"
+        "bolt | 1"
+    )
+    assert (doc.title, doc.format, doc.metadata["file_type"]) == (
+        "Widget Guide",
+        "markdown",
+        "html",
+    )
+
+
+def test_html_drops_boilerplate_text(tmp_path: Path) -> None:
+    doc = loaded(write(tmp_path / "guide.htm", PAGE))
+    for junk in (
+        "SCRIPT",
+        "color",
+        "SITE-HEADER",
+        "NAV-LINK",
+        "ROLE-NAV",
+        "NOSCRIPT",
+        "ASIDE",
+        "FOOTER",
+        "COMMENT",
+    ):
+        assert junk not in doc.text
+
+
+def test_html_without_main_uses_body_and_h1_title(tmp_path: Path) -> None:
+    html = (
+        "<html><body><header>Top</header><h1>Only heading</h1>"
+        "<div>Loose <i>text</i></div><pre>a\n  b</pre></body></html>"
+    )
+    doc = loaded(write(tmp_path / "page.html", html))
+    assert doc.title == "Only heading"
+    assert doc.text == "# Only heading\n\nLoose text\n\n```\na\n  b\n```"
+
+
+def test_html_meta_charset_is_respected(tmp_path: Path) -> None:
+    html = (
+        '<html><head><meta charset="iso-8859-1"></head><body><p>Gr\u00fc\u00dfe</p></body></html>'
+    )
+    doc = loaded(write(tmp_path / "latin.html", html.encode("latin-1")))
+    assert doc.text == "Gr\u00fc\u00dfe"
+
+
+def test_html_with_only_boilerplate_fails(tmp_path: Path) -> None:
+    html = "<html><body><nav>menu</nav><script>x()</script></body></html>"
+    assert failed(write(tmp_path / "empty.html", html)).reason == "no text could be extracted"
+
+
+# --------------------------------------------------------------------------- PDF
+
+
+def test_handmade_pdf_is_valid() -> None:
+    reader = PdfReader(io.BytesIO(make_pdf(["Hello (PDF) world"])), strict=True)
+    assert reader.pages[0].extract_text() == "Hello (PDF) world"
+
+
+def test_pdf_text_pages_and_title(tmp_path: Path) -> None:
+    data = make_pdf(["Hello PDF world", "Second page text"], title="Annual Report")
+    doc = loaded(write(tmp_path / "docs" / "report.pdf", data), "docs/report.pdf")
+    assert doc.text == "Hello PDF world\n\nSecond page text"
+    assert (doc.title, doc.format, doc.external_id) == ("Annual Report", "text", "docs/report.pdf")
+    assert doc.metadata == {"pages": 2, "source_path": "docs/report.pdf", "file_type": "pdf"}
+
+
+def test_encrypted_pdf_fails(tmp_path: Path) -> None:
+    path = write(tmp_path / "secret.pdf", encrypt_pdf(make_pdf(["Top secret"]), "s3cret"))
+    assert failed(path).reason == "PDF is encrypted"
+
+
+def test_pdf_with_empty_user_password_opens(tmp_path: Path) -> None:
+    path = write(tmp_path / "locked.pdf", encrypt_pdf(make_pdf(["Readable anyway"]), ""))
+    assert loaded(path).text == "Readable anyway"
+
+
+def test_truncated_pdf_fails(tmp_path: Path) -> None:
+    data = make_pdf(["Hello PDF world"])
+    reason = failed(write(tmp_path / "cut.pdf", data[: len(data) // 2])).reason
+    assert reason.startswith("not a valid PDF: ")
+
+
+def test_not_a_pdf_fails(tmp_path: Path) -> None:
+    reason = failed(write(tmp_path / "fake.pdf", b"just text")).reason
+    assert reason.startswith("not a valid PDF: ")
+
+
+def test_pdf_without_text_fails(tmp_path: Path) -> None:
+    reason = failed(write(tmp_path / "blank.pdf", make_pdf([""]))).reason
+    assert reason == "no text could be extracted"
+
+
+# --------------------------------------------------------------------------- DOCX
+
+
+def make_docx(core_title: str = "") -> bytes:
+    document = docx.Document()
+    document.core_properties.title = core_title
+    document.add_heading("Quarterly Report", 0)
+    document.add_heading("Summary", 1)
+    document.add_paragraph("Sales grew.")
+    document.add_paragraph("")
+    document.add_heading("By region", 2)
+    document.add_paragraph("North did best.", style="List Bullet")
+    table = document.add_table(rows=2, cols=2)
+    for (row, col), text in {
+        (0, 0): "Region",
+        (0, 1): "Sales",
+        (1, 0): "North",
+        (1, 1): "12",
+    }.items():
+        table.cell(row, col).text = text
+    buffer = io.BytesIO()
+    document.save(buffer)
+    return buffer.getvalue()
+
+
+def test_docx_headings_become_markdown(tmp_path: Path) -> None:
+    doc = loaded(write(tmp_path / "report.docx", make_docx()))
+    assert doc.text == (
+        "# Quarterly Report\n\n"
+        "# Summary\n\n"
+        "Sales grew.\n\n"
+        "## By region\n\n"
+        "- North did best.\n\n"
+        "Region | Sales\n\n"
+        "North | 12"
+    )
+    assert (doc.title, doc.format) == ("Quarterly Report", "markdown")
+    assert doc.metadata == {"source_path": "report.docx", "file_type": "docx"}
+
+
+def test_docx_core_title_wins(tmp_path: Path) -> None:
+    assert loaded(write(tmp_path / "r.docx", make_docx("Q3 Report"))).title == "Q3 Report"
+
+
+@pytest.mark.parametrize("data", [b"not a zip", b"PK\x03\x04broken"])
+def test_broken_docx_fails(tmp_path: Path, data: bytes) -> None:
+    assert failed(write(tmp_path / "bad.docx", data)).reason.startswith("not a valid DOCX file")
+
+
+# --------------------------------------------------------------------------- JSONL
+
+
+def jsonl(*rows: object) -> str:
+    return "".join((row if isinstance(row, str) else json.dumps(row)) + "\n" for row in rows)
+
+
+def test_jsonl_beir_rows(tmp_path: Path) -> None:
+    path = write(
+        tmp_path / "corpus.jsonl",
+        jsonl(
+            {"_id": "d1", "title": "First", "text": "Alpha text", "metadata": {"url": "http://a"}},
+            {"_id": 2, "title": "", "text": "Beta\u0000 text"},
+        ),
+    )
+    first, second = load_file(path, "corpus.jsonl")
+    assert first == LoadedDocument(
+        external_id="d1",
+        text="First\n\nAlpha text",
+        title="First",
+        metadata={"url": "http://a", "source_path": "corpus.jsonl", "file_type": "jsonl"},
+        source=str(path),
+    )
+    assert isinstance(second, LoadedDocument)
+    assert (second.external_id, second.title, second.text) == ("2", None, "Beta text")
+
+
+def test_jsonl_broken_lines_fail_alone(tmp_path: Path) -> None:
+    path = write(
+        tmp_path / "c.jsonl",
+        jsonl(
+            {"_id": "a", "text": "one"},
+            '{"_id": "b", "text": ',
+            "",
+            "[1, 2]",
+            {"_id": "c"},
+            {"_id": "d", "text": "four"},
+        ),
+    )
+    results = list(load_file(path, "c.jsonl"))
+    assert [r.external_id for r in results if isinstance(r, LoadedDocument)] == ["a", "d"]
+    failures = [r for r in results if isinstance(r, LoadFailure)]
+    assert [f.source for f in failures] == [f"{path}:2", f"{path}:4", f"{path}:5"]
+    assert failures[0].reason.startswith("invalid JSON: ")
+    assert failures[1].reason == "line is not a JSON object"
+    assert failures[2].reason == "missing text field 'text' (a string)"
+
+
+def test_jsonl_custom_field_mapping(tmp_path: Path) -> None:
+    row = {
+        "doc_id": "x-1",
+        "name": "Named",
+        "body": "Body text",
+        "lang": "de",
+        "year": 2021,
+        "other": 1,
+    }
+    path = write(
+        tmp_path / "custom.jsonl",
+        jsonl(row, {"doc_id": "x-2", "body": "More", "year": float("nan")}),
+    )
+    fields = JsonlFields.parse("id=doc_id, title=name,text=body,metadata=lang|year")
+    first, second = load_file(path, "sub/custom.jsonl", jsonl_fields=fields)
+    assert isinstance(first, LoadedDocument) and isinstance(second, LoadedDocument)
+    assert (first.external_id, first.title, first.text) == ("x-1", "Named", "Named\n\nBody text")
+    assert first.metadata == {
+        "lang": "de",
+        "year": 2021,
+        "source_path": "sub/custom.jsonl",
+        "file_type": "jsonl",
+    }
+    assert second.metadata["year"] is None  # NaN cannot go into jsonb
+
+
+def test_jsonl_fields_parse() -> None:
+    assert JsonlFields.parse("text=body") == JsonlFields(id="_id", title="title", text="body")
+    assert JsonlFields.parse("metadata=a|b|") == JsonlFields(metadata=("a", "b"))
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("", "it is empty"),
+        ("id", "'id' is not key=value"),
+        ("colour=red", "unknown key 'colour'"),
+        ("id=a,id=b", "key 'id' is given twice"),
+        ("text=", "key 'text' names no field"),
+        ("metadata=|", "key 'metadata' names no field"),
+    ],
+)
+def test_jsonl_fields_parse_rejects_bad_specs(spec: str, message: str) -> None:
+    with pytest.raises(ValueError, match="invalid JSONL field spec") as caught:
+        JsonlFields.parse(spec)
+    assert message in str(caught.value)
+
+
+# --------------------------------------------------------------------------- folders
+
+
+@pytest.fixture
+def tree(tmp_path: Path) -> Path:
+    for name in [
+        "b.txt",
+        "a.md",
+        "notes.xyz",
+        ".hidden.txt",
+        ".git/config.txt",
+        "docs/guide.md",
+        "docs/deep/page.html",
+        "docs/deep/draft.md",
+        "build/out.txt",
+    ]:
+        write(tmp_path / "root" / name, f"text of {name}")
+    return tmp_path / "root"
+
+
+def relative_ids(
+    root: Path, include: tuple[str, ...] = (), exclude: tuple[str, ...] = ()
+) -> list[str]:
+    return [external_id for _, external_id in iter_files([root], include, exclude)]
+
+
+def test_iter_files_walks_sorted_and_skips_hidden(tree: Path) -> None:
+    assert relative_ids(tree) == [
+        "a.md",
+        "b.txt",
+        "build/out.txt",
+        "docs/deep/draft.md",
+        "docs/deep/page.html",
+        "docs/guide.md",
+    ]
+    paths = [path for path, _ in iter_files([tree])]
+    assert paths[0] == tree / "a.md"
+
+
+def test_iter_files_include_and_exclude(tree: Path) -> None:
+    assert relative_ids(tree, include=("*.md",)) == ["a.md", "docs/deep/draft.md", "docs/guide.md"]
+    assert relative_ids(tree, include=("docs/**",), exclude=("draft.*",)) == [
+        "docs/deep/page.html",
+        "docs/guide.md",
+    ]
+    assert relative_ids(tree, include=("**/deep/*.html",)) == ["docs/deep/page.html"]
+    assert relative_ids(tree, include=("*.xyz",)) == ["notes.xyz"]
+    assert relative_ids(tree, exclude=("build", "docs/*")) == ["a.md", "b.txt"]
+    assert relative_ids(tree, include=("[ab].*",)) == ["a.md", "b.txt"]
+
+
+def test_iter_files_direct_file_uses_its_name(tree: Path) -> None:
+    direct = [tree / "docs" / "guide.md", tree / "notes.xyz"]
+    assert list(iter_files(direct)) == [(direct[0], "guide.md"), (direct[1], "notes.xyz")]
+    assert list(iter_files(direct, exclude=("*.xyz",))) == [(direct[0], "guide.md")]
+
+
+def test_iter_files_missing_path_raises(tree: Path) -> None:
+    missing = tree / "nope"
+    with pytest.raises(FileNotFoundError, match="nope"):
+        iter_files([tree, missing])
+
+
+def test_load_documents_combines_walk_and_loaders(tree: Path) -> None:
+    write(tree / "docs" / "rows.jsonl", jsonl({"_id": "r1", "text": "row text"}, "oops"))
+    results = list(load_documents([tree / "docs"], exclude=("deep/**",)))
+    assert [
+        (type(r).__name__, r.external_id if isinstance(r, LoadedDocument) else r.source)
+        for r in results
+    ] == [
+        ("LoadedDocument", "guide.md"),
+        ("LoadedDocument", "r1"),
+        ("LoadFailure", f"{tree / 'docs' / 'rows.jsonl'}:2"),
+    ]
+    assert results[1].metadata["source_path"] == "rows.jsonl"  # type: ignore[union-attr]
+
+
+def test_supported_suffixes() -> None:
+    assert SUPPORTED_SUFFIXES == (
+        ".txt",
+        ".md",
+        ".markdown",
+        ".html",
+        ".htm",
+        ".pdf",
+        ".docx",
+        ".jsonl",
+    )
