@@ -74,7 +74,10 @@ class HFTokenizer:
 
     def token_spans(self, text: str) -> list[tuple[int, int]]:
         """Return the character span of each token of `text`, without special tokens."""
-        encoding = self._tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        # verbose=False: a whole document is longer than the model reads, which is the point here.
+        encoding = self._tokenizer(
+            text, add_special_tokens=False, return_offsets_mapping=True, verbose=False
+        )
         return [(int(start), int(end)) for start, end in encoding["offset_mapping"]]
 
 

@@ -125,6 +125,9 @@ class SentenceTransformerEmbedder:
 
     def _load(self) -> Any:
         from sentence_transformers import SentenceTransformer
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()  # a weight-loading bar per start is noise in a service
 
         path = self.path
         device = resolve_device(self._device)

