@@ -427,7 +427,10 @@ def test_hf_adapter_asks_for_offsets_without_special_tokens() -> None:
     wrapped = RecordingHFTokenizer()
     assert HFTokenizer(wrapped).token_spans("hello world") == [(0, 5), (6, 11)]
     assert wrapped.calls == [
-        ("hello world", {"add_special_tokens": False, "return_offsets_mapping": True})
+        (
+            "hello world",
+            {"add_special_tokens": False, "return_offsets_mapping": True, "verbose": False},
+        )
     ]
 
 
