@@ -100,7 +100,7 @@ class IngestPipeline:
         model_id: int,
         tenant_id: uuid.UUID,
         chunking: ChunkingOptions,
-        batch_chunks: int = 512,
+        batch_chunks: int = 2048,
     ) -> None:
         self._db = db
         self._embedder = embedder

@@ -30,7 +30,9 @@ class Settings(BaseSettings):
     )
     chunk_overlap_tokens: int = Field(default=32, ge=0)
     ingest_batch_chunks: int = Field(
-        default=512, ge=1, description="chunks per write transaction during ingest"
+        default=2048,
+        ge=1,
+        description="chunks per embedding window and write transaction during ingest",
     )
     hnsw_m: int = Field(default=16, ge=2, le=100)
     hnsw_ef_construction: int = Field(default=64, ge=4, le=1000)

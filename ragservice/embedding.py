@@ -88,7 +88,10 @@ class SentenceTransformerEmbedder:
     def dimension(self) -> int:
         model = self._loaded()
         # sentence-transformers 5.2 renamed the method; accept both.
-        get = getattr(model, "get_embedding_dimension", None) or model.get_sentence_embedding_dimension
+        get = (
+            getattr(model, "get_embedding_dimension", None)
+            or model.get_sentence_embedding_dimension
+        )
         return int(get())
 
     @property
@@ -100,21 +103,47 @@ class SentenceTransformerEmbedder:
     def tokenizer(self) -> Tokenizer:
         return HFTokenizer(self._loaded().tokenizer)
 
+    @property
+    def model(self) -> Any:
+        """The loaded sentence-transformers model (for benchmarks and advanced use)."""
+        return self._loaded()
+
     def warm_up(self) -> None:
         """Load the model (once; later calls do nothing)."""
         self._loaded()
 
     def embed(self, texts: Sequence[str]) -> Vectors:
+        """Embed in batches of similar token length, returning rows in input order.
+
+        sentence-transformers groups a call's texts by character length, which pads a batch to
+        its longest member in tokens: on SciFact chunks that computes 22% more positions than
+        needed. Grouping by token length first brings that under 2%.
+        """
         if not texts:
             return np.zeros((0, self.dimension), dtype=np.float32)
+        order = np.argsort(-self.token_lengths(texts), kind="stable")
+        out = np.empty((len(texts), self.dimension), dtype=np.float32)
+        for start in range(0, len(order), self._batch_size):
+            rows = order[start : start + self._batch_size]
+            out[rows] = self._encode([texts[i] for i in rows])
+        return out
+
+    def token_lengths(self, texts: Sequence[str]) -> npt.NDArray[np.int64]:
+        """Tokens the model will read of each text (truncated at its maximum sequence)."""
+        lengths = self._loaded().tokenizer(
+            list(texts), add_special_tokens=True, return_length=True, verbose=False
+        )["length"]
+        return np.minimum(np.asarray(lengths, dtype=np.int64), self.max_tokens + 2)
+
+    def _encode(self, texts: list[str]) -> Vectors:
         vectors = self._loaded().encode(
-            list(texts),
-            batch_size=self._batch_size,
+            texts,
+            batch_size=len(texts),
             normalize_embeddings=True,
             convert_to_numpy=True,
             show_progress_bar=False,
         )
-        return np.ascontiguousarray(vectors, dtype=np.float32)
+        return np.asarray(vectors, dtype=np.float32)
 
     def _loaded(self) -> Any:
         if self._model is None:

@@ -23,7 +23,6 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 from ragservice.config import Settings
 from ragservice.db import migrate
-from ragservice.db.engine import make_engine
 from ragservice.embedding import SentenceTransformerEmbedder
 
 TEMPLATE = "ragservice_test_template"

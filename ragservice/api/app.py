@@ -10,17 +10,23 @@ from fastapi.responses import JSONResponse
 
 from ragservice.config import Settings, get_settings
 from ragservice.db import migrate
+from ragservice.embedding import SentenceTransformerEmbedder
 from ragservice.errors import RagServiceError
 from ragservice.runtime import Runtime, open_runtime
 
 
-def create_app(settings: Settings | None = None) -> FastAPI:
-    """Build the app; the database and the model open in the lifespan, not at import."""
+def create_app(
+    settings: Settings | None = None, *, embedder: SentenceTransformerEmbedder | None = None
+) -> FastAPI:
+    """Build the app; the database and the model open in the lifespan, not at import.
+
+    `embedder` shares an already loaded model (tests); by default the configured one loads.
+    """
     resolved = settings or get_settings()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        runtime = open_runtime(resolved)
+        runtime = open_runtime(resolved, embedder=embedder)
         app.state.runtime = runtime
         try:
             yield

@@ -1,0 +1,58 @@
+"""Settings come from RAGSERVICE_* variables; chunking settings are checked against the model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from ragservice.config import DEFAULT_EMBEDDING_MODEL, Settings, get_settings
+from ragservice.errors import ConfigurationError
+from ragservice.runtime import chunking_options
+
+
+def test_defaults_mean_embedded_database_and_bundled_model(monkeypatch: pytest.MonkeyPatch) -> None:
+    for var in ("RAGSERVICE_DATABASE_URL", "RAGSERVICE_DATA_DIR", "RAGSERVICE_EMBEDDING_MODEL"):
+        monkeypatch.delenv(var, raising=False)
+    settings = Settings()
+    assert settings.database_url is None
+    assert settings.data_dir == Path(".ragservice")
+    assert settings.embedding_model == DEFAULT_EMBEDDING_MODEL
+    assert settings.device == "auto"
+
+
+def test_environment_variables_with_prefix(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RAGSERVICE_DATABASE_URL", "postgresql://db/rag")
+    monkeypatch.setenv("RAGSERVICE_EMBED_BATCH_SIZE", "128")
+    monkeypatch.setenv("RAGSERVICE_DEVICE", "cpu")
+    settings = Settings()
+    assert (settings.database_url, settings.embed_batch_size, settings.device) == (
+        "postgresql://db/rag",
+        128,
+        "cpu",
+    )
+
+
+def test_get_settings_is_built_once() -> None:
+    get_settings.cache_clear()
+    assert get_settings() is get_settings()
+    get_settings.cache_clear()
+
+
+def test_bad_values_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RAGSERVICE_DEVICE", "tpu")
+    with pytest.raises(ValidationError, match="device"):
+        Settings()
+    monkeypatch.delenv("RAGSERVICE_DEVICE")
+    with pytest.raises(ValidationError, match="half the chunk size"):
+        Settings(chunk_max_tokens=64, chunk_overlap_tokens=40)
+
+
+def test_chunk_size_defaults_to_and_never_exceeds_the_model() -> None:
+    assert chunking_options(Settings(), 254).max_tokens == 254
+    assert chunking_options(Settings(chunk_max_tokens=128), 254).max_tokens == 128
+    with pytest.raises(ConfigurationError, match="exceeds"):
+        chunking_options(Settings(chunk_max_tokens=512), 254)
+    with pytest.raises(ConfigurationError, match="overlap"):
+        chunking_options(Settings(chunk_overlap_tokens=200), 254)
