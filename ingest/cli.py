@@ -96,7 +96,11 @@ def _run(
             batch_chunks=runtime.settings.ingest_batch_chunks,
         )
         items = load_documents(paths, include=include, exclude=exclude, jsonl_fields=fields)
-        params = {"paths": [str(p) for p in paths], "include": include, "exclude": exclude}
+        params: dict[str, object] = {
+            "paths": [str(p) for p in paths],
+            "include": include,
+            "exclude": exclude,
+        }
 
         def run(on_progress: ProgressCallback) -> IngestReport:
             return pipeline.run(

