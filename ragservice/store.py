@@ -20,6 +20,7 @@ from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
 from ragservice.db.models import Collection, Document, EmbeddingModel, IngestJob
+from ragservice.errors import ConfigurationError
 from ragservice.types import TextChunk
 
 _CHUNK_COLUMNS = (
@@ -331,8 +332,6 @@ def register_embedding_model(
     ).first()
     assert model is not None
     if model.dimension != dimension:
-        from ragservice.errors import ConfigurationError
-
         raise ConfigurationError(
             f"embedding model {name!r} is registered with dimension {model.dimension}, "
             f"but the loaded model has {dimension}"

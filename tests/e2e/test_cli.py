@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import psycopg
@@ -106,3 +108,50 @@ def test_db_upgrade_command(database_url: str, tmp_path: Path) -> None:
     result = run([str(BIN / "ragservice"), "db", "upgrade"], database_url, tmp_path)
     assert result.returncode == 0, result.stderr
     assert "schema at revision 0001" in result.stderr
+
+
+def test_ctrl_c_mid_ingest_leaves_whole_documents_and_a_rerun_finishes(
+    database_url: str, tmp_path: Path
+) -> None:
+    corpus = tmp_path / "many.jsonl"
+    rows = [
+        f'{{"_id": "doc{i}", "title": "Title {i}", "text": "Finding number {i} about cells. '
+        + "Proteins fold in many ways. " * 6
+        + '"}'
+        for i in range(400)
+    ]
+    corpus.write_text("\n".join(rows) + "\n")
+    env = {
+        **os.environ,
+        "RAGSERVICE_DATABASE_URL": database_url,
+        "RAGSERVICE_INGEST_BATCH_CHUNKS": "16",
+        "HF_HUB_OFFLINE": "1",
+    }
+    args = [str(BIN / "ragservice"), "ingest", str(corpus), "-c", "big"]
+    process = subprocess.Popen(args, env=env, stderr=subprocess.PIPE, text=True)
+    with psycopg.connect(libpq(database_url), autocommit=True) as conn:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and process.poll() is None:
+            stored = conn.execute("SELECT count(*) FROM documents").fetchone()
+            if stored and stored[0] > 0:
+                break
+            time.sleep(0.05)
+        process.send_signal(signal.SIGINT)
+        process.communicate(timeout=120)
+        assert process.returncode != 0
+        stored_after, chunk_total, orphans, unembedded = conn.execute(
+            "SELECT (SELECT count(*) FROM documents), (SELECT sum(chunk_count) FROM documents),"
+            " (SELECT count(*) FROM chunks c WHERE NOT EXISTS"
+            "   (SELECT 1 FROM documents d WHERE d.id = c.document_id)),"
+            " (SELECT count(*) FROM chunks c WHERE NOT EXISTS"
+            "   (SELECT 1 FROM chunk_embeddings e WHERE e.chunk_id = c.id))"
+        ).fetchone()
+        assert 0 < stored_after < 400
+        assert conn.execute("SELECT count(*) FROM chunks").fetchone() == (chunk_total,)
+        assert (orphans, unembedded) == (0, 0)
+        assert conn.execute("SELECT status FROM ingest_jobs").fetchone() == ("failed",)
+
+    rerun = subprocess.run(args, env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert rerun.returncode == 0, rerun.stderr
+    with psycopg.connect(libpq(database_url)) as conn:
+        assert conn.execute("SELECT count(*), max(version) FROM documents").fetchone() == (400, 1)
