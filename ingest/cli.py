@@ -21,7 +21,7 @@ from rich.table import Table
 from ingest.loaders import JsonlFields, load_documents
 from ingest.pipeline import IngestPipeline, IngestReport, ProgressCallback
 from ragservice import store
-from ragservice.config import get_settings
+from ragservice.config import configure_logging, get_settings
 from ragservice.errors import RagServiceError
 from ragservice.runtime import Runtime, open_runtime
 
@@ -198,4 +198,5 @@ def _print_summary(report: IngestReport) -> None:
 
 def main() -> None:
     """Entry point of `python -m ingest`."""
+    configure_logging(get_settings().log_level)
     typer.run(ingest_command)

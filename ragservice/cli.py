@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import logging
-
 import typer
 from rich.console import Console
 
-from ragservice.config import get_settings
+from ragservice.config import configure_logging, get_settings
 from ragservice.errors import RagServiceError
 
 app = typer.Typer(
@@ -68,7 +66,5 @@ _register_ingest()
 
 
 def main() -> None:
-    logging.basicConfig(
-        level=get_settings().log_level.upper(), format="%(levelname)s %(name)s: %(message)s"
-    )
+    configure_logging(get_settings().log_level)
     app()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from functools import lru_cache
 from pathlib import Path
 from typing import Literal
@@ -53,3 +54,12 @@ class Settings(BaseSettings):
 def get_settings() -> Settings:
     """The process's settings, read from the environment once."""
     return Settings()
+
+
+def configure_logging(level: str) -> None:
+    """The service's own messages at `level`; libraries only when something is wrong."""
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    for name in ("ragservice", "ingest"):
+        logging.getLogger(name).setLevel(level.upper())
+    # pypdf warns about every damaged PDF; the ingest summary already reports those files.
+    logging.getLogger("pypdf").setLevel(logging.ERROR)

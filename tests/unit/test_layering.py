@@ -70,3 +70,12 @@ def test_sql_on_documents_lives_in_the_store() -> None:
         ):
             offenders.append(str(path.relative_to(ROOT)))
     assert offenders == []
+
+
+@pytest.mark.parametrize(
+    "path", sorted((ROOT / "ingest").rglob("*.py")), ids=lambda p: str(p.relative_to(ROOT))
+)
+def test_ingest_does_not_import_the_api_or_cli(path: Path) -> None:
+    assert {
+        n for n in internal(path) if n.startswith(("ragservice.api", "ragservice.cli"))
+    } == set()
