@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 
 _MAX_FAILURES_SHOWN = 20
 
-Runner = Callable[[ProgressCallback], IngestReport]
+Runner = Callable[[ProgressCallback, IngestReport], IngestReport]
 
 
 def ingest_command(
@@ -63,6 +63,8 @@ def ingest_command(
         fields = JsonlFields.parse(jsonl_fields) if jsonl_fields else JsonlFields()
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--jsonl-fields") from exc
+    if not collection.strip():
+        raise typer.BadParameter("must not be empty", param_hint="--collection")
     for path in paths:
         if not path.exists():
             raise typer.BadParameter(f"{path} does not exist", param_hint="PATHS")
@@ -102,9 +104,14 @@ def _run(
             "exclude": exclude,
         }
 
-        def run(on_progress: ProgressCallback) -> IngestReport:
+        def run(on_progress: ProgressCallback, report: IngestReport) -> IngestReport:
             return pipeline.run(
-                items, collection=collection, dry_run=dry_run, prune=prune, on_progress=on_progress
+                items,
+                collection=collection,
+                dry_run=dry_run,
+                prune=prune,
+                on_progress=on_progress,
+                report=report,
             )
 
         return _with_job_record(runtime, collection, params, dry_run, run)
@@ -134,7 +141,7 @@ def _with_job_record(
             )
     status, report = "failed", IngestReport(dry_run=dry_run)
     try:
-        report = _with_progress(run)
+        _with_progress(run, report)
         status = "done" if report.ok else "failed"
         return report
     finally:
@@ -149,9 +156,7 @@ def _with_job_record(
                 )
 
 
-def _with_progress(
-    run: Runner,
-) -> IngestReport:
+def _with_progress(run: Runner, report: IngestReport) -> IngestReport:
     started = time.perf_counter()
     totals = {"docs": 0, "chunks": 0}
     columns = (
@@ -170,7 +175,7 @@ def _with_progress(
             rate = totals["chunks"] / max(time.perf_counter() - started, 1e-9)
             progress.update(task, docs=totals["docs"], chunks=totals["chunks"], rate=rate)
 
-        return run(on_progress)
+        return run(on_progress, report)
 
 
 def _print_summary(report: IngestReport) -> None:

@@ -118,10 +118,15 @@ class IngestPipeline:
         dry_run: bool = False,
         prune: bool = False,
         on_progress: ProgressCallback | None = None,
+        report: IngestReport | None = None,
     ) -> IngestReport:
-        """Ingest `items` into `collection`; `prune` deletes documents absent from `items`."""
+        """Ingest `items` into `collection`; `prune` deletes documents absent from `items`.
+
+        Pass `report` to keep the counts of the batches committed before an interruption.
+        """
         started = time.perf_counter()
-        report = IngestReport(dry_run=dry_run)
+        report = report or IngestReport()
+        report.dry_run = dry_run
         progress = on_progress or (lambda _docs, _chunks: None)
         collection_id = self._collection_id(collection, create=not dry_run)
         seen: set[str] = set()
@@ -144,7 +149,7 @@ class IngestPipeline:
                 self._prune(collection_id, seen, report, dry_run)
         finally:
             if writer is not None:
-                writer.abort()
+                writer.abort(report)
         report.seconds = time.perf_counter() - started
         return report
 
@@ -334,13 +339,16 @@ class _BatchWriter:
         self._thread.join()
         self.collect(report, progress)
 
-    def abort(self) -> None:
-        """Stop after the batch in flight (it still commits whole, or not at all)."""
+    def abort(self, report: IngestReport) -> None:
+        """Stop after the batch in flight (it still commits whole, or not at all), and count
+        what did commit."""
         with contextlib.suppress(queue.Empty):
             self._inbox.get_nowait()
         with contextlib.suppress(queue.Full):
             self._inbox.put_nowait(None)
         self._thread.join(timeout=60)
+        while not self._results.empty():
+            _account(self._results.get_nowait(), report, lambda _docs, _chunks: None)
 
     def _raise_if_failed(self) -> None:
         if self._error is not None:
