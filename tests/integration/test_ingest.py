@@ -345,3 +345,19 @@ def test_concurrent_writer_of_same_content_is_not_duplicated(runtime: Runtime) -
         )
     assert result.written == [] and result.unchanged == ["a"]
     assert scalar(runtime, "SELECT count(*) FROM chunks") == 1
+
+
+def test_heading_paths_and_offsets_are_stored(runtime: Runtime) -> None:
+    body = "# Guide\n\nIntro text.\n\n## Install\n\nRun the installer.\n\n## Use\n\nAsk questions."
+    markdown = LoadedDocument(external_id="guide.md", text=body, format="markdown")
+    ingest(runtime, [markdown])
+    with runtime.db.read() as session:
+        rows = session.execute(
+            text(
+                "SELECT metadata->'headings', start_char, end_char, text "
+                "FROM chunks ORDER BY ordinal"
+            )
+        ).all()
+    assert [row[0] for row in rows] == [["Guide"], ["Guide", "Install"], ["Guide", "Use"]]
+    assert all(body[start:end] == chunk for _, start, end, chunk in rows)
+    assert rows[1][3].startswith("## Install")
