@@ -131,11 +131,6 @@ def document_hashes(
     return {row.external_id: row.content_hash for row in session.execute(stmt)}
 
 
-def count_documents(session: Session, collection_id: uuid.UUID) -> int:
-    stmt = select(func.count()).select_from(Document).where(Document.collection_id == collection_id)
-    return int(session.scalar(stmt) or 0)
-
-
 def delete_documents(
     session: Session, collection_id: uuid.UUID, external_ids: Sequence[str]
 ) -> int:
