@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import pytest
@@ -85,6 +86,11 @@ def scalar(runtime: Runtime, query: str, **params: object) -> object:
         return session.execute(text(query), params).scalar()
 
 
+def fetch_all(runtime: Runtime, query: str) -> list[Any]:
+    with runtime.db.read() as session:
+        return list(session.execute(text(query)).all())
+
+
 def chunk_ids(runtime: Runtime, external_id: str) -> list[str]:
     with runtime.db.read() as session:
         rows = session.execute(
@@ -139,13 +145,10 @@ def test_hnsw_index_serves_nearest_neighbour(runtime: Runtime) -> None:
 
 def test_stored_vectors_are_the_models_normalized_output(runtime: Runtime) -> None:
     ingest(runtime, DOCS[:1])
-    with runtime.db.read() as session:
-        row = session.execute(
-            text(
-                "SELECT c.text, e.embedding FROM chunks c "
-                "JOIN chunk_embeddings e ON e.chunk_id = c.id"
-            )
-        ).one()
+    [row] = fetch_all(
+        runtime,
+        "SELECT c.text, e.embedding FROM chunks c JOIN chunk_embeddings e ON e.chunk_id = c.id",
+    )
     stored = row[1].to_numpy()
     assert np.linalg.norm(stored) == pytest.approx(1.0, abs=1e-5)
     np.testing.assert_allclose(stored, runtime.embedder.embed([row[0]])[0], atol=1e-5)
@@ -351,13 +354,10 @@ def test_heading_paths_and_offsets_are_stored(runtime: Runtime) -> None:
     body = "# Guide\n\nIntro text.\n\n## Install\n\nRun the installer.\n\n## Use\n\nAsk questions."
     markdown = LoadedDocument(external_id="guide.md", text=body, format="markdown")
     ingest(runtime, [markdown])
-    with runtime.db.read() as session:
-        rows = session.execute(
-            text(
-                "SELECT metadata->'headings', start_char, end_char, text "
-                "FROM chunks ORDER BY ordinal"
-            )
-        ).all()
+    rows = fetch_all(
+        runtime,
+        "SELECT metadata->'headings', start_char, end_char, text FROM chunks ORDER BY ordinal",
+    )
     assert [row[0] for row in rows] == [["Guide"], ["Guide", "Install"], ["Guide", "Use"]]
     assert all(body[start:end] == chunk for _, start, end, chunk in rows)
     assert rows[1][3].startswith("## Install")
