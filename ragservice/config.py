@@ -37,6 +37,35 @@ class Settings(BaseSettings):
     )
     hnsw_m: int = Field(default=16, ge=2, le=100)
     hnsw_ef_construction: int = Field(default=64, ge=4, le=1000)
+    hnsw_ef_search: int = Field(
+        default=100, ge=1, le=1000, description="HNSW candidate list per query (raised to k)"
+    )
+    search_rrf_k: int = Field(default=60, ge=1, description="reciprocal rank fusion constant")
+    search_dense_candidates: int = Field(
+        default=100, ge=1, le=1000, description="dense candidates fused by hybrid search"
+    )
+    search_text_candidates: int = Field(
+        default=100, ge=1, le=1000, description="full-text candidates fused by hybrid search"
+    )
+    bm25_k1: float = Field(default=0.9, ge=0)
+    bm25_b: float = Field(default=0.4, ge=0, le=1)
+    query_encoder: Literal["auto", "onnx", "torch"] = Field(
+        default="auto", description="how single queries are embedded; auto: ONNX on CPU"
+    )
+    max_k: int = Field(default=200, ge=1, le=1000, description="largest k a search may ask")
+    max_query_chars: int = Field(default=4000, ge=1)
+    max_body_bytes: int = Field(default=64 * 2**20, ge=1024, description="largest request body")
+    max_file_bytes: int = Field(default=32 * 2**20, ge=1, description="largest uploaded file")
+    max_files_per_upload: int = Field(default=1000, ge=1)
+    auth_disabled: bool = Field(
+        default=False, description="serve without API keys; refused unless bound to loopback"
+    )
+    workers: int = Field(default=1, ge=0, le=64, description="ingest job threads per server")
+    job_poll_seconds: float = Field(default=1.0, gt=0)
+    job_stale_seconds: float = Field(
+        default=120.0, gt=0, description="a running job without a heartbeat this long is retried"
+    )
+    job_max_attempts: int = Field(default=3, ge=1)
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=1, le=65535)
     log_level: str = "INFO"

@@ -21,10 +21,40 @@ class DatabaseUnavailableError(RagServiceError):
     status_code = 503
 
 
+class BadRequestError(RagServiceError):
+    """The request is malformed in a way no field-level validation describes."""
+
+    status_code = 400
+
+
+class AuthenticationError(RagServiceError):
+    """No API key, or one the service does not know (or that was revoked)."""
+
+    status_code = 401
+
+
+class PermissionDeniedError(RagServiceError):
+    """The key is valid but its role may not do this."""
+
+    status_code = 403
+
+
 class InvalidInputError(RagServiceError):
     """The caller sent something the service cannot accept."""
 
     status_code = 422
+
+
+class PayloadTooLargeError(RagServiceError):
+    """A body, a file or a batch exceeds a configured limit."""
+
+    status_code = 413
+
+
+class UnsupportedMediaTypeError(RagServiceError):
+    """An uploaded file of a type the loaders cannot read."""
+
+    status_code = 415
 
 
 class NotFoundError(RagServiceError):

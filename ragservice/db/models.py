@@ -8,11 +8,14 @@ from typing import Any, ClassVar
 
 from pgvector.sqlalchemy import Vector
 from sqlalchemy import (
+    BigInteger,
     Boolean,
     Computed,
     DateTime,
     ForeignKey,
     Integer,
+    LargeBinary,
+    SmallInteger,
     Text,
     UniqueConstraint,
     func,
@@ -143,3 +146,59 @@ class IngestJob(Base):
     created_at: Mapped[datetime] = _now()
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class ChunkTerm(Base):
+    """A posting of the BM25 inverted index; triggers on `chunks` keep it current."""
+
+    __tablename__ = "chunk_terms"
+
+    collection_id: Mapped[uuid.UUID] = mapped_column(
+        ForeignKey("collections.id", ondelete="CASCADE"), primary_key=True
+    )
+    lexeme: Mapped[str] = mapped_column(Text, primary_key=True)
+    chunk_id: Mapped[uuid.UUID] = mapped_column(primary_key=True)
+    tf: Mapped[int] = mapped_column(SmallInteger)
+    chunk_length: Mapped[int] = mapped_column(Integer)
+
+
+class CollectionTextStats(Base):
+    """Chunk and token totals per collection, the N and average length of BM25."""
+
+    __tablename__ = "collection_text_stats"
+
+    collection_id: Mapped[uuid.UUID] = mapped_column(
+        ForeignKey("collections.id", ondelete="CASCADE"), primary_key=True
+    )
+    chunk_count: Mapped[int] = mapped_column(BigInteger)
+    token_count: Mapped[int] = mapped_column(BigInteger)
+
+
+class ApiKey(Base):
+    __tablename__ = "api_keys"
+
+    id: Mapped[uuid.UUID] = mapped_column(primary_key=True, server_default=func.gen_random_uuid())
+    tenant_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
+    name: Mapped[str | None] = mapped_column(Text)
+    prefix: Mapped[str] = mapped_column(Text)
+    key_hash: Mapped[str] = mapped_column(Text, unique=True)
+    role: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime] = _now()
+    last_used_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class IngestJobItem(Base):
+    """A file or a text an upload brought, waiting in PostgreSQL for a worker."""
+
+    __tablename__ = "ingest_job_items"
+
+    job_id: Mapped[uuid.UUID] = mapped_column(
+        ForeignKey("ingest_jobs.id", ondelete="CASCADE"), primary_key=True
+    )
+    ordinal: Mapped[int] = mapped_column(Integer, primary_key=True)
+    kind: Mapped[str] = mapped_column(Text)
+    name: Mapped[str] = mapped_column(Text)
+    title: Mapped[str | None] = mapped_column(Text)
+    body: Mapped[bytes] = mapped_column(LargeBinary)
+    metadata_: Mapped[dict[str, Any]] = mapped_column("metadata", server_default="{}")
