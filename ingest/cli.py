@@ -152,7 +152,7 @@ def _with_job_record(
                     job_id,
                     status=status,
                     counts=report.counts(),
-                    errors=[{"source": f.source, "reason": f.reason} for f in report.failed],
+                    errors=[{"source": f.source, "error": f.reason} for f in report.failed],
                 )
 
 

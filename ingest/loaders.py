@@ -15,10 +15,10 @@ import json
 import math
 import re
 import unicodedata
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, TypeAlias
 
 import docx
@@ -31,18 +31,8 @@ from docx.text.paragraph import Paragraph
 from pypdf import PasswordType, PdfReader
 from pypdf.errors import DependencyError
 
+from ragservice.types import SUPPORTED_SUFFIXES as SUPPORTED_SUFFIXES  # re-exported
 from ragservice.types import LoadedDocument, LoadFailure, TextFormat
-
-SUPPORTED_SUFFIXES: tuple[str, ...] = (
-    ".txt",
-    ".md",
-    ".markdown",
-    ".html",
-    ".htm",
-    ".pdf",
-    ".docx",
-    ".jsonl",
-)
 
 LoadResult: TypeAlias = LoadedDocument | LoadFailure
 
@@ -328,6 +318,65 @@ def load_file(
     return iter((_load_single(path, external_id, suffix),))
 
 
+def load_bytes(
+    name: str,
+    data: bytes,
+    *,
+    jsonl_fields: JsonlFields = JsonlFields(),
+    metadata: Mapping[str, Any] | None = None,
+) -> Iterator[LoadResult]:
+    """Load an uploaded file from its bytes, by the suffix of its `name`, as `load_file` does.
+
+    The external id (and `source`, and metadata `source_path`) is `upload_name(name)`.
+    `metadata`, the upload's own, is merged into every document's metadata and wins over the
+    loader's keys (`file_type`, `source_path`, `pages`); a JSONL row's own keys win over it.
+    """
+    external_id = upload_name(name)
+    if not external_id:
+        return iter((LoadFailure(clean_text(name) or "(no name)", "the file has no usable name"),))
+    extra: dict[str, Any] = _clean_json(dict(metadata or {}))
+    suffix = PurePosixPath(external_id).suffix.lower()
+    if suffix == ".jsonl":
+        return _jsonl_results(io.BytesIO(data), external_id, external_id, jsonl_fields, extra)
+    return iter((_parse_single(data, suffix, external_id, external_id, extra),))
+
+
+def load_text(
+    external_id: str,
+    text: str,
+    *,
+    title: str | None = None,
+    metadata: Mapping[str, Any] | None = None,
+) -> LoadResult:
+    """A document sent as text (not as a file), cleaned like file contents are."""
+    clean_id = clean_text(external_id).strip()
+    if not clean_id:
+        return LoadFailure("(no id)", "the document has an empty external id")
+    body = clean_text(text)
+    if not body.strip():
+        return LoadFailure(clean_id, NO_TEXT)
+    cleaned: dict[str, Any] = _clean_json(dict(metadata or {}))
+    return LoadedDocument(
+        external_id=clean_id, text=body, title=_clean_title(title), metadata=cleaned
+    )
+
+
+_DRIVE = re.compile(r"[A-Za-z]:")
+
+
+def upload_name(name: str) -> str:
+    """A safe, path-like external id for an uploaded file's name.
+
+    Backslashes count as `/`; a leading drive letter and empty, `.` and `..` segments are
+    dropped, and whitespace within a segment collapses: `C:\\docs\\..\\my  a.txt` becomes
+    `docs/my a.txt`. The result is empty when nothing usable is left.
+    """
+    parts = [_collapse(part) for part in clean_text(name).replace("\\", "/").split("/")]
+    if parts and _DRIVE.fullmatch(parts[0]):
+        parts = parts[1:]
+    return "/".join(part for part in parts if part not in ("", ".", ".."))
+
+
 @dataclass(frozen=True)
 class _Parsed:
     text: str
@@ -341,25 +390,41 @@ class _ParseError(Exception):
 
 
 def _load_single(path: Path, external_id: str, suffix: str) -> LoadResult:
-    parser = _PARSERS.get(suffix)
-    if parser is None:
-        return LoadFailure(str(path), f"unsupported file type {suffix or '(no suffix)'}")
-    file_type, parse = parser
+    if suffix not in _PARSERS:
+        return _unsupported(str(path), suffix)
     try:
-        parsed = parse(_read(path))
+        data = _read(path)
     except _ParseError as exc:
         return LoadFailure(str(path), str(exc))
+    return _parse_single(data, suffix, external_id, str(path), {})
+
+
+def _parse_single(
+    data: bytes, suffix: str, external_id: str, source: str, extra: dict[str, Any]
+) -> LoadResult:
+    parser = _PARSERS.get(suffix)
+    if parser is None:
+        return _unsupported(source, suffix)
+    file_type, parse = parser
+    try:
+        parsed = parse(data)
+    except _ParseError as exc:
+        return LoadFailure(source, str(exc))
     if not parsed.text:
-        return LoadFailure(str(path), NO_TEXT)
-    metadata = {**parsed.metadata, "source_path": external_id, "file_type": file_type}
+        return LoadFailure(source, NO_TEXT)
+    provenance = {"source_path": external_id, "file_type": file_type}
     return LoadedDocument(
         external_id=external_id,
         text=parsed.text,
         title=parsed.title,
-        metadata=metadata,
-        source=str(path),
+        metadata={**parsed.metadata, **provenance, **extra},
+        source=source,
         format=parsed.format,
     )
+
+
+def _unsupported(source: str, suffix: str) -> LoadFailure:
+    return LoadFailure(source, f"unsupported file type {suffix or '(no suffix)'}")
 
 
 def _read(path: Path) -> bytes:
@@ -633,27 +698,38 @@ def _load_jsonl(path: Path, file_id: str, fields: JsonlFields) -> Iterator[LoadR
     """One result per non-blank line; reads line by line so huge corpora stream."""
     try:
         with path.open("rb") as lines:
-            for lineno, raw in enumerate(lines, start=1):
-                if raw.strip():
-                    yield _jsonl_row(raw, path, lineno, file_id, fields)
+            yield from _jsonl_results(lines, str(path), file_id, fields, {})
     except OSError as exc:
         yield LoadFailure(str(path), f"could not read file: {exc.strerror or exc}")
 
 
+def _jsonl_results(
+    lines: Iterable[bytes], source: str, file_id: str, fields: JsonlFields, extra: dict[str, Any]
+) -> Iterator[LoadResult]:
+    for lineno, raw in enumerate(lines, start=1):
+        if raw.strip():
+            yield _jsonl_row(raw, source, lineno, file_id, fields, extra)
+
+
 def _jsonl_row(
-    raw: bytes, path: Path, lineno: int, file_id: str, fields: JsonlFields
+    raw: bytes,
+    source: str,
+    lineno: int,
+    file_id: str,
+    fields: JsonlFields,
+    extra: dict[str, Any],
 ) -> LoadResult:
-    source = f"{path}:{lineno}"
+    line = f"{source}:{lineno}"
     try:
         row = json.loads(_decode_line(raw))
     except ValueError as exc:
-        return LoadFailure(source, f"invalid JSON: {_describe(exc)}")
+        return LoadFailure(line, f"invalid JSON: {_describe(exc)}")
     if not isinstance(row, dict):
-        return LoadFailure(source, "line is not a JSON object")
+        return LoadFailure(line, "line is not a JSON object")
     try:
         external_id, text = _row_id(row, fields), _row_text(row, fields)
     except _ParseError as exc:
-        return LoadFailure(source, str(exc))
+        return LoadFailure(line, str(exc))
     # No line number here: moving a row within the file must not make it a new version.
     provenance = {"source_path": file_id, "file_type": "jsonl"}
     title = _clean_title(row.get(fields.title))
@@ -662,8 +738,8 @@ def _jsonl_row(
         # The title is part of what is searched (as in BEIR's own evaluation), so it leads the text.
         text=f"{title}\n\n{text}" if title and not text.startswith(title) else text,
         title=title,
-        metadata=_row_metadata(row, fields, provenance),
-        source=str(path),
+        metadata=_row_metadata(row, fields, {**provenance, **extra}),
+        source=source,
     )
 
 

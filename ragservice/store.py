@@ -7,21 +7,48 @@ commits whole or not at all together with the rest of the session's transaction.
 from __future__ import annotations
 
 import json
+import logging
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 import psycopg
-from sqlalchemy import delete, func, select, text, update
+from sqlalchemy import (
+    ColumnElement,
+    Row,
+    ScalarSelect,
+    Select,
+    and_,
+    delete,
+    func,
+    or_,
+    select,
+    text,
+    tuple_,
+    update,
+)
 from sqlalchemy.dialects.postgresql import insert
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, aliased
 
-from ragservice.db.models import Collection, Document, EmbeddingModel, IngestJob
-from ragservice.errors import ConfigurationError
+from ragservice.db.models import (
+    ApiKey,
+    Chunk,
+    Collection,
+    CollectionTextStats,
+    Document,
+    EmbeddingModel,
+    IngestJob,
+    IngestJobItem,
+    Tenant,
+)
+from ragservice.errors import ConfigurationError, ConflictError
 from ragservice.types import TextChunk
+
+log = logging.getLogger(__name__)
 
 _CHUNK_COLUMNS = (
     "id",
@@ -283,6 +310,176 @@ def _driver_connection(session: Session) -> psycopg.Connection[Any]:
     return conn
 
 
+# -- collections (API) -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class CollectionInfo:
+    id: uuid.UUID
+    name: str
+    description: str | None
+    metadata: dict[str, Any]
+    created_at: datetime
+    document_count: int
+    chunk_count: int
+
+
+def create_collection(
+    session: Session,
+    tenant_id: uuid.UUID,
+    name: str,
+    *,
+    description: str | None = None,
+    metadata: dict[str, Any] | None = None,
+) -> uuid.UUID:
+    """Create the tenant's collection `name`; ConflictError when the name is taken."""
+    stmt = (
+        insert(Collection)
+        .values(tenant_id=tenant_id, name=name, description=description, metadata_=metadata or {})
+        .on_conflict_do_nothing(index_elements=["tenant_id", "name"])
+        .returning(Collection.id)
+    )
+    created = session.scalar(stmt)
+    if created is None:
+        raise ConflictError(f"collection {name!r} already exists")
+    return created
+
+
+def list_collections(session: Session, tenant_id: uuid.UUID) -> list[CollectionInfo]:
+    return [_collection_info(row) for row in session.execute(_collections_query(tenant_id))]
+
+
+def get_collection(session: Session, tenant_id: uuid.UUID, name: str) -> CollectionInfo | None:
+    row = session.execute(_collections_query(tenant_id).where(Collection.name == name)).first()
+    return None if row is None else _collection_info(row)
+
+
+def delete_collection(session: Session, tenant_id: uuid.UUID, name: str) -> bool:
+    """Delete a collection with its documents, chunks, embeddings and jobs (cascades)."""
+    stmt = delete(Collection).where(Collection.tenant_id == tenant_id, Collection.name == name)
+    return bool(session.execute(stmt).rowcount)  # type: ignore[attr-defined]
+
+
+def collection_ids(
+    session: Session, tenant_id: uuid.UUID, names: Sequence[str] | None
+) -> dict[str, uuid.UUID]:
+    """name → id of the tenant's collections with these names (all of them for None)."""
+    stmt = select(Collection.name, Collection.id).where(Collection.tenant_id == tenant_id)
+    if names is not None:
+        stmt = stmt.where(Collection.name.in_(list(names)))
+    return {row.name: row.id for row in session.execute(stmt)}
+
+
+def _collections_query(tenant_id: uuid.UUID) -> Select[Any]:
+    documents = (
+        select(func.count())
+        .where(Document.collection_id == Collection.id)
+        .scalar_subquery()
+        .label("document_count")
+    )
+    chunks = (
+        select(CollectionTextStats.chunk_count)
+        .where(CollectionTextStats.collection_id == Collection.id)
+        .scalar_subquery()
+        .label("chunk_count")
+    )
+    return (
+        select(Collection, documents, chunks)
+        .where(Collection.tenant_id == tenant_id)
+        .order_by(Collection.name)
+    )
+
+
+def _collection_info(row: Row[Any]) -> CollectionInfo:
+    collection: Collection = row[0]
+    return CollectionInfo(
+        id=collection.id,
+        name=collection.name,
+        description=collection.description,
+        metadata=collection.metadata_,
+        created_at=collection.created_at,
+        document_count=int(row.document_count or 0),
+        chunk_count=int(row.chunk_count or 0),
+    )
+
+
+# -- documents (API) -------------------------------------------------------------------------
+
+
+def list_documents(
+    session: Session, collection_id: uuid.UUID, *, limit: int, after: str | None = None
+) -> list[Document]:
+    """A page of documents ordered by external id; `after` is the last id of the previous page."""
+    stmt = select(Document).where(Document.collection_id == collection_id)
+    if after is not None:
+        stmt = stmt.where(Document.external_id > after)
+    return list(session.scalars(stmt.order_by(Document.external_id).limit(limit)))
+
+
+def get_document(session: Session, collection_id: uuid.UUID, external_id: str) -> Document | None:
+    stmt = select(Document).where(
+        Document.collection_id == collection_id, Document.external_id == external_id
+    )
+    return session.scalar(stmt)
+
+
+def document_chunks(session: Session, document_id: uuid.UUID) -> list[Chunk]:
+    stmt = select(Chunk).where(Chunk.document_id == document_id).order_by(Chunk.ordinal)
+    return list(session.scalars(stmt))
+
+
+# -- tenants and API keys --------------------------------------------------------------------
+
+
+def ensure_tenant(session: Session, name: str) -> uuid.UUID:
+    """The id of the tenant `name`, created if it does not exist."""
+    session.execute(insert(Tenant).values(name=name).on_conflict_do_nothing())
+    tenant_id = session.scalar(select(Tenant.id).where(Tenant.name == name))
+    assert tenant_id is not None
+    return tenant_id
+
+
+def create_api_key(
+    session: Session,
+    *,
+    tenant_id: uuid.UUID,
+    role: str,
+    prefix: str,
+    key_hash: str,
+    name: str | None = None,
+) -> uuid.UUID:
+    key = ApiKey(tenant_id=tenant_id, role=role, prefix=prefix, key_hash=key_hash, name=name)
+    session.add(key)
+    session.flush()
+    return key.id
+
+
+def find_api_key(session: Session, key_hash: str) -> ApiKey | None:
+    """The key with this hash, unless it was revoked."""
+    stmt = select(ApiKey).where(ApiKey.key_hash == key_hash, ApiKey.revoked_at.is_(None))
+    return session.scalar(stmt)
+
+
+def list_api_keys(session: Session) -> list[tuple[ApiKey, str]]:
+    """Every key with its tenant's name, newest first."""
+    stmt = (
+        select(ApiKey, Tenant.name)
+        .join(Tenant, Tenant.id == ApiKey.tenant_id)
+        .order_by(ApiKey.created_at.desc())
+    )
+    return [(row[0], row[1]) for row in session.execute(stmt)]
+
+
+def revoke_api_key(session: Session, prefix: str) -> int:
+    """Revoke the keys that start with `prefix`; returns how many were revoked."""
+    stmt = (
+        update(ApiKey)
+        .where(ApiKey.prefix == prefix, ApiKey.revoked_at.is_(None))
+        .values(revoked_at=func.now())
+    )
+    return int(session.execute(stmt).rowcount)  # type: ignore[attr-defined]
+
+
 # -- embeddings ------------------------------------------------------------------------------
 
 
@@ -345,6 +542,41 @@ def register_embedding_model(
 
 # -- ingest jobs -----------------------------------------------------------------------------
 
+CLI_JOB_KIND = "cli"
+"""Jobs the ingest CLI runs in-process; workers never claim them."""
+
+_ITEM_COLUMNS = ("job_id", "ordinal", "kind", "name", "title", "body", "metadata")
+_ITEM_TYPES = ("uuid", "int4", "text", "text", "text", "bytea", "jsonb")
+
+
+@dataclass(frozen=True, slots=True)
+class JobItem:
+    """One input of a queued job.
+
+    A `file` item carries the uploaded file's name and bytes; a `text` item carries the
+    document's external id in `name`, its title, and its UTF-8 text in `body`.
+    """
+
+    kind: str
+    name: str
+    title: str | None
+    body: bytes
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedJob:
+    """A job a worker has just claimed; `collection` is None when the collection is gone."""
+
+    id: uuid.UUID
+    tenant_id: uuid.UUID
+    collection_id: uuid.UUID | None
+    collection: str | None
+    kind: str
+    params: dict[str, Any]
+    attempts: int
+    worker: str
+
 
 def start_job(
     session: Session,
@@ -372,6 +604,164 @@ def start_job(
     return job.id
 
 
+def enqueue_job(
+    session: Session,
+    *,
+    tenant_id: uuid.UUID,
+    collection_id: uuid.UUID,
+    kind: str,
+    params: dict[str, Any],
+    items: Sequence[JobItem],
+) -> uuid.UUID:
+    """Queue a job with its items (one COPY); workers see it once the transaction commits."""
+    job = IngestJob(
+        tenant_id=tenant_id, collection_id=collection_id, kind=kind, status="queued", params=params
+    )
+    session.add(job)
+    session.flush()
+    rows = [_item_row(job.id, ordinal, item) for ordinal, item in enumerate(items)]
+    _copy(_driver_connection(session), "ingest_job_items", _ITEM_COLUMNS, _ITEM_TYPES, rows)
+    return job.id
+
+
+def _item_row(job_id: uuid.UUID, ordinal: int, item: JobItem) -> tuple[Any, ...]:
+    metadata = psycopg.types.json.Jsonb(item.metadata)
+    return (job_id, ordinal, item.kind, item.name, item.title, item.body, metadata)
+
+
+def claim_job(
+    session: Session, *, worker: str, stale_after_seconds: float, max_attempts: int
+) -> ClaimedJob | None:
+    """Claim the oldest job that is queued, or running without a heartbeat for
+    `stale_after_seconds` (its worker died): attempts goes up by one and `worker` owns it.
+
+    Stale jobs that already used `max_attempts` are marked failed instead. SKIP LOCKED lets
+    any number of workers claim at once: each gets a different job, or none, without waiting.
+    """
+    stale = _stale_jobs(stale_after_seconds)
+    _fail_exhausted(session, stale, max_attempts)
+    job_id = session.scalar(
+        select(IngestJob.id)
+        .where(
+            IngestJob.kind != CLI_JOB_KIND,
+            or_(IngestJob.status == "queued", and_(stale, IngestJob.attempts < max_attempts)),
+        )
+        .order_by(IngestJob.created_at)
+        .limit(1)
+        .with_for_update(skip_locked=True)
+    )
+    if job_id is None:
+        return None
+    job = session.execute(
+        update(IngestJob)
+        .where(IngestJob.id == job_id)
+        .values(
+            status="running",
+            attempts=IngestJob.attempts + 1,
+            worker=worker,
+            heartbeat_at=func.now(),
+            started_at=func.now(),
+        )
+        .returning(IngestJob)
+    ).scalar_one()
+    return _claimed(session, job)
+
+
+def _stale_jobs(stale_after_seconds: float) -> ColumnElement[bool]:
+    cutoff = func.now() - timedelta(seconds=stale_after_seconds)
+    return and_(IngestJob.status == "running", IngestJob.heartbeat_at < cutoff)
+
+
+def _fail_exhausted(session: Session, stale: ColumnElement[bool], max_attempts: int) -> None:
+    exhausted = session.execute(
+        select(IngestJob.id, IngestJob.attempts, IngestJob.worker)
+        .where(IngestJob.kind != CLI_JOB_KIND, stale, IngestJob.attempts >= max_attempts)
+        .with_for_update(skip_locked=True)
+    ).all()
+    for job_id, attempts, worker in exhausted:
+        error = f"gave up after {attempts} attempts: worker {worker} stopped sending heartbeats"
+        log.warning("job %s failed: %s", job_id, error)
+        session.execute(
+            update(IngestJob)
+            .where(IngestJob.id == job_id)
+            .values(status="failed", finished_at=func.now(), errors=[{"error": error}])
+        )
+
+
+def _claimed(session: Session, job: IngestJob) -> ClaimedJob:
+    collection = session.scalar(
+        select(Collection.name).where(
+            Collection.id == job.collection_id, Collection.tenant_id == job.tenant_id
+        )
+    )
+    assert job.worker is not None
+    return ClaimedJob(
+        id=job.id,
+        tenant_id=job.tenant_id,
+        collection_id=job.collection_id,
+        collection=collection,
+        kind=job.kind,
+        params=job.params,
+        attempts=job.attempts,
+        worker=job.worker,
+    )
+
+
+def heartbeat_job(
+    session: Session, job_id: uuid.UUID, worker: str, *, counts: dict[str, int] | None = None
+) -> bool:
+    """Mark `worker`'s running job alive, recording `counts` if given.
+
+    False when the job is no longer this worker's: another worker took it over after the
+    heartbeats stopped, or the job is gone (its collection was deleted).
+    """
+    values: dict[str, Any] = {"heartbeat_at": func.now()}
+    if counts is not None:
+        values["counts"] = counts
+    stmt = update(IngestJob).where(_owned_by(job_id, worker)).values(**values)
+    return session.scalar(stmt.returning(IngestJob.id)) is not None
+
+
+def release_job(session: Session, job_id: uuid.UUID, worker: str) -> bool:
+    """Put a job its worker stopped before finishing back in the queue; the interrupted
+    attempt does not count. False when the job was no longer this worker's."""
+    stmt = (
+        update(IngestJob)
+        .where(_owned_by(job_id, worker))
+        .values(
+            status="queued",
+            worker=None,
+            heartbeat_at=None,
+            attempts=func.greatest(IngestJob.attempts - 1, 0),
+        )
+        .returning(IngestJob.id)
+    )
+    return session.scalar(stmt) is not None
+
+
+def _owned_by(job_id: uuid.UUID, worker: str) -> ColumnElement[bool]:
+    return and_(IngestJob.id == job_id, IngestJob.worker == worker, IngestJob.status == "running")
+
+
+def job_items(session: Session, job_id: uuid.UUID) -> Iterator[JobItem]:
+    """The job's items in order, fetched one at a time from a server-side cursor (a body may
+    be tens of MB); iterate while the session is open."""
+    stmt = (
+        select(
+            IngestJobItem.kind,
+            IngestJobItem.name,
+            IngestJobItem.title,
+            IngestJobItem.body,
+            IngestJobItem.metadata_,
+        )
+        .where(IngestJobItem.job_id == job_id)
+        .order_by(IngestJobItem.ordinal)
+        .execution_options(yield_per=1)
+    )
+    for kind, name, title, body, metadata in session.execute(stmt):
+        yield JobItem(kind=kind, name=name, title=title, body=bytes(body), metadata=metadata)
+
+
 def finish_job(
     session: Session,
     job_id: uuid.UUID,
@@ -379,9 +769,57 @@ def finish_job(
     status: str,
     counts: dict[str, int],
     errors: list[dict[str, str]],
-) -> None:
-    session.execute(
-        update(IngestJob)
-        .where(IngestJob.id == job_id)
-        .values(status=status, counts=counts, errors=errors, finished_at=func.now())
+    worker: str | None = None,
+) -> bool:
+    """Record how a job ended. With `worker`, only while that worker still owns the job.
+
+    A job that is done drops its items to free the space; a failed job keeps them, so an
+    operator can queue it again. False when nothing was updated.
+    """
+    stmt = update(IngestJob).where(IngestJob.id == job_id)
+    if worker is not None:
+        stmt = stmt.where(_owned_by(job_id, worker))
+    stmt = stmt.values(status=status, counts=counts, errors=errors, finished_at=func.now())
+    finished = session.scalar(stmt.returning(IngestJob.id)) is not None
+    if finished and status == "done":
+        session.execute(delete(IngestJobItem).where(IngestJobItem.job_id == job_id))
+    return finished
+
+
+def get_job(session: Session, tenant_id: uuid.UUID, job_id: uuid.UUID) -> IngestJob | None:
+    """The tenant's job `job_id`; None for another tenant's job, as for a missing one."""
+    stmt = select(IngestJob).where(IngestJob.id == job_id, IngestJob.tenant_id == tenant_id)
+    return session.scalar(stmt)
+
+
+def list_jobs(
+    session: Session,
+    tenant_id: uuid.UUID,
+    *,
+    collection_id: uuid.UUID | None = None,
+    status: str | None = None,
+    limit: int = 50,
+    before: uuid.UUID | None = None,
+) -> list[IngestJob]:
+    """The tenant's jobs, newest first; `before` is the last job id of the previous page
+    (a job id that is not the tenant's gives an empty page)."""
+    stmt = select(IngestJob).where(IngestJob.tenant_id == tenant_id)
+    if collection_id is not None:
+        stmt = stmt.where(IngestJob.collection_id == collection_id)
+    if status is not None:
+        stmt = stmt.where(IngestJob.status == status)
+    if before is not None:
+        position = _job_position(tenant_id, before)
+        stmt = stmt.where(tuple_(IngestJob.created_at, IngestJob.id) < position)
+    order = (IngestJob.created_at.desc(), IngestJob.id.desc())
+    return list(session.scalars(stmt.order_by(*order).limit(limit)))
+
+
+def _job_position(tenant_id: uuid.UUID, job_id: uuid.UUID) -> ScalarSelect[Any]:
+    # An alias, so that the subquery is not correlated with the outer query's ingest_jobs.
+    cursor = aliased(IngestJob)
+    return (
+        select(cursor.created_at, cursor.id)
+        .where(cursor.id == job_id, cursor.tenant_id == tenant_id)
+        .scalar_subquery()
     )

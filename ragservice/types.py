@@ -5,6 +5,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
+SUPPORTED_SUFFIXES: tuple[str, ...] = (
+    ".txt",
+    ".md",
+    ".markdown",
+    ".html",
+    ".htm",
+    ".pdf",
+    ".docx",
+    ".jsonl",
+)
+"""File types the loaders read; the API refuses other uploads with 415 before queueing them."""
+
 TextFormat = Literal["text", "markdown"]
 """How a loaded text is structured: `markdown` texts carry `#` headings the chunker follows."""
 

@@ -16,8 +16,11 @@ from ingest.loaders import (
     clean_text,
     decode_bytes,
     iter_files,
+    load_bytes,
     load_documents,
     load_file,
+    load_text,
+    upload_name,
 )
 from ragservice.types import LoadedDocument, LoadFailure
 
@@ -516,4 +519,95 @@ def test_supported_suffixes() -> None:
         ".pdf",
         ".docx",
         ".jsonl",
+    )
+
+
+# --------------------------------------------------------------------------- uploads (bytes)
+
+
+def test_load_bytes_reads_a_file_as_load_file_does(tmp_path: Path) -> None:
+    data = make_pdf(["Page one.", "Page two."], title="Report")
+    from_disk = loaded(write(tmp_path / "report.pdf", data))
+    [uploaded] = load_bytes("report.pdf", data)
+    assert isinstance(uploaded, LoadedDocument)
+    # Same text, title and metadata: the same file uploaded or ingested from disk is unchanged.
+    assert (uploaded.text, uploaded.title, uploaded.metadata, uploaded.format) == (
+        from_disk.text,
+        from_disk.title,
+        from_disk.metadata,
+        from_disk.format,
+    )
+    assert (uploaded.external_id, uploaded.source) == ("report.pdf", "report.pdf")
+
+
+def test_load_bytes_merges_the_uploads_metadata() -> None:
+    [doc] = load_bytes("notes.md", b"# Notes\n\nBody.", metadata={"team": "a\x00b", "n": 1})
+    assert isinstance(doc, LoadedDocument)
+    assert doc.title == "Notes"
+    assert doc.metadata == {
+        "source_path": "notes.md",
+        "file_type": "markdown",
+        "team": "ab",
+        "n": 1,
+    }
+    [labelled] = load_bytes("notes.txt", b"Body.", metadata={"file_type": "memo"})
+    assert labelled.metadata["file_type"] == "memo"  # type: ignore[union-attr]  # the upload's own wins
+
+
+def test_load_bytes_failures_name_the_upload() -> None:
+    [bad] = load_bytes("scan.pdf", b"%PDF-1.4 not really")
+    [odd] = load_bytes("data.xyz", b"hello")
+    [blank] = load_bytes("empty.txt", b" \n")
+    [nameless] = load_bytes("../", b"hello")
+    assert isinstance(bad, LoadFailure) and bad.source == "scan.pdf"
+    assert bad.reason.startswith("not a valid PDF")
+    assert odd == LoadFailure("data.xyz", "unsupported file type .xyz")
+    assert blank == LoadFailure("empty.txt", "no text could be extracted")
+    assert nameless == LoadFailure("../", "the file has no usable name")
+
+
+def test_load_bytes_jsonl_rows_stream_with_upload_metadata() -> None:
+    data = jsonl(
+        {"_id": "r1", "text": "Row one.", "team": "row's own"},
+        "not json",
+        {"_id": "r2", "text": "Row two."},
+    ).encode()
+    fields = JsonlFields(metadata=("team",))
+    results = list(load_bytes("rows.jsonl", data, jsonl_fields=fields, metadata={"team": "up"}))
+    first, broken, second = results
+    assert isinstance(first, LoadedDocument) and isinstance(second, LoadedDocument)
+    assert first.metadata == {
+        "team": "row's own",
+        "source_path": "rows.jsonl",
+        "file_type": "jsonl",
+    }
+    assert second.metadata["team"] == "up"
+    assert second.source == "rows.jsonl"
+    assert isinstance(broken, LoadFailure) and broken.source == "rows.jsonl:2"
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("report.pdf", "report.pdf"),
+        ("C:\\Users\\me\\..\\report.pdf", "Users/me/report.pdf"),
+        ("../../etc/passwd.txt", "etc/passwd.txt"),
+        ("/a//b/./c.txt", "a/b/c.txt"),
+        ("  my \t  notes .md ", "my notes .md"),
+        ("caf\u0065\u0301\x00.txt", "caf\u00e9.txt"),
+        ("/./..", ""),
+    ],
+)
+def test_upload_name_is_a_safe_relative_path(name: str, expected: str) -> None:
+    assert upload_name(name) == expected
+
+
+def test_load_text_cleans_like_files() -> None:
+    doc = load_text(" id\x00-1 ", "Hello\x00 world\r\n", title="  A  title ", metadata={"k": "v"})
+    assert doc == LoadedDocument(
+        external_id="id-1", text="Hello world", title="A title", metadata={"k": "v"}
+    )
+    assert load_text("x", " \n\x00") == LoadFailure("x", "no text could be extracted")
+    assert load_text("\x00", "text") == LoadFailure(
+        "(no id)", "the document has an empty external id"
     )

@@ -1,0 +1,316 @@
+"""Ingest job workers: run the uploads queued in PostgreSQL through the ingest pipeline.
+
+Worker threads of every server and every `ragservice worker` process share one queue. A job is
+claimed with SELECT ... FOR UPDATE SKIP LOCKED and kept alive by a heartbeat while it runs; when
+the heartbeats stop (its worker died), another worker takes it over, up to
+`RAGSERVICE_JOB_MAX_ATTEMPTS` attempts. A worker that is stopped puts its job back in the queue
+after the batch being written commits. Either way the next attempt skips what is already stored
+(content hashes), so no document is written twice or half.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import secrets
+import signal
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Generator, Iterator
+from types import FrameType
+
+from sqlalchemy.exc import SQLAlchemyError
+
+from ingest.loaders import JsonlFields, LoadResult, load_bytes, load_text
+from ingest.pipeline import IngestPipeline, IngestReport
+from ragservice import store
+from ragservice.errors import RagServiceError
+from ragservice.runtime import Runtime
+
+log = logging.getLogger(__name__)
+
+PROGRESS_SECONDS = 1.0
+"""Counts and heartbeat of a running job are written at most this often."""
+
+_RETRY_SECONDS = 5.0  # wait after the queue itself failed (the database is down, say)
+_MAX_ERRORS = 1000  # per-file errors kept in a job; the counts still say how many failed
+
+
+class _Stopped(Exception):
+    """The job stops before its end; raised from the progress callback to leave the pipeline."""
+
+
+class _Interrupted(_Stopped):
+    """The worker is stopping."""
+
+
+class _Lost(_Stopped):
+    """The job is no longer this worker's: taken over, or deleted with its collection."""
+
+
+class JobFailure(RagServiceError):
+    """A job cannot run at all; the message is stored in the job and shown to its owner."""
+
+
+class JobWorker:
+    """Runs queued ingest jobs on background threads (the API server's `BackgroundService`).
+
+    `threads` defaults to `RAGSERVICE_WORKERS`; zero threads is allowed (then only `run_once`
+    runs jobs, or other processes do).
+    """
+
+    def __init__(
+        self, runtime: Runtime, *, name: str | None = None, threads: int | None = None
+    ) -> None:
+        self.name = name or _default_name()
+        self._runtime = runtime
+        self._thread_count = runtime.settings.workers if threads is None else threads
+        self._stopping = threading.Event()
+        self._wakeup = threading.Event()
+        self._threads: list[threading.Thread] = []
+
+    def start(self) -> None:
+        """Start the worker threads (again after `stop`); a no-op while they run."""
+        if self._threads:
+            return
+        self._stopping.clear()
+        for index in range(self._thread_count):
+            worker = f"{self.name}/{index}"
+            thread = threading.Thread(
+                target=self._loop, args=(worker,), name=f"job-worker-{index}", daemon=True
+            )
+            thread.start()
+            self._threads.append(thread)
+        log.info("job worker %s started with %d threads", self.name, self._thread_count)
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Stop the threads, waiting up to `timeout` seconds in all.
+
+        A running job stops at its next progress tick, once the batch being written has
+        committed, and goes back to the queue without counting the attempt. A thread still
+        busy after `timeout` (embedding a large batch, say) is left behind; should the process
+        exit, its job is taken over once its heartbeat is `RAGSERVICE_JOB_STALE_SECONDS` old.
+        """
+        self._stopping.set()
+        self._wakeup.set()
+        deadline = time.monotonic() + timeout
+        for thread in self._threads:
+            thread.join(max(deadline - time.monotonic(), 0.0))
+        busy = [thread.name for thread in self._threads if thread.is_alive()]
+        if busy:
+            log.warning(
+                "job worker %s: threads %s did not stop in %.0f s", self.name, busy, timeout
+            )
+        self._threads = []
+        log.info("job worker %s stopped", self.name)
+
+    def wake(self) -> None:
+        """Look for a job now instead of at the next poll (the API calls this after enqueueing)."""
+        self._wakeup.set()
+
+    def run_once(self) -> bool:
+        """Claim one job and run it to its end in this thread; False when none was waiting."""
+        return self._run_once(self.name)
+
+    def process(self, job: store.ClaimedJob) -> str:
+        """Run a claimed job; returns its status after: `done`, `failed`, `queued` (the worker
+        is stopping), or `lost` (the job was taken over or deleted meanwhile)."""
+        log.info("job %s: attempt %d by %s", job.id, job.attempts, job.worker)
+        report = IngestReport()
+        progress = _Progress(self._runtime, job, report, self._stopping)
+        try:
+            progress.tick(force=True)
+            self._ingest(job, report, progress)
+        except _Interrupted:
+            return self._release(job)
+        except _Lost:
+            log.warning("job %s: taken over by another worker or deleted; left to it", job.id)
+            return "lost"
+        except Exception as exc:
+            return self._finish(job, report, error=_failure_message(job.id, exc))
+        return self._finish(job, report)
+
+    # -- internals -------------------------------------------------------------------------
+
+    def _loop(self, worker: str) -> None:
+        poll = self._runtime.settings.job_poll_seconds
+        while not self._stopping.is_set():
+            self._wakeup.clear()
+            try:
+                busy = self._run_once(worker)
+            except SQLAlchemyError as exc:
+                log.warning("job worker %s: database error: %s", worker, type(exc).__name__)
+                self._stopping.wait(max(poll, _RETRY_SECONDS))
+                continue
+            except Exception:
+                log.exception("job worker %s: unexpected error", worker)
+                self._stopping.wait(max(poll, _RETRY_SECONDS))
+                continue
+            if not busy:
+                self._wakeup.wait(poll)
+
+    def _run_once(self, worker: str) -> bool:
+        settings = self._runtime.settings
+        with self._runtime.db.write() as session:
+            job = store.claim_job(
+                session,
+                worker=worker,
+                stale_after_seconds=settings.job_stale_seconds,
+                max_attempts=settings.job_max_attempts,
+            )
+        if job is None:
+            return False
+        self.process(job)
+        return True
+
+    def _ingest(self, job: store.ClaimedJob, report: IngestReport, progress: _Progress) -> None:
+        if job.collection is None:
+            raise JobFailure("the job's collection no longer exists")
+        items = self._results(job, _jsonl_fields(job), progress)
+        with contextlib.closing(items):
+            self._pipeline(job.tenant_id).run(
+                items, collection=job.collection, on_progress=progress, report=report
+            )
+
+    def _results(
+        self, job: store.ClaimedJob, fields: JsonlFields, progress: _Progress
+    ) -> Generator[LoadResult, None, None]:
+        with self._runtime.db.read() as session:
+            for item in store.job_items(session, job.id):
+                progress.tick()
+                yield from _load_item(item, fields)
+
+    def _pipeline(self, tenant_id: uuid.UUID) -> IngestPipeline:
+        runtime = self._runtime
+        return IngestPipeline(
+            runtime.db,
+            runtime.embedder,
+            model_id=runtime.model_id,
+            tenant_id=tenant_id,
+            chunking=runtime.chunking_options(),
+            batch_chunks=runtime.settings.ingest_batch_chunks,
+        )
+
+    def _finish(self, job: store.ClaimedJob, report: IngestReport, error: str = "") -> str:
+        status = "failed" if error else "done"
+        errors = [{"error": error}] if error else []
+        errors += [{"source": f.source, "error": f.reason} for f in report.failed[:_MAX_ERRORS]]
+        if len(report.failed) > _MAX_ERRORS:
+            errors.append({"error": f"{len(report.failed) - _MAX_ERRORS} more failures not listed"})
+        with self._runtime.db.write() as session:
+            finished = store.finish_job(
+                session,
+                job.id,
+                status=status,
+                counts=report.counts(),
+                errors=errors,
+                worker=job.worker,
+            )
+        if not finished:
+            log.warning("job %s: taken over by another worker; this attempt's end dropped", job.id)
+            return "lost"
+        log.info("job %s %s: %s", job.id, status, report.counts())
+        return status
+
+    def _release(self, job: store.ClaimedJob) -> str:
+        with self._runtime.db.write() as session:
+            released = store.release_job(session, job.id, job.worker)
+        log.info("job %s: worker stopping, %s", job.id, "queued again" if released else "lost")
+        return "queued" if released else "lost"
+
+
+class _Progress:
+    """A running job's progress callback: writes counts and heartbeat at most once a second,
+    and stops the pipeline when the worker is stopping or the job is no longer ours."""
+
+    def __init__(
+        self,
+        runtime: Runtime,
+        job: store.ClaimedJob,
+        report: IngestReport,
+        stopping: threading.Event,
+    ) -> None:
+        self._runtime = runtime
+        self._job = job
+        self._report = report
+        self._stopping = stopping
+        self._last = time.monotonic()
+
+    def __call__(self, _docs: int, _chunks: int) -> None:
+        self.tick()
+
+    def tick(self, *, force: bool = False) -> None:
+        if self._stopping.is_set():
+            raise _Interrupted
+        now = time.monotonic()
+        if not force and now - self._last < PROGRESS_SECONDS:
+            return
+        self._last = now
+        with self._runtime.db.write() as session:
+            alive = store.heartbeat_job(
+                session, self._job.id, self._job.worker, counts=self._report.counts()
+            )
+        if not alive:
+            raise _Lost
+
+
+def _load_item(item: store.JobItem, fields: JsonlFields) -> Iterator[LoadResult]:
+    if item.kind == "text":
+        text = item.body.decode("utf-8", errors="replace")
+        yield load_text(item.name, text, title=item.title, metadata=item.metadata)
+    else:
+        yield from load_bytes(item.name, item.body, jsonl_fields=fields, metadata=item.metadata)
+
+
+def _jsonl_fields(job: store.ClaimedJob) -> JsonlFields:
+    spec = job.params.get("jsonl_fields")
+    if not spec:
+        return JsonlFields()
+    try:
+        return JsonlFields.parse(str(spec))
+    except ValueError as exc:
+        raise JobFailure(str(exc)) from exc
+
+
+def _failure_message(job_id: uuid.UUID, exc: Exception) -> str:
+    """What the job's owner reads: our own errors say what happened, others only what failed."""
+    if isinstance(exc, RagServiceError):
+        log.warning("job %s failed: %s", job_id, exc)
+        return str(exc)
+    log.error("job %s failed", job_id, exc_info=exc)
+    if isinstance(exc, SQLAlchemyError):
+        return "a database error stopped the job; the worker's log has the details"
+    return "an internal error stopped the job; the worker's log has the details"
+
+
+def _default_name() -> str:
+    # The random part keeps two workers of one process (tests, a server with a CLI worker) apart.
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+
+
+def run_until_signalled(worker: JobWorker, *, grace_seconds: float = 20.0) -> None:
+    """Run `worker` until SIGINT or SIGTERM, then stop it (the `ragservice worker` command).
+
+    The usual handlers are back while the worker stops: a second Ctrl-C ends the process at
+    once, and the job it was running is retried under the stale heartbeat rule.
+    """
+    received: list[int] = []
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        received.append(signum)
+        stop.set()
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        worker.start()
+        while not stop.wait(1.0):
+            pass
+        log.info("%s received: stopping", signal.Signals(received[0]).name)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        worker.stop(grace_seconds)

@@ -1,0 +1,359 @@
+"""Queued ingest jobs against a real PostgreSQL: enqueue, claim, heartbeat, retry, workers."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from sqlalchemy import text
+
+from ingest.worker import JobWorker, run_until_signalled
+from ragservice import store
+from ragservice.config import Settings
+from ragservice.db.models import IngestJob
+from ragservice.embedding import SentenceTransformerEmbedder
+from ragservice.runtime import Runtime, open_runtime
+
+COLLECTION = "uploads"
+
+
+@pytest.fixture
+def runtime(settings: Settings, embedder: SentenceTransformerEmbedder) -> Iterator[Runtime]:
+    rt = open_runtime(settings, embedder=embedder)
+    yield rt
+    rt.close()
+
+
+def with_settings(runtime: Runtime, **changes: Any) -> Runtime:
+    return dataclasses.replace(runtime, settings=runtime.settings.model_copy(update=changes))
+
+
+def text_item(name: str, body: str, title: str | None = None, **metadata: Any) -> store.JobItem:
+    return store.JobItem(
+        kind="text", name=name, title=title, body=body.encode(), metadata=dict(metadata)
+    )
+
+
+def file_item(name: str, body: bytes, **metadata: Any) -> store.JobItem:
+    return store.JobItem(kind="file", name=name, title=None, body=body, metadata=dict(metadata))
+
+
+def enqueue(
+    runtime: Runtime, items: list[store.JobItem], collection: str = COLLECTION, **params: Any
+) -> uuid.UUID:
+    with runtime.db.write() as session:
+        tenant_id = runtime.default_tenant_id
+        collection_id = store.ensure_collection(session, tenant_id, collection)
+        return store.enqueue_job(
+            session,
+            tenant_id=tenant_id,
+            collection_id=collection_id,
+            kind="upload",
+            params={**params, "items": len(items)},
+            items=items,
+        )
+
+
+def claim(runtime: Runtime, worker: str, max_attempts: int = 3) -> store.ClaimedJob | None:
+    with runtime.db.write() as session:
+        return store.claim_job(
+            session, worker=worker, stale_after_seconds=60, max_attempts=max_attempts
+        )
+
+
+def job(runtime: Runtime, job_id: uuid.UUID) -> IngestJob:
+    with runtime.db.read() as session:
+        found = store.get_job(session, runtime.default_tenant_id, job_id)
+    assert found is not None
+    return found
+
+
+def scalar(runtime: Runtime, query: str, **params: object) -> Any:
+    with runtime.db.read() as session:
+        return session.execute(text(query), params).scalar()
+
+
+def execute(runtime: Runtime, query: str, **params: object) -> None:
+    with runtime.db.write() as session:
+        session.execute(text(query), params)
+
+
+def age_heartbeat(runtime: Runtime, job_id: uuid.UUID) -> None:
+    execute(
+        runtime,
+        "UPDATE ingest_jobs SET heartbeat_at = now() - interval '1 hour' WHERE id = :id",
+        id=job_id,
+    )
+
+
+def wait_for(condition: Callable[[], bool], timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+UPLOAD = [
+    text_item("t1", "Aspirin reduces the risk of heart attacks in adults.", "Aspirin", lang="en"),
+    file_item("notes.txt", b"Vitamin D deficiency is linked to bone fractures.", team="bio"),
+    file_item("guide.md", b"# Folding\n\nProteins fold into shapes inside cells.", team="bio"),
+    file_item("broken.pdf", b"%PDF-1.4 this is not really a PDF", team="bio"),
+]
+
+
+def test_upload_job_ingests_texts_and_files(runtime: Runtime) -> None:
+    job_id = enqueue(runtime, UPLOAD)
+    worker = JobWorker(runtime)
+
+    assert worker.run_once()
+
+    done = job(runtime, job_id)
+    assert (done.status, done.attempts) == ("done", 1)
+    assert (done.counts["new"], done.counts["failed"], done.counts["unchanged"]) == (3, 1, 0)
+    assert [e["source"] for e in done.errors] == ["broken.pdf"]
+    assert done.errors[0]["error"].startswith("not a valid PDF")
+    assert done.finished_at is not None and done.started_at is not None
+    with runtime.db.read() as session:
+        rows = session.execute(
+            text("SELECT external_id, title, metadata FROM documents ORDER BY external_id")
+        ).all()
+    assert [tuple(row) for row in rows] == [
+        (
+            "guide.md",
+            "Folding",
+            {"source_path": "guide.md", "file_type": "markdown", "team": "bio"},
+        ),
+        ("notes.txt", None, {"source_path": "notes.txt", "file_type": "text", "team": "bio"}),
+        ("t1", "Aspirin", {"lang": "en"}),
+    ]
+    # Searchable by full text and by vector, like documents of the CLI.
+    found = scalar(
+        runtime,
+        "SELECT d.external_id FROM chunks c JOIN documents d ON d.id = c.document_id "
+        "WHERE c.tsv @@ plainto_tsquery('english', 'fractures')",
+    )
+    assert found == "notes.txt"
+    query = runtime.embedder.embed(["Does aspirin prevent heart attacks?"])[0]
+    nearest = scalar(
+        runtime,
+        "SELECT d.external_id FROM chunk_embeddings e JOIN chunks c ON c.id = e.chunk_id "
+        "JOIN documents d ON d.id = c.document_id "
+        "ORDER BY e.embedding <=> CAST(:q AS vector) LIMIT 1",
+        q=str(query.tolist()),
+    )
+    assert nearest == "t1"
+    # A finished job no longer needs its uploads; nothing else is waiting.
+    assert scalar(runtime, "SELECT count(*) FROM ingest_job_items") == 0
+    assert not worker.run_once()
+
+
+def test_jsonl_upload_uses_the_jobs_field_mapping(runtime: Runtime) -> None:
+    rows = b'{"doc": "r1", "body": "Row one text."}\n{"doc": "r2", "body": "Row two text."}\n'
+    job_id = enqueue(runtime, [file_item("rows.jsonl", rows)], jsonl_fields="id=doc,text=body")
+    assert JobWorker(runtime).run_once()
+    assert job(runtime, job_id).counts["new"] == 2
+    assert scalar(runtime, "SELECT string_agg(external_id, ',' ORDER BY 1) FROM documents") == (
+        "r1,r2"
+    )
+
+    bad = enqueue(runtime, [file_item("rows.jsonl", rows)], jsonl_fields="oops")
+    assert JobWorker(runtime).run_once()
+    failed = job(runtime, bad)
+    assert failed.status == "failed"
+    assert failed.errors == [{"error": "invalid JSONL field spec 'oops': 'oops' is not key=value"}]
+
+
+def test_concurrent_claims_never_get_the_same_job(runtime: Runtime) -> None:
+    first = enqueue(runtime, UPLOAD[:1])
+    second = enqueue(runtime, UPLOAD[1:2])
+
+    # Three transactions open at once: the first's row lock makes the others skip its job.
+    with runtime.db.write() as a:
+        claimed_a = store.claim_job(a, worker="a", stale_after_seconds=60, max_attempts=3)
+        with runtime.db.write() as b:
+            claimed_b = store.claim_job(b, worker="b", stale_after_seconds=60, max_attempts=3)
+            with runtime.db.write() as c:
+                assert (
+                    store.claim_job(c, worker="c", stale_after_seconds=60, max_attempts=3) is None
+                )
+
+    assert claimed_a is not None and claimed_b is not None
+    assert (claimed_a.id, claimed_b.id) == (first, second)  # oldest first
+    assert (claimed_a.collection, claimed_a.attempts) == (COLLECTION, 1)
+    assert [(job(runtime, i).status, job(runtime, i).worker) for i in (first, second)] == [
+        ("running", "a"),
+        ("running", "b"),
+    ]
+
+
+def test_job_with_a_stale_heartbeat_is_taken_over(runtime: Runtime) -> None:
+    job_id = enqueue(runtime, UPLOAD[:1])
+    assert claim(runtime, "dead") is not None
+    assert claim(runtime, "alive") is None  # its heartbeat is fresh
+
+    age_heartbeat(runtime, job_id)
+    taken = claim(runtime, "alive")
+
+    assert taken is not None
+    assert (taken.id, taken.attempts, taken.worker) == (job_id, 2, "alive")
+    with runtime.db.write() as session:
+        assert not store.heartbeat_job(session, job_id, "dead")
+        assert store.heartbeat_job(session, job_id, "alive", counts={"new": 1})
+        # The first worker, should it come back, cannot overwrite the new attempt's end.
+        assert not store.finish_job(
+            session, job_id, status="done", counts={}, errors=[], worker="dead"
+        )
+    assert (job(runtime, job_id).status, job(runtime, job_id).counts) == ("running", {"new": 1})
+
+
+def test_stale_job_past_max_attempts_fails(runtime: Runtime) -> None:
+    job_id = enqueue(runtime, UPLOAD[:2])
+    assert claim(runtime, "w1", max_attempts=2) is not None
+    age_heartbeat(runtime, job_id)
+    assert claim(runtime, "w2", max_attempts=2) is not None
+    age_heartbeat(runtime, job_id)
+
+    assert claim(runtime, "w3", max_attempts=2) is None
+
+    failed = job(runtime, job_id)
+    assert (failed.status, failed.attempts, failed.worker) == ("failed", 2, "w2")
+    assert failed.errors == [
+        {"error": "gave up after 2 attempts: worker w2 stopped sending heartbeats"}
+    ]
+    assert failed.finished_at is not None
+    # A failed job keeps its items, so an operator can queue it again.
+    assert scalar(runtime, "SELECT count(*) FROM ingest_job_items") == 2
+
+
+def test_crashed_attempt_leaves_whole_batches_and_the_retry_skips_them(
+    runtime: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    one_doc_batches = with_settings(runtime, ingest_batch_chunks=1)
+    items = [text_item(f"d{i}", f"Document {i} is about topic number {i}.") for i in range(3)]
+    job_id = enqueue(runtime, items)
+    real_write = store.write_documents
+    calls = {"n": 0}
+
+    def dying_write(session: Any, **kwargs: Any) -> store.BatchWriteResult:
+        calls["n"] += 1
+        if calls["n"] == 2:  # the process dies while writing the second batch
+            raise KeyboardInterrupt
+        return real_write(session, **kwargs)
+
+    monkeypatch.setattr(store, "write_documents", dying_write)
+    with pytest.raises(KeyboardInterrupt):
+        JobWorker(one_doc_batches, name="crashing").run_once()
+    monkeypatch.setattr(store, "write_documents", real_write)
+    assert job(runtime, job_id).status == "running"
+    assert scalar(runtime, "SELECT string_agg(external_id, ',') FROM documents") == "d0"
+
+    age_heartbeat(runtime, job_id)
+    assert JobWorker(one_doc_batches, name="rescuer").run_once()
+
+    done = job(runtime, job_id)
+    assert (done.status, done.attempts) == ("done", 2)
+    assert (done.counts["unchanged"], done.counts["new"]) == (1, 2)
+    assert scalar(runtime, "SELECT count(*) FROM chunks") == 3
+
+
+def test_job_of_a_deleted_collection_does_not_run(runtime: Runtime) -> None:
+    worker = JobWorker(runtime)
+    # Deleting the collection deletes its jobs (cascade): the worker lets go, recreates nothing.
+    gone = enqueue(runtime, UPLOAD[:2])
+    claimed = claim(runtime, worker.name)
+    assert claimed is not None and claimed.id == gone
+    execute(runtime, "DELETE FROM collections")
+    assert worker.process(claimed) == "lost"
+    assert scalar(runtime, "SELECT count(*) FROM collections") == 0
+    assert scalar(runtime, "SELECT count(*) FROM documents") == 0
+
+    # A job that outlived its collection (collection_id set to NULL) fails and says why.
+    orphan = enqueue(runtime, UPLOAD[:2])
+    execute(runtime, "UPDATE ingest_jobs SET collection_id = NULL WHERE id = :id", id=orphan)
+    assert worker.run_once()
+    failed = job(runtime, orphan)
+    assert failed.status == "failed"
+    assert failed.errors == [{"error": "the job's collection no longer exists"}]
+    assert scalar(runtime, "SELECT count(*) FROM documents") == 0
+
+
+def test_jobs_are_scoped_by_tenant_and_listed_newest_first(runtime: Runtime) -> None:
+    tenant = runtime.default_tenant_id
+    with runtime.db.write() as session:
+        other = session.execute(
+            text("INSERT INTO tenants (name) VALUES ('other') RETURNING id")
+        ).scalar_one()
+    ids = [enqueue(runtime, UPLOAD[:1]) for _ in range(3)]
+    elsewhere = enqueue(runtime, UPLOAD[:1], collection="elsewhere")
+
+    with runtime.db.read() as session:
+        assert store.get_job(session, tenant, ids[0]) is not None
+        assert store.get_job(session, other, ids[0]) is None
+        assert store.list_jobs(session, other, limit=10) == []
+        page = store.list_jobs(session, tenant, limit=2)
+        rest = store.list_jobs(session, tenant, limit=2, before=page[-1].id)
+        in_uploads = store.list_jobs(
+            session, tenant, collection_id=page[-1].collection_id, limit=10
+        )
+        assert store.list_jobs(session, tenant, status="done", limit=10) == []
+        assert store.list_jobs(session, other, limit=10, before=ids[2]) == []
+
+    assert [j.id for j in page] == [elsewhere, ids[2]]
+    assert [j.id for j in rest] == [ids[1], ids[0]]
+    assert [j.id for j in in_uploads] == [ids[2], ids[1], ids[0]]
+
+
+def test_stopped_worker_puts_its_job_back_in_the_queue(runtime: Runtime) -> None:
+    job_id = enqueue(runtime, UPLOAD[:2])
+    stopping = JobWorker(runtime, threads=0)
+    claimed = claim(runtime, stopping.name)
+    assert claimed is not None
+    stopping.stop(0)
+
+    assert stopping.process(claimed) == "queued"
+    queued = job(runtime, job_id)
+    assert (queued.status, queued.attempts, queued.worker) == ("queued", 0, None)
+
+    assert JobWorker(runtime).run_once()
+    assert (job(runtime, job_id).status, job(runtime, job_id).attempts) == ("done", 1)
+
+
+def test_background_threads_run_jobs_after_wake(runtime: Runtime) -> None:
+    # With a one-minute poll, only wake() can make the jobs start within the test's wait.
+    worker = JobWorker(with_settings(runtime, job_poll_seconds=60), threads=2)
+    worker.start()
+    try:
+        time.sleep(0.3)  # let the threads' first look at the empty queue pass
+        jobs = [enqueue(runtime, UPLOAD[:2]), enqueue(runtime, UPLOAD[2:], collection="other")]
+        worker.wake()
+        wait_for(lambda: all(job(runtime, j).status == "done" for j in jobs))
+    finally:
+        worker.stop(10)
+    assert [job(runtime, j).counts["new"] for j in jobs] == [2, 1]
+    assert not any(t.name.startswith("job-worker") for t in threading.enumerate())
+
+
+def test_worker_command_runs_until_sigterm(runtime: Runtime) -> None:
+    job_id = enqueue(runtime, UPLOAD[:1])
+    before = signal.getsignal(signal.SIGTERM)
+
+    def terminate_when_done() -> None:
+        try:
+            wait_for(lambda: job(runtime, job_id).status == "done")
+        finally:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    killer = threading.Thread(target=terminate_when_done)
+    killer.start()
+    run_until_signalled(JobWorker(runtime, threads=1), grace_seconds=10)
+    killer.join()
+
+    assert job(runtime, job_id).status == "done"
+    assert signal.getsignal(signal.SIGTERM) is before
