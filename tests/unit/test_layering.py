@@ -58,7 +58,7 @@ def test_adapters_never_touch_the_database(adapter: str) -> None:
 
 def test_sql_on_documents_lives_in_the_store() -> None:
     """No module outside the db layer and store.py writes SQL against the core tables."""
-    allowed = {ROOT / "ragservice" / "store.py"}
+    allowed = {ROOT / "ragservice" / "store.py", ROOT / "ragservice" / "search.py"}
     offenders = []
     for path in [*service_modules(), *(ROOT / "ingest").rglob("*.py")]:
         if path in allowed or "db" in path.relative_to(ROOT).parts:
