@@ -9,7 +9,7 @@ export TRANSFORMERS_OFFLINE := 1
 # Idle torch threads otherwise spin and steal CPU from PostgreSQL on small machines.
 export OMP_WAIT_POLICY := PASSIVE
 
-.PHONY: run test lint typecheck bench-ingest clean
+.PHONY: run test lint typecheck bench-ingest bench-search clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,8 +18,9 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
+# Local use: loopback only, and without API keys unless RAGSERVICE_AUTH_DISABLED=0 is given.
 run: $(STAMP)
-	$(BIN)/ragservice serve
+	RAGSERVICE_AUTH_DISABLED=$${RAGSERVICE_AUTH_DISABLED:-1} $(BIN)/ragservice serve --host 127.0.0.1
 
 # pytest exits 5 when it collected no test at all; say so instead of failing obscurely.
 test: $(STAMP)
@@ -34,6 +35,9 @@ typecheck: $(STAMP)
 
 bench-ingest: $(STAMP)
 	$(BIN)/python benchmarks/ingest.py --corpus ../shared/data/scifact
+
+bench-search: $(STAMP)
+	$(BIN)/python benchmarks/eval_beir.py --data ../shared/data/scifact
 
 clean:
 	rm -rf $(VENV) .ragservice .pytest_cache .mypy_cache .ruff_cache

@@ -1,18 +1,30 @@
-"""The `ragservice` command: serve, ingest, db upgrade."""
+"""The `ragservice` command: serve, worker, ingest, keys, db upgrade."""
 
 from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
 
-from ragservice.config import configure_logging, get_settings
+from ragservice import store
+from ragservice.config import Settings, configure_logging, get_settings
 from ragservice.errors import RagServiceError
+from ragservice.keys import Role
+
+if TYPE_CHECKING:
+    from ragservice.db import Database
+    from ragservice.runtime import Runtime
 
 app = typer.Typer(
     help="RAG and vector-search data service on PostgreSQL + pgvector.", no_args_is_help=True
 )
 db_app = typer.Typer(help="Database schema.", no_args_is_help=True)
 app.add_typer(db_app, name="db")
+keys_app = typer.Typer(help="API keys.", no_args_is_help=True)
+app.add_typer(keys_app, name="keys")
 console = Console(stderr=True)
 
 
@@ -21,17 +33,93 @@ def serve(
     host: str | None = typer.Option(None, help="Bind address (default RAGSERVICE_HOST)."),
     port: int | None = typer.Option(None, help="Port (default RAGSERVICE_PORT)."),
 ) -> None:
-    """Serve the REST API (embedded PostgreSQL unless RAGSERVICE_DATABASE_URL is set)."""
+    """Serve the REST API and run ingest jobs (embedded PostgreSQL unless
+    RAGSERVICE_DATABASE_URL is set)."""
     import uvicorn
 
+    from ragservice.api.app import create_app
+
     settings = get_settings()
-    uvicorn.run(
-        "ragservice.api.app:create_app",
-        factory=True,
-        host=host or settings.host,
-        port=port or settings.port,
-        log_level=settings.log_level.lower(),
-    )
+    bind = host or settings.host
+    try:
+        app_ = create_app(
+            settings.model_copy(update={"host": bind}), services=_job_workers(settings)
+        )
+    except RagServiceError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from exc
+    if settings.auth_disabled:
+        console.print(
+            "[yellow]authentication is OFF[/yellow] (RAGSERVICE_AUTH_DISABLED): "
+            f"anyone who can reach {bind} acts as the default tenant's admin"
+        )
+    uvicorn.run(app_, host=bind, port=port or settings.port, log_level=settings.log_level.lower())
+
+
+def _job_workers(settings: Settings) -> list[Callable[[Runtime], Any]]:
+    """The server runs RAGSERVICE_WORKERS ingest job threads; 0 leaves jobs to `worker`s."""
+    if settings.workers == 0:
+        return []
+    from ingest.worker import JobWorker
+
+    return [JobWorker]
+
+
+@keys_app.command("create")
+def keys_create(
+    tenant: Annotated[str, typer.Option("--tenant", help="Tenant name; created if new.")],
+    role: Annotated[Role, typer.Option("--role", help="reader, writer or admin.")],
+    name: Annotated[str | None, typer.Option("--name", help="A label for the key.")] = None,
+) -> None:
+    """Create an API key and print it once; only its hash is stored."""
+    from ragservice.keys import new_key
+
+    key = new_key()
+    with _database() as db, db.write() as session:
+        tenant_id = store.ensure_tenant(session, tenant)
+        store.create_api_key(
+            session, tenant_id=tenant_id, role=role, prefix=key.prefix, key_hash=key.hash, name=name
+        )
+    console.print(f"created a {role} key for tenant {tenant!r}; it is shown only this once:")
+    typer.echo(key.secret)
+
+
+@keys_app.command("list")
+def keys_list() -> None:
+    """List keys (prefix, tenant, role, state); secrets are never shown again."""
+    with _database() as db, db.read() as session:
+        rows = store.list_api_keys(session)
+    for key, tenant in rows:
+        state = "revoked" if key.revoked_at else "active"
+        typer.echo(f"{key.prefix}\t{tenant}\t{key.role}\t{state}\t{key.name or ''}")
+
+
+@keys_app.command("revoke")
+def keys_revoke(
+    prefix: str = typer.Argument(..., help="The key's prefix, as `keys list` shows."),
+) -> None:
+    """Revoke a key; requests with it get 401 from then on."""
+    with _database() as db, db.write() as session:
+        revoked = store.revoke_api_key(session, prefix)
+    if not revoked:
+        console.print(f"[red]error:[/red] no active key with prefix {prefix!r}")
+        raise typer.Exit(1)
+    console.print(f"revoked {revoked} key(s)")
+
+
+@contextmanager
+def _database() -> Iterator[Database]:
+    from ragservice.db import open_database
+
+    try:
+        db = open_database(get_settings())
+    except RagServiceError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(1) from exc
+    try:
+        yield db
+    finally:
+        db.dispose()
 
 
 @db_app.command("upgrade")
@@ -54,6 +142,29 @@ def db_upgrade(revision: str = typer.Argument("head")) -> None:
             console.print(f"schema at revision {current_revision(conn)}")
     finally:
         db.dispose()
+
+
+@app.command()
+def worker(
+    threads: Annotated[
+        int | None,
+        typer.Option(min=1, help="Job threads (default RAGSERVICE_WORKERS, at least 1)."),
+    ] = None,
+) -> None:
+    """Run queued ingest jobs until SIGINT or SIGTERM; any number of workers may run at once."""
+    from ingest.worker import JobWorker, run_until_signalled
+    from ragservice.runtime import open_runtime
+
+    settings = get_settings()
+    try:
+        runtime = open_runtime(settings)
+    except RagServiceError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(1) from exc
+    try:
+        run_until_signalled(JobWorker(runtime, threads=threads or settings.workers or 1))
+    finally:
+        runtime.close()
 
 
 def _register_ingest() -> None:

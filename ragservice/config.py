@@ -22,7 +22,9 @@ class Settings(BaseSettings):
     database_url: str | None = Field(
         default=None, description="PostgreSQL URL; unset starts the embedded server"
     )
-    data_dir: Path = Field(default=Path(".ragservice"), description="embedded PostgreSQL data")
+    data_dir: Path = Field(
+        default=Path(".ragservice"), description="embedded PostgreSQL data, ONNX cache"
+    )
     embedding_model: str = Field(default=DEFAULT_EMBEDDING_MODEL)
     device: Literal["auto", "cpu", "cuda"] = "auto"
     embed_batch_size: int = Field(default=64, ge=1, le=4096)
@@ -40,7 +42,7 @@ class Settings(BaseSettings):
     hnsw_ef_search: int = Field(
         default=100, ge=1, le=1000, description="HNSW candidate list per query (raised to k)"
     )
-    search_rrf_k: int = Field(default=60, ge=1, description="reciprocal rank fusion constant")
+    search_rrf_k: int = Field(default=30, ge=1, description="reciprocal rank fusion constant")
     search_dense_candidates: int = Field(
         default=100, ge=1, le=1000, description="dense candidates fused by hybrid search"
     )

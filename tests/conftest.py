@@ -8,6 +8,7 @@ that touches the database gets a database of its own, cloned from a migrated tem
 from __future__ import annotations
 
 import os
+import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -39,7 +40,7 @@ def _docker_reachable() -> bool:
 
 
 @pytest.fixture(scope="session")
-def pg_admin_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def pg_admin_url() -> Iterator[str]:
     """A URL (SQLAlchemy style, psycopg driver) to a maintenance database on the test server."""
     configured = os.environ.get("RAGSERVICE_TEST_DATABASE_URL")
     if configured:
@@ -53,8 +54,10 @@ def pg_admin_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         return
     from ragservice.db.embedded import embedded_database_url
 
-    data_dir = tmp_path_factory.mktemp("pg")
-    yield embedded_database_url(Path(data_dir))
+    # Not under pytest's basetemp: another pytest session starting meanwhile resets that folder
+    # to 0700, and the server (running as its own user) then loses its data directory.
+    # The folder stays: the server stops at interpreter exit, after every fixture is gone.
+    yield embedded_database_url(Path(tempfile.mkdtemp(prefix="ragservice-test-pg-")))
 
 
 def _libpq(url: str, database: str | None = None) -> str:

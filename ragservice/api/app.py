@@ -1,41 +1,114 @@
-"""The FastAPI application. Routes stay thin: parse, call the store or pipeline, shape the reply."""
+"""The FastAPI application. Routes stay thin: parse, call the store or the searcher, shape."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import ipaddress
+import logging
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
+from typing import Protocol
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
+from ragservice.api.errors import install_error_handlers
+from ragservice.api.middleware import RequestContextMiddleware
+from ragservice.api.routers import collections, documents, jobs, search
 from ragservice.config import Settings, get_settings
 from ragservice.db import migrate
 from ragservice.embedding import SentenceTransformerEmbedder
-from ragservice.errors import RagServiceError
+from ragservice.errors import ConfigurationError
 from ragservice.runtime import Runtime, open_runtime
+from ragservice.search import Searcher
+
+log = logging.getLogger(__name__)
+
+
+class BackgroundService(Protocol):
+    """Something that runs beside the API for the app's lifetime (e.g. ingest job workers)."""
+
+    def start(self) -> None: ...
+
+    def stop(self, timeout: float) -> None: ...
+
+
+ServiceFactory = Callable[[Runtime], BackgroundService]
 
 
 def create_app(
-    settings: Settings | None = None, *, embedder: SentenceTransformerEmbedder | None = None
+    settings: Settings | None = None,
+    *,
+    embedder: SentenceTransformerEmbedder | None = None,
+    services: Sequence[ServiceFactory] = (),
 ) -> FastAPI:
     """Build the app; the database and the model open in the lifespan, not at import.
 
-    `embedder` shares an already loaded model (tests); by default the configured one loads.
+    `embedder` shares an already loaded model (tests). `services` start with the app and
+    stop with it; the server passes the ingest job workers here.
     """
     resolved = settings or get_settings()
+    check_auth_binding(resolved, resolved.host)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         runtime = open_runtime(resolved, embedder=embedder)
         app.state.runtime = runtime
+        app.state.searcher = make_searcher(runtime)
+        app.state.services = [factory(runtime) for factory in services]
+        if resolved.auth_disabled:
+            log.warning("authentication is OFF: every request acts as the default tenant's admin")
+        for service in app.state.services:
+            service.start()
         try:
             yield
         finally:
+            for service in app.state.services:
+                service.stop(10.0)
+            app.state.searcher.close()
             runtime.close()
 
-    app = FastAPI(title="ragservice", version="0.1.0", lifespan=lifespan)
-    app.add_exception_handler(RagServiceError, _service_error)  # type: ignore[arg-type]
+    app = FastAPI(
+        title="ragservice",
+        version="0.1.0",
+        description="RAG and vector search on PostgreSQL + pgvector.",
+        lifespan=lifespan,
+    )
+    install_error_handlers(app)
+    app.add_middleware(RequestContextMiddleware, max_body_bytes=resolved.max_body_bytes)
+    for module in (collections, documents, jobs, search):
+        app.include_router(module.router)
+    _add_health_routes(app)
+    return app
 
+
+def make_searcher(runtime: Runtime) -> Searcher:
+    return Searcher(
+        runtime.db,
+        runtime.embedder.embed_query,
+        model_id=runtime.model_id,
+        dimension=runtime.embedder.dimension,
+    )
+
+
+def check_auth_binding(settings: Settings, host: str) -> None:
+    """Authentication may be off only for a server that listens on loopback alone."""
+    if settings.auth_disabled and not is_loopback(host):
+        raise ConfigurationError(
+            f"RAGSERVICE_AUTH_DISABLED is set but the server binds {host!r}; "
+            "authentication can only be off on a loopback address such as 127.0.0.1"
+        )
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _add_health_routes(app: FastAPI) -> None:
     @app.get("/healthz", tags=["health"])
     def healthz() -> dict[str, str]:
         """Liveness: the process answers."""
@@ -53,11 +126,3 @@ def create_app(
             pass
         ready = all(checks.values())
         return JSONResponse({"ready": ready, "checks": checks}, status_code=200 if ready else 503)
-
-    return app
-
-
-async def _service_error(_request: Request, exc: RagServiceError) -> JSONResponse:
-    return JSONResponse(
-        {"error": type(exc).__name__, "detail": str(exc)}, status_code=exc.status_code
-    )

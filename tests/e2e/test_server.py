@@ -8,9 +8,14 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
+import pytest
+
+BIN = Path(sys.executable).parent
 
 
 def free_port() -> int:
@@ -19,31 +24,116 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def test_serve_starts_migrates_and_becomes_ready(database_url: str, tmp_path: Path) -> None:
+@pytest.fixture
+def server_env(database_url: str, tmp_path: Path) -> dict[str, str]:
+    return {
+        **os.environ,
+        "RAGSERVICE_DATABASE_URL": database_url,
+        "RAGSERVICE_DATA_DIR": str(tmp_path / "data"),
+        "RAGSERVICE_JOB_POLL_SECONDS": "0.2",
+        "HF_HUB_OFFLINE": "1",
+    }
+
+
+@pytest.fixture
+def server(server_env: dict[str, str]) -> Iterator[tuple[str, subprocess.Popen[str]]]:
     port = free_port()
-    env = {**os.environ, "RAGSERVICE_DATABASE_URL": database_url, "HF_HUB_OFFLINE": "1"}
-    server = subprocess.Popen(
-        [str(Path(sys.executable).parent / "ragservice"), "serve", "--port", str(port)],
-        env=env,
+    process = subprocess.Popen(
+        [str(BIN / "ragservice"), "serve", "--port", str(port)],
+        env=server_env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
     )
+    base = f"http://127.0.0.1:{port}"
     try:
-        ready = None
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and server.poll() is None:
-            try:
-                ready = httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=2)
-                break
-            except httpx.TransportError:
-                time.sleep(0.5)
-        assert ready is not None, server.stderr.read() if server.stderr else "no output"
-        assert ready.status_code == 200
-        assert ready.json()["ready"] is True
+        _wait_until_ready(base, process)
+        yield base, process
     finally:
-        server.terminate()
-        _, stderr = server.communicate(timeout=30)
+        if process.poll() is None:
+            process.kill()
+            process.communicate(timeout=30)
+
+
+def _wait_until_ready(base: str, process: subprocess.Popen[str]) -> None:
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and process.poll() is None:
+        try:
+            if httpx.get(f"{base}/readyz", timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.3)
+    stderr = process.stderr.read() if process.stderr and process.poll() is not None else ""
+    raise AssertionError(f"server never became ready: {stderr}")
+
+
+def _stop(process: subprocess.Popen[str]) -> str:
+    process.terminate()
+    _, stderr = process.communicate(timeout=30)
     # uvicorn shuts down gracefully, then re-raises SIGTERM so the exit status tells of it.
-    assert server.returncode in (0, -signal.SIGTERM)
+    assert process.returncode in (0, -signal.SIGTERM), stderr
     assert "Application shutdown complete" in stderr
+    return stderr
+
+
+def _create_key(env: dict[str, str]) -> str:
+    made = subprocess.run(
+        [str(BIN / "ragservice"), "keys", "create", "--tenant", "e2e", "--role", "writer"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    secret = made.stdout.strip()
+    assert secret.startswith("rsk_"), made.stderr
+    assert "shown only this once" in made.stderr
+    return secret
+
+
+def _wait_for_job(client: httpx.Client, job_id: str) -> dict[str, Any]:
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        job: dict[str, Any] = client.get(f"/v1/jobs/{job_id}").json()
+        if job["status"] in ("done", "failed"):
+            return job
+        time.sleep(0.2)
+    raise AssertionError(f"job {job_id} never finished")
+
+
+def test_upload_wait_search_and_shut_down(
+    server_env: dict[str, str], server: tuple[str, subprocess.Popen[str]]
+) -> None:
+    base, process = server
+    secret = _create_key(server_env)
+    headers = {"Authorization": f"Bearer {secret}"}
+    with httpx.Client(base_url=base, headers=headers, timeout=30) as client:
+        assert httpx.get(f"{base}/v1/collections").status_code == 401
+        assert client.post("/v1/collections", json={"name": "manuals"}).status_code == 201
+        files = [
+            ("files", ("pumps.md", b"# Pumps\n\nCentrifugal pumps move water with an impeller.")),
+            ("files", ("valves.txt", b"Check valves stop water from flowing backwards.")),
+        ]
+        upload = client.post("/v1/collections/manuals/documents/files", files=files)
+        assert upload.status_code == 202, upload.text
+        job = _wait_for_job(client, upload.json()["id"])
+        assert (job["status"], job["counts"]["new"]) == ("done", 2)
+        hits = client.post("/v1/search", json={"query": "impeller pump", "k": 2}).json()
+        assert hits["results"][0]["document"]["external_id"] == "pumps.md"
+        assert "impeller" in hits["results"][0]["text"]
+    _stop(process)
+
+
+def test_auth_cannot_be_off_on_a_public_bind(server_env: dict[str, str]) -> None:
+    env = {**server_env, "RAGSERVICE_AUTH_DISABLED": "1"}
+    refused = subprocess.run(
+        [str(BIN / "ragservice"), "serve", "--host", "0.0.0.0", "--port", str(free_port())],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert refused.returncode == 2
+    assert "loopback" in refused.stderr

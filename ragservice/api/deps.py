@@ -1,0 +1,83 @@
+"""Dependencies the routes declare: the runtime, the caller's identity and role."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Annotated
+
+from fastapi import Depends, Request
+from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
+
+from ragservice import store
+from ragservice.errors import AuthenticationError, NotFoundError, PermissionDeniedError
+from ragservice.keys import Role, hash_key
+from ragservice.runtime import Runtime
+from ragservice.search import Searcher
+
+_bearer = HTTPBearer(auto_error=False, description="`Authorization: Bearer <API key>`")
+_api_key_header = APIKeyHeader(name="X-API-Key", auto_error=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """Who is calling: every query the request makes is scoped to `tenant_id`."""
+
+    tenant_id: uuid.UUID
+    role: Role
+    key_id: uuid.UUID | None
+
+
+def get_runtime(request: Request) -> Runtime:
+    runtime: Runtime = request.app.state.runtime
+    return runtime
+
+
+def get_searcher(request: Request) -> Searcher:
+    searcher: Searcher = request.app.state.searcher
+    return searcher
+
+
+RuntimeDep = Annotated[Runtime, Depends(get_runtime)]
+SearcherDep = Annotated[Searcher, Depends(get_searcher)]
+
+
+def authenticate(
+    runtime: RuntimeDep,
+    bearer: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+    header_key: Annotated[str | None, Depends(_api_key_header)],
+) -> Principal:
+    if runtime.settings.auth_disabled:
+        return Principal(tenant_id=runtime.default_tenant_id, role=Role.ADMIN, key_id=None)
+    secret = bearer.credentials if bearer is not None else header_key
+    if not secret:
+        raise AuthenticationError("missing API key: send `Authorization: Bearer <key>`")
+    with runtime.db.read() as session:
+        key = store.find_api_key(session, hash_key(secret))
+    if key is None:
+        raise AuthenticationError("unknown or revoked API key")
+    return Principal(tenant_id=key.tenant_id, role=Role(key.role), key_id=key.id)
+
+
+def require(role: Role) -> Callable[[Principal], Principal]:
+    def check(principal: Annotated[Principal, Depends(authenticate)]) -> Principal:
+        if not principal.role.allows(role):
+            raise PermissionDeniedError(f"this needs a {role} key; this key is a {principal.role}")
+        return principal
+
+    return check
+
+
+Reader = Annotated[Principal, Depends(require(Role.READER))]
+Writer = Annotated[Principal, Depends(require(Role.WRITER))]
+Admin = Annotated[Principal, Depends(require(Role.ADMIN))]
+
+
+def collection_id(runtime: Runtime, tenant_id: uuid.UUID, name: str) -> uuid.UUID:
+    """The id of the tenant's collection `name`; 404 for a name the tenant does not have."""
+    with runtime.db.read() as session:
+        found = store.find_collection(session, tenant_id, name)
+    if found is None:
+        raise NotFoundError(f"collection {name!r} not found")
+    return found

@@ -1,0 +1,99 @@
+"""Every error leaves the API in one shape: `{"error", "detail", "request_id"}`.
+
+The service's own errors carry their status code; validation errors become 400 (a body that is
+not JSON) or 422; anything unexpected is logged with its request id and answered with a bare 500.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from psycopg import OperationalError as DriverOperationalError
+from sqlalchemy.exc import OperationalError
+from starlette.exceptions import HTTPException
+
+from ragservice.api.middleware import REQUEST_ID_HEADER
+from ragservice.errors import AuthenticationError, RagServiceError
+
+log = logging.getLogger(__name__)
+
+_STATUS_NAMES = {
+    400: "BadRequest",
+    401: "AuthenticationError",
+    403: "PermissionDenied",
+    404: "NotFound",
+    405: "MethodNotAllowed",
+    413: "PayloadTooLarge",
+    415: "UnsupportedMediaType",
+    422: "InvalidInput",
+}
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(RagServiceError, _service_error)  # type: ignore[arg-type]
+    app.add_exception_handler(RequestValidationError, _validation_error)  # type: ignore[arg-type]
+    app.add_exception_handler(HTTPException, _http_error)  # type: ignore[arg-type]
+    app.add_exception_handler(OperationalError, _database_down)
+    app.add_exception_handler(DriverOperationalError, _database_down)
+    app.add_exception_handler(Exception, _unexpected_error)
+
+
+def request_id(request: Request) -> str:
+    return str(getattr(request.state, "request_id", "-"))
+
+
+def error_response(
+    request: Request, status: int, error: str, detail: str, **extra: Any
+) -> JSONResponse:
+    rid = request_id(request)
+    headers = {REQUEST_ID_HEADER: rid}
+    if status == 401:
+        headers["WWW-Authenticate"] = "Bearer"
+    body = {"error": error, "detail": detail, "request_id": rid, **extra}
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+async def _service_error(request: Request, exc: RagServiceError) -> JSONResponse:
+    if exc.status_code >= 500:
+        log.error("request %s failed: %s", request_id(request), exc)
+    status = 401 if isinstance(exc, AuthenticationError) else exc.status_code
+    return error_response(request, status, type(exc).__name__.removesuffix("Error"), str(exc))
+
+
+async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+    errors = [_describe(error) for error in exc.errors()]
+    if any(error["type"] == "json_invalid" for error in errors):
+        return error_response(request, 400, "BadRequest", "request body is not valid JSON")
+    detail = "; ".join(f"{e['field']}: {e['message']}" for e in errors)
+    return error_response(request, 422, "InvalidInput", detail, errors=errors)
+
+
+def _describe(error: Any) -> dict[str, str]:
+    location = [str(part) for part in error.get("loc", ()) if part not in ("body", "query")]
+    return {
+        "field": ".".join(location) or "body",
+        "message": str(error.get("msg", "invalid")),
+        "type": str(error.get("type", "")),
+    }
+
+
+async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
+    name = _STATUS_NAMES.get(exc.status_code, "Error")
+    return error_response(request, exc.status_code, name, str(exc.detail))
+
+
+async def _database_down(request: Request, exc: Exception) -> JSONResponse:
+    log.error("request %s: database unavailable: %s", request_id(request), exc)
+    return error_response(request, 503, "DatabaseUnavailable", "the database is unavailable")
+
+
+async def _unexpected_error(request: Request, exc: Exception) -> JSONResponse:
+    # The caller gets the request id to quote; the details stay in the server log.
+    log.exception("request %s failed", request_id(request), exc_info=exc)
+    return error_response(
+        request, 500, "InternalError", "internal error; quote the request id when reporting it"
+    )

@@ -1,0 +1,72 @@
+"""Collections: create, list, get, delete."""
+
+from __future__ import annotations
+
+import uuid
+
+from fastapi import APIRouter, Response, status
+
+from ragservice import store
+from ragservice.api.deps import Admin, Reader, RuntimeDep, Writer
+from ragservice.api.schemas import CollectionCreate, CollectionList, CollectionOut
+from ragservice.errors import NotFoundError
+from ragservice.runtime import Runtime
+
+router = APIRouter(prefix="/v1/collections", tags=["collections"])
+
+
+@router.post("", status_code=status.HTTP_201_CREATED)
+def create_collection(
+    body: CollectionCreate, principal: Writer, runtime: RuntimeDep
+) -> CollectionOut:
+    """Create a collection; 409 when the name is taken."""
+    with runtime.db.write() as session:
+        store.create_collection(
+            session,
+            principal.tenant_id,
+            body.name,
+            description=body.description,
+            metadata=body.metadata,
+        )
+    return _get(runtime, principal.tenant_id, body.name)
+
+
+@router.get("")
+def list_collections(principal: Reader, runtime: RuntimeDep) -> CollectionList:
+    with runtime.db.read() as session:
+        found = store.list_collections(session, principal.tenant_id)
+    return CollectionList(collections=[_out(info) for info in found])
+
+
+@router.get("/{name}")
+def get_collection(name: str, principal: Reader, runtime: RuntimeDep) -> CollectionOut:
+    return _get(runtime, principal.tenant_id, name)
+
+
+@router.delete("/{name}", status_code=status.HTTP_204_NO_CONTENT)
+def delete_collection(name: str, principal: Admin, runtime: RuntimeDep) -> Response:
+    """Delete a collection with all its documents, chunks, embeddings and jobs."""
+    with runtime.db.write() as session:
+        if not store.delete_collection(session, principal.tenant_id, name):
+            raise NotFoundError(f"collection {name!r} not found")
+    return Response(status_code=status.HTTP_204_NO_CONTENT)
+
+
+def _get(runtime: Runtime, tenant_id: uuid.UUID, name: str) -> CollectionOut:
+    with runtime.db.read() as session:
+        info = store.get_collection(session, tenant_id, name)
+    if info is None:
+        raise NotFoundError(f"collection {name!r} not found")
+    return _out(info)
+
+
+def _out(info: store.CollectionInfo) -> CollectionOut:
+    return CollectionOut(
+        id=info.id,
+        name=info.name,
+        description=info.description,
+        metadata=info.metadata,
+        document_count=info.document_count,
+        chunk_count=info.chunk_count,
+        created_at=info.created_at,
+    )

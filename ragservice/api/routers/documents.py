@@ -1,0 +1,251 @@
+"""Documents: upload (JSON texts or files, each upload one ingest job), list, get, delete."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import posixpath
+import uuid
+from typing import Annotated, Any
+
+from fastapi import APIRouter, File, Form, Query, Request, Response, UploadFile, status
+
+from ragservice import store
+from ragservice.api.deps import Reader, RuntimeDep, Writer, collection_id
+from ragservice.api.routers.jobs import job_out
+from ragservice.api.schemas import (
+    ChunkOut,
+    DocumentDetail,
+    DocumentOut,
+    DocumentPage,
+    DocumentsIn,
+    JobOut,
+)
+from ragservice.config import Settings
+from ragservice.db.models import Document
+from ragservice.errors import (
+    BadRequestError,
+    NotFoundError,
+    PayloadTooLargeError,
+    UnsupportedMediaTypeError,
+)
+from ragservice.runtime import Runtime
+from ragservice.types import SUPPORTED_SUFFIXES
+
+router = APIRouter(prefix="/v1/collections/{collection}/documents", tags=["documents"])
+
+
+@router.post("", status_code=status.HTTP_202_ACCEPTED)
+def add_documents(
+    collection: str,
+    body: DocumentsIn,
+    principal: Writer,
+    runtime: RuntimeDep,
+    request: Request,
+    response: Response,
+) -> JobOut:
+    """Queue JSON texts for ingestion; poll the returned job at `GET /v1/jobs/{id}`."""
+    items = [
+        store.JobItem(
+            kind="text",
+            name=doc.external_id or _text_id(doc.text),
+            title=doc.title,
+            body=doc.text.encode(),
+            metadata=doc.metadata,
+        )
+        for doc in body.documents
+    ]
+    _refuse_duplicates([item.name for item in items], "external_id")
+    return _enqueue(runtime, request, response, principal.tenant_id, collection, items, {})
+
+
+@router.post("/files", status_code=status.HTTP_202_ACCEPTED)
+async def upload_files(
+    collection: str,
+    files: Annotated[list[UploadFile], File(description="txt, md, html, pdf, docx or jsonl")],
+    principal: Writer,
+    runtime: RuntimeDep,
+    request: Request,
+    response: Response,
+    metadata: Annotated[
+        str | None, Form(description="JSON object added to every document's metadata")
+    ] = None,
+    jsonl_fields: Annotated[
+        str | None, Form(description='JSONL keys, e.g. "id=doc_id,title=name,text=body"')
+    ] = None,
+) -> JobOut:
+    """Queue uploaded files for ingestion; one job covers the whole upload."""
+    settings = runtime.settings
+    if len(files) > settings.max_files_per_upload:
+        raise PayloadTooLargeError(
+            f"{len(files)} files in one upload; the limit is {settings.max_files_per_upload} "
+            "(RAGSERVICE_MAX_FILES_PER_UPLOAD)"
+        )
+    extra = _metadata_field(metadata)
+    names = [_file_name(upload.filename) for upload in files]
+    _refuse_duplicates(names, "file name")
+    items = [
+        store.JobItem(
+            kind="file",
+            name=name,
+            title=None,
+            body=await _read_limited(upload, name, settings),
+            metadata=extra,
+        )
+        for name, upload in zip(names, files, strict=True)
+    ]
+    params = {"jsonl_fields": jsonl_fields} if jsonl_fields else {}
+    return _enqueue(runtime, request, response, principal.tenant_id, collection, items, params)
+
+
+@router.get("")
+def list_documents(
+    collection: str,
+    principal: Reader,
+    runtime: RuntimeDep,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    after: Annotated[str | None, Query(description="`next_after` of the previous page")] = None,
+) -> DocumentPage:
+    """Documents ordered by external id, a page at a time."""
+    cid = collection_id(runtime, principal.tenant_id, collection)
+    with runtime.db.read() as session:
+        page = store.list_documents(session, cid, limit=limit + 1, after=after)
+    more = len(page) > limit
+    page = page[:limit]
+    return DocumentPage(
+        documents=[_document_out(doc) for doc in page],
+        next_after=page[-1].external_id if more else None,
+    )
+
+
+@router.get("/{external_id:path}")
+def get_document(
+    collection: str,
+    external_id: str,
+    principal: Reader,
+    runtime: RuntimeDep,
+    chunks: Annotated[bool, Query(description="include the chunks")] = False,
+) -> DocumentDetail:
+    cid = collection_id(runtime, principal.tenant_id, collection)
+    with runtime.db.read() as session:
+        doc = store.get_document(session, cid, external_id)
+        if doc is None:
+            raise NotFoundError(f"document {external_id!r} not found in {collection!r}")
+        found = store.document_chunks(session, doc.id) if chunks else None
+    detail = DocumentDetail(**_document_out(doc).model_dump())
+    if found is not None:
+        detail.chunks = [
+            ChunkOut(
+                id=c.id,
+                ordinal=c.ordinal,
+                text=c.text,
+                token_count=c.token_count,
+                start_char=c.start_char,
+                end_char=c.end_char,
+                metadata=c.metadata_,
+            )
+            for c in found
+        ]
+    return detail
+
+
+@router.delete("/{external_id:path}", status_code=status.HTTP_204_NO_CONTENT)
+def delete_document(
+    collection: str, external_id: str, principal: Writer, runtime: RuntimeDep
+) -> Response:
+    """Delete a document with its chunks and embeddings."""
+    cid = collection_id(runtime, principal.tenant_id, collection)
+    with runtime.db.write() as session:
+        if not store.delete_documents(session, cid, [external_id]):
+            raise NotFoundError(f"document {external_id!r} not found in {collection!r}")
+    return Response(status_code=status.HTTP_204_NO_CONTENT)
+
+
+def _enqueue(
+    runtime: Runtime,
+    request: Request,
+    response: Response,
+    tenant_id: uuid.UUID,
+    collection: str,
+    items: list[store.JobItem],
+    params: dict[str, Any],
+) -> JobOut:
+    cid = collection_id(runtime, tenant_id, collection)
+    with runtime.db.write() as session:
+        job_id = store.enqueue_job(
+            session,
+            tenant_id=tenant_id,
+            collection_id=cid,
+            kind="upload",
+            params={**params, "items": len(items)},
+            items=items,
+        )
+    for service in request.app.state.services:
+        wake = getattr(service, "wake", None)
+        if wake is not None:
+            wake()
+    with runtime.db.read() as session:
+        job = store.get_job(session, tenant_id, job_id)
+    assert job is not None
+    response.headers["Location"] = f"/v1/jobs/{job_id}"
+    return job_out(job)
+
+
+def _text_id(text: str) -> str:
+    return "text-" + hashlib.sha256(text.encode()).hexdigest()[:24]
+
+
+def _refuse_duplicates(names: list[str], what: str) -> None:
+    seen: set[str] = set()
+    for name in names:
+        if name in seen:
+            raise BadRequestError(f"duplicate {what} {name!r} in one request")
+        seen.add(name)
+
+
+def _metadata_field(raw: str | None) -> dict[str, Any]:
+    if raw is None or not raw.strip():
+        return {}
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise BadRequestError("the `metadata` form field is not valid JSON") from exc
+    if not isinstance(value, dict):
+        raise BadRequestError("the `metadata` form field must be a JSON object")
+    return value
+
+
+def _file_name(raw: str | None) -> str:
+    """The upload's base name; browsers may send a path, which is not ours to keep."""
+    name = posixpath.basename((raw or "").replace("\\", "/")).strip()
+    if not name or name in (".", ".."):
+        raise BadRequestError("every uploaded file needs a file name")
+    if not name.lower().endswith(SUPPORTED_SUFFIXES):
+        raise UnsupportedMediaTypeError(
+            f"{name!r}: unsupported file type; supported: {', '.join(SUPPORTED_SUFFIXES)}"
+        )
+    return name
+
+
+async def _read_limited(upload: UploadFile, name: str, settings: Settings) -> bytes:
+    data = await upload.read(settings.max_file_bytes + 1)
+    if len(data) > settings.max_file_bytes:
+        raise PayloadTooLargeError(
+            f"{name!r} exceeds {settings.max_file_bytes} bytes (RAGSERVICE_MAX_FILE_BYTES)"
+        )
+    return data
+
+
+def _document_out(doc: Document) -> DocumentOut:
+    return DocumentOut(
+        id=doc.id,
+        external_id=doc.external_id,
+        title=doc.title,
+        source=doc.source,
+        metadata=doc.metadata_,
+        version=doc.version,
+        chunk_count=doc.chunk_count,
+        char_count=doc.char_count,
+        created_at=doc.created_at,
+        updated_at=doc.updated_at,
+    )

@@ -1,0 +1,79 @@
+"""`POST /v1/search`: dense, full-text (BM25) or hybrid retrieval over the caller's collections."""
+
+from __future__ import annotations
+
+import uuid
+
+from fastapi import APIRouter
+
+from ragservice import store
+from ragservice.api.deps import Reader, RuntimeDep, SearcherDep
+from ragservice.api.schemas import DocumentRef, SearchHitOut, SearchRequest, SearchResponse
+from ragservice.config import Settings
+from ragservice.errors import InvalidInputError, NotFoundError
+from ragservice.filters import parse_and_compile
+from ragservice.runtime import Runtime
+from ragservice.search import SearchHit, SearchOptions
+
+router = APIRouter(prefix="/v1", tags=["search"])
+
+
+@router.post("/search")
+def search(
+    body: SearchRequest, principal: Reader, runtime: RuntimeDep, searcher: SearcherDep
+) -> SearchResponse:
+    """Search chunks; results are ordered by `score`, best first."""
+    _check_limits(body, runtime.settings)
+    options = SearchOptions.from_settings(
+        runtime.settings,
+        mode=body.mode,
+        k=body.k,
+        filters=parse_and_compile(body.filters),
+    )
+    ids = _collection_ids(runtime, principal.tenant_id, body.collections)
+    result = searcher.search(collection_ids=ids, query=body.query, options=options)
+    return SearchResponse(
+        mode=body.mode, results=[_hit_out(hit) for hit in result.hits], timings_ms=result.timings_ms
+    )
+
+
+def _check_limits(body: SearchRequest, settings: Settings) -> None:
+    if len(body.query) > settings.max_query_chars:
+        raise InvalidInputError(
+            f"query: {len(body.query)} characters; the limit is {settings.max_query_chars} "
+            "(RAGSERVICE_MAX_QUERY_CHARS)"
+        )
+    if not body.query.strip():
+        raise InvalidInputError("query: must contain more than white space")
+    if body.k > settings.max_k:
+        raise InvalidInputError(f"k: {body.k} is above the limit of {settings.max_k}")
+
+
+def _collection_ids(
+    runtime: Runtime, tenant_id: uuid.UUID, names: list[str] | None
+) -> list[uuid.UUID]:
+    with runtime.db.read() as session:
+        found = store.collection_ids(session, tenant_id, names)
+    missing = sorted(set(names or ()) - set(found))
+    if missing:
+        raise NotFoundError(f"collection {missing[0]!r} not found")
+    return list(found.values())
+
+
+def _hit_out(hit: SearchHit) -> SearchHitOut:
+    return SearchHitOut(
+        chunk_id=hit.chunk_id,
+        score=hit.score,
+        text=hit.text,
+        ordinal=hit.ordinal,
+        start_char=hit.start_char,
+        end_char=hit.end_char,
+        metadata=hit.chunk_metadata,
+        collection=hit.collection,
+        document=DocumentRef(
+            id=hit.document_id,
+            external_id=hit.external_id,
+            title=hit.title,
+            metadata=hit.document_metadata,
+        ),
+    )

@@ -1,0 +1,154 @@
+"""Request and response bodies of the REST API (they are the OpenAPI schema at /docs)."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ragservice.search import Mode
+
+COLLECTION_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
+
+
+class CollectionCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=COLLECTION_NAME, description="letters, digits, . _ -; unique")
+    description: str | None = Field(default=None, max_length=2000)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+class CollectionOut(BaseModel):
+    id: uuid.UUID
+    name: str
+    description: str | None
+    metadata: dict[str, Any]
+    document_count: int
+    chunk_count: int
+    created_at: datetime
+
+
+class CollectionList(BaseModel):
+    collections: list[CollectionOut]
+
+
+class DocumentIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    external_id: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=1024,
+        description="your id for the document; unset: derived from the text, so a resend "
+        "of the same text is a no-op",
+    )
+    title: str | None = Field(default=None, max_length=2000)
+    text: str = Field(min_length=1)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+class DocumentsIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    documents: list[DocumentIn] = Field(min_length=1)
+
+
+class DocumentOut(BaseModel):
+    id: uuid.UUID
+    external_id: str
+    title: str | None
+    source: str | None
+    metadata: dict[str, Any]
+    version: int
+    chunk_count: int
+    char_count: int
+    created_at: datetime
+    updated_at: datetime
+
+
+class ChunkOut(BaseModel):
+    id: uuid.UUID
+    ordinal: int
+    text: str
+    token_count: int
+    start_char: int
+    end_char: int
+    metadata: dict[str, Any]
+
+
+class DocumentDetail(DocumentOut):
+    chunks: list[ChunkOut] | None = None
+
+
+class DocumentPage(BaseModel):
+    documents: list[DocumentOut]
+    next_after: str | None = Field(
+        description="pass as `after` for the next page; null on the last page"
+    )
+
+
+class JobError(BaseModel):
+    source: str
+    error: str
+
+
+class JobOut(BaseModel):
+    id: uuid.UUID
+    status: str
+    kind: str
+    collection_id: uuid.UUID | None
+    counts: dict[str, int]
+    errors: list[JobError]
+    attempts: int
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+
+
+class JobList(BaseModel):
+    jobs: list[JobOut]
+
+
+class SearchRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    query: str = Field(min_length=1)
+    collections: list[str] | None = Field(
+        default=None, min_length=1, description="collection names; unset: all of yours"
+    )
+    mode: Mode = Mode.HYBRID
+    k: int = Field(default=10, ge=1)
+    filters: dict[str, Any] | None = Field(
+        default=None,
+        description='metadata filters, e.g. {"year": {"$gte": 2020}, "chunk.heading": "Intro"}',
+    )
+
+
+class DocumentRef(BaseModel):
+    id: uuid.UUID
+    external_id: str
+    title: str | None
+    metadata: dict[str, Any]
+
+
+class SearchHitOut(BaseModel):
+    chunk_id: uuid.UUID
+    score: float = Field(
+        description="dense: cosine similarity; fulltext: BM25; hybrid: reciprocal rank fusion"
+    )
+    text: str
+    ordinal: int
+    start_char: int
+    end_char: int
+    metadata: dict[str, Any]
+    collection: str
+    document: DocumentRef
+
+
+class SearchResponse(BaseModel):
+    mode: Mode
+    results: list[SearchHitOut]
+    timings_ms: dict[str, float]

@@ -1,0 +1,76 @@
+"""An app per test on its own database, with job workers running and keys for two tenants."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+
+from ragservice import store
+from ragservice.api.app import create_app
+from ragservice.config import Settings
+from ragservice.embedding import SentenceTransformerEmbedder
+from ragservice.keys import new_key
+
+
+@dataclass(frozen=True)
+class Keys:
+    reader: dict[str, str]
+    writer: dict[str, str]
+    admin: dict[str, str]
+    other_tenant: dict[str, str]
+
+
+@pytest.fixture
+def api_settings(settings: Settings) -> Settings:
+    return settings.model_copy(update={"job_poll_seconds": 0.2, "workers": 1})
+
+
+@pytest.fixture
+def client(api_settings: Settings, embedder: SentenceTransformerEmbedder) -> Iterator[TestClient]:
+    from ingest.worker import JobWorker
+
+    app = create_app(api_settings, embedder=embedder, services=[JobWorker])
+    with TestClient(app, raise_server_exceptions=False) as test_client:
+        yield test_client
+
+
+@pytest.fixture
+def keys(client: TestClient) -> Keys:
+    db = client.app.state.runtime.db  # type: ignore[attr-defined]
+
+    def make(tenant: str, role: str) -> dict[str, str]:
+        key = new_key()
+        with db.write() as session:
+            tenant_id = store.ensure_tenant(session, tenant)
+            store.create_api_key(
+                session, tenant_id=tenant_id, role=role, prefix=key.prefix, key_hash=key.hash
+            )
+        return {"Authorization": f"Bearer {key.secret}"}
+
+    return Keys(
+        reader=make("acme", "reader"),
+        writer=make("acme", "writer"),
+        admin=make("acme", "admin"),
+        other_tenant=make("globex", "admin"),
+    )
+
+
+def wait_for_job(client: TestClient, job_id: str, headers: dict[str, str]) -> dict[str, Any]:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        job: dict[str, Any] = client.get(f"/v1/jobs/{job_id}", headers=headers).json()
+        if job["status"] in ("done", "failed"):
+            return job
+        time.sleep(0.1)
+    raise AssertionError(f"job {job_id} did not finish: {job}")
+
+
+def ok(response: httpx.Response, status: int = 200) -> Any:
+    assert response.status_code == status, response.text
+    return response.json() if response.content else None
