@@ -125,23 +125,13 @@ def _database() -> Iterator[Database]:
 @db_app.command("upgrade")
 def db_upgrade(revision: str = typer.Argument("head")) -> None:
     """Apply the schema migrations (the server and the CLI also do this on start)."""
-    from ragservice.db import open_database
-    from ragservice.db.migrate import current_revision
+    from ragservice.db import migrate
 
-    try:
-        db = open_database(get_settings())
-    except RagServiceError as exc:
-        console.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(1) from exc
-    try:
+    with _database() as db:
         if revision != "head":
-            from ragservice.db import migrate
-
             migrate.upgrade(db.write_engine, revision)
         with db.write_engine.connect() as conn:
-            console.print(f"schema at revision {current_revision(conn)}")
-    finally:
-        db.dispose()
+            console.print(f"schema at revision {migrate.current_revision(conn)}")
 
 
 @app.command()
