@@ -91,7 +91,7 @@ class DocumentPage(BaseModel):
 
 
 class JobError(BaseModel):
-    source: str
+    source: str | None = Field(description="the file or row; null for an error of the whole job")
     error: str
 
 

@@ -112,3 +112,21 @@ def test_a_bad_file_in_a_batch_is_reported_and_the_good_ones_land(
     assert all(d["metadata"]["team"] == "search" for d in listed["documents"])
     jobs = ok(client.get("/v1/jobs?collection=files", headers=keys.reader))
     assert [j["id"] for j in jobs["jobs"]] == [job["id"]]
+
+
+def test_a_job_that_cannot_run_fails_with_a_reason(client: TestClient, keys: Keys) -> None:
+    ok(client.post("/v1/collections", json={"name": "rows"}, headers=keys.writer), 201)
+    job = ok(
+        client.post(
+            "/v1/collections/rows/documents/files",
+            files=[("files", ("rows.jsonl", b'{"_id": "1", "text": "x"}\n', "application/jsonl"))],
+            data={"jsonl_fields": "colour=red"},
+            headers=keys.writer,
+        ),
+        202,
+    )
+    finished = wait_for_job(client, job["id"], keys.reader)
+    assert finished["status"] == "failed"
+    assert finished["errors"][0]["source"] is None
+    assert "colour" in finished["errors"][0]["error"]
+    assert ok(client.get("/v1/collections/rows", headers=keys.reader))["document_count"] == 0

@@ -53,7 +53,7 @@ def job_out(job: IngestJob) -> JobOut:
         collection_id=job.collection_id,
         counts={k: int(v) for k, v in (job.counts or {}).items()},
         errors=[
-            JobError(source=str(e.get("source", "")), error=str(e.get("error", "")))
+            JobError(source=e.get("source"), error=str(e.get("error", "")))
             for e in job.errors or []
         ],
         attempts=job.attempts,
