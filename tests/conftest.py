@@ -117,3 +117,12 @@ def embedder() -> SentenceTransformerEmbedder:
     model = SentenceTransformerEmbedder("sentence-transformers/all-MiniLM-L6-v2", device="cpu")
     model.warm_up()
     return model
+
+
+@pytest.fixture(scope="session")
+def tiny_cross_encoder_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A two-layer cross-encoder trained in seconds: a passage holding the query's word ranks
+    first (see tests/tiny_models.py)."""
+    from tests.tiny_models import build_tiny_cross_encoder
+
+    return build_tiny_cross_encoder(tmp_path_factory.mktemp("tiny-cross-encoder"))
