@@ -54,6 +54,31 @@ class Settings(BaseSettings):
     query_encoder: Literal["auto", "onnx", "torch"] = Field(
         default="auto", description="how single queries are embedded; auto: ONNX on CPU"
     )
+    reranker: str | None = Field(
+        default=None, description="a cross-encoder name or path; unset: no reranking"
+    )
+    rerank_candidates: int = Field(
+        default=30, ge=1, le=1000, description="search results the reranker rescores"
+    )
+    context_max_tokens: int = Field(
+        default=1500, ge=16, description="token budget of the sources handed to the model"
+    )
+    context_neighbours: int = Field(
+        default=0, ge=0, le=5, description="chunks added on each side of a hit for continuity"
+    )
+    inference_url: str | None = Field(
+        default=None, description="OpenAI-compatible base URL; unset: extractive answers"
+    )
+    inference_model: str = Field(default="default", description="model name sent upstream")
+    inference_api_key: str | None = None
+    inference_connect_timeout: float = Field(default=5.0, gt=0)
+    inference_read_timeout: float = Field(default=60.0, gt=0)
+    inference_max_retries: int = Field(default=2, ge=0, le=10)
+    inference_max_tokens: int = Field(default=512, ge=1)
+    inference_temperature: float = Field(default=0.1, ge=0, le=2)
+    system_prompt: str | None = Field(
+        default=None, description="instructions for the model; unset: the built-in prompt"
+    )
     max_k: int = Field(default=200, ge=1, le=1000, description="largest k a search may ask")
     max_query_chars: int = Field(default=4000, ge=1)
     max_body_bytes: int = Field(default=64 * 2**20, ge=1024, description="largest request body")

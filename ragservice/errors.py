@@ -73,3 +73,15 @@ class EmbeddingError(RagServiceError):
     """The embedding model could not be loaded or failed on input."""
 
     status_code = 500
+
+
+class UpstreamError(RagServiceError):
+    """The inference layer answered with an error, or could not be reached."""
+
+    status_code = 502
+
+
+class UpstreamTimeoutError(UpstreamError):
+    """The inference layer did not answer in time."""
+
+    status_code = 504

@@ -221,6 +221,18 @@ _TEXT_CANDIDATES = sql.SQL("SELECT chunk_id FROM ranked ORDER BY score DESC, chu
 
 _JOIN_DOCUMENTS = sql.SQL("JOIN documents d ON d.id = c.document_id")
 
+# Chunks within `distance` ordinals of the given ones, in the same documents (for continuity in
+# an assembled context); the given chunks themselves are left out. Score 0: not retrieved.
+_NEIGHBOURS = sql.SQL("""
+WITH ranked AS (
+    SELECT DISTINCT n.id AS chunk_id, 0.0::float8 AS score
+    FROM chunks h
+    JOIN chunks n ON n.document_id = h.document_id
+                 AND n.ordinal BETWEEN h.ordinal - %(distance)s AND h.ordinal + %(distance)s
+    WHERE h.id = ANY(%(ids)s::uuid[]) AND n.id <> ALL(%(ids)s::uuid[])
+)
+""")
+
 
 def _with(*ctes: sql.Composable, select: sql.Composable) -> sql.Composed:
     return sql.SQL("WITH {ctes}\n{select}").format(ctes=sql.SQL(",").join(ctes), select=select)
@@ -304,6 +316,16 @@ class Searcher:
             sql.SQL("EXPLAIN {}").format(statement.query), statement.params, statement.ef_search
         )
         return "\n".join(str(row[0]) for row in self._run(explain))
+
+    def neighbours(self, hits: Sequence[SearchHit], distance: int) -> list[SearchHit]:
+        """Chunks up to `distance` ordinals before and after each hit, in the hits' documents."""
+        if distance < 1 or not hits:
+            return []
+        ids = [hit.chunk_id for hit in hits]
+        statement = _Statement(
+            sql.Composed([_NEIGHBOURS, _HITS]), {"ids": ids, "distance": distance}
+        )
+        return [_hit(row) for row in self._run(statement)]
 
     # -- statements per mode ---------------------------------------------------------------------
 

@@ -43,6 +43,7 @@ from ragservice.db.models import (
     EmbeddingModel,
     IngestJob,
     IngestJobItem,
+    QueryLog,
     Tenant,
 )
 from ragservice.errors import ConfigurationError, ConflictError
@@ -478,6 +479,52 @@ def revoke_api_key(session: Session, prefix: str) -> int:
         .values(revoked_at=func.now())
     )
     return int(session.execute(stmt).rowcount)  # type: ignore[attr-defined]
+
+
+# -- query log -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class QueryRecord:
+    """One answered question as the query log keeps it."""
+
+    tenant_id: uuid.UUID
+    endpoint: str
+    question: str
+    collection_ids: Sequence[uuid.UUID]
+    params: dict[str, Any]
+    retrieved: list[dict[str, Any]]
+    answer: str | None
+    citations: list[dict[str, Any]]
+    timings: dict[str, float]
+    upstream_model: str | None
+    status: str
+    error: str | None = None
+
+
+def log_query(session: Session, record: QueryRecord) -> uuid.UUID:
+    entry = QueryLog(
+        tenant_id=record.tenant_id,
+        endpoint=record.endpoint,
+        question=record.question,
+        collection_ids=list(record.collection_ids),
+        params=record.params,
+        retrieved=record.retrieved,
+        answer=record.answer,
+        citations=record.citations,
+        timings=record.timings,
+        upstream_model=record.upstream_model,
+        status=record.status,
+        error=record.error,
+    )
+    session.add(entry)
+    session.flush()
+    return entry.id
+
+
+def get_query(session: Session, tenant_id: uuid.UUID, query_id: uuid.UUID) -> QueryLog | None:
+    stmt = select(QueryLog).where(QueryLog.tenant_id == tenant_id, QueryLog.id == query_id)
+    return session.scalar(stmt)
 
 
 # -- embeddings ------------------------------------------------------------------------------

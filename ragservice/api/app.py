@@ -9,15 +9,20 @@ from contextlib import asynccontextmanager
 from typing import Protocol
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from ragservice.api.errors import install_error_handlers
-from ragservice.api.middleware import RequestContextMiddleware
-from ragservice.api.routers import collections, documents, jobs, search
+from ragservice.api.middleware import MetricsMiddleware, RequestContextMiddleware
+from ragservice.api.routers import collections, documents, jobs, openai, query, search
 from ragservice.config import Settings, get_settings
 from ragservice.db import migrate
 from ragservice.embedding import SentenceTransformerEmbedder
 from ragservice.errors import ConfigurationError
+from ragservice.inference import InferenceClient
+from ragservice.metrics import Metrics
+from ragservice.pipeline import AnswerPipeline
+from ragservice.rerank import make_reranker
 from ragservice.runtime import Runtime, open_runtime
 from ragservice.search import Searcher
 
@@ -49,11 +54,15 @@ def create_app(
     resolved = settings or get_settings()
     check_auth_binding(resolved, resolved.host)
 
+    metrics = Metrics()
+
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         runtime = open_runtime(resolved, embedder=embedder)
         app.state.runtime = runtime
         app.state.searcher = make_searcher(runtime)
+        inference = InferenceClient.from_settings(resolved)
+        app.state.pipeline = make_pipeline(runtime, app.state.searcher, inference, metrics)
         app.state.services = [factory(runtime) for factory in services]
         if resolved.auth_disabled:
             log.warning("authentication is OFF: every request acts as the default tenant's admin")
@@ -64,6 +73,8 @@ def create_app(
         finally:
             for service in app.state.services:
                 service.stop(10.0)
+            if inference is not None:
+                await inference.aclose()
             app.state.searcher.close()
             runtime.close()
 
@@ -75,10 +86,30 @@ def create_app(
     )
     install_error_handlers(app)
     app.add_middleware(RequestContextMiddleware, max_body_bytes=resolved.max_body_bytes)
-    for module in (collections, documents, jobs, search):
+    app.add_middleware(MetricsMiddleware, metrics=metrics)
+    for module in (collections, documents, jobs, search, query, openai):
         app.include_router(module.router)
-    _add_health_routes(app)
+    _add_health_routes(app, metrics)
     return app
+
+
+def make_pipeline(
+    runtime: Runtime, searcher: Searcher, inference: InferenceClient | None, metrics: Metrics
+) -> AnswerPipeline:
+    """The query path, with the reranker (loaded here) and the inference client if configured."""
+    tokenizer = runtime.embedder.tokenizer
+    reranker = make_reranker(runtime.settings)
+    if reranker is not None:
+        reranker.warm_up()
+    return AnswerPipeline(
+        db=runtime.db,
+        searcher=searcher,
+        count_tokens=lambda text: len(tokenizer.token_spans(text)),
+        settings=runtime.settings,
+        reranker=reranker,
+        inference=inference,
+        metrics=metrics,
+    )
 
 
 def make_searcher(runtime: Runtime) -> Searcher:
@@ -108,7 +139,12 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def _add_health_routes(app: FastAPI) -> None:
+def _add_health_routes(app: FastAPI, metrics: Metrics) -> None:
+    @app.get("/metrics", tags=["health"], response_class=Response)
+    def prometheus_metrics() -> Response:
+        """Prometheus metrics: requests, latencies per route and pipeline stage, upstream errors."""
+        return Response(metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
+
     @app.get("/healthz", tags=["health"])
     def healthz() -> dict[str, str]:
         """Liveness: the process answers."""

@@ -13,6 +13,7 @@ from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBea
 from ragservice import store
 from ragservice.errors import AuthenticationError, NotFoundError, PermissionDeniedError
 from ragservice.keys import Role, hash_key
+from ragservice.pipeline import AnswerPipeline
 from ragservice.runtime import Runtime
 from ragservice.search import Searcher
 
@@ -39,8 +40,14 @@ def get_searcher(request: Request) -> Searcher:
     return searcher
 
 
+def get_pipeline(request: Request) -> AnswerPipeline:
+    pipeline: AnswerPipeline = request.app.state.pipeline
+    return pipeline
+
+
 RuntimeDep = Annotated[Runtime, Depends(get_runtime)]
 SearcherDep = Annotated[Searcher, Depends(get_searcher)]
+PipelineDep = Annotated[AnswerPipeline, Depends(get_pipeline)]
 
 
 def authenticate(

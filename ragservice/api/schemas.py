@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -151,4 +151,59 @@ class SearchHitOut(BaseModel):
 class SearchResponse(BaseModel):
     mode: Mode
     results: list[SearchHitOut]
+    timings_ms: dict[str, float]
+
+
+class QueryRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    question: str = Field(min_length=1)
+    collections: list[str] | None = Field(
+        default=None, min_length=1, description="collection names; unset: all of yours"
+    )
+    mode: Mode = Mode.HYBRID
+    k: int = Field(default=8, ge=1, description="chunks retrieved (after reranking) for context")
+    filters: dict[str, Any] | None = None
+    rerank: bool | None = Field(
+        default=None,
+        description="rerank with the configured cross-encoder; unset: when there is one",
+    )
+    stream: bool = Field(default=False, description="server-sent events: tokens, then the answer")
+    on_upstream_error: Literal["error", "extractive"] = Field(
+        default="error",
+        description="`extractive`: answer with the top passages when the inference layer fails",
+    )
+
+
+class DocumentRefLite(BaseModel):
+    id: uuid.UUID
+    external_id: str
+    title: str | None
+
+
+class CitationOut(BaseModel):
+    number: int
+    document: DocumentRefLite
+    chunk_ids: list[uuid.UUID]
+    start_char: int
+    end_char: int
+
+
+class SourceOut(BaseModel):
+    number: int
+    text: str
+    score: float
+    document: DocumentRefLite
+    chunk_ids: list[uuid.UUID]
+    start_char: int
+    end_char: int
+
+
+class QueryResponse(BaseModel):
+    query_id: uuid.UUID = Field(description="refer to this answer (e.g. in feedback)")
+    answer: str
+    citations: list[CitationOut] = Field(description="the sources the answer cites")
+    sources: list[SourceOut] = Field(description="every source handed to the model, numbered")
+    model: str = Field(description="the upstream model, or `extractive`")
+    status: str = Field(description="`ok` (generated) or `extractive`")
     timings_ms: dict[str, float]

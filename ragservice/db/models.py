@@ -20,7 +20,7 @@ from sqlalchemy import (
     UniqueConstraint,
     func,
 )
-from sqlalchemy.dialects.postgresql import JSONB, TSVECTOR, UUID
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB, TSVECTOR, UUID
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -202,3 +202,26 @@ class IngestJobItem(Base):
     title: Mapped[str | None] = mapped_column(Text)
     body: Mapped[bytes] = mapped_column(LargeBinary)
     metadata_: Mapped[dict[str, Any]] = mapped_column("metadata", server_default="{}")
+
+
+class QueryLog(Base):
+    """One answered question: what was retrieved, the answer, and where the time went."""
+
+    __tablename__ = "query_log"
+
+    id: Mapped[uuid.UUID] = mapped_column(primary_key=True, server_default=func.gen_random_uuid())
+    tenant_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
+    endpoint: Mapped[str] = mapped_column(Text)
+    question: Mapped[str] = mapped_column(Text)
+    collection_ids: Mapped[list[uuid.UUID]] = mapped_column(
+        ARRAY(UUID(as_uuid=True)), server_default="{}"
+    )
+    params: Mapped[dict[str, Any]] = mapped_column(server_default="{}")
+    retrieved: Mapped[Any] = mapped_column(JSONB, server_default="[]")
+    answer: Mapped[str | None] = mapped_column(Text)
+    citations: Mapped[Any] = mapped_column(JSONB, server_default="[]")
+    timings: Mapped[dict[str, Any]] = mapped_column(server_default="{}")
+    upstream_model: Mapped[str | None] = mapped_column(Text)
+    status: Mapped[str] = mapped_column(Text)
+    error: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = _now()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import socket
 import subprocess
@@ -25,17 +24,6 @@ def free_port() -> int:
 
 
 @pytest.fixture
-def server_env(database_url: str, tmp_path: Path) -> dict[str, str]:
-    return {
-        **os.environ,
-        "RAGSERVICE_DATABASE_URL": database_url,
-        "RAGSERVICE_DATA_DIR": str(tmp_path / "data"),
-        "RAGSERVICE_JOB_POLL_SECONDS": "0.2",
-        "HF_HUB_OFFLINE": "1",
-    }
-
-
-@pytest.fixture
 def server(server_env: dict[str, str]) -> Iterator[tuple[str, subprocess.Popen[str]]]:
     port = free_port()
     process = subprocess.Popen(
@@ -47,7 +35,7 @@ def server(server_env: dict[str, str]) -> Iterator[tuple[str, subprocess.Popen[s
     )
     base = f"http://127.0.0.1:{port}"
     try:
-        _wait_until_ready(base, process)
+        wait_until_ready(base, process)
         yield base, process
     finally:
         if process.poll() is None:
@@ -55,7 +43,7 @@ def server(server_env: dict[str, str]) -> Iterator[tuple[str, subprocess.Popen[s
             process.communicate(timeout=30)
 
 
-def _wait_until_ready(base: str, process: subprocess.Popen[str]) -> None:
+def wait_until_ready(base: str, process: subprocess.Popen[str]) -> None:
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and process.poll() is None:
         try:
@@ -68,7 +56,7 @@ def _wait_until_ready(base: str, process: subprocess.Popen[str]) -> None:
     raise AssertionError(f"server never became ready: {stderr}")
 
 
-def _stop(process: subprocess.Popen[str]) -> str:
+def stop(process: subprocess.Popen[str]) -> str:
     process.terminate()
     _, stderr = process.communicate(timeout=30)
     # uvicorn shuts down gracefully, then re-raises SIGTERM so the exit status tells of it.
@@ -77,7 +65,7 @@ def _stop(process: subprocess.Popen[str]) -> str:
     return stderr
 
 
-def _create_key(env: dict[str, str]) -> str:
+def create_key(env: dict[str, str]) -> str:
     made = subprocess.run(
         [str(BIN / "ragservice"), "keys", "create", "--tenant", "e2e", "--role", "writer"],
         env=env,
@@ -92,7 +80,7 @@ def _create_key(env: dict[str, str]) -> str:
     return secret
 
 
-def _wait_for_job(client: httpx.Client, job_id: str) -> dict[str, Any]:
+def wait_for_job(client: httpx.Client, job_id: str) -> dict[str, Any]:
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         job: dict[str, Any] = client.get(f"/v1/jobs/{job_id}").json()
@@ -106,7 +94,7 @@ def test_upload_wait_search_and_shut_down(
     server_env: dict[str, str], server: tuple[str, subprocess.Popen[str]]
 ) -> None:
     base, process = server
-    secret = _create_key(server_env)
+    secret = create_key(server_env)
     headers = {"Authorization": f"Bearer {secret}"}
     with httpx.Client(base_url=base, headers=headers, timeout=30) as client:
         assert httpx.get(f"{base}/v1/collections").status_code == 401
@@ -117,12 +105,12 @@ def test_upload_wait_search_and_shut_down(
         ]
         upload = client.post("/v1/collections/manuals/documents/files", files=files)
         assert upload.status_code == 202, upload.text
-        job = _wait_for_job(client, upload.json()["id"])
+        job = wait_for_job(client, upload.json()["id"])
         assert (job["status"], job["counts"]["new"]) == ("done", 2)
         hits = client.post("/v1/search", json={"query": "impeller pump", "k": 2}).json()
         assert hits["results"][0]["document"]["external_id"] == "pumps.md"
         assert "impeller" in hits["results"][0]["text"]
-    _stop(process)
+    stop(process)
 
 
 def test_auth_cannot_be_off_on_a_public_bind(server_env: dict[str, str]) -> None:

@@ -46,7 +46,10 @@ def test_leaves_import_nothing_internal(leaf: str) -> None:
     assert internal(ROOT / "ragservice" / leaf) == set()
 
 
-@pytest.mark.parametrize("adapter", ["chunking.py", "embedding.py"])
+@pytest.mark.parametrize(
+    "adapter",
+    ["chunking.py", "context.py", "embedding.py", "inference.py", "prompt.py", "rerank.py"],
+)
 def test_adapters_never_touch_the_database(adapter: str) -> None:
     found = {
         n

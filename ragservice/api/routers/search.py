@@ -23,37 +23,43 @@ def search(
     body: SearchRequest, principal: Reader, runtime: RuntimeDep, searcher: SearcherDep
 ) -> SearchResponse:
     """Search chunks; results are ordered by `score`, best first."""
-    _check_limits(body, runtime.settings)
+    check_query(body.query, body.k, runtime.settings, field="query")
     options = SearchOptions.from_settings(
         runtime.settings,
         mode=body.mode,
         k=body.k,
         filters=parse_and_compile(body.filters),
     )
-    ids = _collection_ids(runtime, principal.tenant_id, body.collections)
+    ids = collection_ids(runtime, principal.tenant_id, body.collections)
     result = searcher.search(collection_ids=ids, query=body.query, options=options)
     return SearchResponse(
         mode=body.mode, results=[_hit_out(hit) for hit in result.hits], timings_ms=result.timings_ms
     )
 
 
-def _check_limits(body: SearchRequest, settings: Settings) -> None:
-    if len(body.query) > settings.max_query_chars:
+def check_query(text: str, k: int, settings: Settings, *, field: str) -> None:
+    """The limits a request's text and k must keep (RAGSERVICE_MAX_QUERY_CHARS, MAX_K)."""
+    check_text(text, settings, field=field)
+    if k > settings.max_k:
+        raise InvalidInputError(f"k: {k} is above the limit of {settings.max_k}")
+
+
+def check_text(text: str, settings: Settings, *, field: str) -> None:
+    if len(text) > settings.max_query_chars:
         raise InvalidInputError(
-            f"query: {len(body.query)} characters; the limit is {settings.max_query_chars} "
+            f"{field}: {len(text)} characters; the limit is {settings.max_query_chars} "
             "(RAGSERVICE_MAX_QUERY_CHARS)"
         )
-    if not body.query.strip():
-        raise InvalidInputError("query: must contain more than white space")
-    if body.k > settings.max_k:
-        raise InvalidInputError(f"k: {body.k} is above the limit of {settings.max_k}")
+    if not text.strip():
+        raise InvalidInputError(f"{field}: must contain more than white space")
 
 
-def _collection_ids(
+def collection_ids(
     runtime: Runtime, tenant_id: uuid.UUID, names: list[str] | None
 ) -> list[uuid.UUID]:
     with runtime.db.read() as session:
         found = store.collection_ids(session, tenant_id, names)
+    """Ids of the tenant's collections by name (all of them for None); 404 for a missing one."""
     missing = sorted(set(names or ()) - set(found))
     if missing:
         raise NotFoundError(f"collection {missing[0]!r} not found")

@@ -1,0 +1,151 @@
+"""What the HTTP benchmarks share: a server to talk to, and a BEIR corpus loaded through the API.
+
+`server(args)` yields the base URL and auth headers of `--url`, or of a `ragservice serve` it
+starts on a free loopback port with its own data directory (`--data-dir`, authentication off).
+`ensure_corpus` uploads `corpus.jsonl` as ingest jobs unless the collection already holds it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+_UPLOAD_PART_BYTES = 24 * 2**20  # below the default per-file limit of 32 MiB
+
+
+def add_server_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--url", help="a running server; default: start one")
+    parser.add_argument("--api-key", default=os.environ.get("RAGSERVICE_API_KEY"))
+    parser.add_argument("--data-dir", type=Path, default=Path(".ragservice-eval"))
+
+
+# -- the server ------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def server(args: argparse.Namespace) -> Iterator[tuple[str, dict[str, str]]]:
+    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    if args.url:
+        yield args.url.rstrip("/"), headers
+        return
+    port = free_port()
+    env = {
+        **os.environ,
+        "RAGSERVICE_DATA_DIR": str(args.data_dir),
+        "RAGSERVICE_AUTH_DISABLED": "1",
+        "HF_HUB_OFFLINE": "1",
+        "OMP_WAIT_POLICY": "PASSIVE",
+    }
+    env.pop("RAGSERVICE_DATABASE_URL", None)
+    with tempfile.TemporaryFile(mode="w+") as log:
+        process = subprocess.Popen(
+            [str(Path(sys.executable).parent / "ragservice"), "serve", "--port", str(port)],
+            env={**env, "RAGSERVICE_HOST": "127.0.0.1"},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        base = f"http://127.0.0.1:{port}"
+        try:
+            wait_ready(base, process, log)
+            yield base, headers
+        finally:
+            process.terminate()
+            process.wait(timeout=60)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_ready(base: str, process: subprocess.Popen[bytes], log: Any) -> None:
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and process.poll() is None:
+        with contextlib.suppress(httpx.TransportError):
+            if httpx.get(f"{base}/readyz", timeout=2).status_code == 200:
+                return
+        time.sleep(0.5)
+    log.seek(0)
+    raise SystemExit(f"the server did not become ready:\n{log.read()[-4000:]}")
+
+
+# -- the corpus ------------------------------------------------------------------------------
+
+
+def ensure_corpus(client: httpx.Client, collection: str, corpus: Path) -> None:
+    expected = sum(1 for _ in corpus.open(encoding="utf-8"))
+    found = client.get(f"/v1/collections/{collection}")
+    if found.status_code == 404:
+        ok(client.post("/v1/collections", json={"name": collection}))
+    elif ok(found)["document_count"] == expected:
+        print(f"corpus: reusing {expected} documents in {collection!r}", file=sys.stderr)
+        return
+    started = time.perf_counter()
+    for number, part in enumerate(upload_parts(corpus)):
+        files = [("files", (f"{corpus.stem}-{number}.jsonl", part, "application/jsonl"))]
+        job = ok(client.post(f"/v1/collections/{collection}/documents/files", files=files))
+        wait_job(client, job["id"])
+    count = ok(client.get(f"/v1/collections/{collection}"))["document_count"]
+    seconds = time.perf_counter() - started
+    print(f"corpus: {count} documents ingested in {seconds:.0f} s", file=sys.stderr)
+    if count != expected:
+        raise SystemExit(f"expected {expected} documents in {collection!r}, found {count}")
+
+
+def upload_parts(corpus: Path) -> Iterator[bytes]:
+    """The JSONL file in pieces under the upload limit, split at line ends."""
+    part: list[bytes] = []
+    size = 0
+    with corpus.open("rb") as lines:
+        for line in lines:
+            if size + len(line) > _UPLOAD_PART_BYTES and part:
+                yield b"".join(part)
+                part, size = [], 0
+            part.append(line)
+            size += len(line)
+    if part:
+        yield b"".join(part)
+
+
+def wait_job(client: httpx.Client, job_id: str) -> None:
+    last = ""
+    while True:
+        job = ok(client.get(f"/v1/jobs/{job_id}"))
+        progress = f"job {job_id[:8]}: {job['status']} {json.dumps(job['counts'])}"
+        if progress != last:
+            print(progress, file=sys.stderr)
+            last = progress
+        if job["status"] == "failed":
+            raise SystemExit(f"ingest failed: {job['errors']}")
+        if job["status"] == "done":
+            if job["errors"]:
+                print(f"  {len(job['errors'])} rows failed: {job['errors'][:3]}", file=sys.stderr)
+            return
+        time.sleep(2)
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def ok(response: httpx.Response) -> Any:
+    if response.status_code >= 400:
+        raise SystemExit(
+            f"{response.request.method} {response.request.url}: "
+            f"{response.status_code} {response.text}"
+        )
+    return response.json()

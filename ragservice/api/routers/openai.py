@@ -1,0 +1,257 @@
+"""OpenAI-compatible endpoints, so existing OpenAI clients work by changing `base_url`.
+
+- `POST /v1/chat/completions`: retrieval-augmented. The last user message is the question, the
+  `model` names where to look (`rag:<collection>`, `rag:<a>,<b>`, or `rag` for all of the
+  key's collections); the answer cites `[n]` sources, listed at its end and in `citations`.
+- `POST /v1/embeddings`: the service's embedding model.
+- `GET /v1/models`: the `rag:<collection>` models this key can use.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from typing import Any, Literal
+
+import anyio.to_thread
+import numpy as np
+from fastapi import APIRouter
+from fastapi.responses import StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from ragservice import store
+from ragservice.api.deps import PipelineDep, Reader, RuntimeDep
+from ragservice.api.routers.query import answer_out
+from ragservice.api.routers.search import check_text, collection_ids
+from ragservice.errors import InvalidInputError, NotFoundError, PayloadTooLargeError
+from ragservice.pipeline import Answer, Citation, Question
+from ragservice.prompt import ChatMessage
+from ragservice.runtime import Runtime
+from ragservice.search import SearchOptions
+
+router = APIRouter(prefix="/v1", tags=["openai"])
+
+MODEL_PREFIX = "rag"
+MAX_EMBEDDING_INPUTS = 2048
+
+
+class ChatMessageIn(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    role: str
+    content: str | list[dict[str, Any]] | None = None
+
+
+class ChatCompletionRequest(BaseModel):
+    # Clients send many optional OpenAI fields (n, top_p, stream_options, …): accepted, unused.
+    model_config = ConfigDict(extra="allow")
+
+    model: str = Field(description="`rag:<collection>`, `rag:<a>,<b>` or `rag` (all)")
+    messages: list[ChatMessageIn] = Field(min_length=1)
+    stream: bool = False
+    max_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0, le=2)
+
+
+class EmbeddingsRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    input: str | list[str]
+    model: str = ""
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = None
+
+
+@router.get("/models")
+def list_models(principal: Reader, runtime: RuntimeDep) -> dict[str, Any]:
+    """One `rag:<collection>` model per collection of the key's tenant, and `rag` for all."""
+    with runtime.db.read() as session:
+        names = sorted(store.collection_ids(session, principal.tenant_id, None))
+    models = [MODEL_PREFIX, *(f"{MODEL_PREFIX}:{name}" for name in names)]
+    return {
+        "object": "list",
+        "data": [
+            {"id": m, "object": "model", "created": 0, "owned_by": "ragservice"} for m in models
+        ],
+    }
+
+
+@router.post("/chat/completions")
+async def chat_completions(
+    body: ChatCompletionRequest, principal: Reader, runtime: RuntimeDep, pipeline: PipelineDep
+) -> Any:
+    """Answer the last user message from the model's collections, OpenAI style."""
+    question_text, history = _split_messages(body.messages)
+    settings = runtime.settings
+    check_text(question_text, settings, field="messages")
+    question = Question(
+        text=question_text,
+        tenant_id=principal.tenant_id,
+        collection_ids=collection_ids(runtime, principal.tenant_id, _collections(body.model)),
+        options=SearchOptions.from_settings(settings, k=8),
+        history=history,
+        endpoint="chat.completions",
+        max_tokens=body.max_completion_tokens or body.max_tokens,
+        temperature=body.temperature,
+    )
+    completion_id = f"chatcmpl-{uuid.uuid4().hex}"
+    if not body.stream:
+        return _completion(completion_id, body.model, await pipeline.answer(question))
+    events = pipeline.stream(question)
+    first = await anext(events)  # failures before the first token keep their status code
+    return StreamingResponse(
+        _chunks(completion_id, body.model, first, events), media_type="text/event-stream"
+    )
+
+
+@router.post("/embeddings")
+async def embeddings(body: EmbeddingsRequest, principal: Reader, runtime: RuntimeDep) -> Any:
+    """Embed texts with the service's model (normalized vectors, cosine-ready)."""
+    texts = [body.input] if isinstance(body.input, str) else body.input
+    _check_embedding_input(texts, body.dimensions, runtime)
+    vectors = await anyio.to_thread.run_sync(_embed, runtime, texts)
+    tokens = int(runtime.embedder.token_lengths(texts).sum()) if texts else 0
+    return {
+        "object": "list",
+        "data": [
+            {"object": "embedding", "index": i, "embedding": _encode(v, body.encoding_format)}
+            for i, v in enumerate(vectors)
+        ],
+        "model": runtime.embedder.name,
+        "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+    }
+
+
+# -- chat ------------------------------------------------------------------------------------
+
+
+def _split_messages(messages: Sequence[ChatMessageIn]) -> tuple[str, list[ChatMessage]]:
+    """The last user message is the question; what came before is the conversation."""
+    last_user = max((i for i, m in enumerate(messages) if m.role == "user"), default=None)
+    if last_user is None:
+        raise InvalidInputError("messages: there is no user message to answer")
+    # Earlier user and assistant turns are the conversation; the service's own system prompt
+    # stays in charge, so a client's system (or tool) messages are not passed on.
+    history = [
+        ChatMessage(role="user" if m.role == "user" else "assistant", content=_text(m))
+        for m in messages[:last_user]
+        if m.role in ("user", "assistant")
+    ]
+    return _text(messages[last_user]), history
+
+
+def _text(message: ChatMessageIn) -> str:
+    if message.content is None:
+        return ""
+    if isinstance(message.content, str):
+        return message.content
+    return "\n".join(str(p.get("text", "")) for p in message.content if p.get("type") == "text")
+
+
+def _collections(model: str) -> list[str] | None:
+    name, _, rest = model.partition(":")
+    if name != MODEL_PREFIX:
+        raise NotFoundError(
+            f"model {model!r} not found; use 'rag:<collection>' or 'rag' "
+            "(GET /v1/models lists them)"
+        )
+    names = [n.strip() for n in rest.split(",") if n.strip()]
+    return names or None
+
+
+def _completion(completion_id: str, model: str, answer: Answer) -> dict[str, Any]:
+    return {
+        "id": completion_id,
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "message": {
+                    "role": "assistant",
+                    "content": answer.text + _sources(answer.citations),
+                },
+                "finish_reason": "stop",
+            }
+        ],
+        "usage": {
+            "prompt_tokens": answer.prompt_tokens,
+            "completion_tokens": answer.completion_tokens,
+            "total_tokens": answer.prompt_tokens + answer.completion_tokens,
+        },
+        **_extra(answer),
+    }
+
+
+async def _chunks(
+    completion_id: str, model: str, first: str | Answer, events: AsyncIterator[str | Answer]
+) -> AsyncIterator[str]:
+    def chunk(delta: dict[str, Any], finish: str | None = None, **extra: Any) -> str:
+        body = {
+            "id": completion_id,
+            "object": "chat.completion.chunk",
+            "created": int(time.time()),
+            "model": model,
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+            **extra,
+        }
+        return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
+
+    yield chunk({"role": "assistant", "content": ""})
+    item: str | Answer = first
+    while not isinstance(item, Answer):
+        yield chunk({"content": item})
+        try:
+            item = await anext(events)
+        except Exception as exc:  # the status line is gone: say it in the stream and stop
+            error = {
+                "message": str(exc) if isinstance(exc, InvalidInputError) else "upstream failure"
+            }
+            yield f"data: {json.dumps({'error': error})}\n\n"
+            return
+    yield chunk({"content": _sources(item.citations)})
+    yield chunk({}, "stop", **_extra(item))
+    yield "data: [DONE]\n\n"
+
+
+def _sources(citations: Sequence[Citation]) -> str:
+    if not citations:
+        return ""
+    lines = [f"[{c.number}] {c.title or c.external_id} ({c.external_id})" for c in citations]
+    return "\n\nSources:\n" + "\n".join(lines)
+
+
+def _extra(answer: Answer) -> dict[str, Any]:
+    out = answer_out(answer).model_dump(mode="json")
+    return {"citations": out["citations"], "query_id": out["query_id"]}
+
+
+# -- embeddings ------------------------------------------------------------------------------
+
+
+def _check_embedding_input(texts: list[str], dimensions: int | None, runtime: Runtime) -> None:
+    if not texts:
+        raise InvalidInputError("input: give at least one text")
+    if len(texts) > MAX_EMBEDDING_INPUTS:
+        raise PayloadTooLargeError(f"input: at most {MAX_EMBEDDING_INPUTS} texts per request")
+    if dimensions is not None and dimensions != runtime.embedder.dimension:
+        raise InvalidInputError(
+            f"dimensions: this model gives {runtime.embedder.dimension}, not {dimensions}"
+        )
+
+
+def _embed(runtime: Runtime, texts: list[str]) -> np.ndarray[Any, np.dtype[np.float32]]:
+    if len(texts) == 1:  # one text: the fast query encoder
+        return runtime.embedder.embed_query(texts[0]).reshape(1, -1)
+    return runtime.embedder.embed(texts)
+
+
+def _encode(vector: np.ndarray[Any, np.dtype[np.float32]], encoding: str) -> list[float] | str:
+    if encoding == "base64":
+        return base64.b64encode(vector.astype("<f4").tobytes()).decode()
+    return [float(x) for x in vector]

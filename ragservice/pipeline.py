@@ -1,0 +1,365 @@
+"""The query path: retrieve → rerank → assemble the context → generate (or extract) → log.
+
+`AnswerPipeline.answer` returns a whole answer; `AnswerPipeline.stream` yields the tokens as
+the inference layer produces them, then the finished answer. Blocking work (the database, the
+models) runs in worker threads so the event loop keeps serving other requests meanwhile.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import aclosing
+from dataclasses import dataclass, field, replace
+from typing import Literal
+
+import anyio.to_thread
+
+from ragservice import store
+from ragservice.config import Settings
+from ragservice.context import Context, Source, assemble_context, citation_markers
+from ragservice.context import extractive_answer as extract
+from ragservice.db import Database
+from ragservice.errors import UpstreamError, UpstreamTimeoutError
+from ragservice.inference import Completion, InferenceClient
+from ragservice.metrics import Metrics
+from ragservice.prompt import ChatMessage, build_messages
+from ragservice.rerank import Reranker, rerank_hits
+from ragservice.search import Searcher, SearchHit, SearchOptions
+
+EXTRACTIVE_MODEL = "extractive"
+
+Status = Literal["ok", "extractive", "upstream_error", "error"]
+
+
+@dataclass(frozen=True)
+class Question:
+    """What to answer, and where to look; collection ids are resolved and tenant-checked."""
+
+    text: str
+    tenant_id: uuid.UUID
+    collection_ids: Sequence[uuid.UUID]
+    options: SearchOptions
+    rerank: bool | None = None
+    fallback_extractive: bool = False
+    history: Sequence[ChatMessage] = ()
+    endpoint: str = "query"
+    max_tokens: int | None = None
+    temperature: float | None = None
+
+
+@dataclass(frozen=True)
+class Citation:
+    """Source `number` of an answer: which document and which chunks it points to."""
+
+    number: int
+    document_id: uuid.UUID
+    external_id: str
+    title: str | None
+    chunk_ids: tuple[uuid.UUID, ...]
+    start_char: int
+    end_char: int
+
+
+@dataclass
+class Answer:
+    query_id: uuid.UUID
+    text: str
+    citations: list[Citation]
+    sources: list[Source]
+    model: str
+    status: Status
+    timings_ms: dict[str, float]
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    error: str | None = None
+
+
+@dataclass
+class _Prepared:
+    """Retrieval's result: the hits in context order and the assembled context."""
+
+    hits: list[SearchHit]
+    context: Context
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class _Generated:
+    text: str
+    model: str
+    status: Status
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    error: str | None = None
+
+
+class AnswerPipeline:
+    def __init__(
+        self,
+        *,
+        db: Database,
+        searcher: Searcher,
+        count_tokens: Callable[[str], int],
+        settings: Settings,
+        reranker: Reranker | None = None,
+        inference: InferenceClient | None = None,
+        metrics: Metrics | None = None,
+    ) -> None:
+        self._db = db
+        self._searcher = searcher
+        self._count_tokens = count_tokens
+        self._settings = settings
+        self._reranker = reranker
+        self._inference = inference
+        self._metrics = metrics
+
+    @property
+    def model_name(self) -> str:
+        return self._settings.inference_model if self._inference else EXTRACTIVE_MODEL
+
+    async def answer(self, question: Question) -> Answer:
+        started = time.perf_counter()
+        prepared = await anyio.to_thread.run_sync(self._prepare, question)
+        with _stage(prepared.timings, "generate"):
+            generated = await self._generate(question, prepared.context)
+        return await self._finish(question, prepared, generated, started)
+
+    async def stream(self, question: Question) -> AsyncIterator[str | Answer]:
+        """Content pieces as they are generated, then the finished `Answer` last."""
+        started = time.perf_counter()
+        prepared = await anyio.to_thread.run_sync(self._prepare, question)
+        generate_started = time.perf_counter()
+        pieces: list[str] = []
+        if self._inference is None:
+            generated = _extractive(prepared.context)
+            yield generated.text
+        else:
+            generated = _Generated(text="", model=self.model_name, status="ok")
+            max_tokens, temperature = self._sampling(question)
+            stream = self._inference.stream(
+                self._messages(question, prepared.context),
+                max_tokens=max_tokens,
+                temperature=temperature,
+            )
+            try:
+                async with aclosing(stream):
+                    async for piece in stream:
+                        pieces.append(piece)
+                        yield piece
+            except UpstreamError as exc:
+                generated = self._upstream_failed(
+                    question, prepared.context, exc, started=bool(pieces)
+                )
+                if generated.status == "extractive":
+                    yield generated.text
+            else:
+                generated = _streamed(pieces, stream.completion, self.model_name)
+        prepared.timings["generate"] = _ms_since(generate_started)
+        yield await self._finish(question, prepared, generated, started)
+
+    # -- retrieval -------------------------------------------------------------------------------
+
+    def _prepare(self, question: Question) -> _Prepared:
+        timings: dict[str, float] = {}
+        hits = self._retrieve(question, timings)
+        if self._reranks(question) and hits:
+            assert self._reranker is not None
+            with _stage(timings, "rerank"):
+                hits = rerank_hits(self._reranker, question.text, hits, question.options.k)
+        with _stage(timings, "context"):
+            neighbours = self._searcher.neighbours(hits, self._settings.context_neighbours)
+            context = assemble_context(
+                hits,
+                count_tokens=self._count_tokens,
+                budget_tokens=self._settings.context_max_tokens,
+                neighbours=neighbours,
+            )
+        return _Prepared(hits=hits, context=context, timings=timings)
+
+    def _retrieve(self, question: Question, timings: dict[str, float]) -> list[SearchHit]:
+        options = question.options
+        if self._reranks(question):
+            wanted = max(options.k, self._settings.rerank_candidates)
+            options = replace(options, k=wanted)
+        result = self._searcher.search(
+            collection_ids=question.collection_ids, query=question.text, options=options
+        )
+        embed = result.timings_ms.get("embed", 0.0)
+        timings["embed"] = embed
+        timings["search"] = max(result.timings_ms.get("total", 0.0) - embed, 0.0)
+        return result.hits
+
+    def _reranks(self, question: Question) -> bool:
+        return self._reranker is not None and question.rerank is not False
+
+    # -- generation ------------------------------------------------------------------------------
+
+    async def _generate(self, question: Question, context: Context) -> _Generated:
+        if self._inference is None:
+            return _extractive(context)
+        max_tokens, temperature = self._sampling(question)
+        try:
+            completion = await self._inference.complete(
+                self._messages(question, context), max_tokens=max_tokens, temperature=temperature
+            )
+        except UpstreamError as exc:
+            return self._upstream_failed(question, context, exc, started=False)
+        return _Generated(
+            text=completion.text,
+            model=completion.model or self.model_name,
+            status="ok",
+            prompt_tokens=completion.prompt_tokens,
+            completion_tokens=completion.completion_tokens,
+        )
+
+    def _upstream_failed(
+        self, question: Question, context: Context, exc: UpstreamError, *, started: bool
+    ) -> _Generated:
+        """Count the failure; answer extractively when the caller asked for that, else raise."""
+        if self._metrics is not None:
+            kind = "timeout" if isinstance(exc, UpstreamTimeoutError) else "error"
+            self._metrics.upstream_errors.labels(kind=kind).inc()
+        if question.fallback_extractive and not started:
+            fallback = _extractive(context)
+            fallback.error = str(exc)
+            return fallback
+        raise exc
+
+    def _messages(self, question: Question, context: Context) -> list[ChatMessage]:
+        return build_messages(
+            question.text,
+            context.text,
+            system_prompt=self._settings.system_prompt,
+            history=question.history,
+        )
+
+    def _sampling(self, question: Question) -> tuple[int, float]:
+        """max_tokens and temperature: the caller's, else the configured ones."""
+        temperature = question.temperature
+        if temperature is None:
+            temperature = self._settings.inference_temperature
+        return question.max_tokens or self._settings.inference_max_tokens, temperature
+
+    # -- the answer ------------------------------------------------------------------------------
+
+    async def _finish(
+        self, question: Question, prepared: _Prepared, generated: _Generated, started: float
+    ) -> Answer:
+        citations = _citations(generated, prepared.context)
+        timings = {**prepared.timings, "total": _ms_since(started)}
+        record = _record(question, prepared, generated, citations, timings)
+        query_id = await anyio.to_thread.run_sync(self._log, record)
+        if self._metrics is not None:
+            self._metrics.observe_stages(timings)
+            self._metrics.tokens_generated.inc(generated.completion_tokens)
+        return Answer(
+            query_id=query_id,
+            text=generated.text,
+            citations=citations,
+            sources=prepared.context.sources,
+            model=generated.model,
+            status=generated.status,
+            timings_ms={name: round(ms, 2) for name, ms in timings.items()},
+            prompt_tokens=generated.prompt_tokens,
+            completion_tokens=generated.completion_tokens,
+            error=generated.error,
+        )
+
+    def _log(self, record: store.QueryRecord) -> uuid.UUID:
+        with self._db.write() as session:
+            return store.log_query(session, record)
+
+
+def _streamed(pieces: list[str], completion: Completion | None, model: str) -> _Generated:
+    """A finished stream; usage as the upstream reported it, else one token per piece."""
+    if completion is None:
+        return _Generated(
+            text="".join(pieces), model=model, status="ok", completion_tokens=len(pieces)
+        )
+    return _Generated(
+        text="".join(pieces),
+        model=completion.model or model,
+        status="ok",
+        prompt_tokens=completion.prompt_tokens,
+        completion_tokens=completion.completion_tokens or len(pieces),
+    )
+
+
+def _extractive(context: Context) -> _Generated:
+    return _Generated(text=extract(context), model=EXTRACTIVE_MODEL, status="extractive")
+
+
+def _citations(generated: _Generated, context: Context) -> list[Citation]:
+    """The sources the answer cites, in source order (an extractive answer cites what it shows)."""
+    cited = set(citation_markers(generated.text))
+    return [_citation(source) for source in context.sources if source.number in cited]
+
+
+def _citation(source: Source) -> Citation:
+    return Citation(
+        number=source.number,
+        document_id=source.document_id,
+        external_id=source.external_id,
+        title=source.title,
+        chunk_ids=tuple(source.chunk_ids),
+        start_char=source.start_char,
+        end_char=source.end_char,
+    )
+
+
+def _record(
+    question: Question,
+    prepared: _Prepared,
+    generated: _Generated,
+    citations: list[Citation],
+    timings: dict[str, float],
+) -> store.QueryRecord:
+    return store.QueryRecord(
+        tenant_id=question.tenant_id,
+        endpoint=question.endpoint,
+        question=question.text,
+        collection_ids=list(question.collection_ids),
+        params={
+            "mode": str(question.options.mode),
+            "k": question.options.k,
+            "rerank": question.rerank,
+            "filtered": question.options.filters is not None,
+        },
+        retrieved=[
+            {"chunk_id": str(h.chunk_id), "document_id": str(h.document_id), "score": h.score}
+            for h in prepared.hits
+        ],
+        answer=generated.text,
+        citations=[
+            {
+                "number": c.number,
+                "document_id": str(c.document_id),
+                "chunk_ids": [str(i) for i in c.chunk_ids],
+            }
+            for c in citations
+        ],
+        timings=timings,
+        upstream_model=None if generated.model == EXTRACTIVE_MODEL else generated.model,
+        status=generated.status,
+        error=generated.error,
+    )
+
+
+class _stage:
+    """Adds the milliseconds a block took to `timings[name]`."""
+
+    def __init__(self, timings: dict[str, float], name: str) -> None:
+        self._timings = timings
+        self._name = name
+
+    def __enter__(self) -> None:
+        self._started = time.perf_counter()
+
+    def __exit__(self, *_exc: object) -> None:
+        self._timings[self._name] = self._timings.get(self._name, 0.0) + _ms_since(self._started)
+
+
+def _ms_since(started: float) -> float:
+    return (time.perf_counter() - started) * 1000

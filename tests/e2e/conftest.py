@@ -1,0 +1,19 @@
+"""What the end-to-end tests share: the environment of a real server process."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture
+def server_env(database_url: str, tmp_path: Path) -> dict[str, str]:
+    return {
+        **os.environ,
+        "RAGSERVICE_DATABASE_URL": database_url,
+        "RAGSERVICE_DATA_DIR": str(tmp_path / "data"),
+        "RAGSERVICE_JOB_POLL_SECONDS": "0.2",
+        "HF_HUB_OFFLINE": "1",
+    }
