@@ -50,6 +50,10 @@ class Embedder(Protocol):
 
     def embed(self, texts: Sequence[str]) -> Vectors: ...
 
+    def count_tokens(self, text: str) -> int:
+        """Tokens of `text` by the model's tokenizer, without special tokens or truncation."""
+        ...
+
     def embed_query(self, text: str) -> Vector:
         """One text's vector (1-D), equal to `embed([text])[0]` within ~1e-5, at a lower latency."""
         ...
@@ -102,6 +106,7 @@ class SentenceTransformerEmbedder:
         # The transformers tokenizer reconfigures its Rust tokenizer on every call, so two
         # threads using the model at once corrupt each other's batches: one at a time.
         self._use_lock = threading.RLock()
+        self._counter: Any = None
 
     @property
     def name(self) -> str:
@@ -149,6 +154,14 @@ class SentenceTransformerEmbedder:
         self._loaded()
         self._query_encoder()
 
+    def count_tokens(self, text: str) -> int:
+        """Tokens of `text` by the model's tokenizer, without special tokens or truncation.
+
+        A private copy of the Rust tokenizer, configured once and never changed afterwards, so
+        callers on many threads need no lock (the shared one is reconfigured on every call).
+        """
+        return len(self._token_counter().encode(text, add_special_tokens=False).ids)
+
     def embed_query(self, text: str) -> Vector:
         """Embed one text on the query encoder chosen at warm-up; safe from many threads."""
         return self._query_encoder().encode(text)
@@ -188,6 +201,19 @@ class SentenceTransformerEmbedder:
                 show_progress_bar=False,
             )
         return np.asarray(vectors, dtype=np.float32)
+
+    def _token_counter(self) -> Any:
+        if self._counter is None:
+            from tokenizers import Tokenizer
+
+            with self._query_lock:
+                if self._counter is None:
+                    hf = self._loaded().tokenizer
+                    counter = Tokenizer.from_str(hf.backend_tokenizer.to_str())
+                    counter.no_truncation()
+                    counter.no_padding()
+                    self._counter = counter
+        return self._counter
 
     def _query_encoder(self) -> QueryEncoder:
         if self._query is None:

@@ -97,14 +97,13 @@ def make_pipeline(
     runtime: Runtime, searcher: Searcher, inference: InferenceClient | None, metrics: Metrics
 ) -> AnswerPipeline:
     """The query path, with the reranker (loaded here) and the inference client if configured."""
-    tokenizer = runtime.embedder.tokenizer
     reranker = make_reranker(runtime.settings)
     if reranker is not None:
         reranker.warm_up()
     return AnswerPipeline(
         db=runtime.db,
         searcher=searcher,
-        count_tokens=lambda text: len(tokenizer.token_spans(text)),
+        count_tokens=runtime.embedder.count_tokens,
         settings=runtime.settings,
         reranker=reranker,
         inference=inference,
