@@ -79,8 +79,9 @@ def test_streaming_through_query_and_chat_completions(llm: TestClient, fake: Fak
     events = sse_events(response.text)
     tokens = [data["text"] for name, data in events if name == "token"]
     assert len(tokens) >= 3
-    assert events[-1][0] == "answer"
+    assert [name for name, _ in events[-2:]] == ["citations", "done"]
     assert "".join(tokens) == events[-1][1]["answer"] == "Book through the travel desk [1]."
+    assert events[-2][1]["citations"][0]["number"] == 1
 
     fake.enqueue(answer("A laptop on day one [1]."))
     body = {

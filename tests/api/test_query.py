@@ -99,10 +99,12 @@ def test_streamed_extractive_answer(client: TestClient, keys: Keys) -> None:
     assert response.status_code == 200
     assert response.headers["content-type"].startswith("text/event-stream")
     events = sse_events(response.text)
-    assert [name for name, _ in events] == ["token", "answer"]
-    final = events[-1][1]
-    assert events[0][1]["text"] == final["answer"]
-    assert final["citations"][0]["document"]["external_id"] == "laptops"
+    assert [name for name, _ in events] == ["token", "citations", "done"]
+    done = events[-1][1]
+    assert events[0][1]["text"] == done["answer"]
+    assert events[1][1]["citations"][0]["document"]["external_id"] == "laptops"
+    assert events[1][1]["sources"][0]["number"] == 1
+    assert {"query_id", "model", "status", "timings_ms"} <= set(done)
 
 
 def test_query_errors(client: TestClient, keys: Keys) -> None:
@@ -162,3 +164,40 @@ def test_metrics_count_requests_and_stages(client: TestClient, keys: Keys) -> No
     )
     assert 'route="/v1/collections/{name}",status="404"' in text
     assert 'ragservice_pipeline_stage_seconds_count{stage="search"} 1.0' in text
+
+
+def test_neighbouring_chunks_join_a_hit_for_continuity(
+    settings: Settings, embedder: SentenceTransformerEmbedder
+) -> None:
+    from ingest.worker import JobWorker
+
+    small = settings.model_copy(
+        update={
+            "auth_disabled": True,
+            "chunk_max_tokens": 24,
+            "chunk_overlap_tokens": 0,
+            "context_neighbours": 1,
+        }
+    )
+    sentences = [
+        "The cafeteria opens at eight in the morning on weekdays for all staff members.",
+        "Breakfast includes porridge, fresh fruit, yoghurt and several kinds of bread rolls.",
+        "Hot lunches are served from noon until two, with a vegetarian dish every day.",
+        "The evening snack bar closes at six, and weekend hours are posted near the door.",
+    ]
+    with TestClient(create_app(small, embedder=embedder, services=[JobWorker])) as client:
+        ok(client.post("/v1/collections", json={"name": "food"}), 201)
+        documents = [{"external_id": "cafeteria", "text": " ".join(sentences)}]
+        job = ok(client.post("/v1/collections/food/documents", json={"documents": documents}), 202)
+        assert wait_for_job(client, job["id"], {})["status"] == "done"
+        chunks = ok(client.get("/v1/collections/food/documents/cafeteria?chunks=true"))["chunks"]
+        assert len(chunks) >= 3
+        body = {"question": "vegetarian lunch noon", "k": 1, "mode": "fulltext"}
+        answer = ok(client.post("/v1/query", json=body))
+    (source,) = answer["sources"]
+    hit = next(c for c in chunks if "vegetarian" in c["text"])
+    neighbours = [c for c in chunks if abs(c["ordinal"] - hit["ordinal"]) == 1]
+    assert len(source["chunk_ids"]) == 1 + len(neighbours)
+    assert {str(c["id"]) for c in [hit, *neighbours]} == set(source["chunk_ids"])
+    for chunk in [hit, *neighbours]:
+        assert chunk["text"] in source["text"]

@@ -37,7 +37,8 @@ async def query(
     """Answer a question from the collections, citing sources as [1], [2]…
 
     With `stream: true` the reply is `text/event-stream`: `token` events with pieces of the
-    answer as they are generated, then one `answer` event with the whole QueryResponse.
+    answer as they are generated, then `citations` (citations and sources), then `done` (the
+    rest of the QueryResponse: query_id, the whole answer, model, status, timings).
     """
     check_query(body.question, body.k, runtime.settings, field="question")
     question = Question(
@@ -60,19 +61,18 @@ async def query(
 
 
 async def _sse(first: str | Answer, events: AsyncIterator[str | Answer]) -> AsyncIterator[str]:
-    item: str | Answer | None = first
-    while item is not None:
-        if isinstance(item, Answer):
-            yield _event("answer", answer_out(item).model_dump(mode="json"))
-        else:
-            yield _event("token", {"text": item})
+    """`token` events, then `citations` (with the sources), then `done` with the rest."""
+    item: str | Answer = first
+    while not isinstance(item, Answer):
+        yield _event("token", {"text": item})
         try:
             item = await anext(events)
-        except StopAsyncIteration:
-            item = None
         except Exception as exc:  # mid-stream: the status line is gone, tell it in the stream
             yield _event("error", {"error": type(exc).__name__, "detail": _safe(exc)})
             return
+    whole = answer_out(item).model_dump(mode="json")
+    yield _event("citations", {k: whole.pop(k) for k in ("citations", "sources")})
+    yield _event("done", whole)
 
 
 def _event(name: str, data: dict[str, Any]) -> str:
