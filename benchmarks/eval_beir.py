@@ -30,7 +30,7 @@ _HERE = Path(__file__).resolve().parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE] + [str(_HERE)]
 
 import httpx  # noqa: E402
-from harness import add_server_arguments, ensure_corpus, ok, percentile, server  # noqa: E402
+from harness import add_common_arguments, ensure_corpus, ok, parse, percentile, server  # noqa: E402
 
 from ragservice.config import Settings  # noqa: E402
 from ragservice.evaluation import (  # noqa: E402
@@ -58,16 +58,11 @@ def main() -> None:
 
 def _parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", type=Path, required=True, help="a BEIR dataset folder")
-    parser.add_argument("--split", default="test")
-    add_server_arguments(parser)
-    parser.add_argument("--collection", default=None, help="default: the dataset folder's name")
+    add_common_arguments(parser)
     parser.add_argument("--modes", type=lambda s: s.split(","), default=list(MODES))
     parser.add_argument("--depth", type=int, default=200, help="chunks fetched for quality")
     parser.add_argument("--warmup", type=int, default=20, help="untimed queries per mode")
-    args = parser.parse_args()
-    args.collection = args.collection or args.data.resolve().name
-    return args
+    return parse(parser)
 
 
 # -- evaluation ------------------------------------------------------------------------------

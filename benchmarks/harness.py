@@ -25,10 +25,20 @@ import httpx
 _UPLOAD_PART_BYTES = 24 * 2**20  # below the default per-file limit of 32 MiB
 
 
-def add_server_arguments(parser: argparse.ArgumentParser) -> None:
+def add_common_arguments(parser: argparse.ArgumentParser) -> None:
+    """The dataset, and the server to use or start."""
+    parser.add_argument("--data", type=Path, required=True, help="a BEIR dataset folder")
+    parser.add_argument("--split", default="test")
+    parser.add_argument("--collection", default=None, help="default: the dataset folder's name")
     parser.add_argument("--url", help="a running server; default: start one")
     parser.add_argument("--api-key", default=os.environ.get("RAGSERVICE_API_KEY"))
     parser.add_argument("--data-dir", type=Path, default=Path(".ragservice-eval"))
+
+
+def parse(parser: argparse.ArgumentParser) -> argparse.Namespace:
+    args = parser.parse_args()
+    args.collection = args.collection or args.data.resolve().name
+    return args
 
 
 # -- the server ------------------------------------------------------------------------------

@@ -49,24 +49,11 @@ class Question:
     temperature: float | None = None
 
 
-@dataclass(frozen=True)
-class Citation:
-    """Source `number` of an answer: which document and which chunks it points to."""
-
-    number: int
-    document_id: uuid.UUID
-    external_id: str
-    title: str | None
-    chunk_ids: tuple[uuid.UUID, ...]
-    start_char: int
-    end_char: int
-
-
 @dataclass
 class Answer:
     query_id: uuid.UUID
     text: str
-    citations: list[Citation]
+    citations: list[Source]  # the sources the answer cites
     sources: list[Source]
     model: str
     status: Status
@@ -291,29 +278,17 @@ def _extractive(context: Context) -> _Generated:
     return _Generated(text=extract(context), model=EXTRACTIVE_MODEL, status="extractive")
 
 
-def _citations(generated: _Generated, context: Context) -> list[Citation]:
+def _citations(generated: _Generated, context: Context) -> list[Source]:
     """The sources the answer cites, in source order (an extractive answer cites what it shows)."""
     cited = set(citation_markers(generated.text))
-    return [_citation(source) for source in context.sources if source.number in cited]
-
-
-def _citation(source: Source) -> Citation:
-    return Citation(
-        number=source.number,
-        document_id=source.document_id,
-        external_id=source.external_id,
-        title=source.title,
-        chunk_ids=tuple(source.chunk_ids),
-        start_char=source.start_char,
-        end_char=source.end_char,
-    )
+    return [source for source in context.sources if source.number in cited]
 
 
 def _record(
     question: Question,
     prepared: _Prepared,
     generated: _Generated,
-    citations: list[Citation],
+    citations: list[Source],
     timings: dict[str, float],
 ) -> store.QueryRecord:
     return store.QueryRecord(

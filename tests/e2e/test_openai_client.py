@@ -3,14 +3,13 @@ collections through a fake OpenAI-compatible upstream on another local port."""
 
 from __future__ import annotations
 
-import subprocess
 from collections.abc import Iterator
 
 import httpx
 import openai
 import pytest
 
-from tests.e2e.test_server import BIN, create_key, free_port, stop, wait_for_job, wait_until_ready
+from tests.e2e.test_server import create_key, start_server, stop, wait_for_job, wait_until_ready
 from tests.upstream import FakeOpenAI
 from tests.upstream import ok as answer
 
@@ -25,15 +24,7 @@ def test_openai_client_chat_streaming_and_embeddings(
     server_env: dict[str, str], upstream: FakeOpenAI
 ) -> None:
     env = {**server_env, "RAGSERVICE_INFERENCE_URL": upstream.base_url}
-    port = free_port()
-    process = subprocess.Popen(
-        [str(BIN / "ragservice"), "serve", "--port", str(port)],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    base = f"http://127.0.0.1:{port}"
+    base, process = start_server(env)
     try:
         wait_until_ready(base, process)
         key = create_key(env)

@@ -25,15 +25,7 @@ def free_port() -> int:
 
 @pytest.fixture
 def server(server_env: dict[str, str]) -> Iterator[tuple[str, subprocess.Popen[str]]]:
-    port = free_port()
-    process = subprocess.Popen(
-        [str(BIN / "ragservice"), "serve", "--port", str(port)],
-        env=server_env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    base = f"http://127.0.0.1:{port}"
+    base, process = start_server(server_env)
     try:
         wait_until_ready(base, process)
         yield base, process
@@ -41,6 +33,19 @@ def server(server_env: dict[str, str]) -> Iterator[tuple[str, subprocess.Popen[s
         if process.poll() is None:
             process.kill()
             process.communicate(timeout=30)
+
+
+def start_server(env: dict[str, str]) -> tuple[str, subprocess.Popen[str]]:
+    """`ragservice serve` on a free loopback port; stderr is kept for the shutdown checks."""
+    port = free_port()
+    process = subprocess.Popen(
+        [str(BIN / "ragservice"), "serve", "--port", str(port)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    return f"http://127.0.0.1:{port}", process
 
 
 def wait_until_ready(base: str, process: subprocess.Popen[str]) -> None:

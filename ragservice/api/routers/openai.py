@@ -26,8 +26,9 @@ from ragservice import store
 from ragservice.api.deps import PipelineDep, Reader, RuntimeDep
 from ragservice.api.routers.query import answer_out
 from ragservice.api.routers.search import check_text, collection_ids
+from ragservice.context import Source
 from ragservice.errors import InvalidInputError, NotFoundError, PayloadTooLargeError
-from ragservice.pipeline import Answer, Citation, Question
+from ragservice.pipeline import Answer, Question
 from ragservice.prompt import ChatMessage
 from ragservice.runtime import Runtime
 from ragservice.search import SearchOptions
@@ -219,7 +220,7 @@ async def _chunks(
     yield "data: [DONE]\n\n"
 
 
-def _sources(citations: Sequence[Citation]) -> str:
+def _sources(citations: Sequence[Source]) -> str:
     if not citations:
         return ""
     lines = [f"[{c.number}] {c.title or c.external_id} ({c.external_id})" for c in citations]

@@ -21,7 +21,7 @@ from ragservice.api.schemas import (
 from ragservice.context import Source
 from ragservice.errors import RagServiceError
 from ragservice.filters import parse_and_compile
-from ragservice.pipeline import Answer, Citation, Question
+from ragservice.pipeline import Answer, Question
 from ragservice.search import SearchOptions
 
 router = APIRouter(prefix="/v1", tags=["query"])
@@ -95,7 +95,7 @@ def answer_out(answer: Answer) -> QueryResponse:
     )
 
 
-def _citation_out(citation: Citation) -> CitationOut:
+def _citation_out(citation: Source) -> CitationOut:
     return CitationOut(
         number=citation.number,
         document=DocumentRefLite(
