@@ -9,7 +9,7 @@ export TRANSFORMERS_OFFLINE := 1
 # Idle torch threads otherwise spin and steal CPU from PostgreSQL on small machines.
 export OMP_WAIT_POLICY := PASSIVE
 
-.PHONY: run test lint typecheck bench-ingest bench-search bench-query clean
+.PHONY: run test lint typecheck bench-ingest bench-search bench-query bench-cache clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -41,6 +41,9 @@ bench-search: $(STAMP)
 
 bench-query: $(STAMP)
 	$(BIN)/python benchmarks/query.py --data ../shared/data/scifact
+
+bench-cache: $(STAMP)
+	$(BIN)/python benchmarks/cache.py --data ../shared/data/scifact
 
 clean:
 	rm -rf $(VENV) .ragservice .pytest_cache .mypy_cache .ruff_cache

@@ -79,6 +79,16 @@ class Settings(BaseSettings):
     system_prompt: str | None = Field(
         default=None, description="instructions for the model; unset: the built-in prompt"
     )
+    cache_enabled: bool = Field(default=True, description="the semantic prompt cache")
+    cache_similarity_threshold: float = Field(
+        default=0.90, ge=0, le=1, description="cosine similarity a semantic cache hit needs"
+    )
+    cache_ttl_seconds: int = Field(
+        default=86400, ge=1, description="entry lifetime from creation (collections may override)"
+    )
+    cache_purge_seconds: float = Field(
+        default=300.0, gt=0, description="how often expired cache entries are deleted"
+    )
     max_k: int = Field(default=200, ge=1, le=1000, description="largest k a search may ask")
     max_query_chars: int = Field(default=4000, ge=1)
     max_body_bytes: int = Field(default=64 * 2**20, ge=1024, description="largest request body")

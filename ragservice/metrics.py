@@ -47,6 +47,25 @@ class Metrics:
             registry=self.registry,
         )
 
+        self.cache_lookups = Counter(
+            "ragservice_cache_lookups",
+            "Prompt cache lookups by result (exact_hit, semantic_hit, miss).",
+            ["result"],
+            registry=self.registry,
+        )
+        self.cache_guard_refusals = Counter(
+            "ragservice_cache_guard_refusals",
+            "Near matches the meaning guard turned away, by reason.",
+            ["reason"],
+            registry=self.registry,
+        )
+        self.cache_lookup_seconds = Histogram(
+            "ragservice_cache_lookup_seconds",
+            "Time to look a prompt up in the cache (the query embedding left out).",
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+
     def observe_request(self, route: str, method: str, status: int, seconds: float) -> None:
         self.requests.labels(route=route, method=method, status=str(status)).inc()
         self.request_seconds.labels(route=route).observe(seconds)

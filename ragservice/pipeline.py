@@ -12,11 +12,14 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field, replace
-from typing import Literal
+from typing import Any, Literal
 
 import anyio.to_thread
+import numpy as np
+import numpy.typing as npt
 
 from ragservice import store
+from ragservice.cache import CacheInfo, Lookup, PromptCache, scope_fingerprint
 from ragservice.config import Settings
 from ragservice.context import Context, Source, assemble_context, citation_markers
 from ragservice.context import extractive_answer as extract
@@ -29,6 +32,8 @@ from ragservice.rerank import Reranker, rerank_hits
 from ragservice.search import Searcher, SearchHit, SearchOptions
 
 EXTRACTIVE_MODEL = "extractive"
+
+Vector = npt.NDArray[np.float32]
 
 Status = Literal["ok", "extractive", "upstream_error", "error"]
 
@@ -47,6 +52,9 @@ class Question:
     endpoint: str = "query"
     max_tokens: int | None = None
     temperature: float | None = None
+    use_cache: bool = True
+    refresh_cache: bool = False
+    filters_key: str = ""  # the caller's filters, canonical JSON: part of the cache scope
 
 
 @dataclass
@@ -61,6 +69,7 @@ class Answer:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     error: str | None = None
+    cache: CacheInfo | None = None
 
 
 @dataclass
@@ -70,6 +79,8 @@ class _Prepared:
     hits: list[SearchHit]
     context: Context
     timings: dict[str, float] = field(default_factory=dict)
+    vector: Vector | None = None
+    cache: CacheInfo | None = None
 
 
 @dataclass
@@ -93,8 +104,12 @@ class AnswerPipeline:
         reranker: Reranker | None = None,
         inference: InferenceClient | None = None,
         metrics: Metrics | None = None,
+        cache: PromptCache | None = None,
+        embed_query: Callable[[str], Vector] | None = None,
     ) -> None:
         self._db = db
+        self._cache = cache
+        self._embed_query = embed_query
         self._searcher = searcher
         self._count_tokens = count_tokens
         self._settings = settings
@@ -102,13 +117,20 @@ class AnswerPipeline:
         self._inference = inference
         self._metrics = metrics
 
+    def close(self) -> None:
+        if self._cache is not None:
+            self._cache.close()
+
     @property
     def model_name(self) -> str:
         return self._settings.inference_model if self._inference else EXTRACTIVE_MODEL
 
     async def answer(self, question: Question) -> Answer:
         started = time.perf_counter()
-        prepared = await anyio.to_thread.run_sync(self._prepare, question)
+        lookup = await anyio.to_thread.run_sync(self._lookup, question)
+        if lookup.response is not None:
+            return await self._replay(question, lookup, started)
+        prepared = await anyio.to_thread.run_sync(self._prepare, question, lookup)
         with _stage(prepared.timings, "generate"):
             generated = await self._generate(question, prepared.context)
         return await self._finish(question, prepared, generated, started)
@@ -116,7 +138,13 @@ class AnswerPipeline:
     async def stream(self, question: Question) -> AsyncIterator[str | Answer]:
         """Content pieces as they are generated, then the finished `Answer` last."""
         started = time.perf_counter()
-        prepared = await anyio.to_thread.run_sync(self._prepare, question)
+        lookup = await anyio.to_thread.run_sync(self._lookup, question)
+        if lookup.response is not None:
+            for piece in _pieces(str(lookup.response.get("answer", ""))):
+                yield piece
+            yield await self._replay(question, lookup, started)
+            return
+        prepared = await anyio.to_thread.run_sync(self._prepare, question, lookup)
         generate_started = time.perf_counter()
         pieces: list[str] = []
         if self._inference is None:
@@ -146,11 +174,109 @@ class AnswerPipeline:
         prepared.timings["generate"] = _ms_since(generate_started)
         yield await self._finish(question, prepared, generated, started)
 
+    # -- the cache -------------------------------------------------------------------------------
+
+    def _caches(self, question: Question) -> bool:
+        # A conversation's earlier turns shape its answer: only single questions are cached.
+        return self._cache is not None and question.use_cache and not question.history
+
+    def _lookup(self, question: Question) -> Lookup:
+        if not self._caches(question) or question.refresh_cache:
+            return Lookup(info=CacheInfo(hit=False)) if self._caches(question) else Lookup(None)
+        assert self._cache is not None and self._embed_query is not None
+        embed = self._embed_query
+        return self._cache.lookup(
+            self._scope(question), question.text, lambda: embed(question.text)
+        )
+
+    def _scope(self, question: Question) -> str:
+        max_tokens, temperature = self._sampling(question)
+        settings = self._settings
+        return scope_fingerprint(
+            {
+                "tenant": question.tenant_id,
+                "collections": sorted(str(c) for c in question.collection_ids),
+                "filters": question.filters_key,
+                "mode": str(question.options.mode),
+                "k": question.options.k,
+                "retrieval": [
+                    settings.hnsw_ef_search,
+                    settings.search_rrf_k,
+                    settings.search_dense_candidates,
+                    settings.search_text_candidates,
+                    settings.bm25_k1,
+                    settings.bm25_b,
+                ],
+                "embedding_model": self._searcher.model_id,
+                "rerank": self._reranker.name
+                if self._reranks(question) and self._reranker
+                else None,
+                "rerank_candidates": settings.rerank_candidates,
+                "context": [settings.context_max_tokens, settings.context_neighbours],
+                "model": self.model_name,
+                "prompt": settings.system_prompt or "",
+                "sampling": [max_tokens, temperature],
+            }
+        )
+
+    def _cacheable(self, question: Question, generated: _Generated) -> bool:
+        return self._caches(question) and generated.error is None and bool(generated.text)
+
+    def _remember(
+        self,
+        question: Question,
+        prepared: _Prepared,
+        generated: _Generated,
+        citations: list[Source],
+    ) -> None:
+        assert self._cache is not None and prepared.vector is not None
+        used = {source.document_id for source in prepared.context.sources}
+        versions = {
+            h.document_id: h.document_version for h in prepared.hits if h.document_id in used
+        }
+        self._cache.put(
+            tenant_id=question.tenant_id,
+            scope=self._scope(question),
+            collection_ids=question.collection_ids,
+            prompt=question.text,
+            vector=prepared.vector,
+            response={
+                "answer": generated.text,
+                "model": generated.model,
+                "status": generated.status,
+                "cited": [source.number for source in citations],
+                "sources": [source_to_json(source) for source in prepared.context.sources],
+            },
+            sources=versions,
+            replace=question.refresh_cache,
+        )
+
+    async def _replay(self, question: Question, lookup: Lookup, started: float) -> Answer:
+        """The answer from a cache entry, logged like any other (with what the cache did)."""
+        response = lookup.response or {}
+        sources = [source_from_json(item) for item in response.get("sources", [])]
+        generated = _Generated(
+            text=str(response.get("answer", "")),
+            model=str(response.get("model", self.model_name)),
+            status=response.get("status", "ok"),
+        )
+        prepared = _Prepared(
+            hits=[],
+            context=Context(sources=sources, text="", token_count=0, dropped=0),
+            timings=_lookup_timings(lookup),
+            cache=lookup.info,
+        )
+        return await self._finish(question, prepared, generated, started, remember=False)
+
     # -- retrieval -------------------------------------------------------------------------------
 
-    def _prepare(self, question: Question) -> _Prepared:
-        timings: dict[str, float] = {}
-        hits = self._retrieve(question, timings)
+    def _prepare(self, question: Question, lookup: Lookup) -> _Prepared:
+        timings = _lookup_timings(lookup)
+        vector = lookup.vector
+        if vector is None and self._caches(question) and self._embed_query is not None:
+            with _stage(timings, "embed"):
+                vector = self._embed_query(question.text)
+        hits = self._retrieve(question, timings, vector)
         if self._reranks(question) and hits:
             assert self._reranker is not None
             with _stage(timings, "rerank"):
@@ -163,18 +289,25 @@ class AnswerPipeline:
                 budget_tokens=self._settings.context_max_tokens,
                 neighbours=neighbours,
             )
-        return _Prepared(hits=hits, context=context, timings=timings)
+        return _Prepared(
+            hits=hits, context=context, timings=timings, vector=vector, cache=lookup.info
+        )
 
-    def _retrieve(self, question: Question, timings: dict[str, float]) -> list[SearchHit]:
+    def _retrieve(
+        self, question: Question, timings: dict[str, float], vector: Vector | None
+    ) -> list[SearchHit]:
         options = question.options
         if self._reranks(question):
             wanted = max(options.k, self._settings.rerank_candidates)
             options = replace(options, k=wanted)
         result = self._searcher.search(
-            collection_ids=question.collection_ids, query=question.text, options=options
+            collection_ids=question.collection_ids,
+            query=question.text,
+            options=options,
+            vector=vector,
         )
         embed = result.timings_ms.get("embed", 0.0)
-        timings["embed"] = embed
+        timings["embed"] = timings.get("embed", 0.0) + embed
         timings["search"] = max(result.timings_ms.get("total", 0.0) - embed, 0.0)
         return result.hits
 
@@ -232,12 +365,20 @@ class AnswerPipeline:
     # -- the answer ------------------------------------------------------------------------------
 
     async def _finish(
-        self, question: Question, prepared: _Prepared, generated: _Generated, started: float
+        self,
+        question: Question,
+        prepared: _Prepared,
+        generated: _Generated,
+        started: float,
+        *,
+        remember: bool = True,
     ) -> Answer:
         citations = _citations(generated, prepared.context)
         timings = {**prepared.timings, "total": _ms_since(started)}
         record = _record(question, prepared, generated, citations, timings)
         query_id = await anyio.to_thread.run_sync(self._log, record)
+        if remember and self._cacheable(question, generated) and prepared.vector is not None:
+            await anyio.to_thread.run_sync(self._remember, question, prepared, generated, citations)
         if self._metrics is not None:
             self._metrics.observe_stages(timings)
             self._metrics.tokens_generated.inc(generated.completion_tokens)
@@ -252,6 +393,7 @@ class AnswerPipeline:
             prompt_tokens=generated.prompt_tokens,
             completion_tokens=generated.completion_tokens,
             error=generated.error,
+            cache=prepared.cache,
         )
 
     def _log(self, record: store.QueryRecord) -> uuid.UUID:
@@ -272,6 +414,49 @@ def _streamed(pieces: list[str], completion: Completion | None, model: str) -> _
         prompt_tokens=completion.prompt_tokens,
         completion_tokens=completion.completion_tokens or len(pieces),
     )
+
+
+def source_to_json(source: Source) -> dict[str, Any]:
+    return {
+        "number": source.number,
+        "document_id": str(source.document_id),
+        "external_id": source.external_id,
+        "title": source.title,
+        "chunk_ids": [str(chunk_id) for chunk_id in source.chunk_ids],
+        "start_char": source.start_char,
+        "end_char": source.end_char,
+        "text": source.text,
+        "score": source.score,
+    }
+
+
+def source_from_json(item: dict[str, Any]) -> Source:
+    return Source(
+        number=int(item["number"]),
+        document_id=uuid.UUID(item["document_id"]),
+        external_id=str(item["external_id"]),
+        title=item.get("title"),
+        chunk_ids=tuple(uuid.UUID(chunk_id) for chunk_id in item["chunk_ids"]),
+        start_char=int(item["start_char"]),
+        end_char=int(item["end_char"]),
+        text=str(item["text"]),
+        score=float(item["score"]),
+    )
+
+
+def _lookup_timings(lookup: Lookup) -> dict[str, float]:
+    if lookup.info is None:
+        return {}
+    timings = {"cache_lookup": lookup.elapsed_ms}
+    if lookup.embed_ms:
+        timings["embed"] = lookup.embed_ms
+    return timings
+
+
+def _pieces(text: str) -> list[str]:
+    """A cached answer streamed in word-sized pieces, as a live one would arrive."""
+    words = text.split(" ")
+    return [word + (" " if i < len(words) - 1 else "") for i, word in enumerate(words)]
 
 
 def _extractive(context: Context) -> _Generated:
@@ -319,6 +504,7 @@ def _record(
         upstream_model=None if generated.model == EXTRACTIVE_MODEL else generated.model,
         status=generated.status,
         error=generated.error,
+        cache=None if prepared.cache is None else prepared.cache.to_dict(),
     )
 
 

@@ -126,6 +126,7 @@ class SearchHit:
     external_id: str
     title: str | None
     document_metadata: dict[str, Any]
+    document_version: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,7 +211,7 @@ ranked AS (
 
 _HITS = sql.SQL("""
 SELECT r.chunk_id, r.score, c.text, c.ordinal, c.start_char, c.end_char, c.metadata,
-       c.collection_id, col.name, d.id, d.external_id, d.title, d.metadata
+       c.collection_id, col.name, d.id, d.external_id, d.title, d.metadata, d.version
 FROM ranked r
 JOIN chunks c ON c.id = r.chunk_id
 JOIN documents d ON d.id = c.document_id
@@ -286,6 +287,10 @@ class Searcher:
         # Full-text candidates of hybrid searches run here, overlapping the query's embedding.
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="search")
 
+    @property
+    def model_id(self) -> int:
+        return self._model_id
+
     def close(self) -> None:
         self._pool.shutdown(wait=True)
 
@@ -296,13 +301,21 @@ class Searcher:
         self.close()
 
     def search(
-        self, *, collection_ids: Sequence[uuid.UUID], query: str, options: SearchOptions
+        self,
+        *,
+        collection_ids: Sequence[uuid.UUID],
+        query: str,
+        options: SearchOptions,
+        vector: npt.NDArray[np.float32] | None = None,
     ) -> SearchResult:
-        """The top `options.k` chunks of the collections (already resolved and tenant-checked)."""
+        """The top `options.k` chunks of the collections (already resolved and tenant-checked).
+
+        `vector`: the query's embedding when the caller already has it (it is not redone).
+        """
         timer = _Timer()
         hits: list[SearchHit] = []
         if collection_ids:
-            statement, stage = self._prepare(list(collection_ids), query, options, timer)
+            statement, stage = self._prepare(list(collection_ids), query, options, timer, vector)
             with timer.stage(stage):
                 hits = [_hit(row) for row in self._run(statement)]
         return SearchResult(hits=hits, timings_ms=timer.finish())
@@ -330,7 +343,12 @@ class Searcher:
     # -- statements per mode ---------------------------------------------------------------------
 
     def _prepare(
-        self, collections: list[uuid.UUID], query: str, options: SearchOptions, timer: _Timer
+        self,
+        collections: list[uuid.UUID],
+        query: str,
+        options: SearchOptions,
+        timer: _Timer,
+        given: npt.NDArray[np.float32] | None = None,
     ) -> tuple[_Statement, str]:
         """The final statement of the mode and the name of its timing stage."""
         if options.mode is Mode.FULLTEXT:
@@ -338,17 +356,22 @@ class Searcher:
             return _Statement(bm25, self._params(collections, options, query=query)), "fulltext"
         if options.mode is Mode.DENSE:
             with timer.stage("embed"):
-                vector = self._vector(query)
+                vector = self._vector(query, given)
             dense = _with(self._nearest(options), _DENSE_RANKED, select=_HITS)
             return self._dense_statement(dense, collections, options, vector), "dense"
-        return self._hybrid(collections, query, options, timer), "fuse"
+        return self._hybrid(collections, query, options, timer, given), "fuse"
 
     def _hybrid(
-        self, collections: list[uuid.UUID], query: str, options: SearchOptions, timer: _Timer
+        self,
+        collections: list[uuid.UUID],
+        query: str,
+        options: SearchOptions,
+        timer: _Timer,
+        given: npt.NDArray[np.float32] | None,
     ) -> _Statement:
         text_side = self._pool.submit(self._text_candidates, collections, query, options)
         with timer.stage("embed"):
-            vector = self._vector(query)
+            vector = self._vector(query, given)
         text_ids, text_ms = text_side.result()
         timer.record("fulltext", text_ms)
         fused = _FUSED.format(limit=sql.Literal(options.k))
@@ -398,8 +421,11 @@ class Searcher:
                 conn.execute(_SET_DENSE, {"ef_search": str(statement.ef_search)}, prepare=False)
             return conn.execute(statement.query, statement.params, prepare=False).fetchall()
 
-    def _vector(self, query: str) -> npt.NDArray[np.float32]:
-        vector = np.asarray(self._embed_query(query), dtype=np.float32).reshape(-1)
+    def _vector(
+        self, query: str, given: npt.NDArray[np.float32] | None = None
+    ) -> npt.NDArray[np.float32]:
+        embedded = self._embed_query(query) if given is None else given
+        vector = np.asarray(embedded, dtype=np.float32).reshape(-1)
         if vector.shape[0] != self._dimension:
             raise EmbeddingError(
                 f"query embedding has {vector.shape[0]} dimensions, the index {self._dimension}"
@@ -462,6 +488,7 @@ def _hit(row: tuple[Any, ...]) -> SearchHit:
         external_id=row[10],
         title=row[11],
         document_metadata=row[12],
+        document_version=row[13],
     )
 
 

@@ -15,6 +15,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from ragservice.api.errors import install_error_handlers
 from ragservice.api.middleware import MetricsMiddleware, RequestContextMiddleware
 from ragservice.api.routers import collections, documents, jobs, openai, query, search
+from ragservice.cache import CachePurger, PromptCache
 from ragservice.config import Settings, get_settings
 from ragservice.db import migrate
 from ragservice.embedding import SentenceTransformerEmbedder
@@ -64,6 +65,10 @@ def create_app(
         inference = InferenceClient.from_settings(resolved)
         app.state.pipeline = make_pipeline(runtime, app.state.searcher, inference, metrics)
         app.state.services = [factory(runtime) for factory in services]
+        if resolved.cache_enabled:
+            app.state.services.append(
+                CachePurger(runtime.db, interval=resolved.cache_purge_seconds)
+            )
         if resolved.auth_disabled:
             log.warning("authentication is OFF: every request acts as the default tenant's admin")
         for service in app.state.services:
@@ -75,6 +80,7 @@ def create_app(
                 service.stop(10.0)
             if inference is not None:
                 await inference.aclose()
+            app.state.pipeline.close()
             app.state.searcher.close()
             runtime.close()
 
@@ -100,6 +106,15 @@ def make_pipeline(
     reranker = make_reranker(runtime.settings)
     if reranker is not None:
         reranker.warm_up()
+    cache = None
+    if runtime.settings.cache_enabled:
+        cache = PromptCache(
+            runtime.db,
+            model_id=runtime.model_id,
+            dimension=runtime.embedder.dimension,
+            settings=runtime.settings,
+            metrics=metrics,
+        )
     return AnswerPipeline(
         db=runtime.db,
         searcher=searcher,
@@ -108,6 +123,8 @@ def make_pipeline(
         reranker=reranker,
         inference=inference,
         metrics=metrics,
+        cache=cache,
+        embed_query=runtime.embedder.embed_query,
     )
 
 

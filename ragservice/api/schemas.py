@@ -19,6 +19,26 @@ class CollectionCreate(BaseModel):
     name: str = Field(pattern=COLLECTION_NAME, description="letters, digits, . _ -; unique")
     description: str | None = Field(default=None, max_length=2000)
     metadata: dict[str, Any] = Field(default_factory=dict)
+    cache_ttl_seconds: int | None = Field(
+        default=None, ge=1, description="lifetime of cached answers; unset: the service default"
+    )
+
+
+class CollectionUpdate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    cache_ttl_seconds: int | None = Field(
+        ge=1, description="lifetime of cached answers; null: the service default"
+    )
+
+
+class CacheStats(BaseModel):
+    entries: int = Field(description="live (unexpired) entries covering the collection")
+    bytes: int
+    entry_hits: int = Field(description="hits served by the live entries")
+    queries: int = Field(description="questions logged on the collection")
+    cache_hits: int
+    hit_rate: float
 
 
 class CollectionOut(BaseModel):
@@ -28,6 +48,7 @@ class CollectionOut(BaseModel):
     metadata: dict[str, Any]
     document_count: int
     chunk_count: int
+    cache_ttl_seconds: int | None
     created_at: datetime
 
 
@@ -173,6 +194,20 @@ class QueryRequest(BaseModel):
         default="error",
         description="`extractive`: answer with the top passages when the inference layer fails",
     )
+    cache: bool = Field(default=True, description="false: neither read nor write the cache")
+    cache_refresh: bool = Field(
+        default=False, description="answer afresh and replace the cached answer"
+    )
+
+
+class CacheOut(BaseModel):
+    hit: bool
+    kind: Literal["exact", "semantic"] | None = None
+    similarity: float | None = None
+    entry_id: uuid.UUID | None = None
+    refused: str | None = Field(
+        default=None, description="why the meaning guard turned a near match away"
+    )
 
 
 class DocumentRefLite(BaseModel):
@@ -207,3 +242,4 @@ class QueryResponse(BaseModel):
     model: str = Field(description="the upstream model, or `extractive`")
     status: str = Field(description="`ok` (generated) or `extractive`")
     timings_ms: dict[str, float]
+    cache: CacheOut | None = Field(description="what the prompt cache did; null when not used")

@@ -52,6 +52,7 @@ class Collection(Base):
     name: Mapped[str] = mapped_column(Text)
     description: Mapped[str | None] = mapped_column(Text)
     metadata_: Mapped[dict[str, Any]] = mapped_column("metadata", server_default="{}")
+    cache_ttl_seconds: Mapped[int | None] = mapped_column(Integer)
     created_at: Mapped[datetime] = _now()
     updated_at: Mapped[datetime] = _now()
 
@@ -224,4 +225,39 @@ class QueryLog(Base):
     upstream_model: Mapped[str | None] = mapped_column(Text)
     status: Mapped[str] = mapped_column(Text)
     error: Mapped[str | None] = mapped_column(Text)
+    cache: Mapped[Any] = mapped_column(JSONB, nullable=True)
     created_at: Mapped[datetime] = _now()
+
+
+class PromptCacheEntry(Base):
+    """A cached answer, served only within its scope and only until `expires_at`."""
+
+    __tablename__ = "prompt_cache"
+    __table_args__ = (UniqueConstraint("scope", "prompt_hash"),)
+
+    id: Mapped[uuid.UUID] = mapped_column(primary_key=True, server_default=func.gen_random_uuid())
+    tenant_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
+    scope: Mapped[str] = mapped_column(Text)
+    model_id: Mapped[int] = mapped_column(ForeignKey("embedding_models.id", ondelete="CASCADE"))
+    collection_ids: Mapped[list[uuid.UUID]] = mapped_column(ARRAY(UUID(as_uuid=True)))
+    prompt_hash: Mapped[str] = mapped_column(Text)
+    prompt: Mapped[str] = mapped_column(Text)
+    embedding: Mapped[Any] = mapped_column(Vector())
+    answer: Mapped[str] = mapped_column(Text)
+    response: Mapped[Any] = mapped_column(JSONB)
+    created_at: Mapped[datetime] = _now()
+    expires_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    hits: Mapped[int] = mapped_column(Integer, server_default="0")
+    last_hit_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class PromptCacheSource(Base):
+    """A document (at a version) a cache entry was built from; a newer version invalidates it."""
+
+    __tablename__ = "prompt_cache_sources"
+
+    entry_id: Mapped[uuid.UUID] = mapped_column(
+        ForeignKey("prompt_cache.id", ondelete="CASCADE"), primary_key=True
+    )
+    document_id: Mapped[uuid.UUID] = mapped_column(primary_key=True)
+    document_version: Mapped[int] = mapped_column(Integer)

@@ -7,8 +7,14 @@ import uuid
 from fastapi import APIRouter, Response, status
 
 from ragservice import store
-from ragservice.api.deps import Admin, Reader, RuntimeDep, Writer
-from ragservice.api.schemas import CollectionCreate, CollectionList, CollectionOut
+from ragservice.api.deps import Admin, Reader, RuntimeDep, Writer, collection_id
+from ragservice.api.schemas import (
+    CacheStats,
+    CollectionCreate,
+    CollectionList,
+    CollectionOut,
+    CollectionUpdate,
+)
 from ragservice.errors import NotFoundError
 from ragservice.runtime import Runtime
 
@@ -27,6 +33,7 @@ def create_collection(
             body.name,
             description=body.description,
             metadata=body.metadata,
+            cache_ttl_seconds=body.cache_ttl_seconds,
         )
     return _get(runtime, principal.tenant_id, body.name)
 
@@ -41,6 +48,35 @@ def list_collections(principal: Reader, runtime: RuntimeDep) -> CollectionList:
 @router.get("/{name}")
 def get_collection(name: str, principal: Reader, runtime: RuntimeDep) -> CollectionOut:
     return _get(runtime, principal.tenant_id, name)
+
+
+@router.patch("/{name}")
+def update_collection(
+    name: str, body: CollectionUpdate, principal: Admin, runtime: RuntimeDep
+) -> CollectionOut:
+    """Change the lifetime of the collection's cached answers (new entries only)."""
+    with runtime.db.write() as session:
+        if not store.set_collection_cache_ttl(
+            session, principal.tenant_id, name, body.cache_ttl_seconds
+        ):
+            raise NotFoundError(f"collection {name!r} not found")
+    return _get(runtime, principal.tenant_id, name)
+
+
+@router.get("/{name}/cache")
+def cache_stats(name: str, principal: Admin, runtime: RuntimeDep) -> CacheStats:
+    """The prompt cache's entries, size and hit rate for this collection."""
+    cid = collection_id(runtime, principal.tenant_id, name)
+    with runtime.db.read() as session:
+        return CacheStats(**store.cache_stats(session, principal.tenant_id, cid))
+
+
+@router.delete("/{name}/cache")
+def purge_cache(name: str, principal: Admin, runtime: RuntimeDep) -> dict[str, int]:
+    """Delete every cached answer that covers this collection."""
+    cid = collection_id(runtime, principal.tenant_id, name)
+    with runtime.db.write() as session:
+        return {"purged": store.purge_cache(session, principal.tenant_id, cid)}
 
 
 @router.delete("/{name}", status_code=status.HTTP_204_NO_CONTENT)
@@ -68,5 +104,6 @@ def _out(info: store.CollectionInfo) -> CollectionOut:
         metadata=info.metadata,
         document_count=info.document_count,
         chunk_count=info.chunk_count,
+        cache_ttl_seconds=info.cache_ttl_seconds,
         created_at=info.created_at,
     )

@@ -98,6 +98,7 @@ async def chat_completions(
         endpoint="chat.completions",
         max_tokens=body.max_completion_tokens or body.max_tokens,
         temperature=body.temperature,
+        use_cache=bool((body.model_extra or {}).get("cache", True)),
     )
     completion_id = f"chatcmpl-{uuid.uuid4().hex}"
     if not body.stream:
@@ -229,7 +230,7 @@ def _sources(citations: Sequence[Source]) -> str:
 
 def _extra(answer: Answer) -> dict[str, Any]:
     out = answer_out(answer).model_dump(mode="json")
-    return {"citations": out["citations"], "query_id": out["query_id"]}
+    return {"citations": out["citations"], "query_id": out["query_id"], "cache": out["cache"]}
 
 
 # -- embeddings ------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ from fastapi.responses import StreamingResponse
 from ragservice.api.deps import PipelineDep, Reader, RuntimeDep
 from ragservice.api.routers.search import check_query, collection_ids
 from ragservice.api.schemas import (
+    CacheOut,
     CitationOut,
     DocumentRefLite,
     QueryRequest,
@@ -50,6 +51,9 @@ async def query(
         ),
         rerank=body.rerank,
         fallback_extractive=body.on_upstream_error == "extractive",
+        use_cache=body.cache,
+        refresh_cache=body.cache_refresh,
+        filters_key=json.dumps(body.filters, sort_keys=True) if body.filters else "",
     )
     if not body.stream:
         return answer_out(await pipeline.answer(question))
@@ -92,6 +96,7 @@ def answer_out(answer: Answer) -> QueryResponse:
         model=answer.model,
         status=answer.status,
         timings_ms=answer.timings_ms,
+        cache=None if answer.cache is None else CacheOut(**answer.cache.to_dict()),
     )
 
 

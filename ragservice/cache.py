@@ -1,0 +1,223 @@
+"""The semantic prompt cache: answers reused within one scope, never across meanings.
+
+A lookup tries the normalized prompt's hash first (exact), then the nearest cached prompts of
+the same scope above a similarity threshold, each checked by the meaning guard
+(`cache_text.meaning_differs`: negation, numbers, entities, direction). The scope fingerprint
+covers everything that shapes an answer: tenant, collections, filters, embedding model,
+retrieval and generation settings. Entries expire a fixed time after creation (hits do not
+extend them) and are deleted with any change to a document they were built from (triggers in
+migration 0004), so a cached answer is never older than its sources.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from ragservice import store
+from ragservice.cache_text import meaning_differs, normalize_prompt, prompt_hash
+from ragservice.config import Settings
+from ragservice.db import Database
+from ragservice.metrics import Metrics
+
+log = logging.getLogger(__name__)
+
+Vector = npt.NDArray[np.float32]
+
+
+@dataclass(frozen=True)
+class CacheInfo:
+    """What the cache did for one request, as responses and the query log report it."""
+
+    hit: bool
+    kind: str | None = None  # "exact" | "semantic"
+    similarity: float | None = None
+    entry_id: uuid.UUID | None = None
+    refused: str | None = None  # the meaning guard's reason, when it turned a near match away
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "hit": self.hit,
+            "kind": self.kind,
+            "similarity": None if self.similarity is None else round(self.similarity, 4),
+            "entry_id": None if self.entry_id is None else str(self.entry_id),
+            "refused": self.refused,
+        }
+
+
+@dataclass(frozen=True)
+class Lookup:
+    """A lookup's outcome: the entry's stored response on a hit, and the query vector if the
+    lookup computed it (retrieval reuses it instead of embedding the question again)."""
+
+    info: CacheInfo | None  # None: the cache was not consulted
+    response: dict[str, Any] | None = None
+    vector: Vector | None = None
+    elapsed_ms: float = 0.0  # the lookup, the query embedding left out
+    embed_ms: float = 0.0  # the query embedding, when the lookup needed it
+
+
+def scope_fingerprint(parts: Mapping[str, Any]) -> str:
+    """A stable hash of everything that shapes an answer; entries never cross scopes."""
+    canonical = json.dumps(parts, sort_keys=True, default=str, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+class PromptCache:
+    def __init__(
+        self,
+        db: Database,
+        *,
+        model_id: int,
+        dimension: int,
+        settings: Settings,
+        metrics: Metrics | None = None,
+    ) -> None:
+        self._db = db
+        self._model_id = model_id
+        self._dimension = dimension
+        self._settings = settings
+        self._metrics = metrics
+        # Hit counters are written off the request path: a hit answers without waiting on them.
+        self._counter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cache-hits")
+
+    def close(self) -> None:
+        self._counter.shutdown(wait=True)
+
+    def lookup(self, scope: str, prompt: str, embed: Callable[[], Vector]) -> Lookup:
+        """Exact match, else the nearest prompts in scope that pass the meaning guard."""
+        started = time.perf_counter()
+        embed_seconds = 0.0
+
+        def timed_embed() -> Vector:
+            nonlocal embed_seconds
+            embed_started = time.perf_counter()
+            vector = embed()
+            embed_seconds = time.perf_counter() - embed_started
+            return vector
+
+        found = self._lookup(scope, prompt, timed_embed)
+        seconds = time.perf_counter() - started - embed_seconds
+        if self._metrics is not None:
+            self._metrics.cache_lookup_seconds.observe(seconds)
+        return replace(found, elapsed_ms=seconds * 1000, embed_ms=embed_seconds * 1000)
+
+    def put(
+        self,
+        *,
+        tenant_id: uuid.UUID,
+        scope: str,
+        collection_ids: Sequence[uuid.UUID],
+        prompt: str,
+        vector: Vector,
+        response: dict[str, Any],
+        sources: dict[uuid.UUID, int],
+        replace: bool = False,
+    ) -> uuid.UUID | None:
+        """Keep an answer; None when an identical entry exists or a source changed meanwhile."""
+        normalized = normalize_prompt(prompt)
+        with self._db.write() as session:
+            ttl = store.cache_ttl(session, collection_ids, self._settings.cache_ttl_seconds)
+            entry = store.NewCacheEntry(
+                tenant_id=tenant_id,
+                scope=scope,
+                model_id=self._model_id,
+                collection_ids=collection_ids,
+                prompt_hash=prompt_hash(normalized),
+                prompt=normalized,
+                embedding=vector,
+                answer=str(response.get("answer", "")),
+                response={**response, "question": prompt},
+                ttl_seconds=ttl,
+                sources=sources,
+            )
+            return store.cache_store(session, entry, replace=replace)
+
+    def _lookup(self, scope: str, prompt: str, embed: Callable[[], Vector]) -> Lookup:
+        with self._db.read() as session:
+            exact = store.cache_exact(session, scope, prompt_hash(normalize_prompt(prompt)))
+        if exact is not None:
+            return self._hit(exact, "exact", None)
+        vector = embed()
+        with self._db.read() as session:
+            candidates = store.cache_nearest(
+                session,
+                scope=scope,
+                model_id=self._model_id,
+                dimension=self._dimension,
+                vector=vector,
+                threshold=self._settings.cache_similarity_threshold,
+            )
+        refused = None
+        for candidate in candidates:
+            reason = meaning_differs(prompt, str(candidate.response.get("question", "")))
+            if reason is None:
+                return self._hit(candidate, "semantic", vector)
+            refused = refused or reason
+            self._count_refusal(reason)
+        self._count("miss")
+        return Lookup(info=CacheInfo(hit=False, refused=refused), vector=vector)
+
+    def _hit(self, entry: store.CachedEntry, kind: str, vector: Vector | None) -> Lookup:
+        self._counter.submit(self._record_hit, entry.id)
+        self._count(f"{kind}_hit")
+        info = CacheInfo(hit=True, kind=kind, similarity=entry.similarity, entry_id=entry.id)
+        return Lookup(info=info, response=entry.response, vector=vector)
+
+    def _record_hit(self, entry_id: uuid.UUID) -> None:
+        try:
+            with self._db.write() as session:
+                store.cache_hit(session, entry_id)
+        except Exception:  # a lost count is only a statistic
+            log.warning("counting a cache hit failed", exc_info=True)
+
+    def _count(self, result: str) -> None:
+        if self._metrics is not None:
+            self._metrics.cache_lookups.labels(result=result).inc()
+
+    def _count_refusal(self, reason: str) -> None:
+        if self._metrics is not None:
+            self._metrics.cache_guard_refusals.labels(reason=reason).inc()
+
+
+class CachePurger:
+    """Deletes expired entries every `interval` seconds (they are never served meanwhile)."""
+
+    def __init__(self, db: Database, *, interval: float) -> None:
+        self._db = db
+        self._interval = interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="cache-purger", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout: float) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    def purge_once(self) -> int:
+        with self._db.write() as session:
+            return store.purge_expired_cache(session)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval):
+            try:
+                purged = self.purge_once()
+            except Exception:  # the next round tries again; a lost round costs only disk
+                log.warning("purging expired cache entries failed", exc_info=True)
+                continue
+            if purged:
+                log.info("purged %d expired cache entries", purged)
