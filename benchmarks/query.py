@@ -5,9 +5,11 @@
 Uses the same server and corpus set-up as `eval_beir.py` (a `ragservice serve` it starts on
 loopback with `--data-dir`, default `.ragservice-eval`, and the corpus uploaded once through the
 API). Sends every judged test question to `/v1/query` (no inference layer unless the server has
-one configured: the answer is then extractive) with N clients at once, each on its own kept-alive
-connection; reports client-side p50 / p95 latency, queries per second over the whole run, and
-the medians of the per-stage timings the service returns. Prints a table and a final JSON line.
+one configured: the answer is then extractive) with N clients at once, each on its own
+kept-alive connection, with the prompt cache off unless `--cache` (the same questions are asked
+at every concurrency level); reports client-side p50 / p95 latency, queries per second over the
+whole run, and the medians of the per-stage timings the service returns. Prints a table and a
+final JSON line.
 """
 
 from __future__ import annotations
@@ -51,6 +53,9 @@ def _parse_args() -> argparse.Namespace:
     )
     parser.add_argument("--k", type=int, default=8, help="chunks retrieved per question")
     parser.add_argument("--warmup", type=int, default=20, help="untimed questions first")
+    parser.add_argument(
+        "--cache", action="store_true", help="let the prompt cache answer repeats (default: off)"
+    )
     return parse(parser)
 
 
@@ -85,6 +90,7 @@ def _timed(
 
 def _ask(client: httpx.Client, args: argparse.Namespace, question: str) -> Any:
     body = {"question": question, "collections": [args.collection], "k": args.k}
+    body["cache"] = args.cache  # off: every question takes the whole path, however often asked
     return ok(client.post("/v1/query", json=body))
 
 
