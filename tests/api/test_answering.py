@@ -181,3 +181,19 @@ def test_reranking_puts_the_passage_with_the_word_first(llm: TestClient, fake: F
     plain = ok(llm.post("/v1/query", json={**question, "rerank": False}))
     assert "rerank" not in plain["timings_ms"]
     assert all(s["score"] <= 1 for s in plain["sources"])
+
+
+def test_generation_settings_are_part_of_the_cache_scope(llm: TestClient, fake: FakeOpenAI) -> None:
+    def chat(**extra: object) -> dict[str, object]:
+        body = {"model": "rag:hr", "messages": [{"role": "user", "content": "Laptops?"}], **extra}
+        return ok(llm.post("/v1/chat/completions", json=body))
+
+    first = chat(temperature=0)
+    assert first["cache"]["hit"] is False  # type: ignore[index]
+    assert chat(temperature=0)["cache"]["hit"] is True  # type: ignore[index]
+    assert chat(temperature=0.7)["cache"]["hit"] is False  # type: ignore[index]
+    assert chat(temperature=0, max_tokens=32)["cache"]["hit"] is False  # type: ignore[index]
+    assert chat(temperature=0, cache=False)["cache"] is None
+    upstream_calls = len(fake.requests)
+    assert chat(temperature=0.7)["cache"]["hit"] is True  # type: ignore[index]
+    assert len(fake.requests) == upstream_calls  # served without the inference layer
