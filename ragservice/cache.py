@@ -5,8 +5,9 @@ the same scope above a similarity threshold, each checked by the meaning guard
 (`cache_text.meaning_differs`: negation, numbers, entities, direction). The scope fingerprint
 covers everything that shapes an answer: tenant, collections, filters, embedding model,
 retrieval and generation settings. Entries expire a fixed time after creation (hits do not
-extend them) and are deleted with any change to a document they were built from (triggers in
-migration 0004), so a cached answer is never older than its sources.
+extend them) and are deleted with any change to a document they were built from, and with any
+document added to their collections (triggers in migration 0004), so a cached answer is never
+older than its sources.
 """
 
 from __future__ import annotations
@@ -147,8 +148,14 @@ class PromptCache:
     def _lookup(self, scope: str, prompt: str, embed: Callable[[], Vector]) -> Lookup:
         with self._db.read() as session:
             exact = store.cache_exact(session, scope, prompt_hash(normalize_prompt(prompt)))
+        refused = None
         if exact is not None:
-            return self._hit(exact, "exact", None)
+            # Normalization drops symbols and case: "x > y" and "x < y" share a key, so even
+            # an exact match passes the guard.
+            refused = meaning_differs(prompt, str(exact.response.get("question", "")))
+            if refused is None:
+                return self._hit(exact, "exact", None)
+            self._count_refusal(refused)
         vector = embed()
         with self._db.read() as session:
             candidates = store.cache_nearest(
@@ -159,7 +166,6 @@ class PromptCache:
                 vector=vector,
                 threshold=self._settings.cache_similarity_threshold,
             )
-        refused = None
         for candidate in candidates:
             reason = meaning_differs(prompt, str(candidate.response.get("question", "")))
             if reason is None:

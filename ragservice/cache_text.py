@@ -127,9 +127,10 @@ def _keep(text: str, i: int) -> str:
         return char if before.isdigit() or (before.isalpha() and after.isalpha()) else " "
     if char == "%":
         return char if before.isdigit() else " "
-    if char in "<>=≤≥±~":  # <5% is not 5%.
-        spaced_number = after == " " and text[i + 2 : i + 3].isdigit()
-        return char if after.isdigit() or spaced_number else " "
+    if char in "<>=≤≥±~":  # <5% is not 5%, and "x > y" is not "x < y".
+        return char
+    if char == "#":  # C# is not C.
+        return char if before.isalnum() else " "
     return " "
 
 

@@ -7,9 +7,10 @@ models) runs in worker threads so the event loop keeps serving other requests me
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
@@ -30,6 +31,8 @@ from ragservice.metrics import Metrics
 from ragservice.prompt import ChatMessage, build_messages
 from ragservice.rerank import Reranker, rerank_hits
 from ragservice.search import Searcher, SearchHit, SearchOptions
+
+log = logging.getLogger(__name__)
 
 EXTRACTIVE_MODEL = "extractive"
 
@@ -135,7 +138,7 @@ class AnswerPipeline:
             generated = await self._generate(question, prepared.context)
         return await self._finish(question, prepared, generated, started)
 
-    async def stream(self, question: Question) -> AsyncIterator[str | Answer]:
+    async def stream(self, question: Question) -> AsyncGenerator[str | Answer, None]:
         """Content pieces as they are generated, then the finished `Answer` last."""
         started = time.perf_counter()
         lookup = await anyio.to_thread.run_sync(self._lookup, question)
@@ -221,6 +224,20 @@ class AnswerPipeline:
 
     def _cacheable(self, question: Question, generated: _Generated) -> bool:
         return self._caches(question) and generated.error is None and bool(generated.text)
+
+    def _remember_quietly(
+        self,
+        question: Question,
+        prepared: _Prepared,
+        generated: _Generated,
+        citations: list[Source],
+    ) -> None:
+        """The answer is given already: failing to cache it (a lock timeout, a deadlock with an
+        ingest batch) costs a later miss, never this answer."""
+        try:
+            self._remember(question, prepared, generated, citations)
+        except Exception:
+            log.warning("storing an answer in the prompt cache failed", exc_info=True)
 
     def _remember(
         self,
@@ -378,7 +395,9 @@ class AnswerPipeline:
         record = _record(question, prepared, generated, citations, timings)
         query_id = await anyio.to_thread.run_sync(self._log, record)
         if remember and self._cacheable(question, generated) and prepared.vector is not None:
-            await anyio.to_thread.run_sync(self._remember, question, prepared, generated, citations)
+            await anyio.to_thread.run_sync(
+                self._remember_quietly, question, prepared, generated, citations
+            )
         if self._metrics is not None:
             self._metrics.observe_stages(timings)
             self._metrics.tokens_generated.inc(generated.completion_tokens)

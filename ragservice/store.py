@@ -677,9 +677,12 @@ def cache_store(
 def _sources_current(session: Session, sources: dict[uuid.UUID, int]) -> bool:
     if not sources:
         return True
+    # A fixed lock order, and a bounded wait: never a deadlock with an ingest batch.
+    session.execute(text("SET LOCAL lock_timeout = '2s'"))
     rows = session.execute(
         select(Document.id, Document.version)
         .where(Document.id.in_(list(sources)))
+        .order_by(Document.id)
         .with_for_update(read=True)
     ).all()
     return len(rows) == len(sources) and all(sources[row[0]] == row[1] for row in rows)

@@ -29,6 +29,17 @@ BEGIN
 END $$
 """
 
+# A new document may answer a question better than what was cached for its collection: the
+# entries covering that collection go (ingest batches insert many documents per statement).
+_INVALIDATE_INSERTED = """
+CREATE FUNCTION ragservice_cache_invalidate_inserted() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    DELETE FROM prompt_cache c
+    WHERE c.collection_ids && ARRAY(SELECT DISTINCT collection_id FROM new_documents);
+    RETURN NULL;
+END $$
+"""
+
 _INVALIDATE_DELETED = """
 CREATE FUNCTION ragservice_cache_invalidate_deleted() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
@@ -110,12 +121,18 @@ def upgrade() -> None:
     )
     op.create_index("prompt_cache_sources_document_idx", "prompt_cache_sources", ["document_id"])
     op.execute(_INVALIDATE_UPDATED)
+    op.execute(_INVALIDATE_INSERTED)
     op.execute(_INVALIDATE_DELETED)
     op.execute(_ENSURE_INDEX)
     op.execute(
         "CREATE TRIGGER documents_cache_invalidate_updated AFTER UPDATE ON documents "
         "REFERENCING NEW TABLE AS new_documents "
         "FOR EACH STATEMENT EXECUTE FUNCTION ragservice_cache_invalidate_updated()"
+    )
+    op.execute(
+        "CREATE TRIGGER documents_cache_invalidate_inserted AFTER INSERT ON documents "
+        "REFERENCING NEW TABLE AS new_documents "
+        "FOR EACH STATEMENT EXECUTE FUNCTION ragservice_cache_invalidate_inserted()"
     )
     op.execute(
         "CREATE TRIGGER documents_cache_invalidate_deleted AFTER DELETE ON documents "
@@ -129,6 +146,8 @@ def downgrade() -> None:
     op.drop_column("query_log", "cache")
     op.execute("DROP TRIGGER IF EXISTS documents_cache_invalidate_updated ON documents")
     op.execute("DROP TRIGGER IF EXISTS documents_cache_invalidate_deleted ON documents")
+    op.execute("DROP TRIGGER IF EXISTS documents_cache_invalidate_inserted ON documents")
+    op.execute("DROP FUNCTION IF EXISTS ragservice_cache_invalidate_inserted()")
     op.execute("DROP FUNCTION IF EXISTS ragservice_cache_invalidate_updated()")
     op.execute("DROP FUNCTION IF EXISTS ragservice_cache_invalidate_deleted()")
     op.execute("DROP FUNCTION IF EXISTS ragservice_ensure_cache_index(integer, integer)")

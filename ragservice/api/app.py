@@ -5,7 +5,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Protocol
 
 from fastapi import FastAPI, Request
@@ -59,30 +59,22 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        runtime = open_runtime(resolved, embedder=embedder)
-        app.state.runtime = runtime
-        app.state.searcher = make_searcher(runtime)
-        inference = InferenceClient.from_settings(resolved)
-        app.state.pipeline = make_pipeline(runtime, app.state.searcher, inference, metrics)
-        app.state.services = [factory(runtime) for factory in services]
-        if resolved.cache_enabled:
-            app.state.services.append(
-                CachePurger(runtime.db, interval=resolved.cache_purge_seconds)
-            )
-        if resolved.auth_disabled:
-            log.warning("authentication is OFF: every request acts as the default tenant's admin")
-        for service in app.state.services:
-            service.start()
-        try:
-            yield
-        finally:
-            for service in app.state.services:
-                service.stop(10.0)
+        # Each part is closed in reverse order even when a later one fails to start.
+        async with AsyncExitStack() as stack:
+            runtime = open_runtime(resolved, embedder=embedder)
+            stack.callback(runtime.close)
+            app.state.runtime = runtime
+            app.state.searcher = make_searcher(runtime)
+            stack.callback(app.state.searcher.close)
+            inference = InferenceClient.from_settings(resolved)
             if inference is not None:
-                await inference.aclose()
-            app.state.pipeline.close()
-            app.state.searcher.close()
-            runtime.close()
+                stack.push_async_callback(inference.aclose)
+            app.state.pipeline = make_pipeline(runtime, app.state.searcher, inference, metrics)
+            stack.callback(app.state.pipeline.close)
+            app.state.services = _start_services(stack, runtime, services, resolved)
+            if resolved.auth_disabled:
+                log.warning("authentication is OFF: every request is the default tenant's admin")
+            yield
 
     app = FastAPI(
         title="ragservice",
@@ -97,6 +89,30 @@ def create_app(
         app.include_router(module.router)
     _add_health_routes(app, metrics)
     return app
+
+
+def _start_services(
+    stack: AsyncExitStack,
+    runtime: Runtime,
+    factories: Sequence[ServiceFactory],
+    settings: Settings,
+) -> list[BackgroundService]:
+    started: list[BackgroundService] = []
+    parts: list[BackgroundService] = [factory(runtime) for factory in factories]
+    if settings.cache_enabled:
+        parts.append(CachePurger(runtime.db, interval=settings.cache_purge_seconds))
+    for service in parts:
+        service.start()
+        stack.callback(_stop_quietly, service)
+        started.append(service)
+    return started
+
+
+def _stop_quietly(service: BackgroundService) -> None:
+    try:
+        service.stop(10.0)
+    except Exception:  # one service failing to stop must not keep the others running
+        log.exception("stopping %r failed", service)
 
 
 def make_pipeline(

@@ -12,8 +12,9 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from psycopg import DataError as DriverDataError
 from psycopg import OperationalError as DriverOperationalError
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import DataError, OperationalError
 from starlette.exceptions import HTTPException
 
 from ragservice.api.middleware import REQUEST_ID_HEADER
@@ -37,6 +38,8 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(RagServiceError, _service_error)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, _validation_error)  # type: ignore[arg-type]
     app.add_exception_handler(HTTPException, _http_error)  # type: ignore[arg-type]
+    app.add_exception_handler(DataError, _unstorable_value)
+    app.add_exception_handler(DriverDataError, _unstorable_value)
     app.add_exception_handler(OperationalError, _database_down)
     app.add_exception_handler(DriverOperationalError, _database_down)
     app.add_exception_handler(Exception, _unexpected_error)
@@ -84,6 +87,13 @@ def _describe(error: Any) -> dict[str, str]:
 async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
     name = _STATUS_NAMES.get(exc.status_code, "Error")
     return error_response(request, exc.status_code, name, str(exc.detail))
+
+
+async def _unstorable_value(request: Request, exc: Exception) -> JSONResponse:
+    # E.g. a NUL character, which PostgreSQL text cannot hold: the caller's input, not our fault.
+    log.info("request %s: value refused by the database: %s", request_id(request), exc)
+    detail = "a value in the request cannot be stored or searched (e.g. a NUL character)"
+    return error_response(request, 422, "InvalidInput", detail)
 
 
 async def _database_down(request: Request, exc: Exception) -> JSONResponse:

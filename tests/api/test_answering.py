@@ -194,6 +194,11 @@ def test_generation_settings_are_part_of_the_cache_scope(llm: TestClient, fake: 
     assert chat(temperature=0.7)["cache"]["hit"] is False  # type: ignore[index]
     assert chat(temperature=0, max_tokens=32)["cache"]["hit"] is False  # type: ignore[index]
     assert chat(temperature=0, cache=False)["cache"] is None
+    bad = llm.post(
+        "/v1/chat/completions",
+        json={"model": "rag:hr", "messages": [{"role": "user", "content": "x"}], "cache": "no"},
+    )
+    assert bad.status_code == 422
     upstream_calls = len(fake.requests)
     assert chat(temperature=0.7)["cache"]["hit"] is True  # type: ignore[index]
     assert len(fake.requests) == upstream_calls  # served without the inference layer

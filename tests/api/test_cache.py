@@ -7,6 +7,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
@@ -113,6 +114,22 @@ def test_changing_or_deleting_a_source_invalidates_only_its_entries(
     assert ask(client, keys.reader, "How do I book flights?", k=1)["cache"]["hit"] is False
 
 
+def test_a_new_document_invalidates_the_entries_of_its_collection(
+    client: TestClient, keys: Keys
+) -> None:
+    add_corpus(client, keys.writer)
+    add_corpus(client, keys.writer, name="hr2")
+    question = "What is the dress code?"
+    assert ask(client, keys.reader, question, collections=["hr"], k=1)["cache"]["hit"] is False
+    ask(client, keys.reader, question, collections=["hr2"], k=1)
+    update_document(client, keys.writer, "dress", "Smart casual clothes; no dress code.")
+    fresh = ask(client, keys.reader, question, collections=["hr"], k=1)
+    assert fresh["cache"]["hit"] is False
+    assert fresh["sources"][0]["document"]["external_id"] == "dress"
+    other = ask(client, keys.reader, question, collections=["hr2"], k=1)
+    assert other["cache"]["hit"] is True  # another collection: untouched
+
+
 def test_entries_expire_a_fixed_time_after_creation(client: TestClient, keys: Keys) -> None:
     add_corpus(client, keys.writer)
     patched = ok(
@@ -168,3 +185,19 @@ def test_bypass_refresh_stream_stats_and_purge(client: TestClient, keys: Keys) -
     assert ask(client, keys.reader)["cache"]["hit"] is False
     metrics = client.get("/metrics").text
     assert 'ragservice_cache_lookups_total{result="exact_hit"} 1.0' in metrics
+
+
+def test_a_failing_cache_store_does_not_fail_the_answer(
+    client: TestClient, keys: Keys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    add_corpus(client, keys.writer)
+    cache = client.app.state.pipeline._cache  # type: ignore[attr-defined]
+
+    def deadlock(**_: object) -> None:
+        raise RuntimeError("deadlock detected")
+
+    monkeypatch.setattr(cache, "put", deadlock)
+    answer = ask(client, keys.reader)
+    assert answer["cache"]["hit"] is False
+    assert "[1]" in answer["answer"]
+    assert entries(client) == 0

@@ -162,3 +162,16 @@ def test_503_when_the_database_is_unreachable(client: TestClient, keys: Keys) ->
     body = error(client.get("/v1/collections", headers=keys.reader), 503)
     assert body["detail"] == "the database is unavailable"
     assert "127.0.0.1" not in str(body)
+
+
+def test_422_for_values_postgresql_cannot_hold(
+    client: TestClient, keys: Keys, collection: str
+) -> None:
+    body = error(
+        client.post("/v1/search", json={"query": "nul \u0000 here"}, headers=keys.reader), 422
+    )
+    assert "NUL" in str(body["detail"])
+    error(client.get("/v1/collections/h%00r", headers=keys.reader), 422)
+    error(
+        client.get(f"/v1/collections/{collection}/documents?after=a%00", headers=keys.reader), 422
+    )

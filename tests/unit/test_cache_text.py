@@ -112,3 +112,11 @@ def test_guard_is_cheap() -> None:
     for _ in range(200):
         meaning_differs(query, cached)
     assert (time.perf_counter() - start) / 200 < 1e-3
+
+
+def test_comparison_symbols_and_sharps_survive_normalization() -> None:
+    from ragservice.cache_text import normalize_prompt
+
+    assert normalize_prompt("x > y?") != normalize_prompt("x < y?")
+    assert normalize_prompt("What about C#?") != normalize_prompt("What about C?")
+    assert normalize_prompt("Is it true that x > y?") == normalize_prompt("x > y")

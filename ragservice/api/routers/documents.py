@@ -8,6 +8,7 @@ import posixpath
 import uuid
 from typing import Annotated, Any
 
+import anyio.to_thread
 from fastapi import APIRouter, File, Form, Query, Request, Response, UploadFile, status
 
 from ragservice import store
@@ -95,7 +96,10 @@ async def upload_files(
         for name, upload in zip(names, files, strict=True)
     ]
     params = {"jsonl_fields": jsonl_fields} if jsonl_fields else {}
-    return _enqueue(runtime, request, response, principal.tenant_id, collection, items, params)
+    # Writing the files into PostgreSQL is blocking work: off the event loop.
+    return await anyio.to_thread.run_sync(
+        _enqueue, runtime, request, response, principal.tenant_id, collection, items, params
+    )
 
 
 @router.get("")

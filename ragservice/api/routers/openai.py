@@ -13,7 +13,8 @@ import base64
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from contextlib import aclosing
 from typing import Any, Literal
 
 import anyio.to_thread
@@ -37,6 +38,7 @@ router = APIRouter(prefix="/v1", tags=["openai"])
 
 MODEL_PREFIX = "rag"
 MAX_EMBEDDING_INPUTS = 2048
+MAX_GENERATED_TOKENS = 32768
 
 
 class ChatMessageIn(BaseModel):
@@ -53,8 +55,8 @@ class ChatCompletionRequest(BaseModel):
     model: str = Field(description="`rag:<collection>`, `rag:<a>,<b>` or `rag` (all)")
     messages: list[ChatMessageIn] = Field(min_length=1)
     stream: bool = False
-    max_tokens: int | None = Field(default=None, ge=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
+    max_tokens: int | None = Field(default=None, ge=1, le=MAX_GENERATED_TOKENS)
+    max_completion_tokens: int | None = Field(default=None, ge=1, le=MAX_GENERATED_TOKENS)
     temperature: float | None = Field(default=None, ge=0, le=2)
 
 
@@ -92,13 +94,15 @@ async def chat_completions(
     question = Question(
         text=question_text,
         tenant_id=principal.tenant_id,
-        collection_ids=collection_ids(runtime, principal.tenant_id, _collections(body.model)),
+        collection_ids=await anyio.to_thread.run_sync(
+            collection_ids, runtime, principal.tenant_id, _collections(body.model)
+        ),
         options=SearchOptions.from_settings(settings, k=8),
         history=history,
         endpoint="chat.completions",
         max_tokens=body.max_completion_tokens or body.max_tokens,
         temperature=body.temperature,
-        use_cache=bool((body.model_extra or {}).get("cache", True)),
+        use_cache=_cache_flag(body),
     )
     completion_id = f"chatcmpl-{uuid.uuid4().hex}"
     if not body.stream:
@@ -116,7 +120,7 @@ async def embeddings(body: EmbeddingsRequest, principal: Reader, runtime: Runtim
     texts = [body.input] if isinstance(body.input, str) else body.input
     _check_embedding_input(texts, body.dimensions, runtime)
     vectors = await anyio.to_thread.run_sync(_embed, runtime, texts)
-    tokens = int(runtime.embedder.token_lengths(texts).sum()) if texts else 0
+    tokens = await anyio.to_thread.run_sync(_token_count, runtime, texts)
     return {
         "object": "list",
         "data": [
@@ -152,6 +156,13 @@ def _text(message: ChatMessageIn) -> str:
     if isinstance(message.content, str):
         return message.content
     return "\n".join(str(p.get("text", "")) for p in message.content if p.get("type") == "text")
+
+
+def _cache_flag(body: ChatCompletionRequest) -> bool:
+    value = (body.model_extra or {}).get("cache", True)
+    if not isinstance(value, bool):
+        raise InvalidInputError("cache: must be true or false")
+    return value
 
 
 def _collections(model: str) -> list[str] | None:
@@ -191,7 +202,10 @@ def _completion(completion_id: str, model: str, answer: Answer) -> dict[str, Any
 
 
 async def _chunks(
-    completion_id: str, model: str, first: str | Answer, events: AsyncIterator[str | Answer]
+    completion_id: str,
+    model: str,
+    first: str | Answer,
+    events: AsyncGenerator[str | Answer, None],
 ) -> AsyncIterator[str]:
     def chunk(delta: dict[str, Any], finish: str | None = None, **extra: Any) -> str:
         body = {
@@ -204,21 +218,20 @@ async def _chunks(
         }
         return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
 
-    yield chunk({"role": "assistant", "content": ""})
-    item: str | Answer = first
-    while not isinstance(item, Answer):
-        yield chunk({"content": item})
-        try:
-            item = await anext(events)
-        except Exception as exc:  # the status line is gone: say it in the stream and stop
-            error = {
-                "message": str(exc) if isinstance(exc, InvalidInputError) else "upstream failure"
-            }
-            yield f"data: {json.dumps({'error': error})}\n\n"
-            return
-    yield chunk({"content": _sources(item.citations)})
-    yield chunk({}, "stop", **_extra(item))
-    yield "data: [DONE]\n\n"
+    async with aclosing(events):  # a client gone mid-stream stops the upstream call too
+        yield chunk({"role": "assistant", "content": ""})
+        item: str | Answer = first
+        while not isinstance(item, Answer):
+            yield chunk({"content": item})
+            try:
+                item = await anext(events)
+            except Exception as exc:  # the status line is gone: say it in the stream and stop
+                message = str(exc) if isinstance(exc, InvalidInputError) else "upstream failure"
+                yield f"data: {json.dumps({'error': {'message': message}})}\n\n"
+                return
+        yield chunk({"content": _sources(item.citations)})
+        yield chunk({}, "stop", **_extra(item))
+        yield "data: [DONE]\n\n"
 
 
 def _sources(citations: Sequence[Source]) -> str:
@@ -245,6 +258,10 @@ def _check_embedding_input(texts: list[str], dimensions: int | None, runtime: Ru
         raise InvalidInputError(
             f"dimensions: this model gives {runtime.embedder.dimension}, not {dimensions}"
         )
+
+
+def _token_count(runtime: Runtime, texts: list[str]) -> int:
+    return int(runtime.embedder.token_lengths(texts).sum())
 
 
 def _embed(runtime: Runtime, texts: list[str]) -> np.ndarray[Any, np.dtype[np.float32]]:

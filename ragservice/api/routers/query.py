@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
+from contextlib import aclosing
 from typing import Any
 
+import anyio.to_thread
 from fastapi import APIRouter
 from fastapi.responses import StreamingResponse
 
@@ -45,7 +47,9 @@ async def query(
     question = Question(
         text=body.question,
         tenant_id=principal.tenant_id,
-        collection_ids=collection_ids(runtime, principal.tenant_id, body.collections),
+        collection_ids=await anyio.to_thread.run_sync(
+            collection_ids, runtime, principal.tenant_id, body.collections
+        ),
         options=SearchOptions.from_settings(
             runtime.settings, mode=body.mode, k=body.k, filters=parse_and_compile(body.filters)
         ),
@@ -64,19 +68,22 @@ async def query(
     return StreamingResponse(_sse(first, events), media_type="text/event-stream")
 
 
-async def _sse(first: str | Answer, events: AsyncIterator[str | Answer]) -> AsyncIterator[str]:
+async def _sse(
+    first: str | Answer, events: AsyncGenerator[str | Answer, None]
+) -> AsyncIterator[str]:
     """`token` events, then `citations` (with the sources), then `done` with the rest."""
-    item: str | Answer = first
-    while not isinstance(item, Answer):
-        yield _event("token", {"text": item})
-        try:
-            item = await anext(events)
-        except Exception as exc:  # mid-stream: the status line is gone, tell it in the stream
-            yield _event("error", {"error": type(exc).__name__, "detail": _safe(exc)})
-            return
-    whole = answer_out(item).model_dump(mode="json")
-    yield _event("citations", {k: whole.pop(k) for k in ("citations", "sources")})
-    yield _event("done", whole)
+    async with aclosing(events):
+        item: str | Answer = first
+        while not isinstance(item, Answer):
+            yield _event("token", {"text": item})
+            try:
+                item = await anext(events)
+            except Exception as exc:  # mid-stream: the status line is gone, tell it in the stream
+                yield _event("error", {"error": type(exc).__name__, "detail": _safe(exc)})
+                return
+        whole = answer_out(item).model_dump(mode="json")
+        yield _event("citations", {k: whole.pop(k) for k in ("citations", "sources")})
+        yield _event("done", whole)
 
 
 def _event(name: str, data: dict[str, Any]) -> str:
