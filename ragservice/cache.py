@@ -167,6 +167,8 @@ class PromptCache:
                 threshold=self._settings.cache_similarity_threshold,
             )
         for candidate in candidates:
+            if exact is not None and candidate.id == exact.id:
+                continue  # the exact match the guard already turned away
             reason = meaning_differs(prompt, str(candidate.response.get("question", "")))
             if reason is None:
                 return self._hit(candidate, "semantic", vector)

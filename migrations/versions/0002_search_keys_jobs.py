@@ -28,19 +28,22 @@ $$
 
 # Statement-level triggers keep the postings and per-collection totals current on every path
 # that writes chunks: COPY during ingest, replaced documents, deletes and cascades alike.
+# Each chunk's length is computed once (not once per lexeme) and shared by both writes.
 _TERMS_INSERT = """
 CREATE FUNCTION ragservice_chunk_terms_insert() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    INSERT INTO chunk_terms (collection_id, lexeme, chunk_id, tf, chunk_length)
-    SELECT n.collection_id, t.lexeme, n.id,
-           coalesce(array_length(t.positions, 1), 1), ragservice_tsv_length(n.tsv)
-    FROM new_chunks n CROSS JOIN LATERAL unnest(n.tsv) AS t;
-    INSERT INTO collection_text_stats AS s (collection_id, chunk_count, token_count)
-    SELECT n.collection_id, count(*), sum(ragservice_tsv_length(n.tsv))
-    FROM new_chunks n GROUP BY n.collection_id
+    WITH sized AS MATERIALIZED (
+        SELECT id, collection_id, tsv, ragservice_tsv_length(tsv) AS len FROM new_chunks
+    ), postings AS (
+        INSERT INTO chunk_terms (collection_id, lexeme, chunk_id, tf, chunk_length)
+        SELECT s.collection_id, t.lexeme, s.id, coalesce(array_length(t.positions, 1), 1), s.len
+        FROM sized s CROSS JOIN LATERAL unnest(s.tsv) AS t
+    )
+    INSERT INTO collection_text_stats AS st (collection_id, chunk_count, token_count)
+    SELECT collection_id, count(*), sum(len) FROM sized GROUP BY collection_id
     ON CONFLICT (collection_id) DO UPDATE
-    SET chunk_count = s.chunk_count + EXCLUDED.chunk_count,
-        token_count = s.token_count + EXCLUDED.token_count;
+    SET chunk_count = st.chunk_count + EXCLUDED.chunk_count,
+        token_count = st.token_count + EXCLUDED.token_count;
     RETURN NULL;
 END $$
 """
@@ -61,12 +64,15 @@ END $$
 """
 
 _BACKFILL = """
-INSERT INTO chunk_terms (collection_id, lexeme, chunk_id, tf, chunk_length)
-SELECT c.collection_id, t.lexeme, c.id,
-       coalesce(array_length(t.positions, 1), 1), ragservice_tsv_length(c.tsv)
-FROM chunks c CROSS JOIN LATERAL unnest(c.tsv) AS t;
+WITH sized AS MATERIALIZED (
+    SELECT id, collection_id, tsv, ragservice_tsv_length(tsv) AS len FROM chunks
+), postings AS (
+    INSERT INTO chunk_terms (collection_id, lexeme, chunk_id, tf, chunk_length)
+    SELECT s.collection_id, t.lexeme, s.id, coalesce(array_length(t.positions, 1), 1), s.len
+    FROM sized s CROSS JOIN LATERAL unnest(s.tsv) AS t
+)
 INSERT INTO collection_text_stats (collection_id, chunk_count, token_count)
-SELECT collection_id, count(*), sum(ragservice_tsv_length(tsv)) FROM chunks GROUP BY collection_id;
+SELECT collection_id, count(*), sum(len) FROM sized GROUP BY collection_id
 """
 
 
@@ -85,8 +91,7 @@ def upgrade() -> None:
         "REFERENCING OLD TABLE AS old_chunks "
         "FOR EACH STATEMENT EXECUTE FUNCTION ragservice_chunk_terms_delete()"
     )
-    for statement in _BACKFILL.strip().split(";\n"):
-        op.execute(statement)
+    op.execute(_BACKFILL)
     _create_api_keys()
     _create_job_items()
 
