@@ -545,11 +545,6 @@ def log_query(session: Session, record: QueryRecord) -> uuid.UUID:
     return entry.id
 
 
-def get_query(session: Session, tenant_id: uuid.UUID, query_id: uuid.UUID) -> QueryLog | None:
-    stmt = select(QueryLog).where(QueryLog.tenant_id == tenant_id, QueryLog.id == query_id)
-    return session.scalar(stmt)
-
-
 # -- prompt cache ----------------------------------------------------------------------------
 
 
