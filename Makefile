@@ -9,7 +9,7 @@ export TRANSFORMERS_OFFLINE := 1
 # Idle torch threads otherwise spin and steal CPU from PostgreSQL on small machines.
 export OMP_WAIT_POLICY := PASSIVE
 
-.PHONY: run test lint typecheck bench-ingest bench-search bench-query bench-cache clean
+.PHONY: run test lint typecheck bench-ingest bench-search bench-query bench-cache bench-replicas clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -44,6 +44,9 @@ bench-query: $(STAMP)
 
 bench-cache: $(STAMP)
 	$(BIN)/python benchmarks/cache.py --data ../shared/data/scifact
+
+bench-replicas: $(STAMP)
+	$(BIN)/python benchmarks/replicas.py --data ../shared/data/scifact
 
 clean:
 	rm -rf $(VENV) .ragservice .pytest_cache .mypy_cache .ruff_cache

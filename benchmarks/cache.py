@@ -20,6 +20,7 @@ import json
 import random
 import statistics
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,10 @@ from cache_workload import (  # noqa: E402
 from harness import add_common_arguments, ensure_corpus, ok, parse, server  # noqa: E402
 
 from ragservice.evaluation import load_beir_queries  # noqa: E402
+
+# The server stores an answer in the cache after its response is sent; a pair's second question
+# (and the next pair's purge) waits this long so that the store has landed.
+SETTLE_SECONDS = 0.05
 
 
 def main() -> None:
@@ -122,7 +127,9 @@ class _Bench:
         for first, second, kind in pairs:
             self.purge()
             self.ask(first)
+            time.sleep(SETTLE_SECONDS)
             cache = self.ask(second)["cache"]
+            time.sleep(SETTLE_SECONDS)
             rows.append({"kind": kind, "hit": cache["hit"], "how": cache["kind"]})
         return rows
 

@@ -45,7 +45,10 @@ def parse(parser: argparse.ArgumentParser) -> argparse.Namespace:
 
 
 @contextlib.contextmanager
-def server(args: argparse.Namespace) -> Iterator[tuple[str, dict[str, str]]]:
+def server(
+    args: argparse.Namespace, extra_env: dict[str, str] | None = None
+) -> Iterator[tuple[str, dict[str, str]]]:
+    """`extra_env` adds settings (RAGSERVICE_…) for a server this starts."""
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     if args.url:
         yield args.url.rstrip("/"), headers
@@ -57,6 +60,7 @@ def server(args: argparse.Namespace) -> Iterator[tuple[str, dict[str, str]]]:
         "RAGSERVICE_AUTH_DISABLED": "1",
         "HF_HUB_OFFLINE": "1",
         "OMP_WAIT_POLICY": "PASSIVE",
+        **(extra_env or {}),
     }
     env.pop("RAGSERVICE_DATABASE_URL", None)
     with tempfile.TemporaryFile(mode="w+") as log:

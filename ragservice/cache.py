@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+from sqlalchemy.orm import Session
 
 from ragservice import store
 from ragservice.cache_text import meaning_differs, normalize_prompt, prompt_hash
@@ -116,6 +117,7 @@ class PromptCache:
 
     def put(
         self,
+        session: Session,
         *,
         tenant_id: uuid.UUID,
         scope: str,
@@ -126,24 +128,24 @@ class PromptCache:
         sources: dict[uuid.UUID, int],
         replace: bool = False,
     ) -> uuid.UUID | None:
-        """Keep an answer; None when an identical entry exists or a source changed meanwhile."""
+        """Keep an answer, in `session` (a transaction on the primary); None when an identical
+        entry exists or a source changed meanwhile."""
         normalized = normalize_prompt(prompt)
-        with self._db.write() as session:
-            ttl = store.cache_ttl(session, collection_ids, self._settings.cache_ttl_seconds)
-            entry = store.NewCacheEntry(
-                tenant_id=tenant_id,
-                scope=scope,
-                model_id=self._model_id,
-                collection_ids=collection_ids,
-                prompt_hash=prompt_hash(normalized),
-                prompt=normalized,
-                embedding=vector,
-                answer=str(response.get("answer", "")),
-                response={**response, "question": prompt},
-                ttl_seconds=ttl,
-                sources=sources,
-            )
-            return store.cache_store(session, entry, replace=replace)
+        ttl = store.cache_ttl(session, collection_ids, self._settings.cache_ttl_seconds)
+        entry = store.NewCacheEntry(
+            tenant_id=tenant_id,
+            scope=scope,
+            model_id=self._model_id,
+            collection_ids=collection_ids,
+            prompt_hash=prompt_hash(normalized),
+            prompt=normalized,
+            embedding=vector,
+            answer=str(response.get("answer", "")),
+            response={**response, "question": prompt},
+            ttl_seconds=ttl,
+            sources=sources,
+        )
+        return store.cache_store(session, entry, replace=replace)
 
     def _lookup(self, scope: str, prompt: str, embed: Callable[[], Vector]) -> Lookup:
         with self._db.read() as session:

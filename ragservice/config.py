@@ -25,6 +25,28 @@ class Settings(BaseSettings):
     data_dir: Path = Field(
         default=Path(".ragservice"), description="embedded PostgreSQL data, ONNX cache"
     )
+    region: str | None = Field(
+        default=None, description="this server's region; reads prefer that region's replicas"
+    )
+    replicas: str | None = Field(
+        default=None,
+        description="read replicas as comma-separated region=URL pairs (eu=postgresql://…)",
+    )
+    replica_max_lag_seconds: float = Field(
+        default=5.0, gt=0, description="a replica further behind than this serves no reads"
+    )
+    replica_wait_seconds: float = Field(
+        default=0.5,
+        ge=0,
+        description="how long a read with a consistency token waits for a replica to catch up "
+        "before it goes to the primary",
+    )
+    replica_check_seconds: float = Field(
+        default=1.0, gt=0, description="how often each replica's health and lag are checked"
+    )
+    replica_connect_timeout: int = Field(
+        default=2, ge=2, description="connect timeout to a replica, in whole seconds"
+    )
     embedding_model: str = Field(default=DEFAULT_EMBEDDING_MODEL)
     device: Literal["auto", "cpu", "cuda"] = "auto"
     embed_batch_size: int = Field(default=64, ge=1, le=4096)
@@ -114,6 +136,35 @@ class Settings(BaseSettings):
         ):
             raise ValueError("RAGSERVICE_CHUNK_OVERLAP_TOKENS must be below half the chunk size")
         return self
+
+    @model_validator(mode="after")
+    def _replicas_parse(self) -> Settings:
+        self.replica_urls()
+        return self
+
+    def replica_urls(self) -> list[tuple[str, str]]:
+        """`RAGSERVICE_REPLICAS` as (region, URL) pairs, in the order given."""
+        return parse_replicas(self.replicas or "")
+
+
+def parse_replicas(value: str) -> list[tuple[str, str]]:
+    """`eu=postgresql://a/db,us=postgresql://b/db` → [("eu", …), ("us", …)]; a region may repeat."""
+    pairs = []
+    for item in value.split(","):
+        item = item.strip()
+        if not item:
+            continue
+        region, sep, url = item.partition("=")
+        region, url = region.strip(), url.strip()
+        if not sep or not region or not url or "://" in region:
+            raise ValueError(
+                f"RAGSERVICE_REPLICAS: {item!r} is not region=URL "
+                "(e.g. eu=postgresql://user:pass@replica-eu/ragservice)"
+            )
+        if not url.startswith(("postgresql", "postgres://")):
+            raise ValueError(f"RAGSERVICE_REPLICAS: the URL for {region!r} is not a PostgreSQL URL")
+        pairs.append((region, url))
+    return pairs
 
 
 @lru_cache(maxsize=1)

@@ -18,6 +18,7 @@ from typing import Any, Literal
 import anyio.to_thread
 import numpy as np
 import numpy.typing as npt
+from sqlalchemy.orm import Session
 
 from ragservice import store
 from ragservice.cache import CacheInfo, Lookup, PromptCache, scope_fingerprint
@@ -225,22 +226,9 @@ class AnswerPipeline:
     def _cacheable(self, question: Question, generated: _Generated) -> bool:
         return self._caches(question) and generated.error is None and bool(generated.text)
 
-    def _remember_quietly(
-        self,
-        question: Question,
-        prepared: _Prepared,
-        generated: _Generated,
-        citations: list[Source],
-    ) -> None:
-        """The answer is given already: failing to cache it (a lock timeout, a deadlock with an
-        ingest batch) costs a later miss, never this answer."""
-        try:
-            self._remember(question, prepared, generated, citations)
-        except Exception:
-            log.warning("storing an answer in the prompt cache failed", exc_info=True)
-
     def _remember(
         self,
+        session: Session,
         question: Question,
         prepared: _Prepared,
         generated: _Generated,
@@ -252,6 +240,7 @@ class AnswerPipeline:
             h.document_id: h.document_version for h in prepared.hits if h.document_id in used
         }
         self._cache.put(
+            session,
             tenant_id=question.tenant_id,
             scope=self._scope(question),
             collection_ids=question.collection_ids,
@@ -393,16 +382,15 @@ class AnswerPipeline:
         citations = _citations(generated, prepared.context)
         timings = {**prepared.timings, "total": _ms_since(started)}
         record = _record(question, prepared, generated, citations, timings)
-        query_id = await anyio.to_thread.run_sync(self._log, record)
-        if remember and self._cacheable(question, generated) and prepared.vector is not None:
-            await anyio.to_thread.run_sync(
-                self._remember_quietly, question, prepared, generated, citations
-            )
+        remember = remember and self._cacheable(question, generated) and prepared.vector is not None
+        await anyio.to_thread.run_sync(
+            self._keep, record, question, prepared, generated, citations, remember
+        )
         if self._metrics is not None:
             self._metrics.observe_stages(timings)
             self._metrics.tokens_generated.inc(generated.completion_tokens)
         return Answer(
-            query_id=query_id,
+            query_id=record.id,
             text=generated.text,
             citations=citations,
             sources=prepared.context.sources,
@@ -415,9 +403,22 @@ class AnswerPipeline:
             cache=prepared.cache,
         )
 
-    def _log(self, record: store.QueryRecord) -> uuid.UUID:
-        with self._db.write() as session:
-            return store.log_query(session, record)
+    def _keep(
+        self,
+        record: store.QueryRecord,
+        question: Question,
+        prepared: _Prepared,
+        generated: _Generated,
+        citations: list[Source],
+        remember: bool,
+    ) -> None:
+        """Log the query and cache the answer on the primary, after the response is sent
+        (`Database.write_later`): the caller never waits on either."""
+        self._db.write_later(lambda session: store.log_query(session, record))
+        if remember:
+            self._db.write_later(
+                lambda session: self._remember(session, question, prepared, generated, citations)
+            )
 
 
 def _streamed(pieces: list[str], completion: Completion | None, model: str) -> _Generated:

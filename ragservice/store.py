@@ -522,10 +522,12 @@ class QueryRecord:
     status: str
     error: str | None = None
     cache: dict[str, Any] | None = None
+    id: uuid.UUID = field(default_factory=uuid.uuid4)  # known before the row is written
 
 
 def log_query(session: Session, record: QueryRecord) -> uuid.UUID:
     entry = QueryLog(
+        id=record.id,
         tenant_id=record.tenant_id,
         endpoint=record.endpoint,
         question=record.question,

@@ -24,6 +24,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 from ragservice.config import Settings
 from ragservice.db import migrate
+from ragservice.db.cluster import DevCluster
 from ragservice.embedding import SentenceTransformerEmbedder
 
 TEMPLATE = "ragservice_test_template"
@@ -126,3 +127,21 @@ def tiny_cross_encoder_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from tests.tiny_models import build_tiny_cross_encoder
 
     return build_tiny_cross_encoder(tmp_path_factory.mktemp("tiny-cross-encoder"))
+
+
+@pytest.fixture(scope="session")
+def dev_cluster() -> Iterator[DevCluster]:
+    """An embedded primary of its own with two streaming standbys (regions eu and us).
+
+    Started only for the tests that ask for it. A short path under /tmp: Unix socket paths are
+    limited to about 107 bytes. At the end the standbys and then the primary stop, and the
+    folder is deleted.
+    """
+    cluster = DevCluster(
+        Path(tempfile.mkdtemp(prefix="ragservice-cluster-")), replicas=2, regions=("eu", "us")
+    )
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.destroy(primary=True)

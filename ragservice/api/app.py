@@ -184,7 +184,9 @@ def _add_health_routes(app: FastAPI, metrics: Metrics) -> None:
 
     @app.get("/readyz", tags=["health"])
     def readyz(request: Request) -> JSONResponse:
-        """Readiness: database reachable, schema current, model loaded."""
+        """Readiness: primary reachable, schema current, model loaded. Each replica's role,
+        health and lag are listed too (from the background checks); a replica that is down
+        does not make the server unready, since reads go elsewhere meanwhile."""
         runtime: Runtime = request.app.state.runtime
         checks = {"database": False, "migrations": False, "model": runtime.embedder.dimension > 0}
         try:
@@ -193,4 +195,7 @@ def _add_health_routes(app: FastAPI, metrics: Metrics) -> None:
         except Exception:  # reported as not ready, never as a 500
             pass
         ready = all(checks.values())
-        return JSONResponse({"ready": ready, "checks": checks}, status_code=200 if ready else 503)
+        body: dict[str, object] = {"ready": ready, "checks": checks}
+        if runtime.db.router is not None:
+            body["nodes"] = runtime.db.router.status()
+        return JSONResponse(body, status_code=200 if ready else 503)

@@ -11,6 +11,7 @@ from fastapi import Depends, Request
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 
 from ragservice import store
+from ragservice.db.scope import current_scope
 from ragservice.errors import AuthenticationError, NotFoundError, PermissionDeniedError
 from ragservice.keys import Role, hash_key
 from ragservice.pipeline import AnswerPipeline
@@ -48,6 +49,15 @@ def get_pipeline(request: Request) -> AnswerPipeline:
 RuntimeDep = Annotated[Runtime, Depends(get_runtime)]
 SearcherDep = Annotated[Searcher, Depends(get_searcher)]
 PipelineDep = Annotated[AnswerPipeline, Depends(get_pipeline)]
+
+
+async def replica_reads() -> None:
+    """For routes that write nothing though they are POSTs (search, query, chat): their reads,
+    the API key lookup included, may be served by a replica. Declared on the router, so it runs
+    before every other dependency."""
+    scope = current_scope()
+    if scope is not None:
+        scope.replica_reads = True
 
 
 def authenticate(

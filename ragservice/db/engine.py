@@ -1,10 +1,16 @@
-"""Engines and session factories. Reads and writes get separate factories from the start, so
-read replicas can be routed here later without touching any caller."""
+"""Engines and session factories; the one place that decides which node a session is on.
+
+`Database.write()` is always on the primary. `Database.read()` within a request that only reads
+goes where `routing.ReadRouter` says (a healthy, current replica, else the primary) and honours
+the request's consistency token (`scope.RequestScope`); every other read is on the primary.
+Sessions on the primary for reads are read-only, like a replica's, so a write slipped into a
+read fails in every deployment, not only in those with replicas.
+"""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -18,36 +24,97 @@ from sqlalchemy.pool import NullPool
 from ragservice.config import Settings
 from ragservice.db import migrate
 from ragservice.db.embedded import embedded_database_url
+from ragservice.db.routing import PRIMARY, ReadRouter, Replica, replica_names
+from ragservice.db.scope import DeferredWrite, current_scope
 from ragservice.errors import ConfigurationError, DatabaseUnavailableError
 
 log = logging.getLogger(__name__)
 
 
+_INSERT_LSN = text("SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn")
+
+
 @dataclass(frozen=True)
 class Database:
-    """The service's handle on PostgreSQL: one engine per role and a session factory for each."""
+    """The service's handle on PostgreSQL: the primary's engines and the read router."""
 
     url: str
     write_engine: Engine
     read_engine: Engine
     write_sessions: sessionmaker[Session]
     read_sessions: sessionmaker[Session]
+    router: ReadRouter | None = None
 
     @contextmanager
     def write(self) -> Iterator[Session]:
-        """A session on the primary; commits on success, rolls back on any error."""
-        with self.write_sessions.begin() as session:
-            yield session
+        """A session on the primary; commits on success, rolls back on any error.
+
+        Within a request, the primary's WAL position after the commit becomes the response's
+        consistency token."""
+        session = self.write_sessions()
+        try:
+            with session.begin():
+                yield session
+            scope = current_scope()
+            if scope is not None:
+                scope.wrote(int(session.execute(_INSERT_LSN).scalar_one()))
+        finally:
+            session.close()
 
     @contextmanager
     def read(self) -> Iterator[Session]:
-        """A session for reads (a replica later); never commits."""
-        with self.read_sessions() as session:
+        """A read-only session; never commits. On a replica the router picks when the request
+        allows replica reads (see `scope`), else on the primary."""
+        scope = current_scope()
+        routed = None
+        if self.router is not None and scope is not None and scope.replica_reads:
+            routed = self.router.session(scope.min_lsn)
+            self.router.count_read(PRIMARY if routed is None else routed[1])
+        session, node = routed or (self.read_sessions(), PRIMARY)
+        if scope is not None:
+            scope.read_node = node
+        with session:
             yield session
 
+    def write_later(self, write: DeferredWrite) -> None:
+        """A write the response need not wait for: after the response within a request (see
+        `scope`), at once otherwise. Failures are logged, never raised."""
+        scope = current_scope()
+        if scope is not None:
+            scope.deferred.append(write)
+        else:
+            self.run_writes([write])
+
+    def run_writes(self, writes: Sequence[DeferredWrite]) -> None:
+        """Deferred writes in one transaction on the primary; each in a savepoint when there
+        are several, so one that fails is rolled back alone."""
+        if not writes:
+            return
+        try:
+            with self.write_sessions.begin() as session:
+                for write in writes:
+                    _run_isolated(session, write, savepoint=len(writes) > 1)
+        except Exception:
+            log.warning("deferred writes failed", exc_info=True)
+
     def dispose(self) -> None:
+        if self.router is not None:
+            self.router.stop()
+            for replica in self.router.replicas:
+                replica.engine.dispose()
         self.write_engine.dispose()
         self.read_engine.dispose()
+
+
+def _run_isolated(session: Session, write: DeferredWrite, *, savepoint: bool) -> None:
+    if not savepoint:
+        write(session)
+        return
+    try:
+        with session.begin_nested():
+            write(session)
+    except Exception:
+        log.warning("a deferred write failed", exc_info=True)
 
 
 def resolve_database_url(settings: Settings) -> str:
@@ -57,8 +124,13 @@ def resolve_database_url(settings: Settings) -> str:
     return embedded_database_url(settings.data_dir)
 
 
-def open_database(settings: Settings, *, run_migrations: bool = True) -> Database:
-    """Connect, check pgvector, bring the schema up to date, and build the session factories."""
+def open_database(
+    settings: Settings, *, run_migrations: bool = True, route_reads: bool = True
+) -> Database:
+    """Connect, check pgvector, bring the schema up to date, and build the session factories.
+
+    With `RAGSERVICE_REPLICAS` set and `route_reads`, replicas are checked once here and then
+    in the background, and reads go to them."""
     url = resolve_database_url(settings)
     bootstrap = create_engine(url, poolclass=NullPool)
     try:
@@ -68,13 +140,38 @@ def open_database(settings: Settings, *, run_migrations: bool = True) -> Databas
     finally:
         bootstrap.dispose()
     write_engine = make_engine(url)
-    read_engine = make_engine(url)
+    read_engine = make_engine(url, connect_args={"options": "-c default_transaction_read_only=on"})
+    router = None
+    if route_reads and settings.replica_urls():
+        router = make_router(settings, write_engine)
+        router.start()
     return Database(
         url=url,
         write_engine=write_engine,
         read_engine=read_engine,
         write_sessions=sessionmaker(write_engine, expire_on_commit=False),
         read_sessions=sessionmaker(read_engine, expire_on_commit=False),
+        router=router,
+    )
+
+
+def make_router(settings: Settings, primary: Engine) -> ReadRouter:
+    """The read router over `RAGSERVICE_REPLICAS`; not started."""
+    pairs = settings.replica_urls()
+    names = replica_names([region for region, _ in pairs])
+    connect_args = {"connect_timeout": settings.replica_connect_timeout}
+    replicas = [
+        Replica(name, region, make_engine(_with_psycopg_driver(url), connect_args=connect_args))
+        for name, (region, url) in zip(names, pairs, strict=True)
+    ]
+    return ReadRouter(
+        primary,
+        replicas,
+        region=settings.region,
+        max_lag_seconds=settings.replica_max_lag_seconds,
+        wait_seconds=settings.replica_wait_seconds,
+        check_seconds=settings.replica_check_seconds,
+        check_timeout=settings.replica_connect_timeout + 1.0,
     )
 
 

@@ -4,6 +4,7 @@ invalidation by document changes, the meaning guard, concurrency, bypass, stats 
 from __future__ import annotations
 
 import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -193,7 +194,7 @@ def test_a_failing_cache_store_does_not_fail_the_answer(
     add_corpus(client, keys.writer)
     cache = client.app.state.pipeline._cache  # type: ignore[attr-defined]
 
-    def deadlock(**_: object) -> None:
+    def deadlock(*_: object, **__: object) -> None:
         raise RuntimeError("deadlock detected")
 
     monkeypatch.setattr(cache, "put", deadlock)
@@ -201,3 +202,6 @@ def test_a_failing_cache_store_does_not_fail_the_answer(
     assert answer["cache"]["hit"] is False
     assert "[1]" in answer["answer"]
     assert entries(client) == 0
+    runtime = client.app.state.runtime  # type: ignore[attr-defined]
+    with runtime.db.read() as session:  # the query log, written beside it, is kept
+        assert session.get(QueryLog, uuid.UUID(answer["query_id"])) is not None

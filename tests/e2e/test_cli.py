@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -157,3 +158,39 @@ def test_ctrl_c_mid_ingest_leaves_whole_documents_and_a_rerun_finishes(
     assert rerun.returncode == 0, rerun.stderr
     with psycopg.connect(libpq(database_url)) as conn:
         assert conn.execute("SELECT count(*), max(version) FROM documents").fetchone() == (400, 1)
+
+
+def test_dev_cluster_runs_streaming_standbys_until_interrupted() -> None:
+    """`ragservice dev-cluster`: a real standby that replays the primary, removed on Ctrl-C."""
+    import tempfile
+
+    data_dir = Path(tempfile.mkdtemp(prefix="rs-devc-"))  # short: Unix socket paths are limited
+    env = {
+        **os.environ,
+        "RAGSERVICE_DATA_DIR": str(data_dir),
+        "HF_HUB_OFFLINE": "1",
+    }
+    env.pop("RAGSERVICE_DATABASE_URL", None)
+    process = subprocess.Popen(
+        [str(BIN / "ragservice"), "dev-cluster", "--replicas", "1", "--regions", "eu"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert process.stdout is not None
+        printed = [process.stdout.readline(), process.stdout.readline()]
+        assert printed[0].strip() == "RAGSERVICE_REGION=eu", printed
+        region, _, url = printed[1].strip().removeprefix("RAGSERVICE_REPLICAS=").partition("=")
+        assert region == "eu"
+        with psycopg.connect(libpq(url)) as conn:
+            assert conn.execute("SELECT pg_is_in_recovery()").fetchone() == (True,)
+        assert (data_dir / "replicas" / "eu-1" / "standby.signal").exists()
+    finally:
+        process.send_signal(signal.SIGINT)
+        _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 0, stderr
+    assert "standbys stopped and removed" in stderr
+    assert not (data_dir / "replicas" / "eu-1").exists()
+    shutil.rmtree(data_dir, ignore_errors=True)  # the primary stopped with its last process

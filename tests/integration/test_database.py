@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
 
 import psycopg
@@ -12,6 +13,7 @@ import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import create_engine
+from sqlalchemy.orm import Session
 
 from ragservice.config import Settings
 from ragservice.db import migrate, open_database
@@ -79,3 +81,55 @@ def test_embedded_server_is_shared_between_processes(tmp_path: Path) -> None:
     assert child.stdout.strip() == url
     with psycopg.connect(libpq) as conn:
         assert conn.execute("SELECT x FROM shared_check").fetchone() == (42,)
+
+
+def test_reads_on_the_primary_are_read_only(settings: Settings) -> None:
+    """A write slipped into `read()` fails everywhere, not only where a replica serves it."""
+    from sqlalchemy import text
+    from sqlalchemy.exc import InternalError
+
+    db = open_database(settings)
+    try:
+        with pytest.raises(InternalError, match="read-only transaction"), db.read() as session:
+            session.execute(text("INSERT INTO tenants (name) VALUES ('sneaky')"))
+    finally:
+        db.dispose()
+
+
+def test_deferred_writes_wait_for_the_end_of_a_request_and_fail_alone(settings: Settings) -> None:
+    from sqlalchemy import func, select, text
+
+    from ragservice.db.models import Tenant
+    from ragservice.db.scope import parse_lsn, request_scope
+
+    def add(name: str) -> Callable[[Session], object]:
+        return lambda session: session.execute(
+            text("INSERT INTO tenants (name) VALUES (:name)"), {"name": name}
+        )
+
+    def tenants() -> list[str]:
+        with db.read() as session:
+            return list(session.scalars(select(Tenant.name).order_by(Tenant.name)))
+
+    def failing(session: Session) -> None:
+        session.execute(text("INSERT INTO no_such_table VALUES (1)"))
+
+    db = open_database(settings)
+    try:
+        db.write_later(add("at-once"))  # no request: written now
+        assert "at-once" in tenants()
+        with request_scope() as scope:
+            db.write_later(add("later"))
+            db.write_later(failing)
+            db.write_later(add("also-later"))
+            assert "later" not in tenants()
+            with db.write() as session:
+                session.execute(text("SELECT 1"))
+            token = scope.token()
+            assert token is not None and parse_lsn(token) > 0
+        db.run_writes(scope.deferred)
+        assert {"later", "also-later"} <= set(tenants())  # the failing one rolled back alone
+        with db.read() as session:
+            assert session.scalar(select(func.count()).select_from(Tenant)) == 4
+    finally:
+        db.dispose()

@@ -19,12 +19,12 @@ from typing import Any, Literal
 
 import anyio.to_thread
 import numpy as np
-from fastapi import APIRouter
+from fastapi import APIRouter, Depends
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from ragservice import store
-from ragservice.api.deps import PipelineDep, Reader, RuntimeDep
+from ragservice.api.deps import PipelineDep, Reader, RuntimeDep, replica_reads
 from ragservice.api.routers.query import answer_out
 from ragservice.api.routers.search import check_text, collection_ids
 from ragservice.context import Source
@@ -34,7 +34,7 @@ from ragservice.prompt import ChatMessage
 from ragservice.runtime import Runtime
 from ragservice.search import SearchOptions
 
-router = APIRouter(prefix="/v1", tags=["openai"])
+router = APIRouter(prefix="/v1", tags=["openai"], dependencies=[Depends(replica_reads)])
 
 MODEL_PREFIX = "rag"
 MAX_EMBEDDING_INPUTS = 2048

@@ -8,10 +8,10 @@ from contextlib import aclosing
 from typing import Any
 
 import anyio.to_thread
-from fastapi import APIRouter
+from fastapi import APIRouter, Depends
 from fastapi.responses import StreamingResponse
 
-from ragservice.api.deps import PipelineDep, Reader, RuntimeDep
+from ragservice.api.deps import PipelineDep, Reader, RuntimeDep, replica_reads
 from ragservice.api.routers.search import check_query, collection_ids
 from ragservice.api.schemas import (
     CacheOut,
@@ -27,7 +27,7 @@ from ragservice.filters import parse_and_compile
 from ragservice.pipeline import Answer, Question
 from ragservice.search import SearchOptions
 
-router = APIRouter(prefix="/v1", tags=["query"])
+router = APIRouter(prefix="/v1", tags=["query"], dependencies=[Depends(replica_reads)])
 
 
 @router.post(

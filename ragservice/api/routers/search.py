@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import uuid
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Depends
 
 from ragservice import store
-from ragservice.api.deps import Reader, RuntimeDep, SearcherDep
+from ragservice.api.deps import Reader, RuntimeDep, SearcherDep, replica_reads
 from ragservice.api.schemas import DocumentRef, SearchHitOut, SearchRequest, SearchResponse
 from ragservice.config import Settings
 from ragservice.errors import InvalidInputError, NotFoundError
@@ -15,7 +15,7 @@ from ragservice.filters import parse_and_compile
 from ragservice.runtime import Runtime
 from ragservice.search import SearchHit, SearchOptions
 
-router = APIRouter(prefix="/v1", tags=["search"])
+router = APIRouter(prefix="/v1", tags=["search"], dependencies=[Depends(replica_reads)])
 
 
 @router.post("/search")
