@@ -9,9 +9,11 @@ starts two servers on the same primary: one with no replicas, one in region `eu`
 replicas (default check interval and lag bound). Then:
 
 - search: every test query, k = 10, hybrid, sent to both servers in turn (after an untimed pass
-  to warm each node's buffers); p50 / p95 of the client-side wall time, and the ratio;
+  to warm each node's buffers); p50 / p95 of the client-side wall time, and the ratio; the
+  replica's health and lag as the server saw them meanwhile (its readiness, polled);
 - token wait: a write (PATCH of a collection) then at once a read of it, with the write's
-  consistency token and without; and a read with an old token (the replica known current);
+  consistency token and without; then reads with an old token (the replica known current to
+  the health check) against reads without one;
 - failover: one client reads in a loop while `eu-1` is stopped (`pg_ctl -m fast`) and started
   again: the time from the stop to the first read served elsewhere, errors seen, and the time
   from the start until `eu-1` serves again.
@@ -63,8 +65,10 @@ def main() -> None:
             _client(primary_base, headers) as primary,
             _client(replica_base, headers) as replica,
         ):
+            with _Monitor(_client(replica_base, headers)) as monitor:
+                search = _search(primary, replica, args.collection, queries)
             results = {
-                "search": _search(primary, replica, args.collection, queries),
+                "search": {**search, "eu1_while_timed": monitor.summary("eu-1")},
                 "token": _token_wait(replica, args.rounds),
                 "failover": _failover(replica, cluster),
             }
@@ -103,24 +107,64 @@ def _search(
         timed(primary, query)
         timed(replica, query)
     through: dict[str, list[float]] = {"primary": [], "replica": []}
-    nodes: dict[str, int] = {}
+    by_node: dict[str, list[float]] = {}
     for i, query in enumerate(queries):
         order = [("primary", primary), ("replica", replica)]
         for name, client in order if i % 2 else order[::-1]:
             ms, node = timed(client, query)
             through[name].append(ms)
             if name == "replica":
-                nodes[node] = nodes.get(node, 0) + 1
+                by_node.setdefault(node, []).append(ms)
     p50 = {name: statistics.median(values) for name, values in through.items()}
+    replica_only = by_node.get("eu-1", [])
     return {
         "queries": len(queries),
         "primary_p50_ms": round(p50["primary"], 2),
         "primary_p95_ms": round(percentile(through["primary"], 0.95), 2),
-        "replica_p50_ms": round(p50["replica"], 2),
-        "replica_p95_ms": round(percentile(through["replica"], 0.95), 2),
-        "replica_over_primary": round(p50["replica"] / p50["primary"], 3),
-        "served_by": nodes,
+        "replica_server_p50_ms": round(p50["replica"], 2),
+        "replica_server_p95_ms": round(percentile(through["replica"], 0.95), 2),
+        "served_by": {node: len(values) for node, values in by_node.items()},
+        "served_by_eu1_p50_ms": round(statistics.median(replica_only), 2) if replica_only else None,
+        "replica_server_over_primary": round(p50["replica"] / p50["primary"], 3),
     }
+
+
+class _Monitor:
+    """Polls the server's readiness (the replica checks it reports) on its own thread."""
+
+    def __init__(self, client: httpx.Client, interval: float = 0.25) -> None:
+        self.client = client
+        self.interval = interval
+        self.samples: list[dict[str, dict[str, Any]]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run)
+
+    def __enter__(self) -> _Monitor:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.client.close()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            nodes = ok(self.client.get("/readyz")).get("nodes", [])
+            self.samples.append({node["name"]: node for node in nodes})
+
+    def summary(self, name: str) -> dict[str, Any]:
+        states = [sample[name] for sample in self.samples if name in sample]
+        lags = [s["lag_seconds"] for s in states if s["lag_seconds"] is not None]
+        reasons = sorted({s["error"] or "lag over the bound" for s in states if not s["serving"]})
+        return {
+            "samples": len(states),
+            "serving_share": round(sum(s["serving"] for s in states) / max(len(states), 1), 3),
+            "lag_p50_s": round(statistics.median(lags), 3) if lags else None,
+            "lag_max_s": max(lags) if lags else None,
+            "lag_bytes_max": max((s["lag_bytes"] or 0 for s in states), default=None),
+            "not_serving_because": reasons,
+        }
 
 
 # -- the consistency token -------------------------------------------------------------------
@@ -131,7 +175,8 @@ def _token_wait(client: httpx.Client, rounds: int) -> dict[str, Any]:
     if client.get(f"/v1/collections/{name}").status_code == 404:
         ok(client.post("/v1/collections", json={"name": name}))
     path = f"/v1/collections/{name}"
-    timings: dict[str, list[float]] = {"with_token": [], "without_token": [], "old_token": []}
+    kinds = ("with_token", "without_token", "old_token", "no_write")
+    timings: dict[str, list[float]] = {kind: [] for kind in kinds}
     nodes: dict[str, dict[str, int]] = {key: {} for key in timings}
     old_token = ""
     for i in range(rounds):
@@ -143,14 +188,16 @@ def _token_wait(client: httpx.Client, rounds: int) -> dict[str, Any]:
             _timed_read(client, path, headers, kind, timings, nodes)
             old_token = old_token or token
     time.sleep(2.5)  # the replica is known current (checked every second) for the old token
-    for _ in range(rounds):
-        _timed_read(client, path, {TOKEN: old_token}, "old_token", timings, nodes)
+    for i in range(rounds):
+        for kind in ("old_token", "no_write") if i % 2 else ("no_write", "old_token"):
+            headers = {TOKEN: old_token} if kind == "old_token" else {}
+            _timed_read(client, path, headers, kind, timings, nodes)
     p50 = {kind: statistics.median(values) for kind, values in timings.items()}
     return {
         "rounds": rounds,
         **{f"{kind}_p50_ms": round(ms, 2) for kind, ms in p50.items()},
         "added_by_fresh_token_ms": round(p50["with_token"] - p50["without_token"], 2),
-        "added_by_old_token_ms": round(p50["old_token"] - p50["without_token"], 2),
+        "added_by_old_token_ms": round(p50["old_token"] - p50["no_write"], 2),
         "served_by": nodes,
     }
 
