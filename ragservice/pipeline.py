@@ -381,7 +381,8 @@ class AnswerPipeline:
     ) -> Answer:
         citations = _citations(generated, prepared.context)
         timings = {**prepared.timings, "total": _ms_since(started)}
-        record = _record(question, prepared, generated, citations, timings)
+        messages = self._messages(question, prepared.context) if prepared.context.text else None
+        record = _record(question, prepared, generated, citations, timings, messages)
         remember = remember and self._cacheable(question, generated) and prepared.vector is not None
         await anyio.to_thread.run_sync(
             self._keep, record, question, prepared, generated, citations, remember
@@ -495,6 +496,7 @@ def _record(
     generated: _Generated,
     citations: list[Source],
     timings: dict[str, float],
+    messages: Sequence[ChatMessage] | None,
 ) -> store.QueryRecord:
     return store.QueryRecord(
         tenant_id=question.tenant_id,
@@ -525,6 +527,7 @@ def _record(
         status=generated.status,
         error=generated.error,
         cache=None if prepared.cache is None else prepared.cache.to_dict(),
+        messages=None if messages is None else [dict(m.to_dict()) for m in messages],
     )
 
 

@@ -522,6 +522,7 @@ class QueryRecord:
     status: str
     error: str | None = None
     cache: dict[str, Any] | None = None
+    messages: list[dict[str, Any]] | None = None  # the prompt the answer was generated from
     id: uuid.UUID = field(default_factory=uuid.uuid4)  # known before the row is written
 
 
@@ -541,6 +542,7 @@ def log_query(session: Session, record: QueryRecord) -> uuid.UUID:
         status=record.status,
         error=record.error,
         cache=record.cache,
+        messages=record.messages,
     )
     session.add(entry)
     session.flush()

@@ -111,6 +111,22 @@ class EmbeddingModel(Base):
     path: Mapped[str | None] = mapped_column(Text)
     active: Mapped[bool] = mapped_column(Boolean, server_default="false")
     created_at: Mapped[datetime] = _now()
+    base_model_id: Mapped[int | None] = mapped_column(ForeignKey("embedding_models.id"))
+    # What made it: training data, held-out evaluation before and after, timings.
+    details: Mapped[dict[str, Any]] = mapped_column(JSONB, server_default="{}")
+
+
+class ModelActivation(Base):
+    """One switch of the active embedding model; rollback goes back one step."""
+
+    __tablename__ = "model_activations"
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
+    model_id: Mapped[int] = mapped_column(ForeignKey("embedding_models.id", ondelete="CASCADE"))
+    previous_model_id: Mapped[int | None] = mapped_column(
+        ForeignKey("embedding_models.id", ondelete="SET NULL")
+    )
+    activated_at: Mapped[datetime] = _now()
 
 
 class ChunkEmbedding(Base):
@@ -226,6 +242,32 @@ class QueryLog(Base):
     status: Mapped[str] = mapped_column(Text)
     error: Mapped[str | None] = mapped_column(Text)
     cache: Mapped[Any] = mapped_column(JSONB, nullable=True)
+    # The messages the answer was generated from (or would have been, for an extractive one);
+    # null for answers replayed from the cache.
+    messages: Mapped[Any] = mapped_column(JSONB, nullable=True)
+    created_at: Mapped[datetime] = _now()
+
+
+class Feedback(Base):
+    """What a user said about one answer: a rating, a comment, a better answer, and which of
+    the retrieved chunks were relevant or not."""
+
+    __tablename__ = "feedback"
+
+    id: Mapped[uuid.UUID] = mapped_column(primary_key=True, server_default=func.gen_random_uuid())
+    query_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("query_log.id", ondelete="CASCADE"))
+    tenant_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
+    rating: Mapped[int | None] = mapped_column(SmallInteger)
+    scale: Mapped[str] = mapped_column(Text, server_default="thumbs")  # "thumbs" | "stars"
+    comment: Mapped[str | None] = mapped_column(Text)
+    corrected_answer: Mapped[str | None] = mapped_column(Text)
+    relevant_chunk_ids: Mapped[list[uuid.UUID]] = mapped_column(
+        ARRAY(UUID(as_uuid=True)), server_default="{}"
+    )
+    irrelevant_chunk_ids: Mapped[list[uuid.UUID]] = mapped_column(
+        ARRAY(UUID(as_uuid=True)), server_default="{}"
+    )
+    key_id: Mapped[uuid.UUID | None] = mapped_column(UUID(as_uuid=True))
     created_at: Mapped[datetime] = _now()
 
 
