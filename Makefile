@@ -9,7 +9,7 @@ export TRANSFORMERS_OFFLINE := 1
 # Idle torch threads otherwise spin and steal CPU from PostgreSQL on small machines.
 export OMP_WAIT_POLICY := PASSIVE
 
-.PHONY: run test lint typecheck bench-ingest bench-search bench-query bench-cache bench-replicas clean
+.PHONY: run test lint typecheck bench-ingest bench-search bench-query bench-cache bench-replicas bench-feedback clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -47,6 +47,9 @@ bench-cache: $(STAMP)
 
 bench-replicas: $(STAMP)
 	$(BIN)/python benchmarks/replicas.py --data ../shared/data/scifact
+
+bench-feedback: $(STAMP)
+	$(BIN)/python benchmarks/feedback_loop.py --data ../shared/data/scifact
 
 clean:
 	rm -rf $(VENV) .ragservice .pytest_cache .mypy_cache .ruff_cache

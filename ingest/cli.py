@@ -89,12 +89,13 @@ def _run(
     with console.status("starting database and loading the embedding model"):
         runtime = open_runtime(get_settings())
     try:
+        model = runtime.models.current()  # the model active when the run starts, throughout
         pipeline = IngestPipeline(
             runtime.db,
-            runtime.embedder,
-            model_id=runtime.model_id,
+            model.embedder,
+            model_id=model.id,
             tenant_id=runtime.default_tenant_id,
-            chunking=runtime.chunking_options(),
+            chunking=runtime.chunking_options(model),
             batch_chunks=runtime.settings.ingest_batch_chunks,
         )
         items = load_documents(paths, include=include, exclude=exclude, jsonl_fields=fields)

@@ -184,13 +184,15 @@ class JobWorker:
                 yield from _load_item(item, fields)
 
     def _pipeline(self, tenant_id: uuid.UUID) -> IngestPipeline:
+        """The whole job embeds with the model active when it starts, even across a switch."""
         runtime = self._runtime
+        model = runtime.models.current()
         return IngestPipeline(
             runtime.db,
-            runtime.embedder,
-            model_id=runtime.model_id,
+            model.embedder,
+            model_id=model.id,
             tenant_id=tenant_id,
-            chunking=runtime.chunking_options(),
+            chunking=runtime.chunking_options(model),
             batch_chunks=runtime.settings.ingest_batch_chunks,
         )
 

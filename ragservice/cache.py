@@ -77,18 +77,17 @@ def scope_fingerprint(parts: Mapping[str, Any]) -> str:
 
 
 class PromptCache:
+    """Entries carry the embedding model they were embedded with; lookups and stores name the
+    model of their request (the serving model, resolved once per request)."""
+
     def __init__(
         self,
         db: Database,
         *,
-        model_id: int,
-        dimension: int,
         settings: Settings,
         metrics: Metrics | None = None,
     ) -> None:
         self._db = db
-        self._model_id = model_id
-        self._dimension = dimension
         self._settings = settings
         self._metrics = metrics
         # Hit counters are written off the request path: a hit answers without waiting on them.
@@ -97,8 +96,17 @@ class PromptCache:
     def close(self) -> None:
         self._counter.shutdown(wait=True)
 
-    def lookup(self, scope: str, prompt: str, embed: Callable[[], Vector]) -> Lookup:
-        """Exact match, else the nearest prompts in scope that pass the meaning guard."""
+    def lookup(
+        self,
+        scope: str,
+        prompt: str,
+        embed: Callable[[], Vector],
+        *,
+        model_id: int,
+        dimension: int,
+    ) -> Lookup:
+        """Exact match, else the nearest prompts in scope, embedded by the model `model_id`,
+        that pass the meaning guard."""
         started = time.perf_counter()
         embed_seconds = 0.0
 
@@ -109,7 +117,7 @@ class PromptCache:
             embed_seconds = time.perf_counter() - embed_started
             return vector
 
-        found = self._lookup(scope, prompt, timed_embed)
+        found = self._lookup(scope, prompt, timed_embed, model_id, dimension)
         seconds = time.perf_counter() - started - embed_seconds
         if self._metrics is not None:
             self._metrics.cache_lookup_seconds.observe(seconds)
@@ -124,18 +132,19 @@ class PromptCache:
         collection_ids: Sequence[uuid.UUID],
         prompt: str,
         vector: Vector,
+        model_id: int,
         response: dict[str, Any],
         sources: dict[uuid.UUID, int],
         replace: bool = False,
     ) -> uuid.UUID | None:
         """Keep an answer, in `session` (a transaction on the primary); None when an identical
-        entry exists or a source changed meanwhile."""
+        entry exists or a source changed meanwhile. `vector` is the prompt's by `model_id`."""
         normalized = normalize_prompt(prompt)
         ttl = store.cache_ttl(session, collection_ids, self._settings.cache_ttl_seconds)
         entry = store.NewCacheEntry(
             tenant_id=tenant_id,
             scope=scope,
-            model_id=self._model_id,
+            model_id=model_id,
             collection_ids=collection_ids,
             prompt_hash=prompt_hash(normalized),
             prompt=normalized,
@@ -147,7 +156,9 @@ class PromptCache:
         )
         return store.cache_store(session, entry, replace=replace)
 
-    def _lookup(self, scope: str, prompt: str, embed: Callable[[], Vector]) -> Lookup:
+    def _lookup(
+        self, scope: str, prompt: str, embed: Callable[[], Vector], model_id: int, dimension: int
+    ) -> Lookup:
         with self._db.read() as session:
             exact = store.cache_exact(session, scope, prompt_hash(normalize_prompt(prompt)))
         refused = None
@@ -163,8 +174,8 @@ class PromptCache:
             candidates = store.cache_nearest(
                 session,
                 scope=scope,
-                model_id=self._model_id,
-                dimension=self._dimension,
+                model_id=model_id,
+                dimension=dimension,
                 vector=vector,
                 threshold=self._settings.cache_similarity_threshold,
             )

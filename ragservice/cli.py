@@ -1,22 +1,36 @@
-"""The `ragservice` command: serve, worker, ingest, keys, db upgrade, replicas, dev-cluster."""
+"""The `ragservice` command: serve, worker, ingest, keys, export-feedback, finetune, reembed,
+models, db upgrade, replicas, dev-cluster."""
 
 from __future__ import annotations
 
 import json
+import os
+import sys
+import tempfile
+import uuid
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, redirect_stdout
+from datetime import datetime
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
 
 from ragservice import store
-from ragservice.config import Settings, configure_logging, get_settings
+from ragservice.config import DEFAULT_TENANT_ID, Settings, configure_logging, get_settings
 from ragservice.errors import RagServiceError
+from ragservice.exports import ExportFormat
 from ragservice.keys import Role
 
 if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
+
     from ragservice.db import Database
+    from ragservice.db.models import EmbeddingModel
+    from ragservice.embedding import SentenceTransformerEmbedder
+    from ragservice.finetune import FinetuneResult
+    from ragservice.registry import ModelStatus, Switch
     from ragservice.runtime import Runtime
 
 app = typer.Typer(
@@ -28,6 +42,8 @@ keys_app = typer.Typer(help="API keys.", no_args_is_help=True)
 app.add_typer(keys_app, name="keys")
 replicas_app = typer.Typer(help="Read replicas.", no_args_is_help=True)
 app.add_typer(replicas_app, name="replicas")
+models_app = typer.Typer(help="Embedding model versions.", no_args_is_help=True)
+app.add_typer(models_app, name="models")
 console = Console(stderr=True)
 
 
@@ -255,9 +271,454 @@ def worker(
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(1) from exc
     try:
+        runtime.models.start()  # each job embeds with the model active when it starts
         run_until_signalled(JobWorker(runtime, threads=threads or settings.workers or 1))
     finally:
         runtime.close()
+
+
+@app.command("export-feedback")
+def export_feedback(
+    format_: Annotated[
+        ExportFormat,
+        typer.Option("--format", help="openai-sft, openai-dpo, trl-dpo or triplets."),
+    ],
+    tenant: Annotated[
+        str | None, typer.Option("--tenant", help="Tenant name (default: the default tenant).")
+    ] = None,
+    collection: Annotated[
+        str | None, typer.Option("--collection", help="Only answers over this collection.")
+    ] = None,
+    since: Annotated[
+        str | None, typer.Option("--since", help="ISO date or time, inclusive (UTC if naive).")
+    ] = None,
+    until: Annotated[
+        str | None, typer.Option("--until", help="ISO date or time, exclusive (UTC if naive).")
+    ] = None,
+    time_of: Annotated[
+        str, typer.Option("--time-of", help="What --since/--until bound: feedback or query.")
+    ] = "feedback",
+    min_rating: Annotated[
+        int | None, typer.Option("--min-rating", help="Lowest latest rating.")
+    ] = None,
+    max_rating: Annotated[
+        int | None, typer.Option("--max-rating", help="Highest latest rating.")
+    ] = None,
+    negatives: Annotated[
+        int, typer.Option("--negatives-per-positive", min=1, help="Triplets per positive.")
+    ] = 3,
+    output: Annotated[
+        Path | None, typer.Option("--output", "-o", help="File to write (default: stdout).")
+    ] = None,
+) -> None:
+    """Export feedback as fine-tuning data, one JSON record per line (see docs/feedback.md)."""
+    from ragservice import exports
+
+    if time_of not in ("feedback", "query"):
+        raise typer.BadParameter("feedback or query", param_hint="--time-of")
+    with _database() as db:
+        with db.read() as session:
+            tenant_id = _tenant_id(session, tenant)
+        flt = exports.ExportFilter(
+            tenant_id=tenant_id,
+            collection=collection,
+            since=_iso_time(since, "--since"),
+            until=_iso_time(until, "--until"),
+            time_of="query" if time_of == "query" else "feedback",
+            min_rating=min_rating,
+            max_rating=max_rating,
+        )
+        try:
+            pieces = exports.ndjson(db, format_, flt, negatives_per_positive=negatives)
+            written = _write_pieces(pieces, output)
+        except RagServiceError as exc:
+            console.print(f"[red]error:[/red] {exc}")
+            raise typer.Exit(1) from exc
+    console.print(f"wrote {written} {format_.value} records to {output or 'stdout'}")
+
+
+def _tenant_id(session: Session, name: str | None) -> uuid.UUID:
+    if name is None:
+        return uuid.UUID(DEFAULT_TENANT_ID)
+    found = store.find_tenant(session, name)
+    if found is None:
+        console.print(f"[red]error:[/red] no tenant named {name!r}")
+        raise typer.Exit(1)
+    return found
+
+
+def _iso_time(value: str | None, option: str) -> datetime | None:
+    if value is None:
+        return None
+    try:
+        return datetime.fromisoformat(value)
+    except ValueError:
+        raise typer.BadParameter(
+            f"{value!r} is not an ISO date or time", param_hint=option
+        ) from None
+
+
+def _write_pieces(pieces: Iterator[bytes], output: Path | None) -> int:
+    """Write the pieces to `output` through a temporary file renamed at the end (a failure
+    leaves no half-written file), or to stdout; returns the lines written."""
+    lines = 0
+    if output is None:
+        for piece in pieces:
+            typer.echo(piece.decode(), nl=False)
+            lines += piece.count(b"\n")
+        return lines
+    fd, temporary = tempfile.mkstemp(dir=output.parent, prefix=f".{output.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as file:
+            for piece in pieces:
+                file.write(piece)
+                lines += piece.count(b"\n")
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temporary, output)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+    return lines
+
+
+# -- embedding model versions ----------------------------------------------------------------
+
+
+@app.command()
+def finetune(
+    out: Annotated[str, typer.Option("--out", help="Name of the new model (a new version).")],
+    from_feedback: Annotated[
+        bool, typer.Option("--from-feedback", help="Train on triplets from users' feedback.")
+    ] = False,
+    triplets_file: Annotated[
+        Path | None,
+        typer.Option("--triplets", help="Train on this JSONL of anchor/positive/negative."),
+    ] = None,
+    collection: Annotated[
+        str | None, typer.Option("--collection", help="Only feedback on this collection.")
+    ] = None,
+    tenant: Annotated[
+        str | None, typer.Option("--tenant", help="Tenant name (default: the default tenant).")
+    ] = None,
+    since: Annotated[
+        str | None, typer.Option("--since", help="Feedback from this ISO time (UTC if naive).")
+    ] = None,
+    until: Annotated[
+        str | None, typer.Option("--until", help="Feedback before this ISO time.")
+    ] = None,
+    base: Annotated[
+        str | None,
+        typer.Option("--base", help="NAME[:VERSION], a model folder (default: the active model)."),
+    ] = None,
+    epochs: Annotated[int, typer.Option("--epochs", min=1)] = 1,
+    batch_size: Annotated[int, typer.Option("--batch-size", min=2)] = 32,
+    max_steps: Annotated[
+        int | None, typer.Option("--max-steps", min=1, help="Stop after this many steps.")
+    ] = None,
+    held_out: Annotated[
+        float, typer.Option("--held-out", min=0.0, max=0.9, help="Share of questions held out.")
+    ] = 0.1,
+    seed: Annotated[int, typer.Option("--seed")] = 0,
+    learning_rate: Annotated[float, typer.Option("--learning-rate", min=0.0)] = 2e-5,
+) -> None:
+    """Fine-tune the embedding model and register it as a new, inactive version of --out.
+
+    Prints held-out figures before and after training, then one JSON line (stdout). Next:
+    `ragservice reembed --model OUT`, then `ragservice models activate OUT`.
+    """
+    from ragservice import finetune as ft
+
+    if from_feedback == (triplets_file is not None):
+        raise typer.BadParameter("give either --from-feedback or --triplets FILE")
+    settings = get_settings()
+    with _database() as db:
+        try:
+            ft.check_name(out)
+            options = ft.TrainingOptions(
+                epochs=epochs,
+                batch_size=batch_size,
+                max_steps=max_steps,
+                learning_rate=learning_rate,
+                held_out=held_out,
+                seed=seed,
+                device=settings.device,
+            )
+            start = ft.resolve_base(db, settings, base)
+            if triplets_file is not None:
+                rows, source = _triplets_file(triplets_file), {"file": str(triplets_file)}
+            else:
+                rows, source = _feedback_triplets(db, tenant, collection, since, until)
+            console.print(f"fine-tuning {start.label} on {len(rows)} triplets")
+            # The trainer prints its logs on stdout: stdout keeps only the final JSON line.
+            with redirect_stdout(sys.stderr):
+                result = ft.finetune(
+                    db, settings, rows, name=out, base=start, options=options, source=source
+                )
+        except RagServiceError as exc:
+            console.print(f"[red]error:[/red] {exc}")
+            raise typer.Exit(1) from exc
+    _print_finetune(result)
+
+
+def _feedback_triplets(
+    db: Database, tenant: str | None, collection: str | None, since: str | None, until: str | None
+) -> tuple[list[dict[str, str]], dict[str, Any]]:
+    from ragservice import exports
+
+    with db.read() as session:
+        flt = exports.ExportFilter(
+            tenant_id=_tenant_id(session, tenant),
+            collection=collection,
+            since=_iso_time(since, "--since"),
+            until=_iso_time(until, "--until"),
+        )
+        flt = exports.resolve_filter(session, flt)
+        rows = list(exports.triplets(session, flt))
+    filters = {"tenant": tenant, "collection": collection, "since": since, "until": until}
+    return rows, {"feedback": filters}
+
+
+def _triplets_file(path: Path) -> list[dict[str, str]]:
+    try:
+        with path.open(encoding="utf-8") as lines:
+            return [json.loads(line) for line in lines if line.strip()]
+    except (OSError, ValueError) as exc:
+        raise typer.BadParameter(f"cannot read {path}: {exc}", param_hint="--triplets") from exc
+
+
+def _print_finetune(result: FinetuneResult) -> None:
+    from rich.table import Table
+
+    held_out = result.details["held_out"]
+    table = Table(title=f"{result.model.name}:{result.model.version} on held-out questions")
+    for column in ("metric", "before", "after", "change"):
+        table.add_column(column, justify="right" if column != "metric" else "left")
+    for metric, before in held_out["before"].items():
+        after = held_out["after"][metric]
+        table.add_row(metric, f"{before:.4f}", f"{after:.4f}", f"{after - before:+.4f}")
+    console.print(table)
+    if not held_out["before"]:
+        console.print("no held-out questions (too few questions, or --held-out 0)")
+    console.print(
+        f"saved to {result.path}; next: ragservice reembed --model "
+        f"{result.model.name}:{result.model.version}"
+    )
+    typer.echo(json.dumps(result.summary()))
+
+
+@app.command()
+def reembed(
+    model: Annotated[str, typer.Option("--model", help="NAME[:VERSION] (default: latest).")],
+    batch_size: Annotated[
+        int | None,
+        typer.Option(
+            "--batch-size", min=1, help="Chunks per transaction (RAGSERVICE_INGEST_BATCH_CHUNKS)."
+        ),
+    ] = None,
+) -> None:
+    """Embed every chunk that has no embedding of MODEL yet, beside the active model; run it
+    again after an interruption to finish."""
+    from ragservice import registry
+    from ragservice.reembed import count_missing
+
+    settings = get_settings()
+    with _database() as db:
+        try:
+            with db.read() as session:
+                row = registry.find_model(session, model)
+            if not registry.loadable(row, settings):
+                console.print(f"[red]error:[/red] {row.name}:{row.version} has no folder here")
+                raise typer.Exit(1)
+            missing = count_missing(db, row.id)
+            if not missing:
+                console.print(f"every chunk has an embedding of {row.name}:{row.version}")
+                return
+            embedder = registry.load_embedder(settings, row)
+            size = batch_size or settings.ingest_batch_chunks
+            _reembed_with_progress(db, settings, row, embedder, size, missing)
+        except RagServiceError as exc:
+            console.print(f"[red]error:[/red] {exc}")
+            raise typer.Exit(1) from exc
+
+
+def _reembed_with_progress(
+    db: Database,
+    settings: Settings,
+    row: EmbeddingModel,
+    embedder: SentenceTransformerEmbedder,
+    size: int,
+    missing: int,
+) -> None:
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    from ragservice.reembed import count_missing, reembed
+
+    label = f"{row.name}:{row.version}"
+    with console.status(f"loading {label}"):
+        _ = embedder.model  # loaded before the clock starts: the rate is the embedding's
+    columns = (
+        TextColumn(f"embedding with {label}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+    )
+    try:
+        with Progress(*columns, console=console) as progress:
+            task = progress.add_task("reembed", total=missing)
+            report = reembed(
+                db,
+                settings,
+                row,
+                embedder,
+                batch_size=size,
+                missing=missing,
+                on_batch=lambda n: progress.advance(task, n),
+            )
+    except KeyboardInterrupt:
+        left = count_missing(db, row.id)
+        console.print(f"interrupted: {left} chunks still to embed; run the command again")
+        raise typer.Exit(130) from None
+    left = count_missing(db, row.id)
+    console.print(
+        f"embedded {report.embedded} chunks with {label} in {report.seconds:.1f} s "
+        f"({report.chunks_per_second:.1f} chunks/s); {left} missing"
+        + (" (written meanwhile: run again)" if left else f"; next: models activate {label}")
+    )
+
+
+@models_app.command("list")
+def models_list(
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+) -> None:
+    """Registered models: active one, chunks embedded, base, held-out figures."""
+    from ragservice import registry
+
+    with _database() as db, db.read() as session:
+        statuses = registry.model_statuses(session)
+    rows = [_model_row(status, statuses) for status in statuses]
+    if as_json:
+        typer.echo(json.dumps(rows, indent=2))
+        return
+    _print_models(rows)
+
+
+def _model_row(status: ModelStatus, statuses: list[ModelStatus]) -> dict[str, Any]:
+    model = status.model
+    names = {s.model.id: f"{s.model.name}:{s.model.version}" for s in statuses}
+    held_out = model.details.get("held_out", {})
+    return {
+        "id": model.id,
+        "name": model.name,
+        "version": model.version,
+        "dimension": model.dimension,
+        "active": model.active,
+        "embedded": status.embedded,
+        "chunks": status.chunks,
+        "base": names.get(model.base_model_id) if model.base_model_id else None,
+        "created": model.created_at.isoformat(timespec="seconds"),
+        "held_out": {"before": held_out.get("before", {}), "after": held_out.get("after", {})},
+        "path": model.path,
+    }
+
+
+def _print_models(rows: list[dict[str, Any]]) -> None:
+    from rich.table import Table
+
+    table = Table(title="embedding models")
+    for column in ("id", "name", "ver", "dim", "active", "embedded", "base", "created"):
+        table.add_column(column)
+    table.add_column("held-out nDCG@10 before → after")
+    for row in rows:
+        before, after = row["held_out"]["before"], row["held_out"]["after"]
+        figures = (
+            f"{before['ndcg@10']:.3f} → {after['ndcg@10']:.3f}"
+            if "ndcg@10" in before and "ndcg@10" in after
+            else ""
+        )
+        table.add_row(
+            str(row["id"]),
+            row["name"],
+            str(row["version"]),
+            str(row["dimension"]),
+            "[green]yes[/green]" if row["active"] else "",
+            f"{row['embedded']} / {row['chunks']}",
+            row["base"] or "",
+            row["created"][:16].replace("T", " "),
+            figures,
+        )
+    Console().print(table)
+
+
+@models_app.command("activate")
+def models_activate(
+    model: Annotated[str, typer.Argument(help="NAME[:VERSION] (default: the latest version).")],
+    force: Annotated[
+        bool, typer.Option("--force", help="Even when chunks lack its embeddings.")
+    ] = False,
+) -> None:
+    """Make MODEL the one every server serves (they switch within
+    RAGSERVICE_MODEL_CHECK_SECONDS, after loading it); refused until it embedded every chunk."""
+    from ragservice import registry
+
+    with _database() as db:
+        switch = _or_exit(lambda: registry.activate(db, model, force=force))
+    _print_switch(switch)
+
+
+@models_app.command("rollback")
+def models_rollback(
+    force: Annotated[
+        bool, typer.Option("--force", help="Even when chunks lack its embeddings.")
+    ] = False,
+) -> None:
+    """Activate again the model the latest activation replaced."""
+    from ragservice import registry
+
+    with _database() as db:
+        switch = _or_exit(lambda: registry.rollback(db, force=force))
+    _print_switch(switch)
+
+
+@models_app.command("drop-embeddings")
+def models_drop_embeddings(
+    model: Annotated[str, typer.Argument(help="NAME[:VERSION] of a model that is not active.")],
+) -> None:
+    """Delete a model's chunk embeddings and its HNSW index (refused for the active model);
+    `reembed` makes them again."""
+    from ragservice import registry
+
+    with _database() as db:
+        row, deleted = _or_exit(lambda: registry.drop_embeddings(db, model))
+    console.print(f"deleted {deleted} embeddings of {row.name}:{row.version} and its index")
+
+
+def _or_exit(action: Callable[[], Any]) -> Any:
+    try:
+        return action()
+    except RagServiceError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(1) from exc
+
+
+def _print_switch(switch: Switch) -> None:
+    label = f"{switch.model.name}:{switch.model.version} (id {switch.model.id})"
+    if not switch.changed:
+        console.print(f"{label} is already the active model")
+        return
+    seconds = get_settings().model_check_seconds
+    console.print(
+        f"activated {label}, was id {switch.previous_id}; servers switch within {seconds:g} s "
+        "plus the model's load"
+    )
 
 
 def _register_ingest() -> None:

@@ -48,6 +48,11 @@ class Settings(BaseSettings):
         default=2, ge=2, description="connect timeout to a replica, in whole seconds"
     )
     embedding_model: str = Field(default=DEFAULT_EMBEDDING_MODEL)
+    model_check_seconds: float = Field(
+        default=2.0,
+        gt=0,
+        description="how often a server checks which embedding model is active (and switches)",
+    )
     device: Literal["auto", "cpu", "cuda"] = "auto"
     embed_batch_size: int = Field(default=64, ge=1, le=4096)
     chunk_max_tokens: int | None = Field(

@@ -13,7 +13,7 @@ import uuid
 from collections.abc import AsyncGenerator, Callable, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import anyio.to_thread
 import numpy as np
@@ -31,7 +31,7 @@ from ragservice.inference import Completion, InferenceClient
 from ragservice.metrics import Metrics
 from ragservice.prompt import ChatMessage, build_messages
 from ragservice.rerank import Reranker, rerank_hits
-from ragservice.search import Searcher, SearchHit, SearchOptions
+from ragservice.search import QueryModel, Searcher, SearchHit, SearchOptions
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +40,12 @@ EXTRACTIVE_MODEL = "extractive"
 Vector = npt.NDArray[np.float32]
 
 Status = Literal["ok", "extractive", "upstream_error", "error"]
+
+
+class AnswerModel(QueryModel, Protocol):
+    """The embedding model one question is answered with (see `registry.ServingModel`)."""
+
+    def count_tokens(self, text: str) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -82,6 +88,7 @@ class _Prepared:
 
     hits: list[SearchHit]
     context: Context
+    model: AnswerModel
     timings: dict[str, float] = field(default_factory=dict)
     vector: Vector | None = None
     cache: CacheInfo | None = None
@@ -103,19 +110,19 @@ class AnswerPipeline:
         *,
         db: Database,
         searcher: Searcher,
-        count_tokens: Callable[[str], int],
+        models: Callable[[], AnswerModel],
         settings: Settings,
         reranker: Reranker | None = None,
         inference: InferenceClient | None = None,
         metrics: Metrics | None = None,
         cache: PromptCache | None = None,
-        embed_query: Callable[[str], Vector] | None = None,
     ) -> None:
+        """`models` gives the embedding model to serve; each question calls it once and keeps
+        that model throughout (cache scope, lookup, search, store)."""
         self._db = db
         self._cache = cache
-        self._embed_query = embed_query
+        self._models = models
         self._searcher = searcher
-        self._count_tokens = count_tokens
         self._settings = settings
         self._reranker = reranker
         self._inference = inference
@@ -131,10 +138,11 @@ class AnswerPipeline:
 
     async def answer(self, question: Question) -> Answer:
         started = time.perf_counter()
-        lookup = await anyio.to_thread.run_sync(self._lookup, question)
+        model = self._models()
+        lookup = await anyio.to_thread.run_sync(self._lookup, question, model)
         if lookup.response is not None:
-            return await self._replay(question, lookup, started)
-        prepared = await anyio.to_thread.run_sync(self._prepare, question, lookup)
+            return await self._replay(question, lookup, model, started)
+        prepared = await anyio.to_thread.run_sync(self._prepare, question, lookup, model)
         with _stage(prepared.timings, "generate"):
             generated = await self._generate(question, prepared.context)
         return await self._finish(question, prepared, generated, started)
@@ -142,13 +150,14 @@ class AnswerPipeline:
     async def stream(self, question: Question) -> AsyncGenerator[str | Answer, None]:
         """Content pieces as they are generated, then the finished `Answer` last."""
         started = time.perf_counter()
-        lookup = await anyio.to_thread.run_sync(self._lookup, question)
+        model = self._models()
+        lookup = await anyio.to_thread.run_sync(self._lookup, question, model)
         if lookup.response is not None:
             for piece in _pieces(str(lookup.response.get("answer", ""))):
                 yield piece
-            yield await self._replay(question, lookup, started)
+            yield await self._replay(question, lookup, model, started)
             return
-        prepared = await anyio.to_thread.run_sync(self._prepare, question, lookup)
+        prepared = await anyio.to_thread.run_sync(self._prepare, question, lookup, model)
         generate_started = time.perf_counter()
         pieces: list[str] = []
         if self._inference is None:
@@ -184,16 +193,21 @@ class AnswerPipeline:
         # A conversation's earlier turns shape its answer: only single questions are cached.
         return self._cache is not None and question.use_cache and not question.history
 
-    def _lookup(self, question: Question) -> Lookup:
+    def _lookup(self, question: Question, model: AnswerModel) -> Lookup:
         if not self._caches(question) or question.refresh_cache:
             return Lookup(info=CacheInfo(hit=False)) if self._caches(question) else Lookup(None)
-        assert self._cache is not None and self._embed_query is not None
-        embed = self._embed_query
+        assert self._cache is not None
         return self._cache.lookup(
-            self._scope(question), question.text, lambda: embed(question.text)
+            self._scope(question, model.id),
+            question.text,
+            lambda: model.embed_query(question.text),
+            model_id=model.id,
+            dimension=model.dimension,
         )
 
-    def _scope(self, question: Question) -> str:
+    def _scope(self, question: Question, model_id: int) -> str:
+        """The cache scope; it holds the embedding model, so entries of another model never
+        match after a switch."""
         max_tokens, temperature = self._sampling(question)
         settings = self._settings
         return scope_fingerprint(
@@ -211,7 +225,7 @@ class AnswerPipeline:
                     settings.bm25_k1,
                     settings.bm25_b,
                 ],
-                "embedding_model": self._searcher.model_id,
+                "embedding_model": model_id,
                 "rerank": self._reranker.name
                 if self._reranks(question) and self._reranker
                 else None,
@@ -242,10 +256,11 @@ class AnswerPipeline:
         self._cache.put(
             session,
             tenant_id=question.tenant_id,
-            scope=self._scope(question),
+            scope=self._scope(question, prepared.model.id),
             collection_ids=question.collection_ids,
             prompt=question.text,
             vector=prepared.vector,
+            model_id=prepared.model.id,
             response={
                 "answer": generated.text,
                 "model": generated.model,
@@ -257,7 +272,9 @@ class AnswerPipeline:
             replace=question.refresh_cache,
         )
 
-    async def _replay(self, question: Question, lookup: Lookup, started: float) -> Answer:
+    async def _replay(
+        self, question: Question, lookup: Lookup, model: AnswerModel, started: float
+    ) -> Answer:
         """The answer from a cache entry, logged like any other (with what the cache did)."""
         response = lookup.response or {}
         sources = [source_from_json(item) for item in response.get("sources", [])]
@@ -269,6 +286,7 @@ class AnswerPipeline:
         prepared = _Prepared(
             hits=[],
             context=Context(sources=sources, text="", token_count=0, dropped=0),
+            model=model,
             timings=_lookup_timings(lookup),
             cache=lookup.info,
         )
@@ -276,13 +294,13 @@ class AnswerPipeline:
 
     # -- retrieval -------------------------------------------------------------------------------
 
-    def _prepare(self, question: Question, lookup: Lookup) -> _Prepared:
+    def _prepare(self, question: Question, lookup: Lookup, model: AnswerModel) -> _Prepared:
         timings = _lookup_timings(lookup)
         vector = lookup.vector
-        if vector is None and self._caches(question) and self._embed_query is not None:
+        if vector is None and self._caches(question):
             with _stage(timings, "embed"):
-                vector = self._embed_query(question.text)
-        hits = self._retrieve(question, timings, vector)
+                vector = model.embed_query(question.text)
+        hits = self._retrieve(question, timings, vector, model)
         if self._reranks(question) and hits:
             assert self._reranker is not None
             with _stage(timings, "rerank"):
@@ -291,16 +309,25 @@ class AnswerPipeline:
             neighbours = self._searcher.neighbours(hits, self._settings.context_neighbours)
             context = assemble_context(
                 hits,
-                count_tokens=self._count_tokens,
+                count_tokens=model.count_tokens,
                 budget_tokens=self._settings.context_max_tokens,
                 neighbours=neighbours,
             )
         return _Prepared(
-            hits=hits, context=context, timings=timings, vector=vector, cache=lookup.info
+            hits=hits,
+            context=context,
+            model=model,
+            timings=timings,
+            vector=vector,
+            cache=lookup.info,
         )
 
     def _retrieve(
-        self, question: Question, timings: dict[str, float], vector: Vector | None
+        self,
+        question: Question,
+        timings: dict[str, float],
+        vector: Vector | None,
+        model: AnswerModel,
     ) -> list[SearchHit]:
         options = question.options
         if self._reranks(question):
@@ -311,6 +338,7 @@ class AnswerPipeline:
             query=question.text,
             options=options,
             vector=vector,
+            model=model,
         )
         embed = result.timings_ms.get("embed", 0.0)
         timings["embed"] = timings.get("embed", 0.0) + embed
@@ -508,6 +536,7 @@ def _record(
             "k": question.options.k,
             "rerank": question.rerank,
             "filtered": question.options.filters is not None,
+            "embedding_model": prepared.model.id,
         },
         retrieved=[
             {"chunk_id": str(h.chunk_id), "document_id": str(h.document_id), "score": h.score}

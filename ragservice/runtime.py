@@ -1,4 +1,4 @@
-"""Opens what a process of the service needs: the database, the embedder and its model row."""
+"""Opens what a process of the service needs: the database and the embedding model it serves."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from ragservice.config import DEFAULT_TENANT_ID, Settings
 from ragservice.db import Database, open_database
 from ragservice.embedding import SentenceTransformerEmbedder, make_embedder
 from ragservice.errors import ConfigurationError
+from ragservice.registry import ModelRegistry, ServingModel, loadable, serve_embedder, serve_row
 
 log = logging.getLogger(__name__)
 
@@ -20,29 +21,60 @@ log = logging.getLogger(__name__)
 class Runtime:
     settings: Settings
     db: Database
-    embedder: SentenceTransformerEmbedder
-    model_id: int
+    models: ModelRegistry
+
+    @property
+    def embedder(self) -> SentenceTransformerEmbedder:
+        """The serving model's embedder at this moment. A request or a job resolves
+        `models.current()` once instead, so a switch cannot change its model halfway."""
+        return self.models.current().embedder
+
+    @property
+    def model_id(self) -> int:
+        """The serving model's id at this moment (see `embedder`)."""
+        return self.models.current().id
 
     @property
     def default_tenant_id(self) -> uuid.UUID:
         return uuid.UUID(DEFAULT_TENANT_ID)
 
-    def chunking_options(self) -> ChunkingOptions:
-        return chunking_options(self.settings, self.embedder.max_tokens)
+    def chunking_options(self, model: ServingModel | None = None) -> ChunkingOptions:
+        """Chunking for `model` (default: the serving one)."""
+        embedder = (model or self.models.current()).embedder
+        return chunking_options(self.settings, embedder.max_tokens)
 
     def close(self) -> None:
+        self.models.stop()
         self.db.dispose()
 
 
 def open_runtime(
     settings: Settings, *, embedder: SentenceTransformerEmbedder | None = None
 ) -> Runtime:
-    """Start or join PostgreSQL, migrate, load the embedding model once and register it.
+    """Start or join PostgreSQL, migrate, and load the embedding model to serve: the active
+    one when this process can load it (a fine-tuned version, say), else the configured one,
+    registered (and activated when no model is active yet).
 
-    Pass an `embedder` that is already loaded to share one model between runtimes (tests).
+    Pass an `embedder` that is already loaded to share one model between runtimes (tests); it
+    is registered and served first. `runtime.models.start()` then follows activations.
     """
     db = open_database(settings)
+    try:
+        initial = _initial_model(db, settings, embedder)
+    except BaseException:
+        db.dispose()
+        raise
+    return Runtime(settings=settings, db=db, models=ModelRegistry(db, settings, initial))
+
+
+def _initial_model(
+    db: Database, settings: Settings, embedder: SentenceTransformerEmbedder | None
+) -> ServingModel:
     if embedder is None:
+        with db.read() as session:
+            active = store.active_model(session)
+        if active is not None and loadable(active, settings):
+            return serve_row(settings, active)
         embedder = make_embedder(settings)
         embedder.warm_up()
     with db.write() as session:
@@ -56,7 +88,7 @@ def open_runtime(
         )
     if not model.active:
         log.warning("embedding model %s is registered but another model is active", embedder.name)
-    return Runtime(settings=settings, db=db, embedder=embedder, model_id=model.id)
+    return serve_embedder(model, embedder)
 
 
 def chunking_options(settings: Settings, model_max_tokens: int) -> ChunkingOptions:

@@ -10,9 +10,9 @@
 
 A query with no lexemes left after parsing (only stop words) finds nothing by full text, and
 hybrid then ranks by the dense side alone. Ties are broken by chunk id, so equal inputs give
-equal outputs. Model id and dimension come from the model's row (constructor arguments, never
-the request) and are written into the SQL as literals, because the partial index only matches a
-literal model id; everything the caller sends is a bound parameter.
+equal outputs. Model id and dimension come from the model's row (the serving model, resolved
+once per search; never the request) and are written into the SQL as literals, because the
+partial index only matches a literal model id; everything the caller sends is a bound parameter.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -38,6 +38,32 @@ from ragservice.errors import EmbeddingError, InvalidInputError
 from ragservice.filters import CompiledFilter
 
 QueryEmbedder = Callable[[str], npt.NDArray[np.float32]]
+
+
+class QueryModel(Protocol):
+    """The embedding model one search runs with: its row id (the partial HNSW index), its
+    dimension and its query encoder, resolved once when the search starts."""
+
+    @property
+    def id(self) -> int: ...
+
+    @property
+    def dimension(self) -> int: ...
+
+    def embed_query(self, text: str) -> npt.NDArray[np.float32]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class FixedModel:
+    """A `QueryModel` from its parts (a searcher on one model, benchmarks, tests)."""
+
+    id: int
+    dimension: int
+    embed: QueryEmbedder
+
+    def embed_query(self, text: str) -> npt.NDArray[np.float32]:
+        return self.embed(text)
+
 
 # pgvector refuses hnsw.ef_search above 1000.
 _MAX_EF_SEARCH = 1000
@@ -131,10 +157,12 @@ class SearchHit:
 
 @dataclass(frozen=True, slots=True)
 class SearchResult:
-    """Hits best first, and the milliseconds each stage took (only the stages that ran)."""
+    """Hits best first, the milliseconds each stage took (only the stages that ran), and the
+    id of the embedding model searched with."""
 
     hits: list[SearchHit]
     timings_ms: dict[str, float] = field(default_factory=dict)
+    model_id: int | None = None
 
 
 # -- SQL -------------------------------------------------------------------------------------
@@ -269,27 +297,32 @@ class _Statement:
 
 
 class Searcher:
-    """Runs searches for one embedding model. Thread-safe; `close()` stops its worker threads."""
+    """Runs searches. Thread-safe; `close()` stops its worker threads.
+
+    The embedding model is fixed (`embed_query`, `model_id`, `dimension`), or `models` gives
+    it: called once as each search starts (the serving model, which may change between
+    searches but never within one). A caller may also pass the model to `search` itself.
+    """
 
     def __init__(
         self,
         db: Database,
-        embed_query: QueryEmbedder,
+        embed_query: QueryEmbedder | None = None,
         *,
-        model_id: int,
-        dimension: int,
+        model_id: int | None = None,
+        dimension: int | None = None,
+        models: Callable[[], QueryModel] | None = None,
         workers: int = 4,
     ) -> None:
         self._db = db
-        self._embed_query = embed_query
-        self._model_id = int(model_id)
-        self._dimension = int(dimension)
+        self._models = models or _fixed(embed_query, model_id, dimension)
         # Full-text candidates of hybrid searches run here, overlapping the query's embedding.
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="search")
 
     @property
     def model_id(self) -> int:
-        return self._model_id
+        """The id of the model a search starting now would use."""
+        return self._models().id
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
@@ -307,24 +340,35 @@ class Searcher:
         query: str,
         options: SearchOptions,
         vector: npt.NDArray[np.float32] | None = None,
+        model: QueryModel | None = None,
     ) -> SearchResult:
         """The top `options.k` chunks of the collections (already resolved and tenant-checked).
 
-        `vector`: the query's embedding when the caller already has it (it is not redone).
+        `vector`: the query's embedding when the caller already has it (it is not redone), by
+        `model` (default: the searcher's model as this search starts).
         """
         timer = _Timer()
+        model = model or self._models()
         hits: list[SearchHit] = []
         if collection_ids:
-            statement, stage = self._prepare(list(collection_ids), query, options, timer, vector)
+            statement, stage = self._prepare(
+                model, list(collection_ids), query, options, timer, vector
+            )
             with timer.stage(stage):
                 hits = [_hit(row) for row in self._run(statement)]
-        return SearchResult(hits=hits, timings_ms=timer.finish())
+        return SearchResult(hits=hits, timings_ms=timer.finish(), model_id=model.id)
 
     def explain(
-        self, *, collection_ids: Sequence[uuid.UUID], query: str, options: SearchOptions
+        self,
+        *,
+        collection_ids: Sequence[uuid.UUID],
+        query: str,
+        options: SearchOptions,
+        model: QueryModel | None = None,
     ) -> str:
         """PostgreSQL's plan for the final statement `search` would run (for diagnosis)."""
-        statement, _ = self._prepare(list(collection_ids), query, options, _Timer())
+        model = model or self._models()
+        statement, _ = self._prepare(model, list(collection_ids), query, options, _Timer())
         explain = _Statement(
             sql.SQL("EXPLAIN {}").format(statement.query), statement.params, statement.ef_search
         )
@@ -344,6 +388,7 @@ class Searcher:
 
     def _prepare(
         self,
+        model: QueryModel,
         collections: list[uuid.UUID],
         query: str,
         options: SearchOptions,
@@ -356,13 +401,14 @@ class Searcher:
             return _Statement(bm25, self._params(collections, options, query=query)), "fulltext"
         if options.mode is Mode.DENSE:
             with timer.stage("embed"):
-                vector = self._vector(query, given)
-            dense = _with(self._nearest(options), _DENSE_RANKED, select=_HITS)
+                vector = _vector(model, query, given)
+            dense = _with(_nearest(model, options), _DENSE_RANKED, select=_HITS)
             return self._dense_statement(dense, collections, options, vector), "dense"
-        return self._hybrid(collections, query, options, timer, given), "fuse"
+        return self._hybrid(model, collections, query, options, timer, given), "fuse"
 
     def _hybrid(
         self,
+        model: QueryModel,
         collections: list[uuid.UUID],
         query: str,
         options: SearchOptions,
@@ -371,12 +417,12 @@ class Searcher:
     ) -> _Statement:
         text_side = self._pool.submit(self._text_candidates, collections, query, options)
         with timer.stage("embed"):
-            vector = self._vector(query, given)
+            vector = _vector(model, query, given)
         text_ids, text_ms = text_side.result()
         timer.record("fulltext", text_ms)
         fused = _FUSED.format(limit=sql.Literal(options.k))
         statement = self._dense_statement(
-            _with(self._nearest(options), fused, select=_HITS), collections, options, vector
+            _with(_nearest(model, options), fused, select=_HITS), collections, options, vector
         )
         statement.params.update(
             text_ids=text_ids, text_ranks=list(range(1, len(text_ids) + 1)), rrf_k=options.rrf_k
@@ -421,26 +467,6 @@ class Searcher:
                 conn.execute(_SET_DENSE, {"ef_search": str(statement.ef_search)}, prepare=False)
             return conn.execute(statement.query, statement.params, prepare=False).fetchall()
 
-    def _vector(
-        self, query: str, given: npt.NDArray[np.float32] | None = None
-    ) -> npt.NDArray[np.float32]:
-        embedded = self._embed_query(query) if given is None else given
-        vector = np.asarray(embedded, dtype=np.float32).reshape(-1)
-        if vector.shape[0] != self._dimension:
-            raise EmbeddingError(
-                f"query embedding has {vector.shape[0]} dimensions, the index {self._dimension}"
-            )
-        return vector
-
-    def _nearest(self, options: SearchOptions) -> sql.Composed:
-        return _NEAREST.format(
-            dim=sql.Literal(self._dimension),
-            model_id=sql.Literal(self._model_id),
-            document_join=_document_join(options.filters),
-            filter=_filter_and(options.filters),
-            limit=sql.Literal(options.dense_limit),
-        )
-
     @staticmethod
     def _bm25(options: SearchOptions) -> sql.Composed:
         return _BM25.format(
@@ -464,6 +490,37 @@ class Searcher:
         if options.filters is not None:
             params |= options.filters.params
         return params
+
+
+def _fixed(
+    embed_query: QueryEmbedder | None, model_id: int | None, dimension: int | None
+) -> Callable[[], QueryModel]:
+    if embed_query is None or model_id is None or dimension is None:
+        raise TypeError("Searcher needs embed_query, model_id and dimension, or models")
+    model = FixedModel(id=int(model_id), dimension=int(dimension), embed=embed_query)
+    return lambda: model
+
+
+def _vector(
+    model: QueryModel, query: str, given: npt.NDArray[np.float32] | None = None
+) -> npt.NDArray[np.float32]:
+    embedded = model.embed_query(query) if given is None else given
+    vector = np.asarray(embedded, dtype=np.float32).reshape(-1)
+    if vector.shape[0] != model.dimension:
+        raise EmbeddingError(
+            f"query embedding has {vector.shape[0]} dimensions, the index {model.dimension}"
+        )
+    return vector
+
+
+def _nearest(model: QueryModel, options: SearchOptions) -> sql.Composed:
+    return _NEAREST.format(
+        dim=sql.Literal(int(model.dimension)),
+        model_id=sql.Literal(int(model.id)),
+        document_join=_document_join(options.filters),
+        filter=_filter_and(options.filters),
+        limit=sql.Literal(options.dense_limit),
+    )
 
 
 def _connection(session: Session) -> psycopg.Connection[Any]:

@@ -37,12 +37,15 @@ from sqlalchemy.orm import Session, aliased
 from ragservice.db.models import (
     ApiKey,
     Chunk,
+    ChunkEmbedding,
     Collection,
     CollectionTextStats,
     Document,
     EmbeddingModel,
+    Feedback,
     IngestJob,
     IngestJobItem,
+    ModelActivation,
     PromptCacheEntry,
     QueryLog,
     Tenant,
@@ -801,12 +804,8 @@ def register_embedding_model(
             f"embedding model {name!r} is registered with dimension {model.dimension}, "
             f"but the loaded model has {dimension}"
         )
-    session.execute(
-        text("SELECT ragservice_ensure_embedding_index(:id, :dim, :m, :ef)"),
-        {"id": model.id, "dim": dimension, "m": hnsw_m, "ef": hnsw_ef_construction},
-    )
-    session.execute(
-        text("SELECT ragservice_ensure_cache_index(:id, :dim)"), {"id": model.id, "dim": dimension}
+    ensure_model_indexes(
+        session, model.id, dimension, hnsw_m=hnsw_m, hnsw_ef_construction=hnsw_ef_construction
     )
     if session.scalar(select(EmbeddingModel.id).where(EmbeddingModel.active)) is None:
         session.execute(
@@ -814,6 +813,184 @@ def register_embedding_model(
         )
         model.active = True
     return model
+
+
+def ensure_model_indexes(
+    session: Session, model_id: int, dimension: int, *, hnsw_m: int, hnsw_ef_construction: int
+) -> None:
+    """The model's partial HNSW indexes on chunk embeddings and on the prompt cache."""
+    session.execute(
+        text("SELECT ragservice_ensure_embedding_index(:id, :dim, :m, :ef)"),
+        {"id": model_id, "dim": dimension, "m": hnsw_m, "ef": hnsw_ef_construction},
+    )
+    session.execute(
+        text("SELECT ragservice_ensure_cache_index(:id, :dim)"), {"id": model_id, "dim": dimension}
+    )
+
+
+# -- embedding model versions ----------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkToEmbed:
+    id: uuid.UUID
+    tenant_id: uuid.UUID
+    text: str
+
+
+def active_model(session: Session) -> EmbeddingModel | None:
+    return session.scalar(select(EmbeddingModel).where(EmbeddingModel.active))
+
+
+def get_model(session: Session, model_id: int) -> EmbeddingModel | None:
+    return session.get(EmbeddingModel, model_id)
+
+
+def find_model(session: Session, name: str, version: int | None = None) -> EmbeddingModel | None:
+    """The model `name` at `version`, or its latest version when `version` is None."""
+    stmt = select(EmbeddingModel).where(EmbeddingModel.name == name)
+    if version is not None:
+        stmt = stmt.where(EmbeddingModel.version == version)
+    return session.scalars(stmt.order_by(EmbeddingModel.version.desc()).limit(1)).first()
+
+
+def list_models(session: Session) -> list[EmbeddingModel]:
+    order = (EmbeddingModel.name, EmbeddingModel.version)
+    return list(session.scalars(select(EmbeddingModel).order_by(*order)))
+
+
+def embedded_counts(session: Session) -> dict[int, int]:
+    """model id → chunks that have an embedding of that model (models without any are absent)."""
+    rows = session.execute(
+        text("SELECT model_id, count(*) FROM chunk_embeddings GROUP BY model_id")
+    )
+    return {int(row[0]): int(row[1]) for row in rows}
+
+
+def chunk_total(session: Session) -> int:
+    return int(session.scalar(select(func.count()).select_from(Chunk)) or 0)
+
+
+def missing_embeddings(session: Session, model_id: int) -> int:
+    """Chunks, of every tenant, without an embedding of the model."""
+    stmt = select(func.count()).select_from(Chunk).where(~_has_embedding(model_id))
+    return int(session.scalar(stmt) or 0)
+
+
+def chunks_to_embed(
+    session: Session, model_id: int, *, after: uuid.UUID | None, limit: int
+) -> list[ChunkToEmbed]:
+    """The next `limit` chunks by id after `after` that have no embedding of the model."""
+    stmt = select(Chunk.id, Chunk.tenant_id, Chunk.text).where(~_has_embedding(model_id))
+    if after is not None:
+        stmt = stmt.where(Chunk.id > after)
+    rows = session.execute(stmt.order_by(Chunk.id).limit(limit))
+    return [ChunkToEmbed(id=row[0], tenant_id=row[1], text=row[2]) for row in rows]
+
+
+def _has_embedding(model_id: int) -> ColumnElement[bool]:
+    return (
+        select(ChunkEmbedding.chunk_id)
+        .where(ChunkEmbedding.chunk_id == Chunk.id, ChunkEmbedding.model_id == model_id)
+        .exists()
+    )
+
+
+def add_embeddings(
+    session: Session,
+    model_id: int,
+    chunks: Sequence[ChunkToEmbed],
+    vectors: npt.NDArray[np.float32],
+) -> int:
+    """Store the chunks' vectors of the model (one COPY); chunks deleted meanwhile and
+    embeddings another writer stored first are skipped. Returns the rows inserted."""
+    conn = _driver_connection(session)
+    conn.execute(
+        "CREATE TEMP TABLE new_embeddings (chunk_id uuid, tenant_id uuid, embedding vector) "
+        "ON COMMIT DROP"
+    )
+    rows = [(c.id, c.tenant_id, v) for c, v in zip(chunks, vectors, strict=True)]
+    columns = ("chunk_id", "tenant_id", "embedding")
+    _copy(conn, "new_embeddings", columns, ("uuid", "uuid", "vector"), rows)
+    inserted = conn.execute(
+        "INSERT INTO chunk_embeddings (chunk_id, model_id, tenant_id, embedding) "
+        "SELECT n.chunk_id, %s, n.tenant_id, n.embedding FROM new_embeddings n "
+        "JOIN chunks c ON c.id = n.chunk_id ON CONFLICT DO NOTHING",
+        (model_id,),
+    )
+    return inserted.rowcount
+
+
+def next_model_version(session: Session, name: str) -> int:
+    """The version a new model called `name` gets. Holds a lock on the name until the
+    transaction ends, so two registrations at once never pick the same version."""
+    session.execute(
+        text("SELECT pg_advisory_xact_lock(hashtext('embedding_models:' || :name))"),
+        {"name": name},
+    )
+    latest = find_model(session, name)
+    return 1 if latest is None else latest.version + 1
+
+
+def register_model_version(
+    session: Session,
+    *,
+    name: str,
+    version: int,
+    dimension: int,
+    path: str,
+    base_model_id: int | None,
+    details: dict[str, Any],
+    hnsw_m: int,
+    hnsw_ef_construction: int,
+) -> EmbeddingModel:
+    """Record a model version (see `next_model_version`), inactive, with its indexes."""
+    model = EmbeddingModel(
+        name=name,
+        version=version,
+        dimension=dimension,
+        path=path,
+        base_model_id=base_model_id,
+        details=details,
+        active=False,
+    )
+    session.add(model)
+    session.flush()
+    ensure_model_indexes(
+        session, model.id, dimension, hnsw_m=hnsw_m, hnsw_ef_construction=hnsw_ef_construction
+    )
+    return model
+
+
+def activate_model(session: Session, model_id: int) -> int | None:
+    """Make the model the active one and record the switch; returns the previously active
+    model's id. Servers notice the change at their next model check."""
+    # Locks the (small) table's rows: two activations at once run one after the other.
+    rows = session.scalars(select(EmbeddingModel).with_for_update()).all()
+    previous = next((row.id for row in rows if row.active), None)
+    if previous == model_id:
+        return previous
+    session.execute(update(EmbeddingModel).where(EmbeddingModel.active).values(active=False))
+    session.execute(update(EmbeddingModel).where(EmbeddingModel.id == model_id).values(active=True))
+    session.add(ModelActivation(model_id=model_id, previous_model_id=previous))
+    session.flush()
+    return previous
+
+
+def last_activation(session: Session) -> ModelActivation | None:
+    stmt = select(ModelActivation).order_by(ModelActivation.id.desc()).limit(1)
+    return session.scalars(stmt).first()
+
+
+def drop_model_embeddings(session: Session, model_id: int) -> int:
+    """Delete the model's chunk embeddings, their HNSW index and its cache entries."""
+    deleted = session.execute(
+        delete(ChunkEmbedding).where(ChunkEmbedding.model_id == model_id)
+    ).rowcount  # type: ignore[attr-defined]
+    session.execute(delete(PromptCacheEntry).where(PromptCacheEntry.model_id == model_id))
+    index = psycopg.sql.Identifier(f"chunk_embeddings_hnsw_model_{int(model_id)}")
+    _driver_connection(session).execute(psycopg.sql.SQL("DROP INDEX IF EXISTS {}").format(index))
+    return int(deleted)
 
 
 # -- ingest jobs -----------------------------------------------------------------------------
@@ -1098,4 +1275,246 @@ def _job_position(tenant_id: uuid.UUID, job_id: uuid.UUID) -> ScalarSelect[Any]:
         select(cursor.created_at, cursor.id)
         .where(cursor.id == job_id, cursor.tenant_id == tenant_id)
         .scalar_subquery()
+    )
+
+
+# -- feedback and exports --------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class LoggedQuery:
+    """What feedback on an answer is checked against."""
+
+    id: uuid.UUID
+    tenant_id: uuid.UUID
+    collection_ids: list[uuid.UUID]
+
+
+@dataclass(frozen=True, slots=True)
+class NewFeedback:
+    query_id: uuid.UUID
+    tenant_id: uuid.UUID
+    rating: int | None
+    scale: str
+    comment: str | None
+    corrected_answer: str | None
+    relevant_chunk_ids: Sequence[uuid.UUID]
+    irrelevant_chunk_ids: Sequence[uuid.UUID]
+    key_id: uuid.UUID | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class FeedbackEntry:
+    """One feedback row as an export reads it."""
+
+    rating: int | None
+    scale: str
+    corrected_answer: str | None
+    relevant: tuple[uuid.UUID, ...]
+    irrelevant: tuple[uuid.UUID, ...]
+    created_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class ExportRow:
+    """A logged answer with its feedback (oldest first) and the texts of the chunks an export
+    may need: the top of `ranked`, the cited ones and the judged ones (empty when not asked)."""
+
+    query_id: uuid.UUID
+    question: str
+    answer: str | None
+    status: str
+    messages: list[dict[str, Any]] | None
+    ranked: tuple[uuid.UUID, ...]  # retrieved chunk ids, best first
+    cited: tuple[uuid.UUID, ...]
+    collection_ids: tuple[uuid.UUID, ...]  # sorted
+    created_at: datetime
+    feedback: tuple[FeedbackEntry, ...]
+    chunk_texts: dict[uuid.UUID, str]
+    question_key: str  # lower case, white space collapsed, trailing punctuation dropped
+
+
+def find_tenant(session: Session, name: str) -> uuid.UUID | None:
+    return session.scalar(select(Tenant.id).where(Tenant.name == name))
+
+
+def find_logged_query(
+    session: Session, tenant_id: uuid.UUID, query_id: uuid.UUID
+) -> LoggedQuery | None:
+    """The tenant's logged answer `query_id`; None for another tenant's, as for a missing one."""
+    row = session.execute(
+        select(QueryLog.id, QueryLog.tenant_id, QueryLog.collection_ids).where(
+            QueryLog.id == query_id, QueryLog.tenant_id == tenant_id
+        )
+    ).first()
+    return None if row is None else LoggedQuery(row[0], row[1], list(row[2]))
+
+
+_CHUNKS_OUTSIDE_QUERY = text("""
+SELECT u.id
+FROM query_log q, unnest(CAST(:ids AS uuid[])) WITH ORDINALITY AS u(id, n)
+WHERE q.id = :query AND q.tenant_id = :tenant
+  AND NOT EXISTS (SELECT 1 FROM jsonb_array_elements(q.retrieved) AS r(item)
+                  WHERE r.item ->> 'chunk_id' = CAST(u.id AS text))
+  AND NOT EXISTS (SELECT 1 FROM chunks c
+                  WHERE c.id = u.id AND c.tenant_id = q.tenant_id
+                    AND c.collection_id = ANY(q.collection_ids))
+ORDER BY u.n
+""")
+
+
+def chunks_outside_query(
+    session: Session, query: LoggedQuery, chunk_ids: Sequence[uuid.UUID]
+) -> list[uuid.UUID]:
+    """The ids among `chunk_ids` that were not retrieved for the query and are not chunks of
+    the query's tenant in one of its collections, in the order given."""
+    if not chunk_ids:
+        return []
+    params = {"ids": list(chunk_ids), "query": query.id, "tenant": query.tenant_id}
+    return list(session.scalars(_CHUNKS_OUTSIDE_QUERY, params))
+
+
+def add_feedback(session: Session, feedback: NewFeedback) -> Feedback:
+    stmt = (
+        insert(Feedback)
+        .values(
+            query_id=feedback.query_id,
+            tenant_id=feedback.tenant_id,
+            rating=feedback.rating,
+            scale=feedback.scale,
+            comment=feedback.comment,
+            corrected_answer=feedback.corrected_answer,
+            relevant_chunk_ids=list(feedback.relevant_chunk_ids),
+            irrelevant_chunk_ids=list(feedback.irrelevant_chunk_ids),
+            key_id=feedback.key_id,
+        )
+        .returning(Feedback)
+    )
+    return session.scalars(stmt).one()
+
+
+# Each answer with feedback, its feedback rows aggregated oldest first, and its latest rating
+# (the rating filters apply to that one). Only fixed fragments are substituted into it.
+_EXPORT_ROWS = """
+SELECT q.id, q.question, q.answer, q.status, q.messages, q.retrieved, q.citations,
+       ARRAY(SELECT c FROM unnest(q.collection_ids) AS c ORDER BY c) AS scope,
+       q.created_at, fb.entries, {texts} AS texts,
+       regexp_replace(lower(regexp_replace(btrim(q.question), '[[:space:]]+', ' ', 'g')),
+                      '[[:space:][:punct:]]+$', '') AS question_key
+FROM query_log q
+CROSS JOIN LATERAL (
+    SELECT jsonb_agg(jsonb_build_object(
+               'rating', f.rating, 'scale', f.scale, 'corrected_answer', f.corrected_answer,
+               'relevant', f.relevant_chunk_ids, 'irrelevant', f.irrelevant_chunk_ids,
+               'created_at', f.created_at) ORDER BY f.created_at, f.id) AS entries,
+           (array_agg(f.rating ORDER BY f.created_at DESC, f.id DESC)
+                FILTER (WHERE f.rating IS NOT NULL))[1] AS rating
+    FROM feedback f
+    WHERE f.query_id = q.id AND f.tenant_id = q.tenant_id AND {feedback_window}
+) fb
+WHERE q.tenant_id = :tenant
+  AND q.id IN (SELECT f.query_id FROM feedback f WHERE f.tenant_id = :tenant AND {feedback_window})
+  AND fb.entries IS NOT NULL
+  AND (CAST(:collection AS uuid) IS NULL OR CAST(:collection AS uuid) = ANY(q.collection_ids))
+  AND {query_window}
+  AND (CAST(:min_rating AS int) IS NULL OR fb.rating >= CAST(:min_rating AS int))
+  AND (CAST(:max_rating AS int) IS NULL OR fb.rating <= CAST(:max_rating AS int))
+ORDER BY {order}
+"""
+
+_EXPORT_TEXTS = """(
+    SELECT jsonb_object_agg(CAST(c.id AS text), c.text) FROM chunks c
+    WHERE c.tenant_id = q.tenant_id AND c.id IN (
+        SELECT CAST(r.item ->> 'chunk_id' AS uuid)
+        FROM jsonb_array_elements(q.retrieved) WITH ORDINALITY AS r(item, n)
+        WHERE r.n <= :depth
+        UNION
+        SELECT CAST(jsonb_array_elements_text(s.item -> 'chunk_ids') AS uuid)
+        FROM jsonb_array_elements(q.citations) AS s(item)
+        UNION
+        SELECT unnest(f.relevant_chunk_ids || f.irrelevant_chunk_ids) FROM feedback f
+        WHERE f.query_id = q.id AND f.tenant_id = q.tenant_id))"""
+
+_WINDOW = (
+    "(CAST(:since AS timestamptz) IS NULL OR {column} >= CAST(:since AS timestamptz)) "
+    "AND (CAST(:until AS timestamptz) IS NULL OR {column} < CAST(:until AS timestamptz))"
+)
+
+_EXPORT_ORDER = {
+    "time": "q.created_at, q.id",
+    # Answers to the same question over the same collections come out next to each other.
+    "question": "question_key, scope, q.created_at, q.id",
+}
+
+
+def export_rows(
+    session: Session,
+    *,
+    tenant_id: uuid.UUID,
+    collection_id: uuid.UUID | None = None,
+    since: datetime | None = None,
+    until: datetime | None = None,
+    by_query_time: bool = False,
+    min_rating: int | None = None,
+    max_rating: int | None = None,
+    text_depth: int | None = None,
+    order: str = "time",
+    batch_size: int = 500,
+) -> Iterator[ExportRow]:
+    """The tenant's answers that have feedback, streamed from a server-side cursor in batches
+    of `batch_size`; iterate while the session is open.
+
+    `since` (inclusive) and `until` (exclusive) bound the feedback's time, or the answer's with
+    `by_query_time` (then every feedback row of a chosen answer counts). With `text_depth`,
+    chunk texts come along for the top `text_depth` retrieved, the cited and the judged chunks.
+    `order`: "time" (answer time) or "question" (grouped by question and collections).
+    """
+    feedback_window = "TRUE" if by_query_time else _WINDOW.format(column="f.created_at")
+    statement = _EXPORT_ROWS.format(
+        texts="NULL::jsonb" if text_depth is None else _EXPORT_TEXTS,
+        feedback_window=feedback_window,
+        query_window=_WINDOW.format(column="q.created_at") if by_query_time else "TRUE",
+        order=_EXPORT_ORDER[order],
+    )
+    params = {
+        "tenant": tenant_id,
+        "collection": collection_id,
+        "since": since,
+        "until": until,
+        "min_rating": min_rating,
+        "max_rating": max_rating,
+        "depth": text_depth or 0,
+    }
+    result = session.execute(text(statement).execution_options(yield_per=batch_size), params)
+    for row in result:
+        yield _export_row(row)
+
+
+def _export_row(row: Row[Any]) -> ExportRow:
+    values = row._mapping
+    citations = values["citations"] or ()
+    return ExportRow(
+        query_id=values["id"],
+        question=values["question"],
+        answer=values["answer"],
+        status=values["status"],
+        messages=values["messages"],
+        ranked=tuple(uuid.UUID(item["chunk_id"]) for item in values["retrieved"] or ()),
+        cited=tuple(uuid.UUID(i) for c in citations for i in c.get("chunk_ids", ())),
+        collection_ids=tuple(values["scope"]),
+        created_at=values["created_at"],
+        feedback=tuple(_feedback_entry(entry) for entry in values["entries"]),
+        chunk_texts={uuid.UUID(k): v for k, v in (values["texts"] or {}).items()},
+        question_key=values["question_key"],
+    )
+
+
+def _feedback_entry(entry: dict[str, Any]) -> FeedbackEntry:
+    return FeedbackEntry(
+        rating=entry["rating"],
+        scale=entry["scale"],
+        corrected_answer=entry["corrected_answer"],
+        relevant=tuple(uuid.UUID(i) for i in entry["relevant"] or ()),
+        irrelevant=tuple(uuid.UUID(i) for i in entry["irrelevant"] or ()),
+        created_at=datetime.fromisoformat(entry["created_at"]),
     )

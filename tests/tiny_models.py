@@ -163,3 +163,45 @@ def _batch(rng: random.Random, size: int) -> tuple[list[str], list[str], torch.T
     labels = [i % 2 == 1 for i in range(size)]
     passages = [tiny_passage(q, rng, relevant=y) for q, y in zip(queries, labels, strict=True)]
     return queries, passages, torch.tensor(labels, dtype=torch.float32)
+
+
+def build_tiny_sentence_transformer(directory: Path, *, seed: int = 0, dimension: int = 32) -> Path:
+    """An untrained two-layer BERT bi-encoder (mean pooling, normalized; `dimension`-wide) with
+    the MiniLM tokenizer, saved as a sentence-transformers folder in `directory`.
+
+    Its word vectors are random, so texts that share words land close together: enough for
+    tests of loading, embedding, fine-tuning and switching models, in well under a second.
+    """
+    from transformers import AutoTokenizer, BertConfig, BertModel
+
+    transformer_dir = directory / "transformer"
+    transformer_dir.mkdir(parents=True, exist_ok=True)
+    _copy_minilm_tokenizer(transformer_dir)
+    tokenizer = AutoTokenizer.from_pretrained(str(transformer_dir), local_files_only=True)
+    config = BertConfig(
+        vocab_size=tokenizer.vocab_size,
+        hidden_size=dimension,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=2 * dimension,
+        max_position_embeddings=128,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        BertModel(config).save_pretrained(str(transformer_dir))
+    tokenizer.save_pretrained(str(transformer_dir))
+    _sentence_transformer(transformer_dir, dimension).save(str(directory))
+    shutil.rmtree(transformer_dir)
+    return directory
+
+
+def _sentence_transformer(transformer_dir: Path, dimension: int) -> Any:
+    from sentence_transformers import SentenceTransformer
+
+    try:
+        from sentence_transformers.sentence_transformer import modules
+    except ImportError:  # sentence-transformers before 6
+        from sentence_transformers import models as modules
+    transformer = modules.Transformer(str(transformer_dir), max_seq_length=128)
+    pooling = modules.Pooling(dimension, "mean")
+    return SentenceTransformer(modules=[transformer, pooling, modules.Normalize()], device="cpu")

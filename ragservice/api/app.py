@@ -14,7 +14,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from ragservice.api.errors import install_error_handlers
 from ragservice.api.middleware import MetricsMiddleware, RequestContextMiddleware
-from ragservice.api.routers import collections, documents, jobs, openai, query, search
+from ragservice.api.routers import collections, documents, feedback, jobs, openai, query, search
 from ragservice.cache import CachePurger, PromptCache
 from ragservice.config import Settings, get_settings
 from ragservice.db import migrate
@@ -64,6 +64,7 @@ def create_app(
             runtime = open_runtime(resolved, embedder=embedder)
             stack.callback(runtime.close)
             app.state.runtime = runtime
+            runtime.models.start()  # follows `ragservice models activate` without a restart
             app.state.searcher = make_searcher(runtime)
             stack.callback(app.state.searcher.close)
             inference = InferenceClient.from_settings(resolved)
@@ -85,7 +86,7 @@ def create_app(
     install_error_handlers(app)
     app.add_middleware(RequestContextMiddleware, max_body_bytes=resolved.max_body_bytes)
     app.add_middleware(MetricsMiddleware, metrics=metrics)
-    for module in (collections, documents, jobs, search, query, openai):
+    for module in (collections, documents, jobs, search, query, openai, feedback):
         app.include_router(module.router)
     _add_health_routes(app, metrics)
     return app
@@ -124,33 +125,22 @@ def make_pipeline(
         reranker.warm_up()
     cache = None
     if runtime.settings.cache_enabled:
-        cache = PromptCache(
-            runtime.db,
-            model_id=runtime.model_id,
-            dimension=runtime.embedder.dimension,
-            settings=runtime.settings,
-            metrics=metrics,
-        )
+        cache = PromptCache(runtime.db, settings=runtime.settings, metrics=metrics)
     return AnswerPipeline(
         db=runtime.db,
         searcher=searcher,
-        count_tokens=runtime.embedder.count_tokens,
+        models=runtime.models.current,
         settings=runtime.settings,
         reranker=reranker,
         inference=inference,
         metrics=metrics,
         cache=cache,
-        embed_query=runtime.embedder.embed_query,
     )
 
 
 def make_searcher(runtime: Runtime) -> Searcher:
-    return Searcher(
-        runtime.db,
-        runtime.embedder.embed_query,
-        model_id=runtime.model_id,
-        dimension=runtime.embedder.dimension,
-    )
+    """A searcher on the serving model, resolved as each search starts."""
+    return Searcher(runtime.db, models=runtime.models.current)
 
 
 def check_auth_binding(settings: Settings, host: str) -> None:
@@ -184,18 +174,21 @@ def _add_health_routes(app: FastAPI, metrics: Metrics) -> None:
 
     @app.get("/readyz", tags=["health"])
     def readyz(request: Request) -> JSONResponse:
-        """Readiness: primary reachable, schema current, model loaded. Each replica's role,
-        health and lag are listed too (from the background checks); a replica that is down
-        does not make the server unready, since reads go elsewhere meanwhile."""
+        """Readiness: primary reachable, schema current, model loaded. `model` is the embedding
+        model being served (it changes within RAGSERVICE_MODEL_CHECK_SECONDS of an activation,
+        plus its load). Each replica's role, health and lag are listed too (from the background
+        checks); a replica that is down does not make the server unready, since reads go
+        elsewhere meanwhile."""
         runtime: Runtime = request.app.state.runtime
-        checks = {"database": False, "migrations": False, "model": runtime.embedder.dimension > 0}
+        model = runtime.models.current()
+        checks = {"database": False, "migrations": False, "model": model.embedder.dimension > 0}
         try:
             checks["migrations"] = migrate.is_current(runtime.db.write_engine)
             checks["database"] = True
         except Exception:  # reported as not ready, never as a 500
             pass
         ready = all(checks.values())
-        body: dict[str, object] = {"ready": ready, "checks": checks}
+        body: dict[str, object] = {"ready": ready, "checks": checks, "model": model.describe()}
         if runtime.db.router is not None:
             body["nodes"] = runtime.db.router.status()
         return JSONResponse(body, status_code=200 if ready else 503)

@@ -8,6 +8,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ragservice.feedback import MAX_FEEDBACK_CHARS, MAX_JUDGED_CHUNKS
 from ragservice.search import Mode
 
 COLLECTION_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
@@ -169,10 +170,19 @@ class SearchHitOut(BaseModel):
     document: DocumentRef
 
 
+class EmbeddingModelOut(BaseModel):
+    """The embedding model a search ran with (the one being served when it started)."""
+
+    id: int
+    name: str
+    version: int
+
+
 class SearchResponse(BaseModel):
     mode: Mode
     results: list[SearchHitOut]
     timings_ms: dict[str, float]
+    embedding_model: EmbeddingModelOut | None = None
 
 
 class QueryRequest(BaseModel):
@@ -243,3 +253,40 @@ class QueryResponse(BaseModel):
     status: str = Field(description="`ok` (generated) or `extractive`")
     timings_ms: dict[str, float]
     cache: CacheOut | None = Field(description="what the prompt cache did; null when not used")
+
+
+class FeedbackBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    rating: int | None = Field(
+        default=None, description="thumbs: +1 or -1; stars: 1 to 5; null: no rating"
+    )
+    scale: Literal["thumbs", "stars"] = "thumbs"
+    comment: str | None = Field(default=None, max_length=MAX_FEEDBACK_CHARS)
+    corrected_answer: str | None = Field(
+        default=None, max_length=MAX_FEEDBACK_CHARS, description="the answer it should have been"
+    )
+    relevant_chunk_ids: list[uuid.UUID] = Field(
+        default_factory=list,
+        max_length=MAX_JUDGED_CHUNKS,
+        description="chunks that helped: retrieved for the answer or in its collections",
+    )
+    irrelevant_chunk_ids: list[uuid.UUID] = Field(
+        default_factory=list, max_length=MAX_JUDGED_CHUNKS, description="chunks that did not"
+    )
+
+
+class FeedbackRequest(FeedbackBody):
+    query_id: uuid.UUID = Field(description="the answer's `query_id`")
+
+
+class FeedbackOut(BaseModel):
+    id: uuid.UUID
+    query_id: uuid.UUID
+    rating: int | None
+    scale: Literal["thumbs", "stars"]
+    comment: str | None
+    corrected_answer: str | None
+    relevant_chunk_ids: list[uuid.UUID]
+    irrelevant_chunk_ids: list[uuid.UUID]
+    created_at: datetime

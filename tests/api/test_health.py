@@ -20,6 +20,7 @@ def test_healthz_and_readyz(settings: Settings, embedder: SentenceTransformerEmb
         assert ready.json() == {
             "ready": True,
             "checks": {"database": True, "migrations": True, "model": True},
+            "model": {"id": 1, "name": embedder.name, "version": 1, "dimension": 384},
         }
         assert "/readyz" in client.get("/openapi.json").json()["paths"]
 

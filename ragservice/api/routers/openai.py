@@ -28,10 +28,10 @@ from ragservice.api.deps import PipelineDep, Reader, RuntimeDep, replica_reads
 from ragservice.api.routers.query import answer_out
 from ragservice.api.routers.search import check_text, collection_ids
 from ragservice.context import Source
+from ragservice.embedding import SentenceTransformerEmbedder
 from ragservice.errors import InvalidInputError, NotFoundError, PayloadTooLargeError
 from ragservice.pipeline import Answer, Question
 from ragservice.prompt import ChatMessage
-from ragservice.runtime import Runtime
 from ragservice.search import SearchOptions
 
 router = APIRouter(prefix="/v1", tags=["openai"], dependencies=[Depends(replica_reads)])
@@ -118,16 +118,18 @@ async def chat_completions(
 async def embeddings(body: EmbeddingsRequest, principal: Reader, runtime: RuntimeDep) -> Any:
     """Embed texts with the service's model (normalized vectors, cosine-ready)."""
     texts = [body.input] if isinstance(body.input, str) else body.input
-    _check_embedding_input(texts, body.dimensions, runtime)
-    vectors = await anyio.to_thread.run_sync(_embed, runtime, texts)
-    tokens = await anyio.to_thread.run_sync(_token_count, runtime, texts)
+    model = runtime.models.current()  # one model for the whole request
+    embedder = model.embedder
+    _check_embedding_input(texts, body.dimensions, embedder)
+    vectors = await anyio.to_thread.run_sync(_embed, embedder, texts)
+    tokens = await anyio.to_thread.run_sync(_token_count, embedder, texts)
     return {
         "object": "list",
         "data": [
             {"object": "embedding", "index": i, "embedding": _encode(v, body.encoding_format)}
             for i, v in enumerate(vectors)
         ],
-        "model": runtime.embedder.name,
+        "model": model.name,
         "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
     }
 
@@ -249,25 +251,29 @@ def _extra(answer: Answer) -> dict[str, Any]:
 # -- embeddings ------------------------------------------------------------------------------
 
 
-def _check_embedding_input(texts: list[str], dimensions: int | None, runtime: Runtime) -> None:
+def _check_embedding_input(
+    texts: list[str], dimensions: int | None, embedder: SentenceTransformerEmbedder
+) -> None:
     if not texts:
         raise InvalidInputError("input: give at least one text")
     if len(texts) > MAX_EMBEDDING_INPUTS:
         raise PayloadTooLargeError(f"input: at most {MAX_EMBEDDING_INPUTS} texts per request")
-    if dimensions is not None and dimensions != runtime.embedder.dimension:
+    if dimensions is not None and dimensions != embedder.dimension:
         raise InvalidInputError(
-            f"dimensions: this model gives {runtime.embedder.dimension}, not {dimensions}"
+            f"dimensions: this model gives {embedder.dimension}, not {dimensions}"
         )
 
 
-def _token_count(runtime: Runtime, texts: list[str]) -> int:
-    return int(runtime.embedder.token_lengths(texts).sum())
+def _token_count(embedder: SentenceTransformerEmbedder, texts: list[str]) -> int:
+    return int(embedder.token_lengths(texts).sum())
 
 
-def _embed(runtime: Runtime, texts: list[str]) -> np.ndarray[Any, np.dtype[np.float32]]:
+def _embed(
+    embedder: SentenceTransformerEmbedder, texts: list[str]
+) -> np.ndarray[Any, np.dtype[np.float32]]:
     if len(texts) == 1:  # one text: the fast query encoder
-        return runtime.embedder.embed_query(texts[0]).reshape(1, -1)
-    return runtime.embedder.embed(texts)
+        return embedder.embed_query(texts[0]).reshape(1, -1)
+    return embedder.embed(texts)
 
 
 def _encode(vector: np.ndarray[Any, np.dtype[np.float32]], encoding: str) -> list[float] | str:

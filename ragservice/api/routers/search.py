@@ -8,7 +8,13 @@ from fastapi import APIRouter, Depends
 
 from ragservice import store
 from ragservice.api.deps import Reader, RuntimeDep, SearcherDep, replica_reads
-from ragservice.api.schemas import DocumentRef, SearchHitOut, SearchRequest, SearchResponse
+from ragservice.api.schemas import (
+    DocumentRef,
+    EmbeddingModelOut,
+    SearchHitOut,
+    SearchRequest,
+    SearchResponse,
+)
 from ragservice.config import Settings
 from ragservice.errors import InvalidInputError, NotFoundError
 from ragservice.filters import parse_and_compile
@@ -22,8 +28,10 @@ router = APIRouter(prefix="/v1", tags=["search"], dependencies=[Depends(replica_
 def search(
     body: SearchRequest, principal: Reader, runtime: RuntimeDep, searcher: SearcherDep
 ) -> SearchResponse:
-    """Search chunks; results are ordered by `score`, best first."""
+    """Search chunks; results are ordered by `score`, best first. `embedding_model` says which
+    model the search ran with (the serving one when it started)."""
     check_query(body.query, body.k, runtime.settings, field="query")
+    model = runtime.models.current()
     options = SearchOptions.from_settings(
         runtime.settings,
         mode=body.mode,
@@ -31,9 +39,12 @@ def search(
         filters=parse_and_compile(body.filters),
     )
     ids = collection_ids(runtime, principal.tenant_id, body.collections)
-    result = searcher.search(collection_ids=ids, query=body.query, options=options)
+    result = searcher.search(collection_ids=ids, query=body.query, options=options, model=model)
     return SearchResponse(
-        mode=body.mode, results=[_hit_out(hit) for hit in result.hits], timings_ms=result.timings_ms
+        mode=body.mode,
+        results=[_hit_out(hit) for hit in result.hits],
+        timings_ms=result.timings_ms,
+        embedding_model=EmbeddingModelOut(id=model.id, name=model.name, version=model.version),
     )
 
 

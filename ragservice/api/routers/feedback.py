@@ -1,0 +1,117 @@
+"""Feedback on answers, and its export as fine-tuning data.
+
+- `POST /v1/feedback`: rate, comment on or correct an answer (`query_id` from `/v1/query`),
+  and mark its chunks relevant or irrelevant.
+- `POST /v1/chat/completions/{query_id}/feedback`: the same for a chat completion (its
+  `query_id` extension field).
+- `GET /v1/feedback/export`: the caller's tenant's feedback as NDJSON fine-tuning data.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Query, status
+from fastapi.responses import StreamingResponse
+
+from ragservice import exports
+from ragservice.api.deps import Admin, Principal, Reader, RuntimeDep
+from ragservice.api.schemas import FeedbackBody, FeedbackOut, FeedbackRequest
+from ragservice.db.models import Feedback
+from ragservice.exports import ExportFilter, ExportFormat
+from ragservice.feedback import FeedbackInput, submit_feedback
+from ragservice.runtime import Runtime
+
+router = APIRouter(prefix="/v1", tags=["feedback"])
+
+NDJSON = "application/x-ndjson"
+
+
+@router.post("/feedback", status_code=status.HTTP_201_CREATED)
+def post_feedback(body: FeedbackRequest, principal: Reader, runtime: RuntimeDep) -> FeedbackOut:
+    """Feedback on an answer: a rating (thumbs +1/-1 or 1-5 stars), a comment, a corrected
+    answer, chunks that were relevant or not. 404 for an answer that is not yours."""
+    return _submit(runtime, principal, body.query_id, body)
+
+
+@router.post("/chat/completions/{query_id}/feedback", status_code=status.HTTP_201_CREATED)
+def post_chat_feedback(
+    query_id: uuid.UUID, body: FeedbackBody, principal: Reader, runtime: RuntimeDep
+) -> FeedbackOut:
+    """Feedback on a chat completion, by the `query_id` it returned."""
+    return _submit(runtime, principal, query_id, body)
+
+
+@router.get(
+    "/feedback/export",
+    response_class=StreamingResponse,
+    responses={200: {"content": {NDJSON: {}}, "description": "one JSON record per line"}},
+)
+def export_feedback(
+    principal: Admin,
+    runtime: RuntimeDep,
+    fmt: Annotated[ExportFormat, Query(alias="format")],
+    collection: str | None = None,
+    since: datetime | None = None,
+    until: datetime | None = None,
+    time_of: Literal["feedback", "query"] = "feedback",
+    min_rating: int | None = None,
+    max_rating: int | None = None,
+    negatives_per_positive: Annotated[
+        int, Query(ge=1, le=100)
+    ] = exports.DEFAULT_NEGATIVES_PER_POSITIVE,
+) -> StreamingResponse:
+    """Your tenant's feedback as fine-tuning data (`openai-sft`, `openai-dpo`, `trl-dpo`,
+    `triplets`), streamed as NDJSON. `since` (inclusive) and `until` (exclusive) bound the
+    feedback's time, or the answer's with `time_of=query`."""
+    flt = ExportFilter(
+        tenant_id=principal.tenant_id,
+        collection=collection,
+        since=since,
+        until=until,
+        time_of=time_of,
+        min_rating=min_rating,
+        max_rating=max_rating,
+    )
+    # Resolved before the first byte, so that a bad filter still gets its status code.
+    with runtime.db.read() as session:
+        flt = exports.resolve_filter(session, flt)
+    body = exports.ndjson(runtime.db, fmt, flt, negatives_per_positive=negatives_per_positive)
+    disposition = f'attachment; filename="feedback-{fmt.value}.jsonl"'
+    return StreamingResponse(body, media_type=NDJSON, headers={"content-disposition": disposition})
+
+
+def _submit(
+    runtime: Runtime, principal: Principal, query_id: uuid.UUID, body: FeedbackBody
+) -> FeedbackOut:
+    stored = submit_feedback(
+        runtime.db,
+        tenant_id=principal.tenant_id,
+        key_id=principal.key_id,
+        query_id=query_id,
+        feedback=FeedbackInput(
+            rating=body.rating,
+            scale=body.scale,
+            comment=body.comment,
+            corrected_answer=body.corrected_answer,
+            relevant_chunk_ids=body.relevant_chunk_ids,
+            irrelevant_chunk_ids=body.irrelevant_chunk_ids,
+        ),
+    )
+    return feedback_out(stored)
+
+
+def feedback_out(feedback: Feedback) -> FeedbackOut:
+    return FeedbackOut(
+        id=feedback.id,
+        query_id=feedback.query_id,
+        rating=feedback.rating,
+        scale="stars" if feedback.scale == "stars" else "thumbs",
+        comment=feedback.comment,
+        corrected_answer=feedback.corrected_answer,
+        relevant_chunk_ids=list(feedback.relevant_chunk_ids),
+        irrelevant_chunk_ids=list(feedback.irrelevant_chunk_ids),
+        created_at=feedback.created_at,
+    )

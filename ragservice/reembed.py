@@ -1,0 +1,111 @@
+"""Embed the corpus with another model, beside the one being served.
+
+Chunks are taken in id order (a keyset, so each batch is one indexed range scan), only those
+without an embedding of the model; each batch is embedded, written with one COPY and committed
+on its own. An interrupted run leaves whole batches only, and a second run does only what is
+missing, so resuming is just running again. Serving goes on with the active model meanwhile:
+its rows and index are never touched. The texts are the chunks' stored texts, exactly what
+ingest embedded for the active model.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from ragservice import store
+from ragservice.config import Settings
+from ragservice.db import Database
+from ragservice.db.models import EmbeddingModel
+from ragservice.embedding import Vectors
+from ragservice.errors import EmbeddingError
+
+log = logging.getLogger(__name__)
+
+Progress = Callable[[int], None]
+"""Called with the number of chunks each committed batch embedded."""
+
+
+class BatchEmbedder(Protocol):
+    def embed(self, texts: Sequence[str]) -> Vectors: ...
+
+
+@dataclass(frozen=True)
+class ReembedReport:
+    model_id: int
+    missing_at_start: int
+    embedded: int
+    batches: int
+    seconds: float
+
+    @property
+    def chunks_per_second(self) -> float:
+        return self.embedded / self.seconds if self.seconds > 0 else 0.0
+
+
+def count_missing(db: Database, model_id: int) -> int:
+    """Chunks of every tenant that have no embedding of the model yet."""
+    with db.read() as session:
+        return store.missing_embeddings(session, model_id)
+
+
+def reembed(
+    db: Database,
+    settings: Settings,
+    model: EmbeddingModel,
+    embedder: BatchEmbedder,
+    *,
+    batch_size: int,
+    on_batch: Progress | None = None,
+    missing: int | None = None,
+) -> ReembedReport:
+    """Embed every chunk that has no embedding of `model` with `embedder`, `batch_size`
+    chunks per transaction. `missing`: the count at start, when the caller already has it."""
+    started = time.perf_counter()
+    with db.write() as session:  # dropped by `models drop-embeddings`, perhaps: back again
+        store.ensure_model_indexes(
+            session,
+            model.id,
+            model.dimension,
+            hnsw_m=settings.hnsw_m,
+            hnsw_ef_construction=settings.hnsw_ef_construction,
+        )
+    total = count_missing(db, model.id) if missing is None else missing
+    embedded = batches = 0
+    after: uuid.UUID | None = None
+    while chunks := _next_batch(db, model.id, after, batch_size):
+        embedded += _write_batch(db, model, embedder, chunks)
+        batches += 1
+        after = chunks[-1].id
+        if on_batch is not None:
+            on_batch(len(chunks))
+    seconds = time.perf_counter() - started
+    log.info("embedded %d chunks with model %d in %.1f s", embedded, model.id, seconds)
+    return ReembedReport(model.id, total, embedded, batches, seconds)
+
+
+def _next_batch(
+    db: Database, model_id: int, after: uuid.UUID | None, size: int
+) -> list[store.ChunkToEmbed]:
+    with db.read() as session:
+        return store.chunks_to_embed(session, model_id, after=after, limit=size)
+
+
+def _write_batch(
+    db: Database,
+    model: EmbeddingModel,
+    embedder: BatchEmbedder,
+    chunks: list[store.ChunkToEmbed],
+) -> int:
+    vectors = embedder.embed([chunk.text for chunk in chunks])
+    if vectors.shape != (len(chunks), model.dimension):
+        raise EmbeddingError(
+            f"the embedder gave vectors of shape {vectors.shape}; model {model.name} has "
+            f"{model.dimension} dimensions"
+        )
+    with db.write() as session:
+        return store.add_embeddings(session, model.id, chunks, vectors)

@@ -1,0 +1,288 @@
+"""Embedding model versions: which one a process serves, and switching between them.
+
+A `ModelRegistry` holds the serving model (its row and the loaded embedder). A background
+thread reads the active row every `RAGSERVICE_MODEL_CHECK_SECONDS`; when another model became
+active it loads and warms that model first, then swaps one reference. Requests go on with the
+old model meanwhile and never wait for a load. A request resolves `current()` once at its start
+and uses that model throughout (query embedding, search, cache), so a switch never mixes two
+models within one request. The previously served model stays loaded, so a rollback is instant.
+
+The operator's side (`activate`, `rollback`, `drop_embeddings`) changes rows only; every server
+follows within one check interval.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from ragservice import store
+from ragservice.config import Settings
+from ragservice.db import Database
+from ragservice.db.models import EmbeddingModel
+from ragservice.embedding import SentenceTransformerEmbedder, Vector, make_embedder
+from ragservice.errors import ConflictError, EmbeddingError, NotFoundError
+
+log = logging.getLogger(__name__)
+
+_KEEP_LOADED = 2  # the serving model and the one before it (an instant rollback)
+
+
+@dataclass(frozen=True)
+class ServingModel:
+    """A registered model, loaded: what one request embeds, searches and caches with."""
+
+    id: int
+    name: str
+    version: int
+    dimension: int
+    embedder: SentenceTransformerEmbedder
+
+    def embed_query(self, text: str) -> Vector:
+        return self.embedder.embed_query(text)
+
+    def count_tokens(self, text: str) -> int:
+        return self.embedder.count_tokens(text)
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "name": self.name,
+            "version": self.version,
+            "dimension": self.dimension,
+        }
+
+
+Loader = Callable[[EmbeddingModel], SentenceTransformerEmbedder]
+
+
+class ModelRegistry:
+    """The model this process serves, following the database's active model once started."""
+
+    def __init__(
+        self,
+        db: Database,
+        settings: Settings,
+        initial: ServingModel,
+        *,
+        loader: Loader | None = None,
+    ) -> None:
+        self._db = db
+        self._settings = settings
+        self._load = loader or (lambda row: load_embedder(settings, row))
+        self._current = initial
+        self._loaded: OrderedDict[int, ServingModel] = OrderedDict({initial.id: initial})
+        self._failed: set[int] = set()
+        self._refresh_lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def current(self) -> ServingModel:
+        """The serving model; resolve it once per request and keep it for the request."""
+        return self._current
+
+    def refresh(self) -> bool:
+        """Check the active model once; load it (outside any request) and switch to it when it
+        changed. True when this call switched."""
+        with self._refresh_lock:
+            with self._db.read() as session:
+                row = store.active_model(session)
+            if row is None or row.id == self._current.id or row.id in self._failed:
+                return False
+            model = self._loaded.get(row.id) or self._load_row(row)
+            if model is None:
+                return False
+            self._use(model)
+            return True
+
+    def start(self) -> None:
+        """Follow the active model in a background thread (a no-op while it runs)."""
+        if self._thread is not None:
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="model-registry", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            # A model load in progress is not interrupted; the daemon thread ends with it.
+            self._thread.join(timeout)
+            self._thread = None
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._settings.model_check_seconds):
+            try:
+                self.refresh()
+            except Exception:  # the next check tries again; meanwhile the current model serves
+                log.warning("checking the active embedding model failed", exc_info=True)
+
+    def _load_row(self, row: EmbeddingModel) -> ServingModel | None:
+        log.info("loading embedding model %s v%d (id %d)", row.name, row.version, row.id)
+        try:
+            embedder = self._load(row)
+            embedder.warm_up()
+            if embedder.dimension != row.dimension:
+                raise EmbeddingError(
+                    f"it gives {embedder.dimension} dimensions, its row says {row.dimension}"
+                )
+        except Exception as exc:
+            # Tried again only after another model was active: a broken row is logged once.
+            self._failed.add(row.id)
+            log.error("cannot serve embedding model %s v%d: %s", row.name, row.version, exc)
+            return None
+        return _serving(row, embedder)
+
+    def _use(self, model: ServingModel) -> None:
+        previous = self._current
+        self._current = model  # one reference swap: requests resolve either model, whole
+        self._failed.clear()
+        self._loaded[model.id] = model
+        self._loaded.move_to_end(model.id)
+        while len(self._loaded) > _KEEP_LOADED:
+            self._loaded.popitem(last=False)
+        log.info(
+            "serving embedding model %s v%d (id %d), was %s v%d (id %d)",
+            model.name,
+            model.version,
+            model.id,
+            previous.name,
+            previous.version,
+            previous.id,
+        )
+
+
+def _serving(row: EmbeddingModel, embedder: SentenceTransformerEmbedder) -> ServingModel:
+    return ServingModel(
+        id=row.id, name=row.name, version=row.version, dimension=row.dimension, embedder=embedder
+    )
+
+
+# -- loading ---------------------------------------------------------------------------------
+
+
+def loadable(row: EmbeddingModel, settings: Settings) -> bool:
+    """Whether this process can load the model without fetching anything: its folder exists,
+    or it is the configured model (which the operator chose to load by name)."""
+    return bool(row.path and Path(row.path).exists()) or row.name == settings.embedding_model
+
+
+def load_embedder(settings: Settings, row: EmbeddingModel) -> SentenceTransformerEmbedder:
+    """The row's model with the configured device, batch size and query encoder, not yet
+    loaded (call `warm_up`, or just `embed`)."""
+    if row.name == settings.embedding_model or not (row.path and Path(row.path).exists()):
+        return make_embedder(settings.model_copy(update={"embedding_model": row.name}))
+    return make_embedder(settings.model_copy(update={"embedding_model": row.path}))
+
+
+def serve_row(settings: Settings, row: EmbeddingModel) -> ServingModel:
+    """Load and warm the row's model (seconds)."""
+    embedder = load_embedder(settings, row)
+    embedder.warm_up()
+    return _serving(row, embedder)
+
+
+def serve_embedder(row: EmbeddingModel, embedder: SentenceTransformerEmbedder) -> ServingModel:
+    return _serving(row, embedder)
+
+
+# -- the operator's side ---------------------------------------------------------------------
+
+
+def parse_model_ref(ref: str) -> tuple[str, int | None]:
+    """`NAME` (its latest version) or `NAME:VERSION` → (name, version or None)."""
+    name, sep, version = ref.rpartition(":")
+    if sep and name and version.isdigit():
+        return name, int(version)
+    return ref, None
+
+
+def find_model(session: Session, ref: str) -> EmbeddingModel:
+    """The registered model `NAME[:VERSION]`; NotFoundError naming the known ones otherwise."""
+    name, version = parse_model_ref(ref)
+    model = store.find_model(session, name, version)
+    if model is None:
+        known = sorted({f"{m.name}:{m.version}" for m in store.list_models(session)})
+        raise NotFoundError(
+            f"no embedding model {ref!r}; registered: {', '.join(known) or 'none'} "
+            "(`ragservice models list`)"
+        )
+    return model
+
+
+@dataclass(frozen=True)
+class ModelStatus:
+    """A model row with how much of the corpus it has embedded."""
+
+    model: EmbeddingModel
+    embedded: int
+    chunks: int
+
+    @property
+    def complete(self) -> bool:
+        return self.embedded >= self.chunks
+
+
+def model_statuses(session: Session) -> list[ModelStatus]:
+    counts = store.embedded_counts(session)
+    total = store.chunk_total(session)
+    return [ModelStatus(m, counts.get(m.id, 0), total) for m in store.list_models(session)]
+
+
+@dataclass(frozen=True)
+class Switch:
+    """What `activate` or `rollback` did: the model now active, and the one before."""
+
+    model: EmbeddingModel
+    previous_id: int | None
+    changed: bool
+
+
+def activate(db: Database, ref: str, *, force: bool = False) -> Switch:
+    """Make `NAME[:VERSION]` the active model. Refused while chunks lack its embeddings
+    (searches would miss them) unless `force`."""
+    with db.write() as session:
+        model = find_model(session, ref)
+        return _switch(session, model, force=force)
+
+
+def rollback(db: Database, *, force: bool = False) -> Switch:
+    """Activate the model that was active before the latest activation."""
+    with db.write() as session:
+        last = store.last_activation(session)
+        if last is None or last.previous_model_id is None:
+            raise ConflictError("nothing to roll back to: no activation replaced another model")
+        model = store.get_model(session, last.previous_model_id)
+        assert model is not None  # the foreign key sets it null when the row goes
+        return _switch(session, model, force=force)
+
+
+def _switch(session: Session, model: EmbeddingModel, *, force: bool) -> Switch:
+    if not force:
+        missing = store.missing_embeddings(session, model.id)
+        if missing:
+            raise ConflictError(
+                f"{model.name}:{model.version} has no embedding for {missing} chunks; run "
+                f"`ragservice reembed --model {model.name}:{model.version}` first "
+                "(or pass --force to serve it anyway, those chunks unseen by dense search)"
+            )
+    previous = store.activate_model(session, model.id)
+    return Switch(model=model, previous_id=previous, changed=previous != model.id)
+
+
+def drop_embeddings(db: Database, ref: str) -> tuple[EmbeddingModel, int]:
+    """Delete a model's chunk embeddings and its HNSW index; refused for the active model."""
+    with db.write() as session:
+        model = find_model(session, ref)
+        if model.active:
+            raise ConflictError(
+                f"{model.name}:{model.version} is the active model; activate another first"
+            )
+        return model, store.drop_model_embeddings(session, model.id)
