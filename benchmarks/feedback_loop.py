@@ -187,10 +187,13 @@ def _simulate_users(
 
 
 def _cli(env: dict[str, str], args: list[str]) -> subprocess.CompletedProcess[str]:
-    done = subprocess.run([RAGSERVICE, *args], env=env, capture_output=True, text=True, check=False)
+    """Runs a command; its progress (stderr) shows as it goes, its stdout is returned."""
+    print(f"$ ragservice {' '.join(args)}", file=sys.stderr, flush=True)
+    done = subprocess.run(
+        [RAGSERVICE, *args], env=env, stdout=subprocess.PIPE, text=True, check=False
+    )
     if done.returncode != 0:
-        raise SystemExit(f"ragservice {' '.join(args)} failed:\n{done.stderr[-4000:]}")
-    print(done.stderr[-2000:], file=sys.stderr)
+        raise SystemExit(f"ragservice {' '.join(args)} failed (exit {done.returncode})")
     return done
 
 
