@@ -1,5 +1,5 @@
 """The `ragservice` command: serve, worker, ingest, keys, export-feedback, finetune, reembed,
-models, db upgrade, replicas, dev-cluster."""
+models, analysts, db upgrade, replicas, dev-cluster."""
 
 from __future__ import annotations
 
@@ -44,6 +44,10 @@ replicas_app = typer.Typer(help="Read replicas.", no_args_is_help=True)
 app.add_typer(replicas_app, name="replicas")
 models_app = typer.Typer(help="Embedding model versions.", no_args_is_help=True)
 app.add_typer(models_app, name="models")
+analysts_app = typer.Typer(
+    help="Read-only SQL access to the analytics views (docs/analysts.md).", no_args_is_help=True
+)
+app.add_typer(analysts_app, name="analysts")
 console = Console(stderr=True)
 
 
@@ -719,6 +723,63 @@ def _print_switch(switch: Switch) -> None:
         f"activated {label}, was id {switch.previous_id}; servers switch within {seconds:g} s "
         "plus the model's load"
     )
+
+
+@analysts_app.command("add")
+def analysts_add(
+    name: str = typer.Argument(..., help="The role's name: [a-z_][a-z0-9_]{0,62}."),
+    password: Annotated[
+        str | None, typer.Option("--password", help="Default: generated and printed once.")
+    ] = None,
+) -> None:
+    """Create a login role that may read the views in schema `analytics` and nothing else, and
+    print a connection string for it (to the first replica when RAGSERVICE_REPLICAS is set)."""
+    import secrets
+
+    secret = password or secrets.token_urlsafe(18)
+    with _database() as db:
+        with db.write() as session:
+            _or_exit(lambda: store.create_analyst(session, name, secret))
+        url = analyst_url(get_settings(), db.url, name, secret)
+    console.print(f"created analyst {name!r} (member of {store.ANALYST_GROUP})")
+    if password is None:
+        console.print("its generated password is in the URL below; it is shown only this once:")
+    typer.echo(url)
+
+
+def analyst_url(settings: Settings, primary_url: str, name: str, password: str) -> str:
+    """A libpq URL for the analyst: host, port, database and options of the first replica when
+    any is configured, else of the primary (a Unix-socket URL with the embedded server)."""
+    from urllib.parse import quote
+
+    from sqlalchemy.engine import make_url
+
+    replicas = settings.replica_urls()
+    base = make_url(replicas[0][1] if replicas else primary_url)
+    rest = base._replace(drivername="postgresql", username=None, password=None).render_as_string()
+    scheme = "postgresql://"
+    userinfo = f"{quote(name, safe='')}:{quote(password, safe='')}@"
+    return scheme + userinfo + rest.removeprefix(scheme)
+
+
+@analysts_app.command("list")
+def analysts_list() -> None:
+    """List the analyst roles (name, whether it can log in)."""
+    with _database() as db, db.read() as session:
+        rows = store.list_analysts(session)
+    for name, login in rows:
+        typer.echo(f"{name}\t{'login' if login else 'nologin'}")
+
+
+@analysts_app.command("remove")
+def analysts_remove(name: str = typer.Argument(..., help="The analyst's role name.")) -> None:
+    """Drop an analyst's role (only members of ragservice_analyst are dropped)."""
+    with _database() as db, db.write() as session:
+        removed = _or_exit(lambda: store.remove_analyst(session, name))
+    if not removed:
+        console.print(f"[red]error:[/red] no analyst named {name!r}")
+        raise typer.Exit(1)
+    console.print(f"removed analyst {name!r}")
 
 
 def _register_ingest() -> None:
