@@ -556,7 +556,7 @@ def _record(
         status=generated.status,
         error=generated.error,
         cache=None if prepared.cache is None else prepared.cache.to_dict(),
-        messages=None if messages is None else [dict(m.to_dict()) for m in messages],
+        messages=None if messages is None else [m.to_dict() for m in messages],
     )
 
 
