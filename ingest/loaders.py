@@ -15,6 +15,7 @@ import json
 import math
 import re
 import unicodedata
+import zipfile
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -31,12 +32,52 @@ from docx.text.paragraph import Paragraph
 from pypdf import PasswordType, PdfReader
 from pypdf.errors import DependencyError
 
+from ragservice.config import Settings, get_settings
+from ragservice.limits import (
+    MAX_EXTERNAL_ID_BYTES,
+    MAX_JSON_DEPTH,
+    external_id_too_long,
+    too_deep,
+)
 from ragservice.types import SUPPORTED_SUFFIXES as SUPPORTED_SUFFIXES  # re-exported
 from ragservice.types import LoadedDocument, LoadFailure, TextFormat
 
 LoadResult: TypeAlias = LoadedDocument | LoadFailure
 
 NO_TEXT = "no text could be extracted"
+
+
+# --------------------------------------------------------------------------- limits
+
+
+@dataclass(frozen=True)
+class DocumentLimits:
+    """The most pages (PDF) and extracted characters one document may have; more is a failure."""
+
+    max_pages: int
+    max_chars: int
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> DocumentLimits:
+        return cls(max_pages=settings.max_document_pages, max_chars=settings.max_document_chars)
+
+
+def _limits(limits: DocumentLimits | None) -> DocumentLimits:
+    # None: the process's own settings, which is what the server and the CLI run with.
+    return limits or DocumentLimits.from_settings(get_settings())
+
+
+def _too_long(text: str, limits: DocumentLimits) -> str:
+    if len(text) <= limits.max_chars:
+        return ""
+    return (
+        f"the text has {len(text)} characters; the limit is {limits.max_chars} "
+        "(RAGSERVICE_MAX_DOCUMENT_CHARS)"
+    )
+
+
+_ID_TOO_LONG = f"the external id is longer than {MAX_EXTERNAL_ID_BYTES} bytes"
+_TOO_DEEP = f"the metadata is nested deeper than {MAX_JSON_DEPTH} levels"
 
 
 # --------------------------------------------------------------------------- JSONL field mapping
@@ -294,28 +335,35 @@ def load_documents(
     include: Sequence[str] = (),
     exclude: Sequence[str] = (),
     jsonl_fields: JsonlFields = JsonlFields(),
+    limits: DocumentLimits | None = None,
 ) -> Iterator[LoadResult]:
     """Load every file `iter_files` selects; raises FileNotFoundError at once for a bad path."""
     files = iter_files(paths, include, exclude)
+    resolved = _limits(limits)
     return (
         result
         for path, external_id in files
-        for result in load_file(path, external_id, jsonl_fields=jsonl_fields)
+        for result in load_file(path, external_id, jsonl_fields=jsonl_fields, limits=resolved)
     )
 
 
 def load_file(
-    path: Path, external_id: str, *, jsonl_fields: JsonlFields = JsonlFields()
+    path: Path,
+    external_id: str,
+    *,
+    jsonl_fields: JsonlFields = JsonlFields(),
+    limits: DocumentLimits | None = None,
 ) -> Iterator[LoadResult]:
     """Load one file: one document (or failure), or one per line for JSONL.
 
     File documents get `source=str(path)` and metadata `source_path` (= `external_id`) and
-    `file_type`. JSONL rows take their external id from the row's id field.
+    `file_type`. JSONL rows take their external id from the row's id field. `limits`
+    (default: from the settings) bound each document's pages and characters.
     """
     suffix = path.suffix.lower()
     if suffix == ".jsonl":
-        return _load_jsonl(path, external_id, jsonl_fields)
-    return iter((_load_single(path, external_id, suffix),))
+        return _load_jsonl(path, external_id, jsonl_fields, _limits(limits))
+    return iter((_load_single(path, external_id, suffix, _limits(limits)),))
 
 
 def load_bytes(
@@ -324,6 +372,7 @@ def load_bytes(
     *,
     jsonl_fields: JsonlFields = JsonlFields(),
     metadata: Mapping[str, Any] | None = None,
+    limits: DocumentLimits | None = None,
 ) -> Iterator[LoadResult]:
     """Load an uploaded file from its bytes, by the suffix of its `name`, as `load_file` does.
 
@@ -332,13 +381,25 @@ def load_bytes(
     loader's keys (`file_type`, `source_path`, `pages`); a JSONL row's own keys win over it.
     """
     external_id = upload_name(name)
-    if not external_id:
-        return iter((LoadFailure(clean_text(name) or "(no name)", "the file has no usable name"),))
+    problem = _upload_problem(external_id, metadata)
+    if problem:
+        return iter((LoadFailure(clean_text(name)[:200] or "(no name)", problem),))
     extra: dict[str, Any] = _clean_json(dict(metadata or {}))
     suffix = PurePosixPath(external_id).suffix.lower()
+    resolved = _limits(limits)
     if suffix == ".jsonl":
-        return _jsonl_results(io.BytesIO(data), external_id, external_id, jsonl_fields, extra)
-    return iter((_parse_single(data, suffix, external_id, external_id, extra),))
+        return _jsonl_results(
+            io.BytesIO(data), external_id, external_id, jsonl_fields, extra, resolved
+        )
+    return iter((_parse_single(data, suffix, external_id, external_id, extra, resolved),))
+
+
+def _upload_problem(external_id: str, metadata: Mapping[str, Any] | None) -> str:
+    if not external_id:
+        return "the file has no usable name"
+    if external_id_too_long(external_id):
+        return _ID_TOO_LONG
+    return _TOO_DEEP if too_deep(metadata) else ""
 
 
 def load_text(
@@ -347,18 +408,28 @@ def load_text(
     *,
     title: str | None = None,
     metadata: Mapping[str, Any] | None = None,
+    limits: DocumentLimits | None = None,
 ) -> LoadResult:
     """A document sent as text (not as a file), cleaned like file contents are."""
     clean_id = clean_text(external_id).strip()
     if not clean_id:
         return LoadFailure("(no id)", "the document has an empty external id")
+    if external_id_too_long(clean_id):
+        return LoadFailure(clean_id[:200], _ID_TOO_LONG)
     body = clean_text(text)
-    if not body.strip():
-        return LoadFailure(clean_id, NO_TEXT)
+    problem = _text_problem(body, metadata, _limits(limits))
+    if problem:
+        return LoadFailure(clean_id, problem)
     cleaned: dict[str, Any] = _clean_json(dict(metadata or {}))
     return LoadedDocument(
         external_id=clean_id, text=body, title=_clean_title(title), metadata=cleaned
     )
+
+
+def _text_problem(text: str, metadata: object, limits: DocumentLimits) -> str:
+    if not text.strip():
+        return NO_TEXT
+    return _TOO_DEEP if too_deep(metadata) else _too_long(text, limits)
 
 
 _DRIVE = re.compile(r"[A-Za-z]:")
@@ -389,29 +460,37 @@ class _ParseError(Exception):
     """Bad content; the message is the reason a person reads."""
 
 
-def _load_single(path: Path, external_id: str, suffix: str) -> LoadResult:
+def _load_single(path: Path, external_id: str, suffix: str, limits: DocumentLimits) -> LoadResult:
     if suffix not in _PARSERS:
         return _unsupported(str(path), suffix)
+    if external_id_too_long(external_id):
+        return LoadFailure(str(path), _ID_TOO_LONG)
     try:
         data = _read(path)
     except _ParseError as exc:
         return LoadFailure(str(path), str(exc))
-    return _parse_single(data, suffix, external_id, str(path), {})
+    return _parse_single(data, suffix, external_id, str(path), {}, limits)
 
 
 def _parse_single(
-    data: bytes, suffix: str, external_id: str, source: str, extra: dict[str, Any]
+    data: bytes,
+    suffix: str,
+    external_id: str,
+    source: str,
+    extra: dict[str, Any],
+    limits: DocumentLimits,
 ) -> LoadResult:
     parser = _PARSERS.get(suffix)
     if parser is None:
         return _unsupported(source, suffix)
     file_type, parse = parser
     try:
-        parsed = parse(data)
+        parsed = parse(data, limits)
     except _ParseError as exc:
         return LoadFailure(source, str(exc))
-    if not parsed.text:
-        return LoadFailure(source, NO_TEXT)
+    problem = _too_long(parsed.text, limits) if parsed.text else NO_TEXT
+    if problem:
+        return LoadFailure(source, problem)
     provenance = {"source_path": external_id, "file_type": file_type}
     return LoadedDocument(
         external_id=external_id,
@@ -458,11 +537,11 @@ def _describe(exc: BaseException) -> str:
 # --------------------------------------------------------------------------- text and markdown
 
 
-def _parse_text(data: bytes) -> _Parsed:
+def _parse_text(data: bytes, _limits: DocumentLimits) -> _Parsed:
     return _Parsed(decode_bytes(data), None, "text")
 
 
-def _parse_markdown(data: bytes) -> _Parsed:
+def _parse_markdown(data: bytes, _limits: DocumentLimits) -> _Parsed:
     text = decode_bytes(data)
     return _Parsed(text, _markdown_title(text), "markdown")
 
@@ -501,7 +580,7 @@ _UNRENDERED_TAGS = frozenset({"head", "title", "meta", "link", "base"})
 _META_CHARSET = re.compile(rb"""<meta[^>]+charset\s*=\s*["']?\s*([A-Za-z0-9._:-]+)""", re.I)
 
 
-def _parse_html(data: bytes) -> _Parsed:
+def _parse_html(data: bytes, _limits: DocumentLimits) -> _Parsed:
     with _bad_content("not a valid HTML file"):
         soup = BeautifulSoup(_decode_html(data), "lxml")
         _drop_boilerplate(soup)
@@ -615,14 +694,38 @@ def _prefixed(prefix: str, blocks: Sequence[str]) -> Iterator[str]:
 # --------------------------------------------------------------------------- PDF
 
 
-def _parse_pdf(data: bytes) -> _Parsed:
+def _parse_pdf(data: bytes, limits: DocumentLimits) -> _Parsed:
+    if b"%PDF-" not in data[:1024]:  # where the PDF specification allows the header
+        raise _ParseError("not a valid PDF: it has no %PDF- header")
     with _bad_content("not a valid PDF"):
         reader = PdfReader(io.BytesIO(data))
         _unlock(reader)
-        pages = [clean_text(page.extract_text()) for page in reader.pages]
+        _check_page_count(len(reader.pages), limits)
+        pages = list(_pdf_pages(reader, limits))
         title = _clean_title(reader.metadata.title if reader.metadata else None)
     text = "\n\n".join(page for page in pages if page)
     return _Parsed(text, title, "text", {"pages": len(pages)})
+
+
+def _check_page_count(count: int, limits: DocumentLimits) -> None:
+    if count > limits.max_pages:
+        raise _ParseError(
+            f"the PDF has {count} pages; the limit is {limits.max_pages} "
+            "(RAGSERVICE_MAX_DOCUMENT_PAGES)"
+        )
+
+
+def _pdf_pages(reader: PdfReader, limits: DocumentLimits) -> Iterator[str]:
+    """Each page's clean text; stops, failing, as soon as the text is over the limit."""
+    total = 0
+    for page in reader.pages:
+        text = clean_text(page.extract_text())
+        total += len(text)
+        if total > limits.max_chars:
+            raise _ParseError(
+                f"the text is over {limits.max_chars} characters (RAGSERVICE_MAX_DOCUMENT_CHARS)"
+            )
+        yield text
 
 
 def _unlock(reader: PdfReader) -> None:
@@ -640,10 +743,33 @@ def _unlock(reader: PdfReader) -> None:
 # --------------------------------------------------------------------------- DOCX
 
 _HEADING_STYLE = re.compile(r"heading ([1-9])", re.I)
+# A DOCX is a zip archive: refuse one that would unpack into far more than any real document.
+# zipfile never reads past a member's declared size, so checking the declared sizes suffices.
+_DOCX_MAX_MEMBERS = 10_000
+_DOCX_MAX_UNPACKED = 256 * 2**20
+_DOCX_MAX_RATIO = 200  # Deflate reaches about 1000:1 on zip bombs; XML rarely passes 20:1
+_DOCX_RATIO_FROM = 2**20  # small members may compress however well they like
 
 
-def _parse_docx(data: bytes) -> _Parsed:
+def _check_archive(archive: zipfile.ZipFile) -> None:
+    members = archive.infolist()
+    if len(members) > _DOCX_MAX_MEMBERS:
+        raise _ParseError(f"refused: the archive has {len(members)} members (a zip bomb?)")
+    unpacked = sum(member.file_size for member in members)
+    if unpacked > _DOCX_MAX_UNPACKED:
+        raise _ParseError(f"refused: the archive unpacks to {unpacked} bytes (a zip bomb?)")
+    for member in members:
+        ratio = member.file_size / max(member.compress_size, 1)
+        if member.file_size > _DOCX_RATIO_FROM and ratio > _DOCX_MAX_RATIO:
+            raise _ParseError(
+                f"refused: {clean_text(member.filename)[:100]!r} is compressed {ratio:.0f}:1 "
+                "(a zip bomb?)"
+            )
+
+
+def _parse_docx(data: bytes, _limits: DocumentLimits) -> _Parsed:
     with _bad_content("not a valid DOCX file"):
+        _check_archive(zipfile.ZipFile(io.BytesIO(data)))
         document = docx.Document(io.BytesIO(data))
         blocks = [_docx_block(item) for item in document.iter_inner_content()]
         title = _clean_title(document.core_properties.title) or _docx_title(document)
@@ -694,53 +820,70 @@ def _docx_title(document: DocxDocument) -> str | None:
 # --------------------------------------------------------------------------- JSONL
 
 
-def _load_jsonl(path: Path, file_id: str, fields: JsonlFields) -> Iterator[LoadResult]:
+def _load_jsonl(
+    path: Path, file_id: str, fields: JsonlFields, limits: DocumentLimits
+) -> Iterator[LoadResult]:
     """One result per non-blank line; reads line by line so huge corpora stream."""
     try:
         with path.open("rb") as lines:
-            yield from _jsonl_results(lines, str(path), file_id, fields, {})
+            yield from _jsonl_results(lines, str(path), file_id, fields, {}, limits)
     except OSError as exc:
         yield LoadFailure(str(path), f"could not read file: {exc.strerror or exc}")
 
 
 def _jsonl_results(
-    lines: Iterable[bytes], source: str, file_id: str, fields: JsonlFields, extra: dict[str, Any]
+    lines: Iterable[bytes],
+    source: str,
+    file_id: str,
+    fields: JsonlFields,
+    extra: dict[str, Any],
+    limits: DocumentLimits,
 ) -> Iterator[LoadResult]:
     for lineno, raw in enumerate(lines, start=1):
         if raw.strip():
-            yield _jsonl_row(raw, source, lineno, file_id, fields, extra)
+            yield _jsonl_row(raw, (source, lineno), file_id, fields, extra, limits)
 
 
 def _jsonl_row(
     raw: bytes,
-    source: str,
-    lineno: int,
+    where: tuple[str, int],
     file_id: str,
     fields: JsonlFields,
     extra: dict[str, Any],
+    limits: DocumentLimits,
 ) -> LoadResult:
+    source, lineno = where
     line = f"{source}:{lineno}"
+    # No line number in the provenance: moving a row within the file must not make it a new
+    # version.
+    provenance = {"source_path": file_id, "file_type": "jsonl"}
     try:
-        row = json.loads(_decode_line(raw))
-    except ValueError as exc:
-        return LoadFailure(line, f"invalid JSON: {_describe(exc)}")
-    if not isinstance(row, dict):
-        return LoadFailure(line, "line is not a JSON object")
-    try:
-        external_id, text = _row_id(row, fields), _row_text(row, fields)
+        row = _parse_row(raw)
+        external_id, text = _row_id(row, fields), _row_text(row, fields, limits)
+        metadata = _row_metadata(row, fields, {**provenance, **extra})
     except _ParseError as exc:
         return LoadFailure(line, str(exc))
-    # No line number here: moving a row within the file must not make it a new version.
-    provenance = {"source_path": file_id, "file_type": "jsonl"}
     title = _clean_title(row.get(fields.title))
     return LoadedDocument(
         external_id=external_id,
         # The title is part of what is searched (as in BEIR's own evaluation), so it leads the text.
         text=f"{title}\n\n{text}" if title and not text.startswith(title) else text,
         title=title,
-        metadata=_row_metadata(row, fields, {**provenance, **extra}),
+        metadata=metadata,
         source=source,
     )
+
+
+def _parse_row(raw: bytes) -> dict[str, Any]:
+    try:
+        row = json.loads(_decode_line(raw))
+    except RecursionError:  # the json module's own guard against deep nesting
+        raise _ParseError("invalid JSON: nested too deeply") from None
+    except ValueError as exc:
+        raise _ParseError(f"invalid JSON: {_describe(exc)}") from exc
+    if not isinstance(row, dict):
+        raise _ParseError("line is not a JSON object")
+    return row
 
 
 def _decode_line(raw: bytes) -> str:
@@ -757,16 +900,19 @@ def _row_id(row: dict[str, Any], fields: JsonlFields) -> str:
     external_id = clean_text(str(value))
     if not external_id:
         raise _ParseError(f"empty id field {fields.id!r}")
+    if external_id_too_long(external_id):
+        raise _ParseError(_ID_TOO_LONG)
     return external_id
 
 
-def _row_text(row: dict[str, Any], fields: JsonlFields) -> str:
+def _row_text(row: dict[str, Any], fields: JsonlFields, limits: DocumentLimits) -> str:
     value = row.get(fields.text)
     if not isinstance(value, str):
         raise _ParseError(f"missing text field {fields.text!r} (a string)")
     text = clean_text(value)
-    if not text:
-        raise _ParseError(NO_TEXT)
+    problem = _too_long(text, limits) if text else NO_TEXT
+    if problem:
+        raise _ParseError(problem)
     return text
 
 
@@ -781,11 +927,13 @@ def _row_metadata(
     metadata.update({name: row[name] for name in fields.metadata if name in row})
     for key, value in provenance.items():
         metadata.setdefault(key, value)
+    if too_deep(metadata):
+        raise _ParseError(_TOO_DEEP)
     cleaned: dict[str, Any] = _clean_json(metadata)
     return cleaned
 
 
-_Parser = Callable[[bytes], _Parsed]
+_Parser = Callable[[bytes, DocumentLimits], _Parsed]
 # suffix -> (metadata file_type, parser); .jsonl is handled apart since it yields many documents
 _PARSERS: dict[str, tuple[str, _Parser]] = {
     ".txt": ("text", _parse_text),

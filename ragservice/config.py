@@ -121,6 +121,37 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(default=64 * 2**20, ge=1024, description="largest request body")
     max_file_bytes: int = Field(default=32 * 2**20, ge=1, description="largest uploaded file")
     max_files_per_upload: int = Field(default=1000, ge=1)
+    max_document_pages: int = Field(
+        default=2000, ge=1, description="a PDF with more pages is refused (a per-file error)"
+    )
+    max_document_chars: int = Field(
+        default=5_000_000,
+        ge=1,
+        description="a document whose extracted text is longer is refused (a per-file error)",
+    )
+    max_batch_items: int = Field(
+        default=2048,
+        ge=1,
+        description="texts in one JSON request: documents of an upload, inputs of /v1/embeddings",
+    )
+    rate_limit_per_second: float = Field(
+        default=20.0, ge=0, description="sustained requests per second per API key; 0: no limit"
+    )
+    rate_limit_burst: int = Field(
+        default=40, ge=1, description="requests a key may make at once before the rate applies"
+    )
+    max_concurrent_embeddings: int | None = Field(
+        default=None,
+        ge=1,
+        description="embedding computations at once per loaded model (more wait their turn); "
+        "unset: the CPUs this process may use",
+    )
+    max_concurrent_upstream: int = Field(
+        default=16,
+        ge=1,
+        description="calls to the inference layer at once per process (more wait, within "
+        "the call's deadline)",
+    )
     auth_disabled: bool = Field(
         default=False, description="serve without API keys; refused unless bound to loopback"
     )

@@ -88,9 +88,15 @@ class SentenceTransformerEmbedder:
         query_encoder: QueryEncoderChoice = "auto",
         cache_dir: Path | None = None,
         onnx_threads: int | None = None,
+        max_concurrent: int | None = None,
     ) -> None:
         """`cache_dir` keeps the ONNX export of the model between runs; without it the export
-        is redone (to a temporary file, a few seconds) at every `warm_up`."""
+        is redone (to a temporary file, a few seconds) at every `warm_up`.
+
+        `max_concurrent` bounds the model's computations running at once (queries and batches
+        of `batch_size` texts together; default: the CPUs this process may use). More callers
+        wait their turn, so a burst of requests queues instead of multiplying memory and
+        threads."""
         self._name = name
         self._device = device
         self._batch_size = batch_size
@@ -106,6 +112,8 @@ class SentenceTransformerEmbedder:
         # The transformers tokenizer reconfigures its Rust tokenizer on every call, so two
         # threads using the model at once corrupt each other's batches: one at a time.
         self._use_lock = threading.RLock()
+        # Taken after `_use_lock` where both are held (`_encode`), never before it.
+        self._slots = threading.BoundedSemaphore(max_concurrent or available_cpus())
         self._counter: Any = None
 
     @property
@@ -192,7 +200,7 @@ class SentenceTransformerEmbedder:
         return np.minimum(np.asarray(lengths, dtype=np.int64), self.max_tokens + 2)
 
     def _encode(self, texts: list[str]) -> Vectors:
-        with self._use_lock:
+        with self._use_lock, self._slots:
             vectors = self._loaded().encode(
                 texts,
                 batch_size=len(texts),
@@ -229,14 +237,14 @@ class SentenceTransformerEmbedder:
             pipeline = qe.QueryPipeline(model)
         except qe.QueryEncoderError as exc:
             log.warning("embedding queries with sentence-transformers encode: %s", exc)
-            return self._use(_EncodeOne(self._encode), "encode")
+            return self._use(_EncodeOne(self._encode), "encode")  # `_encode` takes a slot
         if self._wants_onnx(pipeline.device.type):
             try:
-                return self._use(self._load_onnx(pipeline), "onnx")
+                return self._use(_Bounded(self._load_onnx(pipeline), self._slots), "onnx")
             except Exception as exc:
                 # Anything from a missing package to an untraceable model: queries still work.
                 log.warning("ONNX query encoder unavailable, embedding queries with torch: %r", exc)
-        return self._use(qe.TorchQueryEncoder(pipeline), "torch")
+        return self._use(_Bounded(qe.TorchQueryEncoder(pipeline), self._slots), "torch")
 
     def _wants_onnx(self, device_type: str) -> bool:
         if self._query_choice == "auto":
@@ -300,6 +308,18 @@ class _LockedTokenizer:
             return self._inner.token_spans(text)
 
 
+class _Bounded:
+    """A query encoder that runs only while it holds one of the embedder's slots."""
+
+    def __init__(self, inner: QueryEncoder, slots: threading.BoundedSemaphore) -> None:
+        self._inner = inner
+        self._slots = slots
+
+    def encode(self, text: str) -> Vector:
+        with self._slots:
+            return self._inner.encode(text)
+
+
 class _EncodeOne:
     """Queries through `encode`, for models whose pipeline the lean encoders cannot reproduce."""
 
@@ -321,4 +341,12 @@ def make_embedder(settings: Settings) -> SentenceTransformerEmbedder:
         batch_size=settings.embed_batch_size,
         query_encoder=settings.query_encoder,
         cache_dir=settings.data_dir / "onnx",
+        max_concurrent=settings.max_concurrent_embeddings,
     )
+
+
+def available_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask where the platform has one)."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return os.cpu_count() or 1

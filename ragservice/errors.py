@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 
 class RagServiceError(Exception):
     """Base of every error the service raises on purpose. `str(err)` is safe to show users."""
@@ -49,6 +51,17 @@ class PayloadTooLargeError(RagServiceError):
     """A body, a file or a batch exceeds a configured limit."""
 
     status_code = 413
+
+
+class RateLimitedError(RagServiceError):
+    """The API key made more requests than its rate limit allows; `retry_after` is in seconds."""
+
+    status_code = 429
+
+    def __init__(self, message: str, *, retry_after: float) -> None:
+        super().__init__(message)
+        # Whole seconds, as the Retry-After header has them; never 0, which invites a hot loop.
+        self.retry_after = max(1, math.ceil(retry_after))
 
 
 class UnsupportedMediaTypeError(RagServiceError):

@@ -32,6 +32,7 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from ragservice.errors import InvalidInputError
+from ragservice.limits import MAX_JSON_DEPTH, too_deep
 
 JSONValue = None | bool | int | float | str | list[Any] | dict[str, Any]
 
@@ -99,6 +100,8 @@ def parse_filter(raw: object) -> Filter:
         raise InvalidInputError("filter must be a JSON object of field names to conditions")
     if len(raw) > MAX_CONDITIONS:
         raise InvalidInputError(f"filter has more than {MAX_CONDITIONS} fields")
+    if too_deep(raw):  # before `_json_value` recurses into it
+        raise InvalidInputError(f"filter is nested deeper than {MAX_JSON_DEPTH} levels")
     conditions: list[Condition] = []
     for key, spec in raw.items():
         scope, name = _parse_field(key)

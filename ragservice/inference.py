@@ -6,6 +6,7 @@ name the status and the upstream's own (trimmed) message, never the URL or the A
 
 Retries: connection failures, 429 and 5xx, with exponential backoff and jitter, honouring
 `Retry-After`. Every call (all attempts, waits and the whole stream) ends by one deadline.
+At most `max_concurrent` calls run at once; the others wait for a slot within that deadline.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import json
 import logging
 import random
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Sequence
-from contextlib import aclosing
+from contextlib import aclosing, asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from types import TracebackType
@@ -141,9 +142,14 @@ class InferenceClient:
         backoff_seconds: float = 0.5,
         deadline_seconds: float | None = None,
         stream_usage: bool = True,
+        max_concurrent: int = 16,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         self.model = model
+        # Calls beyond this wait for a slot, within their deadline: a burst queues here
+        # instead of opening a connection (and an upstream request) per caller.
+        self._max_concurrent = max_concurrent
+        self._slots = asyncio.Semaphore(max_concurrent)
         self._api_key = api_key
         self._read_timeout = read_timeout
         self._max_retries = max_retries
@@ -170,6 +176,7 @@ class InferenceClient:
             connect_timeout=settings.inference_connect_timeout,
             read_timeout=settings.inference_read_timeout,
             max_retries=settings.inference_max_retries,
+            max_concurrent=settings.max_concurrent_upstream,
         )
 
     async def aclose(self) -> None:
@@ -195,12 +202,13 @@ class InferenceClient:
         payload = self._payload(messages, max_tokens, temperature, stream=False)
         deadline = self._deadline()
         failures = 0
-        while True:
-            try:
-                return await self._complete_once(payload, deadline)
-            except _Retryable as retry:
-                failures += 1
-                await self._wait_for_retry(retry, failures, deadline)
+        async with self._slot(deadline):
+            while True:
+                try:
+                    return await self._complete_once(payload, deadline)
+                except _Retryable as retry:
+                    failures += 1
+                    await self._wait_for_retry(retry, failures, deadline)
 
     async def _complete_once(self, payload: dict[str, Any], deadline: float) -> Completion:
         response = await self._guarded(self._http.post(CHAT_PATH, json=payload), deadline)
@@ -241,17 +249,18 @@ class InferenceClient:
     ) -> AsyncGenerator[str, None]:
         deadline = self._deadline()
         failures = 0
-        while True:
-            try:
-                async with aclosing(self._stream_once(payload, deadline, state)) as deltas:
-                    async for delta in deltas:
-                        yield delta
-                return
-            except _Retryable as retry:
-                if state.parts:  # the caller holds tokens already; a retry would repeat them
-                    raise retry.error from retry.__cause__
-                failures += 1
-                await self._wait_for_retry(retry, failures, deadline)
+        async with self._slot(deadline):  # held until the stream ends or is closed
+            while True:
+                try:
+                    async with aclosing(self._stream_once(payload, deadline, state)) as deltas:
+                        async for delta in deltas:
+                            yield delta
+                    return
+                except _Retryable as retry:
+                    if state.parts:  # the caller holds tokens already; a retry would repeat them
+                        raise retry.error from retry.__cause__
+                    failures += 1
+                    await self._wait_for_retry(retry, failures, deadline)
 
     async def _stream_once(
         self, payload: dict[str, Any], deadline: float, state: _StreamState
@@ -322,6 +331,24 @@ class InferenceClient:
 
     def _deadline(self) -> float:
         return asyncio.get_running_loop().time() + self._deadline_seconds
+
+    @asynccontextmanager
+    async def _slot(self, deadline: float) -> AsyncIterator[None]:
+        """One of the `max_concurrent` calls in flight; the wait for it counts against the
+        call's deadline, so a call queued too long fails like a slow upstream (504)."""
+        try:
+            async with asyncio.timeout_at(deadline):
+                await self._slots.acquire()
+        except TimeoutError as exc:
+            message = (
+                f"inference upstream busy: {self._max_concurrent} calls in flight "
+                f"(RAGSERVICE_MAX_CONCURRENT_UPSTREAM) for {self._deadline_seconds:g} s"
+            )
+            raise UpstreamTimeoutError(message) from exc
+        try:
+            yield
+        finally:
+            self._slots.release()
 
     async def _guarded(self, pending: Awaitable[T], deadline: float) -> T:
         """Await one httpx step within the call's deadline, converting its failures to ours."""

@@ -41,6 +41,11 @@ class Metrics:
             ["kind"],
             registry=self.registry,
         )
+        self.rate_limited = Counter(
+            "ragservice_rate_limited_requests",
+            "Requests refused with 429 because their API key was over its rate limit.",
+            registry=self.registry,
+        )
         self.tokens_generated = Counter(
             "ragservice_tokens_generated",
             "Completion tokens the inference layer generated.",

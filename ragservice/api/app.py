@@ -23,6 +23,7 @@ from ragservice.errors import ConfigurationError
 from ragservice.inference import InferenceClient
 from ragservice.metrics import Metrics
 from ragservice.pipeline import AnswerPipeline
+from ragservice.ratelimit import RateLimiter
 from ragservice.rerank import make_reranker
 from ragservice.runtime import Runtime, open_runtime
 from ragservice.search import Searcher
@@ -83,6 +84,8 @@ def create_app(
         description="RAG and vector search on PostgreSQL + pgvector.",
         lifespan=lifespan,
     )
+    app.state.metrics = metrics
+    app.state.rate_limiter = RateLimiter.from_settings(resolved)  # see deps.rate_limit
     install_error_handlers(app)
     app.add_middleware(RequestContextMiddleware, max_body_bytes=resolved.max_body_bytes)
     app.add_middleware(MetricsMiddleware, metrics=metrics)

@@ -1,4 +1,4 @@
-"""Dependencies the routes declare: the runtime, the caller's identity and role."""
+"""Dependencies the routes declare: the runtime, the caller's identity, role and rate limit."""
 
 from __future__ import annotations
 
@@ -12,9 +12,16 @@ from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBea
 
 from ragservice import store
 from ragservice.db.scope import current_scope
-from ragservice.errors import AuthenticationError, NotFoundError, PermissionDeniedError
+from ragservice.errors import (
+    AuthenticationError,
+    NotFoundError,
+    PermissionDeniedError,
+    RateLimitedError,
+)
 from ragservice.keys import Role, hash_key
+from ragservice.metrics import Metrics
 from ragservice.pipeline import AnswerPipeline
+from ragservice.ratelimit import RateLimiter
 from ragservice.runtime import Runtime
 from ragservice.search import Searcher
 
@@ -77,13 +84,33 @@ def authenticate(
     return Principal(tenant_id=key.tenant_id, role=Role(key.role), key_id=key.id)
 
 
-def require(role: Role) -> Callable[[Principal], Principal]:
-    def check(principal: Annotated[Principal, Depends(authenticate)]) -> Principal:
+def require(role: Role) -> Callable[[Request, Principal], Principal]:
+    def check(
+        request: Request, principal: Annotated[Principal, Depends(authenticate)]
+    ) -> Principal:
+        rate_limit(request, principal)
         if not principal.role.allows(role):
             raise PermissionDeniedError(f"this needs a {role} key; this key is a {principal.role}")
         return principal
 
     return check
+
+
+def rate_limit(request: Request, principal: Principal) -> None:
+    """Take one of the key's tokens, or refuse with 429. Without authentication there is no
+    key to limit (such a server listens on loopback only), so nothing is limited then."""
+    limiter: RateLimiter | None = request.app.state.rate_limiter
+    if limiter is None or principal.key_id is None:
+        return
+    wait = limiter.acquire(principal.key_id)
+    if wait > 0:
+        metrics: Metrics = request.app.state.metrics
+        metrics.rate_limited.inc()
+        raise RateLimitedError(
+            f"this API key is over its rate limit of {limiter.per_second:g} requests per "
+            f"second (bursts of {limiter.burst}); retry after the seconds in Retry-After",
+            retry_after=wait,
+        )
 
 
 Reader = Annotated[Principal, Depends(require(Role.READER))]

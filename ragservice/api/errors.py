@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Request, params
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from psycopg import DataError as DriverDataError
@@ -18,7 +18,7 @@ from sqlalchemy.exc import DataError, OperationalError
 from starlette.exceptions import HTTPException
 
 from ragservice.api.middleware import REQUEST_ID_HEADER
-from ragservice.errors import AuthenticationError, RagServiceError
+from ragservice.errors import AuthenticationError, RagServiceError, RateLimitedError
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +31,7 @@ _STATUS_NAMES = {
     413: "PayloadTooLarge",
     415: "UnsupportedMediaType",
     422: "InvalidInput",
+    429: "RateLimited",
 }
 
 
@@ -64,15 +65,42 @@ async def _service_error(request: Request, exc: RagServiceError) -> JSONResponse
     if exc.status_code >= 500:
         log.error("request %s failed: %s", request_id(request), exc)
     status = 401 if isinstance(exc, AuthenticationError) else exc.status_code
-    return error_response(request, status, type(exc).__name__.removesuffix("Error"), str(exc))
+    response = error_response(request, status, type(exc).__name__.removesuffix("Error"), str(exc))
+    if isinstance(exc, RateLimitedError):
+        response.headers["Retry-After"] = str(exc.retry_after)
+    return response
 
 
 async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
     errors = [_describe(error) for error in exc.errors()]
     if any(error["type"] == "json_invalid" for error in errors):
         return error_response(request, 400, "BadRequest", "request body is not valid JSON")
+    expected = _expected_media_type(request)
+    body_errors = any(error.get("loc", ())[:1] == ("body",) for error in exc.errors())
+    if expected and body_errors:
+        detail = f"send the request body as {expected}, not {_sent_media_type(request)}"
+        return error_response(request, 415, "UnsupportedMediaType", detail)
     detail = "; ".join(f"{e['field']}: {e['message']}" for e in errors)
     return error_response(request, 422, "InvalidInput", detail, errors=errors)
+
+
+def _expected_media_type(request: Request) -> str:
+    """The body type the route takes when the request sent another (so FastAPI could not
+    parse it and reported the body invalid); empty when the types agree."""
+    sent = _sent_media_type(request)
+    body = getattr(request.scope.get("route"), "body_field", None)
+    if body is None or not sent:
+        return ""  # without a Content-Type FastAPI reads JSON, so there is nothing to blame
+    if isinstance(body.field_info, params.Form):
+        forms = ("multipart/form-data", "application/x-www-form-urlencoded")
+        return "" if sent in forms else "multipart/form-data"
+    subtype = sent.removeprefix("application/")
+    is_json = subtype != sent and (subtype == "json" or subtype.endswith("+json"))
+    return "" if is_json else "application/json"
+
+
+def _sent_media_type(request: Request) -> str:
+    return request.headers.get("content-type", "").partition(";")[0].strip().lower()
 
 
 def _describe(error: Any) -> dict[str, str]:
@@ -86,7 +114,10 @@ def _describe(error: Any) -> dict[str, str]:
 
 async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
     name = _STATUS_NAMES.get(exc.status_code, "Error")
-    return error_response(request, exc.status_code, name, str(exc.detail))
+    detail = str(exc.detail)
+    if isinstance(exc.__cause__, RecursionError):  # FastAPI's "error parsing the body"
+        detail = "request body is nested too deeply to parse"
+    return error_response(request, exc.status_code, name, detail)
 
 
 async def _unstorable_value(request: Request, exc: Exception) -> JSONResponse:

@@ -4,14 +4,80 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from ragservice.feedback import MAX_FEEDBACK_CHARS, MAX_JUDGED_CHUNKS
+from ragservice.limits import MAX_EXTERNAL_ID_BYTES, MAX_JSON_DEPTH, external_id_too_long, too_deep
 from ragservice.search import Mode
 
 COLLECTION_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
+MAX_TTL_SECONDS = 2**31 - 1  # the column is a PostgreSQL integer
+
+
+def _shallow(value: dict[str, Any]) -> dict[str, Any]:
+    # Checked before anything recurses into it: the store, the filter compiler, jsonb.
+    if too_deep(value):
+        raise ValueError(f"nested deeper than {MAX_JSON_DEPTH} levels")
+    return value
+
+
+def _storable_id(value: str) -> str:
+    if "\x00" in value:
+        raise ValueError("must not contain NUL characters")
+    if external_id_too_long(value):
+        raise ValueError(f"longer than {MAX_EXTERNAL_ID_BYTES} bytes in UTF-8")
+    return value
+
+
+JsonObject = Annotated[dict[str, Any], AfterValidator(_shallow)]
+"""Metadata or a filter: a JSON object at most `MAX_JSON_DEPTH` levels deep."""
+
+ExternalId = Annotated[str, AfterValidator(_storable_id)]
+"""An opaque id: any text (`../etc/passwd` too: it never names a file), within a byte limit."""
+
+
+class FieldErrorOut(BaseModel):
+    field: str = Field(description="dotted path of the field in the request")
+    message: str
+    type: str
+
+
+class ErrorOut(BaseModel):
+    """The one shape of every error response."""
+
+    error: str = Field(description="the kind of error, e.g. `InvalidInput`, `NotFound`")
+    detail: str = Field(description="what went wrong, for a person to read")
+    request_id: str = Field(description="quote it when reporting a problem")
+    errors: list[FieldErrorOut] | None = Field(
+        default=None, description="one entry per invalid field (validation errors only)"
+    )
+
+
+_ERROR_DESCRIPTIONS = {
+    400: "malformed request (a body that is not JSON, a bad header)",
+    401: "missing or unknown API key",
+    403: "the key's role may not do this",
+    404: "no such collection, document, job, answer or model",
+    409: "conflicts with what exists",
+    413: "body, file or batch over its limit",
+    415: "a body or file of a type this operation does not take",
+    422: "an invalid field",
+    429: "over the key's rate limit; see Retry-After",
+    502: "the inference layer failed",
+    503: "the database is unavailable",
+    504: "the inference layer did not answer in time",
+}
+COMMON_ERRORS = (400, 401, 403, 404, 413, 415, 422, 429, 503)
+
+
+def error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI `responses` for the error statuses an operation may answer, all `ErrorOut`."""
+    return {
+        code: {"model": ErrorOut, "description": _ERROR_DESCRIPTIONS[code]}
+        for code in sorted({*COMMON_ERRORS, *codes})
+    }
 
 
 class CollectionCreate(BaseModel):
@@ -19,9 +85,12 @@ class CollectionCreate(BaseModel):
 
     name: str = Field(pattern=COLLECTION_NAME, description="letters, digits, . _ -; unique")
     description: str | None = Field(default=None, max_length=2000)
-    metadata: dict[str, Any] = Field(default_factory=dict)
+    metadata: JsonObject = Field(default_factory=dict)
     cache_ttl_seconds: int | None = Field(
-        default=None, ge=1, description="lifetime of cached answers; unset: the service default"
+        default=None,
+        ge=1,
+        le=MAX_TTL_SECONDS,
+        description="lifetime of cached answers; unset: the service default",
     )
 
 
@@ -29,7 +98,9 @@ class CollectionUpdate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     cache_ttl_seconds: int | None = Field(
-        ge=1, description="lifetime of cached answers; null: the service default"
+        ge=1,
+        le=MAX_TTL_SECONDS,
+        description="lifetime of cached answers; null: the service default",
     )
 
 
@@ -60,16 +131,16 @@ class CollectionList(BaseModel):
 class DocumentIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    external_id: str | None = Field(
+    external_id: ExternalId | None = Field(
         default=None,
         min_length=1,
-        max_length=1024,
+        max_length=MAX_EXTERNAL_ID_BYTES,
         description="your id for the document; unset: derived from the text, so a resend "
         "of the same text is a no-op",
     )
     title: str | None = Field(default=None, max_length=2000)
     text: str = Field(min_length=1)
-    metadata: dict[str, Any] = Field(default_factory=dict)
+    metadata: JsonObject = Field(default_factory=dict)
 
 
 class DocumentsIn(BaseModel):
@@ -143,7 +214,7 @@ class SearchRequest(BaseModel):
     )
     mode: Mode = Mode.HYBRID
     k: int = Field(default=10, ge=1)
-    filters: dict[str, Any] | None = Field(
+    filters: JsonObject | None = Field(
         default=None,
         description='metadata filters, e.g. {"year": {"$gte": 2020}, "chunk.heading": "Intro"}',
     )
@@ -194,7 +265,7 @@ class QueryRequest(BaseModel):
     )
     mode: Mode = Mode.HYBRID
     k: int = Field(default=8, ge=1, description="chunks retrieved (after reranking) for context")
-    filters: dict[str, Any] | None = None
+    filters: JsonObject | None = None
     rerank: bool | None = Field(
         default=None,
         description="rerank with the configured cross-encoder; unset: when there is one",

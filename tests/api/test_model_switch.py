@@ -35,7 +35,8 @@ def tiny_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture
 def client(api_settings: Settings, embedder: SentenceTransformerEmbedder) -> Iterator[TestClient]:
     """The API with the model check every 0.1 s, so that tests see switches quickly."""
-    fast = api_settings.model_copy(update={"model_check_seconds": 0.1})
+    # Three threads search as fast as they can: no rate limit in the way.
+    fast = api_settings.model_copy(update={"model_check_seconds": 0.1, "rate_limit_per_second": 0})
     app = create_app(fast, embedder=embedder, services=[JobWorker])
     with TestClient(app, raise_server_exceptions=False) as test_client:
         yield test_client

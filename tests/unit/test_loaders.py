@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import io
 import json
+import zipfile
 from pathlib import Path
 
 import docx
 import pytest
 from pypdf import PdfReader, PdfWriter
 
+from ingest import loaders
 from ingest.loaders import (
     SUPPORTED_SUFFIXES,
+    DocumentLimits,
     JsonlFields,
     clean_text,
     decode_bytes,
@@ -611,3 +614,160 @@ def test_load_text_cleans_like_files() -> None:
     assert load_text("\x00", "text") == LoadFailure(
         "(no id)", "the document has an empty external id"
     )
+
+
+# --------------------------------------------------------------------------- hostile input
+
+LIMITS = DocumentLimits(max_pages=2000, max_chars=5_000_000)
+
+
+def one(name: str, data: bytes, limits: DocumentLimits = LIMITS) -> LoadedDocument | LoadFailure:
+    [result] = load_bytes(name, data, limits=limits)
+    return result
+
+
+def zip_bomb_docx(megabytes: int = 20) -> bytes:
+    """A real DOCX with one extra member of zeros: kilobytes packed, `megabytes` unpacked."""
+    buffer = io.BytesIO(make_docx())
+    with (
+        zipfile.ZipFile(buffer, "a", zipfile.ZIP_DEFLATED) as archive,
+        archive.open("word/media/zeros.bin", "w") as member,
+    ):
+        for _ in range(megabytes):
+            member.write(bytes(2**20))
+    return buffer.getvalue()
+
+
+def test_a_zip_bomb_docx_is_refused_before_it_is_unpacked() -> None:
+    data = zip_bomb_docx()
+    assert len(data) < 200_000  # 20 MiB of zeros packs into a few kilobytes
+    result = one("bomb.docx", data)
+    assert isinstance(result, LoadFailure)
+    assert result.reason.startswith("refused: 'word/media/zeros.bin' is compressed ")
+    assert "zip bomb" in result.reason
+
+
+def test_a_docx_with_too_many_members_is_refused() -> None:
+    buffer = io.BytesIO(make_docx())
+    with zipfile.ZipFile(buffer, "a") as archive:
+        members = len(archive.infolist()) + 10_001
+        for i in range(10_001):
+            archive.writestr(f"junk/item{i}.xml", b"")
+    result = one("many.docx", buffer.getvalue())
+    assert isinstance(result, LoadFailure)
+    assert result.reason.startswith(f"refused: the archive has {members} members")
+
+
+def test_a_docx_that_unpacks_too_large_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    data = make_docx()
+    assert isinstance(one("fine.docx", data), LoadedDocument)
+    monkeypatch.setattr(loaders, "_DOCX_MAX_UNPACKED", 10_000)
+    result = one("fine.docx", data)
+    assert isinstance(result, LoadFailure)
+    assert result.reason.startswith("refused: the archive unpacks to ")
+
+
+def test_encrypted_and_truncated_pdfs_fail_clearly() -> None:
+    pdf = make_pdf(["Secret plans."])
+    encrypted = one("secret.pdf", encrypt_pdf(pdf, "hunter2"))
+    truncated = one("cut.pdf", pdf[: len(pdf) // 3])
+    assert encrypted == LoadFailure("secret.pdf", "PDF is encrypted")
+    assert isinstance(truncated, LoadFailure)
+    assert truncated.reason.startswith("not a valid PDF: ")
+
+
+def test_a_pdf_that_is_really_text_fails_on_its_header() -> None:
+    result = one("fake.pdf", b"Just some text pretending to be a PDF.")
+    assert result == LoadFailure("fake.pdf", "not a valid PDF: it has no %PDF- header")
+
+
+def test_a_pdf_over_the_page_limit_fails_before_its_text_is_read() -> None:
+    pdf = make_pdf(["One.", "Two.", "Three."])
+    result = one("long.pdf", pdf, DocumentLimits(max_pages=2, max_chars=5_000_000))
+    assert result == LoadFailure(
+        "long.pdf", "the PDF has 3 pages; the limit is 2 (RAGSERVICE_MAX_DOCUMENT_PAGES)"
+    )
+    assert isinstance(
+        one("long.pdf", pdf, DocumentLimits(max_pages=3, max_chars=100)), LoadedDocument
+    )
+
+
+def test_a_pdf_over_the_character_limit_fails() -> None:
+    pdf = make_pdf(["A" * 60, "B" * 60])
+    result = one("wide.pdf", pdf, DocumentLimits(max_pages=10, max_chars=100))
+    assert result == LoadFailure(
+        "wide.pdf", "the text is over 100 characters (RAGSERVICE_MAX_DOCUMENT_CHARS)"
+    )
+
+
+@pytest.mark.parametrize("name", ["big.txt", "big.md", "big.html"])
+def test_text_over_the_character_limit_fails(name: str) -> None:
+    limits = DocumentLimits(max_pages=1, max_chars=1000)
+    assert isinstance(one(name, b"x" * 1000, limits), LoadedDocument)
+    result = one(name, b"x" * 1001, limits)
+    assert result == LoadFailure(
+        name, "the text has 1001 characters; the limit is 1000 (RAGSERVICE_MAX_DOCUMENT_CHARS)"
+    )
+
+
+def test_limits_default_to_the_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ragservice.config import get_settings
+
+    monkeypatch.setenv("RAGSERVICE_MAX_DOCUMENT_CHARS", "10")
+    get_settings.cache_clear()
+    try:
+        [result] = load_bytes("note.txt", b"eleven char")
+    finally:
+        get_settings.cache_clear()
+    assert isinstance(result, LoadFailure)
+    assert result.reason.endswith("the limit is 10 (RAGSERVICE_MAX_DOCUMENT_CHARS)")
+
+
+def test_nul_bytes_and_invalid_utf8_are_cleaned_in_every_text_format() -> None:
+    text = one("a.txt", b"caf\xe9\x00 au lait")
+    markdown = one("a.md", b"# Cr\xe8me br\xfbl\xe9e\x00\n\nLa cr\xe8me est tr\xe8s bonne\x00.")
+    [row] = load_bytes("a.jsonl", b'{"_id": "r\x00", "text": "caf\xe9\x00"}\n', limits=LIMITS)
+    assert isinstance(text, LoadedDocument) and text.text == "caf\u00e9 au lait"
+    assert isinstance(markdown, LoadedDocument) and markdown.text == (
+        "# Cr\u00e8me br\u00fbl\u00e9e\n\nLa cr\u00e8me est tr\u00e8s bonne."
+    )
+    assert isinstance(row, LoadedDocument)
+    assert (row.external_id, row.text) == ("r", "caf\u00e9")
+
+
+def test_a_jsonl_row_nested_too_deeply_fails_alone() -> None:
+    deep = b'{"_id": "deep", "text": "t", "metadata": {"a": ' + b"[" * 10_000 + b"]" * 10_000
+    shallow = json.dumps({"_id": "s", "text": "t", "metadata": {"a": [[[[[[]]]]]]}})
+    rows = [
+        deep + b"}}",
+        json.dumps({"_id": "m", "text": "t", "metadata": {"a": json.loads("[" * 40 + "]" * 40)}}),
+        shallow,
+        json.dumps({"_id": "fine", "text": "Fine."}),
+    ]
+    data = b"\n".join(r if isinstance(r, bytes) else r.encode() for r in rows)
+    results = list(load_bytes("rows.jsonl", data, limits=LIMITS))
+    assert results[0] == LoadFailure("rows.jsonl:1", "invalid JSON: nested too deeply")
+    assert results[1] == LoadFailure("rows.jsonl:2", "the metadata is nested deeper than 32 levels")
+    assert [type(r) for r in results[2:]] == [LoadedDocument, LoadedDocument]
+
+
+def test_metadata_nested_too_deeply_fails_the_document() -> None:
+    deep: object = "leaf"
+    for _ in range(40):
+        deep = [deep]
+    sent = load_text("t", "Text.", metadata={"a": deep})
+    uploaded = list(load_bytes("u.txt", b"Text.", metadata={"a": deep}, limits=LIMITS))
+    assert sent == LoadFailure("t", "the metadata is nested deeper than 32 levels")
+    assert uploaded == [LoadFailure("u.txt", "the metadata is nested deeper than 32 levels")]
+
+
+def test_external_ids_over_the_byte_limit_fail() -> None:
+    long_id = "\U0001f600" * 257  # 1028 bytes in UTF-8, 257 characters
+    row = json.dumps({"_id": long_id, "text": "t"}).encode()
+    assert load_text(long_id, "Text.") == LoadFailure(
+        long_id[:200], "the external id is longer than 1024 bytes"
+    )
+    assert list(load_bytes("rows.jsonl", row, limits=LIMITS)) == [
+        LoadFailure("rows.jsonl:1", "the external id is longer than 1024 bytes")
+    ]
+    assert isinstance(load_text("\U0001f600" * 256, "Text."), LoadedDocument)

@@ -14,11 +14,12 @@ from ragservice.api.schemas import (
     CollectionList,
     CollectionOut,
     CollectionUpdate,
+    error_responses,
 )
 from ragservice.errors import NotFoundError
 from ragservice.runtime import Runtime
 
-router = APIRouter(prefix="/v1/collections", tags=["collections"])
+router = APIRouter(prefix="/v1/collections", tags=["collections"], responses=error_responses(409))
 
 
 @router.post("", status_code=status.HTTP_201_CREATED)

@@ -21,19 +21,26 @@ from ragservice.api.schemas import (
     DocumentPage,
     DocumentsIn,
     JobOut,
+    error_responses,
 )
 from ragservice.config import Settings
 from ragservice.db.models import Document
 from ragservice.errors import (
     BadRequestError,
+    InvalidInputError,
     NotFoundError,
     PayloadTooLargeError,
     UnsupportedMediaTypeError,
 )
+from ragservice.limits import MAX_EXTERNAL_ID_BYTES, MAX_JSON_DEPTH, external_id_too_long, too_deep
 from ragservice.runtime import Runtime
 from ragservice.types import SUPPORTED_SUFFIXES
 
-router = APIRouter(prefix="/v1/collections/{collection}/documents", tags=["documents"])
+router = APIRouter(
+    prefix="/v1/collections/{collection}/documents",
+    tags=["documents"],
+    responses=error_responses(),
+)
 
 
 @router.post("", status_code=status.HTTP_202_ACCEPTED)
@@ -46,6 +53,7 @@ def add_documents(
     response: Response,
 ) -> JobOut:
     """Queue JSON texts for ingestion; poll the returned job at `GET /v1/jobs/{id}`."""
+    check_batch(len(body.documents), runtime.settings, field="documents")
     items = [
         store.JobItem(
             kind="text",
@@ -195,6 +203,15 @@ def _enqueue(
     return job_out(job)
 
 
+def check_batch(count: int, settings: Settings, *, field: str) -> None:
+    """413 for a list of texts longer than `RAGSERVICE_MAX_BATCH_ITEMS`."""
+    if count > settings.max_batch_items:
+        raise PayloadTooLargeError(
+            f"{field}: {count} items in one request; the limit is {settings.max_batch_items} "
+            "(RAGSERVICE_MAX_BATCH_ITEMS); split them over several requests"
+        )
+
+
 def _text_id(text: str) -> str:
     return "text-" + hashlib.sha256(text.encode()).hexdigest()[:24]
 
@@ -212,10 +229,12 @@ def _metadata_field(raw: str | None) -> dict[str, Any]:
         return {}
     try:
         value = json.loads(raw)
-    except json.JSONDecodeError as exc:
+    except (json.JSONDecodeError, RecursionError) as exc:  # RecursionError: nested too deep
         raise BadRequestError("the `metadata` form field is not valid JSON") from exc
     if not isinstance(value, dict):
         raise BadRequestError("the `metadata` form field must be a JSON object")
+    if too_deep(value):
+        raise InvalidInputError(f"metadata: nested deeper than {MAX_JSON_DEPTH} levels")
     return value
 
 
@@ -224,6 +243,10 @@ def _file_name(raw: str | None) -> str:
     name = posixpath.basename((raw or "").replace("\\", "/")).strip()
     if not name or name in (".", ".."):
         raise BadRequestError("every uploaded file needs a file name")
+    if external_id_too_long(name):
+        raise InvalidInputError(
+            f"file name {name[:60]!r}… is longer than {MAX_EXTERNAL_ID_BYTES} bytes"
+        )
     if not name.lower().endswith(SUPPORTED_SUFFIXES):
         raise UnsupportedMediaTypeError(
             f"{name!r}: unsupported file type; supported: {', '.join(SUPPORTED_SUFFIXES)}"

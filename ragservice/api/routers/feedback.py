@@ -18,13 +18,13 @@ from fastapi.responses import StreamingResponse
 
 from ragservice import exports
 from ragservice.api.deps import Admin, Principal, Reader, RuntimeDep
-from ragservice.api.schemas import FeedbackBody, FeedbackOut, FeedbackRequest
+from ragservice.api.schemas import FeedbackBody, FeedbackOut, FeedbackRequest, error_responses
 from ragservice.db.models import Feedback
 from ragservice.exports import ExportFilter, ExportFormat
 from ragservice.feedback import FeedbackInput, submit_feedback
 from ragservice.runtime import Runtime
 
-router = APIRouter(prefix="/v1", tags=["feedback"])
+router = APIRouter(prefix="/v1", tags=["feedback"], responses=error_responses())
 
 NDJSON = "application/x-ndjson"
 
@@ -57,8 +57,8 @@ def export_feedback(
     since: datetime | None = None,
     until: datetime | None = None,
     time_of: Literal["feedback", "query"] = "feedback",
-    min_rating: int | None = None,
-    max_rating: int | None = None,
+    min_rating: Annotated[int | None, Query(ge=-1, le=5)] = None,
+    max_rating: Annotated[int | None, Query(ge=-1, le=5)] = None,
     negatives_per_positive: Annotated[
         int, Query(ge=1, le=100)
     ] = exports.DEFAULT_NEGATIVES_PER_POSITIVE,

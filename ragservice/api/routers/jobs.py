@@ -9,11 +9,11 @@ from fastapi import APIRouter, Query
 
 from ragservice import store
 from ragservice.api.deps import Reader, RuntimeDep, collection_id
-from ragservice.api.schemas import JobError, JobList, JobOut
+from ragservice.api.schemas import JobError, JobList, JobOut, error_responses
 from ragservice.db.models import IngestJob
 from ragservice.errors import NotFoundError
 
-router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=error_responses())
 
 JobStatus = Literal["queued", "running", "done", "failed"]
 

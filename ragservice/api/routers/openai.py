@@ -25,19 +25,25 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ragservice import store
 from ragservice.api.deps import PipelineDep, Reader, RuntimeDep, replica_reads
+from ragservice.api.routers.documents import check_batch
 from ragservice.api.routers.query import answer_out
 from ragservice.api.routers.search import check_text, collection_ids
+from ragservice.api.schemas import error_responses
 from ragservice.context import Source
 from ragservice.embedding import SentenceTransformerEmbedder
-from ragservice.errors import InvalidInputError, NotFoundError, PayloadTooLargeError
+from ragservice.errors import InvalidInputError, NotFoundError
 from ragservice.pipeline import Answer, Question
 from ragservice.prompt import ChatMessage
 from ragservice.search import SearchOptions
 
-router = APIRouter(prefix="/v1", tags=["openai"], dependencies=[Depends(replica_reads)])
+router = APIRouter(
+    prefix="/v1",
+    tags=["openai"],
+    dependencies=[Depends(replica_reads)],
+    responses=error_responses(502, 504),
+)
 
 MODEL_PREFIX = "rag"
-MAX_EMBEDDING_INPUTS = 2048
 MAX_GENERATED_TOKENS = 32768
 
 
@@ -120,6 +126,7 @@ async def embeddings(body: EmbeddingsRequest, principal: Reader, runtime: Runtim
     texts = [body.input] if isinstance(body.input, str) else body.input
     model = runtime.models.current()  # one model for the whole request
     embedder = model.embedder
+    check_batch(len(texts), runtime.settings, field="input")
     _check_embedding_input(texts, body.dimensions, embedder)
     vectors = await anyio.to_thread.run_sync(_embed, embedder, texts)
     tokens = await anyio.to_thread.run_sync(_token_count, embedder, texts)
@@ -256,8 +263,6 @@ def _check_embedding_input(
 ) -> None:
     if not texts:
         raise InvalidInputError("input: give at least one text")
-    if len(texts) > MAX_EMBEDDING_INPUTS:
-        raise PayloadTooLargeError(f"input: at most {MAX_EMBEDDING_INPUTS} texts per request")
     if dimensions is not None and dimensions != embedder.dimension:
         raise InvalidInputError(
             f"dimensions: this model gives {embedder.dimension}, not {dimensions}"

@@ -20,6 +20,7 @@ from ragservice.api.schemas import (
     QueryRequest,
     QueryResponse,
     SourceOut,
+    error_responses,
 )
 from ragservice.context import Source
 from ragservice.errors import RagServiceError
@@ -27,7 +28,12 @@ from ragservice.filters import parse_and_compile
 from ragservice.pipeline import Answer, Question
 from ragservice.search import SearchOptions
 
-router = APIRouter(prefix="/v1", tags=["query"], dependencies=[Depends(replica_reads)])
+router = APIRouter(
+    prefix="/v1",
+    tags=["query"],
+    dependencies=[Depends(replica_reads)],
+    responses=error_responses(502, 504),
+)
 
 
 @router.post(

@@ -14,6 +14,7 @@ from ragservice.api.schemas import (
     SearchHitOut,
     SearchRequest,
     SearchResponse,
+    error_responses,
 )
 from ragservice.config import Settings
 from ragservice.errors import InvalidInputError, NotFoundError
@@ -21,7 +22,12 @@ from ragservice.filters import parse_and_compile
 from ragservice.runtime import Runtime
 from ragservice.search import SearchHit, SearchOptions
 
-router = APIRouter(prefix="/v1", tags=["search"], dependencies=[Depends(replica_reads)])
+router = APIRouter(
+    prefix="/v1",
+    tags=["search"],
+    dependencies=[Depends(replica_reads)],
+    responses=error_responses(),
+)
 
 
 @router.post("/search")
