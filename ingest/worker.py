@@ -22,9 +22,10 @@ import uuid
 from collections.abc import Generator, Iterator
 from types import FrameType
 
-from sqlalchemy.exc import SQLAlchemyError
+import psycopg
+from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
-from ingest.loaders import JsonlFields, LoadResult, load_bytes, load_text
+from ingest.loaders import DocumentLimits, JsonlFields, LoadResult, load_bytes, load_text
 from ingest.pipeline import IngestPipeline, IngestReport
 from ragservice import store
 from ragservice.errors import RagServiceError
@@ -37,6 +38,8 @@ PROGRESS_SECONDS = 1.0
 
 _RETRY_SECONDS = 5.0  # wait after the queue itself failed (the database is down, say)
 _MAX_ERRORS = 1000  # per-file errors kept in a job; the counts still say how many failed
+# SQLSTATEs of a server going away: administrator or crash shutdown, not accepting connections.
+_SERVER_GONE_STATES = frozenset({"57P01", "57P02", "57P03"})
 
 
 class _Stopped(Exception):
@@ -117,7 +120,8 @@ class JobWorker:
 
     def process(self, job: store.ClaimedJob) -> str:
         """Run a claimed job; returns its status after: `done`, `failed`, `queued` (the worker
-        is stopping), or `lost` (the job was taken over or deleted meanwhile)."""
+        is stopping), `lost` (the job was taken over or deleted meanwhile), or `stalled` (the
+        database went away: the job is taken over once its heartbeat is stale)."""
         log.info("job %s: attempt %d by %s", job.id, job.attempts, job.worker)
         report = IngestReport()
         progress = _Progress(self._runtime, job, report, self._stopping)
@@ -130,6 +134,8 @@ class JobWorker:
             log.warning("job %s: taken over by another worker or deleted; left to it", job.id)
             return "lost"
         except Exception as exc:
+            if _database_gone(exc):
+                return self._stall(job, exc)
             return self._finish(job, report, error=_failure_message(job.id, exc))
         return self._finish(job, report)
 
@@ -178,10 +184,11 @@ class JobWorker:
     def _results(
         self, job: store.ClaimedJob, fields: JsonlFields, progress: _Progress
     ) -> Generator[LoadResult, None, None]:
+        limits = DocumentLimits.from_settings(self._runtime.settings)
         with self._runtime.db.read() as session:
             for item in store.job_items(session, job.id):
                 progress.tick()
-                yield from _load_item(item, fields)
+                yield from _load_item(item, fields, limits)
 
     def _pipeline(self, tenant_id: uuid.UUID) -> IngestPipeline:
         """The whole job embeds with the model active when it starts, even across a switch."""
@@ -216,6 +223,21 @@ class JobWorker:
             return "lost"
         log.info("job %s %s: %s", job.id, status, report.counts())
         return status
+
+    def _stall(self, job: store.ClaimedJob, exc: Exception) -> str:
+        """Leave the job `running`, its heartbeats stopped: a worker takes it over after
+        `RAGSERVICE_JOB_STALE_SECONDS`, an attempt counted as after a crash. Failing it would
+        end it for good over an outage (a restart, a failover) likely over by then; a lost
+        connection can be a server-side cursor the job reads its items from, found dead only
+        long after the database came back."""
+        stale = self._runtime.settings.job_stale_seconds
+        log.warning(
+            "job %s: database connection lost (%s); retried once silent for %.0f s",
+            job.id,
+            type(exc).__name__,
+            stale,
+        )
+        return "stalled"
 
     def _release(self, job: store.ClaimedJob) -> str:
         with self._runtime.db.write() as session:
@@ -259,12 +281,16 @@ class _Progress:
             raise _Lost
 
 
-def _load_item(item: store.JobItem, fields: JsonlFields) -> Iterator[LoadResult]:
+def _load_item(
+    item: store.JobItem, fields: JsonlFields, limits: DocumentLimits
+) -> Iterator[LoadResult]:
     if item.kind == "text":
         text = item.body.decode("utf-8", errors="replace")
-        yield load_text(item.name, text, title=item.title, metadata=item.metadata)
+        yield load_text(item.name, text, title=item.title, metadata=item.metadata, limits=limits)
     else:
-        yield from load_bytes(item.name, item.body, jsonl_fields=fields, metadata=item.metadata)
+        yield from load_bytes(
+            item.name, item.body, jsonl_fields=fields, metadata=item.metadata, limits=limits
+        )
 
 
 def _jsonl_fields(job: store.ClaimedJob) -> JsonlFields:
@@ -286,6 +312,17 @@ def _failure_message(job_id: uuid.UUID, exc: Exception) -> str:
     if isinstance(exc, SQLAlchemyError):
         return "a database error stopped the job; the worker's log has the details"
     return "an internal error stopped the job; the worker's log has the details"
+
+
+def _database_gone(exc: BaseException) -> bool:
+    """Whether `exc` says the connection to PostgreSQL was lost or refused, not that a
+    statement failed (a statement timeout is an OperationalError too, and fails the job)."""
+    if isinstance(exc, DBAPIError):
+        exc = exc.orig if exc.orig is not None else exc
+    if not isinstance(exc, psycopg.OperationalError):
+        return False
+    state = exc.sqlstate or ""  # none: the client lost or could not open the connection
+    return not state or state.startswith("08") or state in _SERVER_GONE_STATES
 
 
 def _default_name() -> str:

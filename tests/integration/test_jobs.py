@@ -11,12 +11,14 @@ import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import psycopg
 import pytest
 from sqlalchemy import text
 
 from ingest.worker import JobWorker, run_until_signalled
 from ragservice import store
 from ragservice.config import Settings
+from ragservice.db.cluster import libpq_url
 from ragservice.db.models import IngestJob
 from ragservice.embedding import SentenceTransformerEmbedder
 from ragservice.runtime import Runtime, open_runtime
@@ -261,6 +263,38 @@ def test_crashed_attempt_leaves_whole_batches_and_the_retry_skips_them(
     assert (done.status, done.attempts) == ("done", 2)
     assert (done.counts["unchanged"], done.counts["new"]) == (1, 2)
     assert scalar(runtime, "SELECT count(*) FROM chunks") == 3
+
+
+def test_a_lost_database_connection_leaves_the_job_to_a_takeover_not_failed(
+    runtime: Runtime, database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A PostgreSQL restart kills the connection of the cursor a job reads its items through;
+    # that shows only at the cursor's next read, when the database may well be back.
+    items = [text_item(f"d{i}", f"Document {i} is about topic number {i}.") for i in range(3)]
+    job_id = enqueue(runtime, items)
+    real_items = store.job_items
+
+    def cut_after_one(session: Any, claimed_id: uuid.UUID) -> Iterator[store.JobItem]:
+        found = real_items(session, claimed_id)
+        yield next(found)
+        pid = session.connection().connection.driver_connection.info.backend_pid
+        with psycopg.connect(libpq_url(database_url), autocommit=True) as admin:
+            admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        yield from found
+
+    monkeypatch.setattr(store, "job_items", cut_after_one)
+    claimed = claim(runtime, "cut")
+    assert claimed is not None
+    assert JobWorker(runtime, name="cut").process(claimed) == "stalled"
+    monkeypatch.setattr(store, "job_items", real_items)
+    stalled = job(runtime, job_id)
+    assert (stalled.status, stalled.attempts, stalled.errors) == ("running", 1, [])
+
+    age_heartbeat(runtime, job_id)
+    assert JobWorker(runtime, name="rescuer").run_once()
+
+    done = job(runtime, job_id)
+    assert (done.status, done.attempts, done.counts["new"]) == ("done", 2, 3)
 
 
 def test_job_of_a_deleted_collection_does_not_run(runtime: Runtime) -> None:
