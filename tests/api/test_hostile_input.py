@@ -6,14 +6,13 @@ store the good one, and leave no document (hence no chunk) of the bad one.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 from urllib.parse import quote
 
 import pytest
 from fastapi.testclient import TestClient
 
-from ragservice.config import Settings, get_settings
+from ragservice.config import Settings
 from tests.api.conftest import Keys, ok, wait_for_job
 from tests.unit.test_loaders import encrypt_pdf, make_pdf, zip_bomb_docx
 
@@ -22,8 +21,15 @@ GOOD = ("good.txt", b"A perfectly ordinary document about kittens.", "text/plain
 
 @pytest.fixture
 def api_settings(settings: Settings) -> Settings:
-    # Many requests in a row: the rate limit is not what these tests are about.
-    update = {"job_poll_seconds": 0.2, "workers": 1, "rate_limit_per_second": 0.0}
+    # Many requests in a row: the rate limit is not what these tests are about. Page and
+    # character limits small enough to test; the job worker reads them from these settings.
+    update = {
+        "job_poll_seconds": 0.2,
+        "workers": 1,
+        "rate_limit_per_second": 0.0,
+        "max_document_pages": 2,
+        "max_document_chars": 300_000,
+    }
     return settings.model_copy(update=update)
 
 
@@ -31,16 +37,6 @@ def api_settings(settings: Settings) -> Settings:
 def kb(client: TestClient, keys: Keys) -> str:
     ok(client.post("/v1/collections", json={"name": "kb"}, headers=keys.writer), 201)
     return "kb"
-
-
-@pytest.fixture
-def small_limits(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Page and character limits small enough to test; the job worker reads the settings."""
-    monkeypatch.setenv("RAGSERVICE_MAX_DOCUMENT_PAGES", "2")
-    monkeypatch.setenv("RAGSERVICE_MAX_DOCUMENT_CHARS", "300000")
-    get_settings.cache_clear()
-    yield
-    get_settings.cache_clear()
 
 
 def error(response: Any, status: int) -> str:
@@ -133,7 +129,7 @@ def test_nul_in_a_json_document_text_is_dropped_and_in_its_id_refused(
 
 
 def test_a_huge_single_line_chunks_and_one_over_the_limit_fails(
-    client: TestClient, keys: Keys, kb: str, small_limits: None
+    client: TestClient, keys: Keys, kb: str
 ) -> None:
     words = "kitten " * 40_000  # 280,000 characters and not one newline
     line = ("line.txt", words.encode(), "text/plain")
@@ -150,7 +146,7 @@ def test_a_huge_single_line_chunks_and_one_over_the_limit_fails(
 
 
 def test_a_pdf_over_the_page_limit_is_a_per_file_error(
-    client: TestClient, keys: Keys, kb: str, small_limits: None
+    client: TestClient, keys: Keys, kb: str
 ) -> None:
     pdf = ("long.pdf", make_pdf(["One.", "Two.", "Three."]), "application/pdf")
     job = upload(client, keys, pdf, GOOD)

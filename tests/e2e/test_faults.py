@@ -634,7 +634,10 @@ def test_an_ingest_job_across_a_postgres_restart_is_taken_over_not_failed(
             "half_written": sum(found.values()),
         },
     )
-    assert (job["status"], job["attempts"]) == ("done", 2), job
+    # Attempt 2 when the restart broke one of the job's connections; attempt 1 when it fell
+    # between two of the job's transactions (say, while it embedded), whose next connection
+    # from the pool was then a fresh one.
+    assert job["status"] == "done" and job["attempts"] in (1, 2), job
     assert (stored, distinct) == (JOB_DOCUMENTS, JOB_DOCUMENTS)
     assert found == dict.fromkeys(_HALF_WRITTEN, 0)
 
