@@ -9,7 +9,7 @@ export TRANSFORMERS_OFFLINE := 1
 # Idle torch threads otherwise spin and steal CPU from PostgreSQL on small machines.
 export OMP_WAIT_POLICY := PASSIVE
 
-.PHONY: run test lint typecheck bench-ingest bench-search bench-query bench-cache bench-replicas bench-feedback clean
+.PHONY: run test lint typecheck bench-ingest bench-search bench-query bench-cache bench-replicas bench-feedback bench-rls clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -50,6 +50,11 @@ bench-replicas: $(STAMP)
 
 bench-feedback: $(STAMP)
 	$(BIN)/python benchmarks/feedback_loop.py --data ../shared/data/scifact
+
+# Ingests SciFact into its own data directory first (a no-op once done).
+bench-rls: $(STAMP)
+	RAGSERVICE_DATA_DIR=.ragservice-rls $(BIN)/ragservice ingest ../shared/data/scifact/corpus.jsonl -c scifact
+	$(BIN)/python benchmarks/rls.py --data ../shared/data/scifact --data-dir .ragservice-rls
 
 clean:
 	rm -rf $(VENV) .ragservice .pytest_cache .mypy_cache .ruff_cache

@@ -24,7 +24,7 @@ import numpy as np
 
 from ragservice import store
 from ragservice.chunking import ChunkingOptions, chunk_text
-from ragservice.db import Database
+from ragservice.db import Database, tenancy
 from ragservice.embedding import Embedder, Vectors
 from ragservice.types import LoadedDocument, LoadFailure, TextChunk
 
@@ -314,8 +314,12 @@ class _BatchWriter:
         self._inbox: queue.Queue[list[store.DocumentWrite] | None] = queue.Queue(maxsize=1)
         self._results: queue.Queue[store.BatchWriteResult] = queue.Queue()
         self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._loop, name="ingest-writer", daemon=True)
+        self._thread = threading.Thread(target=self._run, name="ingest-writer", daemon=True)
         self._thread.start()
+
+    def _run(self) -> None:
+        with tenancy.as_tenant(self._tenant_id):  # the batches' rows are all this tenant's
+            self._loop()
 
     def submit(self, writes: list[store.DocumentWrite] | None) -> None:
         """Queue a batch (None: no more), waiting while the previous one is still in flight."""

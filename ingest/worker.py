@@ -28,6 +28,7 @@ from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from ingest.loaders import DocumentLimits, JsonlFields, LoadResult, load_bytes, load_text
 from ingest.pipeline import IngestPipeline, IngestReport
 from ragservice import store
+from ragservice.db import tenancy
 from ragservice.errors import RagServiceError
 from ragservice.runtime import Runtime
 
@@ -123,6 +124,10 @@ class JobWorker:
         is stopping), `lost` (the job was taken over or deleted meanwhile), or `stalled` (the
         database went away: the job is taken over once its heartbeat is stale)."""
         log.info("job %s: attempt %d by %s", job.id, job.attempts, job.worker)
+        with tenancy.as_tenant(job.tenant_id):  # the job sees its tenant's rows only
+            return self._process(job)
+
+    def _process(self, job: store.ClaimedJob) -> str:
         report = IngestReport()
         progress = _Progress(self._runtime, job, report, self._stopping)
         try:

@@ -150,10 +150,10 @@ def db_upgrade(revision: str = typer.Argument("head")) -> None:
     """Apply the schema migrations (the server and the CLI also do this on start)."""
     from ragservice.db import migrate
 
-    with _database() as db:
+    with _database() as db, db.owner_engine() as engine:
         if revision != "head":
-            migrate.upgrade(db.write_engine, revision)
-        with db.write_engine.connect() as conn:
+            migrate.upgrade(engine, revision)
+        with engine.connect() as conn:
             console.print(f"schema at revision {migrate.current_revision(conn)}")
 
 
@@ -738,7 +738,7 @@ def analysts_add(
 
     secret = password or secrets.token_urlsafe(18)
     with _database() as db:
-        with db.write() as session:
+        with db.owner() as session:  # CREATE ROLE: beyond what the service role may do
             _or_exit(lambda: store.create_analyst(session, name, secret))
         url = analyst_url(get_settings(), db.url, name, secret)
     console.print(f"created analyst {name!r} (member of {store.ANALYST_GROUP})")
@@ -774,7 +774,7 @@ def analysts_list() -> None:
 @analysts_app.command("remove")
 def analysts_remove(name: str = typer.Argument(..., help="The analyst's role name.")) -> None:
     """Drop an analyst's role (only members of ragservice_analyst are dropped)."""
-    with _database() as db, db.write() as session:
+    with _database() as db, db.owner() as session:
         removed = _or_exit(lambda: store.remove_analyst(session, name))
     if not removed:
         console.print(f"[red]error:[/red] no analyst named {name!r}")

@@ -17,6 +17,7 @@ partial index only matches a literal model id; everything the caller sends is a 
 
 from __future__ import annotations
 
+import contextvars
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -415,7 +416,10 @@ class Searcher:
         timer: _Timer,
         given: npt.NDArray[np.float32] | None,
     ) -> _Statement:
-        text_side = self._pool.submit(self._text_candidates, collections, query, options)
+        # In the caller's context: its request's tenant and replica routing hold there too.
+        text_side = self._pool.submit(
+            contextvars.copy_context().run, self._text_candidates, collections, query, options
+        )
         with timer.stage("embed"):
             vector = _vector(model, query, given)
         text_ids, text_ms = text_side.result()

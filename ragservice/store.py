@@ -297,8 +297,35 @@ def _copy(
     types: Sequence[str],
     rows: Sequence[tuple[Any, ...]],
 ) -> None:
+    """Bulk-insert `rows`: binary COPY into a temporary table, then one INSERT from it.
+
+    PostgreSQL refuses COPY FROM into a table under row-level security, so the rows are
+    staged where no policy applies and the INSERT checks each against the table's policy."""
     if not rows:
         return
+    sql = psycopg.sql
+    target, staging = sql.Identifier(table), sql.Identifier(f"copy_{table}")
+    names = sql.SQL(", ").join(map(sql.Identifier, columns))
+    conn.execute(sql.SQL("DROP TABLE IF EXISTS pg_temp.{}").format(staging))
+    conn.execute(
+        sql.SQL("CREATE TEMP TABLE {} ON COMMIT DROP AS SELECT {} FROM {} WITH NO DATA").format(
+            staging, names, target
+        )
+    )
+    _copy_rows(conn, f"copy_{table}", columns, types, rows)
+    conn.execute(
+        sql.SQL("INSERT INTO {} ({}) SELECT {} FROM {}").format(target, names, names, staging)
+    )
+
+
+def _copy_rows(
+    conn: psycopg.Connection[Any],
+    table: str,
+    columns: Sequence[str],
+    types: Sequence[str],
+    rows: Sequence[tuple[Any, ...]],
+) -> None:
+    """Binary COPY of `rows` into `table` (one without row-level security)."""
     statement = psycopg.sql.SQL("COPY {} ({}) FROM STDIN (FORMAT BINARY)").format(
         psycopg.sql.Identifier(table),
         psycopg.sql.SQL(", ").join(map(psycopg.sql.Identifier, columns)),
@@ -912,7 +939,7 @@ def add_embeddings(
     )
     rows = [(c.id, c.tenant_id, v) for c, v in zip(chunks, vectors, strict=True)]
     columns = ("chunk_id", "tenant_id", "embedding")
-    _copy(conn, "new_embeddings", columns, ("uuid", "uuid", "vector"), rows)
+    _copy_rows(conn, "new_embeddings", columns, ("uuid", "uuid", "vector"), rows)
     inserted = conn.execute(
         "INSERT INTO chunk_embeddings (chunk_id, model_id, tenant_id, embedding) "
         "SELECT n.chunk_id, %s, n.tenant_id, n.embedding FROM new_embeddings n "
@@ -989,8 +1016,8 @@ def drop_model_embeddings(session: Session, model_id: int) -> int:
         delete(ChunkEmbedding).where(ChunkEmbedding.model_id == model_id)
     ).rowcount  # type: ignore[attr-defined]
     session.execute(delete(PromptCacheEntry).where(PromptCacheEntry.model_id == model_id))
-    index = psycopg.sql.Identifier(f"chunk_embeddings_hnsw_model_{int(model_id)}")
-    _driver_connection(session).execute(psycopg.sql.SQL("DROP INDEX IF EXISTS {}").format(index))
+    # DDL needs the table's owner: the function runs with its rights (migration 0007).
+    session.execute(text("SELECT ragservice_drop_embedding_index(:id)"), {"id": model_id})
     return int(deleted)
 
 

@@ -11,6 +11,7 @@ from fastapi import Depends, Request
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 
 from ragservice import store
+from ragservice.db import tenancy
 from ragservice.db.scope import current_scope
 from ragservice.errors import (
     AuthenticationError,
@@ -72,12 +73,21 @@ def authenticate(
     bearer: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
     header_key: Annotated[str | None, Depends(_api_key_header)],
 ) -> Principal:
+    principal = _principal(runtime, bearer.credentials if bearer is not None else header_key)
+    scope = current_scope()
+    if scope is not None:
+        # From here on the request's transactions see this tenant's rows only (`tenancy`).
+        scope.tenant_id = principal.tenant_id
+    return principal
+
+
+def _principal(runtime: Runtime, secret: str | None) -> Principal:
     if runtime.settings.auth_disabled:
         return Principal(tenant_id=runtime.default_tenant_id, role=Role.ADMIN, key_id=None)
-    secret = bearer.credentials if bearer is not None else header_key
     if not secret:
         raise AuthenticationError("missing API key: send `Authorization: Bearer <key>`")
-    with runtime.db.read() as session:
+    # The key decides the tenant, so finding it is the one read of a request across tenants.
+    with tenancy.as_system(), runtime.db.read() as session:
         key = store.find_api_key(session, hash_key(secret))
     if key is None:
         raise AuthenticationError("unknown or revoked API key")

@@ -5,6 +5,11 @@ goes where `routing.ReadRouter` says (a healthy, current replica, else the prima
 the request's consistency token (`scope.RequestScope`); every other read is on the primary.
 Sessions on the primary for reads are read-only, like a replica's, so a write slipped into a
 read fails in every deployment, not only in those with replicas.
+
+Every connection works as the `ragservice_service` role (migration 0007) when the connecting
+user may switch to it, so row-level security applies; every transaction starts by setting whose
+rows it may see (`tenancy`). `Database.owner()` is the connecting user itself, for the few
+operator commands that need more than the service role may do (creating analysts' logins).
 """
 
 from __future__ import annotations
@@ -16,13 +21,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from pgvector.psycopg import register_vector
-from sqlalchemy import Engine, create_engine, event, text
+from psycopg import sql
+from sqlalchemy import Connection, Engine, create_engine, event, text
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import NullPool
 
 from ragservice.config import Settings
-from ragservice.db import migrate
+from ragservice.db import migrate, tenancy
 from ragservice.db.embedded import embedded_database_url
 from ragservice.db.routing import PRIMARY, ReadRouter, Replica, replica_names
 from ragservice.db.scope import DeferredWrite, current_scope
@@ -32,6 +38,14 @@ log = logging.getLogger(__name__)
 
 
 _INSERT_LSN = text("SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn")
+
+SERVICE_ROLE = "ragservice_service"
+"""The role the service works as: bound by row-level security (migration 0007)."""
+
+_ROLE_USABLE = text(
+    "SELECT EXISTS (SELECT 1 FROM pg_roles r WHERE r.rolname = :role "
+    "AND pg_has_role(current_user, r.oid, 'MEMBER'))"
+)
 
 
 @dataclass(frozen=True)
@@ -44,6 +58,8 @@ class Database:
     write_sessions: sessionmaker[Session]
     read_sessions: sessionmaker[Session]
     router: ReadRouter | None = None
+    role: str | None = None
+    """`SERVICE_ROLE` when row-level security binds this process's sessions, else None."""
 
     @contextmanager
     def write(self) -> Iterator[Session]:
@@ -97,6 +113,23 @@ class Database:
         except Exception:
             log.warning("deferred writes failed", exc_info=True)
 
+    @contextmanager
+    def owner_engine(self) -> Iterator[Engine]:
+        """An engine as the connecting user itself (not the service role), on the primary:
+        for operator commands only (migrations, creating roles)."""
+        engine = create_engine(self.url, poolclass=NullPool)
+        try:
+            yield engine
+        finally:
+            engine.dispose()
+
+    @contextmanager
+    def owner(self) -> Iterator[Session]:
+        """A session on `owner_engine()` that sees every tenant, committed on success."""
+        with self.owner_engine() as engine, Session(engine) as session, session.begin():
+            tenancy.apply(session.connection(), tenancy.SYSTEM)
+            yield session
+
     def dispose(self) -> None:
         if self.router is not None:
             self.router.stop()
@@ -137,33 +170,67 @@ def open_database(
         check_pgvector(bootstrap)
         if run_migrations:
             migrate.upgrade(bootstrap)
+        role = service_role(bootstrap)
     finally:
         bootstrap.dispose()
-    write_engine = make_engine(url)
-    read_engine = make_engine(url, connect_args={"options": "-c default_transaction_read_only=on"})
+    write_engine = make_engine(url, role=role)
+    read_engine = make_engine(
+        url, role=role, connect_args={"options": "-c default_transaction_read_only=on"}
+    )
     router = None
     if route_reads and settings.replica_urls():
-        router = make_router(settings, write_engine)
+        router = make_router(settings, write_engine, role=role)
         router.start()
     return Database(
         url=url,
         write_engine=write_engine,
         read_engine=read_engine,
-        write_sessions=sessionmaker(write_engine, expire_on_commit=False),
-        read_sessions=sessionmaker(read_engine, expire_on_commit=False),
+        write_sessions=tenant_scoped(sessionmaker(write_engine, expire_on_commit=False)),
+        read_sessions=tenant_scoped(sessionmaker(read_engine, expire_on_commit=False)),
         router=router,
+        role=role,
     )
 
 
-def make_router(settings: Settings, primary: Engine) -> ReadRouter:
-    """The read router over `RAGSERVICE_REPLICAS`; not started."""
+def service_role(engine: Engine) -> str | None:
+    """`SERVICE_ROLE` if the connecting user may work as it, else None (with a warning: the
+    tenant checks in code still hold, the database's own isolation does not)."""
+    with engine.connect() as conn:
+        usable = bool(conn.execute(_ROLE_USABLE, {"role": SERVICE_ROLE}).scalar_one())
+    if not usable:
+        log.warning(
+            "row-level security is not enforced: role %s is missing or not granted to the "
+            "database user (see docs/operators.md#tenant-isolation)",
+            SERVICE_ROLE,
+        )
+    return SERVICE_ROLE if usable else None
+
+
+def tenant_scoped(sessions: sessionmaker[Session]) -> sessionmaker[Session]:
+    """Each transaction of these sessions starts by setting whose rows it may see."""
+    event.listen(sessions, "after_begin", _apply_tenancy)
+    return sessions
+
+
+def _apply_tenancy(_session: Session, _transaction: object, connection: Connection) -> None:
+    tenancy.apply(connection)
+
+
+def make_router(settings: Settings, primary: Engine, *, role: str | None = None) -> ReadRouter:
+    """The read router over `RAGSERVICE_REPLICAS`; not started. `role`: see `make_engine`."""
     pairs = settings.replica_urls()
     names = replica_names([region for region, _ in pairs])
     connect_args = {"connect_timeout": settings.replica_connect_timeout}
     replicas = [
-        Replica(name, region, make_engine(_with_psycopg_driver(url), connect_args=connect_args))
+        Replica(
+            name,
+            region,
+            make_engine(_with_psycopg_driver(url), role=role, connect_args=connect_args),
+        )
         for name, (region, url) in zip(names, pairs, strict=True)
     ]
+    for replica in replicas:
+        tenant_scoped(replica.sessions)
     return ReadRouter(
         primary,
         replicas,
@@ -175,15 +242,19 @@ def make_router(settings: Settings, primary: Engine) -> ReadRouter:
     )
 
 
-def make_engine(url: str, **kwargs: Any) -> Engine:
-    """An engine whose connections know the `vector` type (needed for binary COPY)."""
+def make_engine(url: str, *, role: str | None = None, **kwargs: Any) -> Engine:
+    """An engine whose connections know the `vector` type (needed for binary COPY) and, with
+    `role`, work as that role (`SET ROLE`) for as long as they live."""
     engine = create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=10, **kwargs)
-    event.listen(engine, "connect", _on_connect)
+
+    def on_connect(dbapi_connection: Any, _record: Any) -> None:
+        if role is not None:
+            dbapi_connection.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(role)))
+        register_vector(dbapi_connection)
+        dbapi_connection.commit()  # else the pool's first rollback would undo SET ROLE
+
+    event.listen(engine, "connect", on_connect)
     return engine
-
-
-def _on_connect(dbapi_connection: Any, _record: Any) -> None:
-    register_vector(dbapi_connection)
 
 
 def check_pgvector(engine: Engine) -> None:

@@ -10,6 +10,8 @@ fills it without any caller passing it along:
 - `written_lsn`: the primary's WAL position after the request's last write; it goes back to
   the caller as the consistency token.
 - `read_node`: which node served the request's reads.
+- `tenant_id`: the caller's tenant once the API key is known; the database shows the request's
+  transactions that tenant's rows only (row-level security, see `tenancy`).
 - `deferred`: writes that need not delay the response (the query log, cache stores); they run
   on the primary after the response is sent.
 
@@ -20,6 +22,7 @@ go to the primary and deferred writes run at once.
 from __future__ import annotations
 
 import re
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -66,6 +69,7 @@ class RequestScope:
     min_lsn: int | None = None
     written_lsn: int | None = None
     read_node: str | None = None
+    tenant_id: uuid.UUID | None = None
     deferred: list[DeferredWrite] = field(default_factory=list)
 
     def wrote(self, lsn: int) -> None:

@@ -108,7 +108,7 @@ def test_ingest_cli_dry_run_and_bad_arguments(
 def test_db_upgrade_command(database_url: str, tmp_path: Path) -> None:
     result = run([str(BIN / "ragservice"), "db", "upgrade"], database_url, tmp_path)
     assert result.returncode == 0, result.stderr
-    assert "schema at revision 0006" in result.stderr
+    assert "schema at revision 0007" in result.stderr
 
 
 def test_ctrl_c_mid_ingest_leaves_whole_documents_and_a_rerun_finishes(

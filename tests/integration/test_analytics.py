@@ -177,12 +177,13 @@ def seeded(settings: Settings) -> Iterator[Seeded]:
 def analyst(seeded: Seeded) -> Iterator[tuple[str, str]]:
     """A fresh analyst role (roles are server-wide: a unique name, dropped afterwards)."""
     name, password = f"analyst_{uuid.uuid4().hex[:10]}", "pw-" + uuid.uuid4().hex
-    with seeded.db.write() as session:
+    # Roles are made as the connecting user: the service role may not create them.
+    with seeded.db.owner() as session:
         store.create_analyst(session, name, password)
     try:
         yield name, password
     finally:
-        with seeded.db.write() as session:
+        with seeded.db.owner() as session:
             store.remove_analyst(session, name)
 
 
@@ -333,11 +334,11 @@ def test_no_table_is_readable_by_public_and_no_view_exposes_secrets(
 
 
 def test_analyst_names_are_checked(seeded: Seeded, analyst: tuple[str, str]) -> None:
-    with seeded.db.write() as session, pytest.raises(InvalidInputError):
+    with seeded.db.owner() as session, pytest.raises(InvalidInputError):
         store.create_analyst(session, 'x"; DROP ROLE postgres; --', "pw")
-    with seeded.db.write() as session, pytest.raises(ConflictError, match="already exists"):
+    with seeded.db.owner() as session, pytest.raises(ConflictError, match="already exists"):
         store.create_analyst(session, analyst[0], "pw")
-    with seeded.db.write() as session:
+    with seeded.db.owner() as session:
         assert store.remove_analyst(session, "postgres") is False  # not an analyst: kept
         assert (analyst[0], True) in store.list_analysts(session)
 
@@ -394,7 +395,7 @@ def test_the_cli_adds_lists_and_removes_analysts_and_psql_reads_the_views(
         assert name not in runner.invoke(app, ["analysts", "list"]).stdout
         assert runner.invoke(app, ["analysts", "remove", name]).exit_code == 1
     finally:
-        with seeded.db.write() as session:
+        with seeded.db.owner() as session:
             store.remove_analyst(session, name)
         get_settings.cache_clear()
 

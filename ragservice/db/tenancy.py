@@ -1,0 +1,84 @@
+"""Whose rows a transaction may see: the row-level security of migration 0007.
+
+Every transaction the service opens starts by telling PostgreSQL (`SET LOCAL`, through
+`set_config(..., true)`) either one tenant or "all tenants"; the policies show nothing else:
+- within an HTTP request, the request's tenant (`RequestScope.tenant_id`, set once the API key
+  is known; before that, no tenant: such a transaction sees no tenant's rows at all);
+- within `as_tenant(id)`, that tenant (an ingest job runs so);
+- within `as_system()`, or outside any request, every tenant: job claiming, cache purging,
+  re-embedding, operator commands. The API key lookup is the one system read a request makes.
+
+A query that forgets its tenant filter therefore returns the caller's rows only.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
+
+from sqlalchemy import Connection
+
+from ragservice.db.scope import current_scope
+
+
+@dataclass(frozen=True, slots=True)
+class Tenancy:
+    """One tenant (`tenant_id`), all of them (`system`), or none (neither)."""
+
+    tenant_id: uuid.UUID | None = None
+    system: bool = False
+
+
+SYSTEM = Tenancy(system=True)
+NO_TENANT = Tenancy()
+
+_override: ContextVar[Tenancy | None] = ContextVar("ragservice_tenancy", default=None)
+
+# Sent as is (no SQLAlchemy compilation): it runs at the start of every transaction.
+_SET = (
+    "SELECT set_config('ragservice.tenant_id', %s, true), set_config('ragservice.system', %s, true)"
+)
+
+
+def current() -> Tenancy:
+    """What a transaction starting now may see (see the module's docstring)."""
+    override = _override.get()
+    if override is not None:
+        return override
+    scope = current_scope()
+    if scope is None:
+        return SYSTEM
+    return Tenancy(tenant_id=scope.tenant_id)
+
+
+@contextmanager
+def as_tenant(tenant_id: uuid.UUID) -> Iterator[None]:
+    """Transactions opened within (in this context) see `tenant_id`'s rows only."""
+    with _overridden(Tenancy(tenant_id=tenant_id)):
+        yield
+
+
+@contextmanager
+def as_system() -> Iterator[None]:
+    """Transactions opened within see every tenant's rows (for cross-tenant work only)."""
+    with _overridden(SYSTEM):
+        yield
+
+
+@contextmanager
+def _overridden(tenancy: Tenancy) -> Iterator[None]:
+    reset = _override.set(tenancy)
+    try:
+        yield
+    finally:
+        _override.reset(reset)
+
+
+def apply(connection: Connection, tenancy: Tenancy | None = None) -> None:
+    """Set the transaction's tenancy on `connection` (it lasts until the transaction ends)."""
+    tenancy = tenancy or current()
+    tenant = "" if tenancy.tenant_id is None else str(tenancy.tenant_id)
+    connection.exec_driver_sql(_SET, (tenant, "on" if tenancy.system else "off"))

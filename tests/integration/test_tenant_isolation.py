@@ -1,0 +1,178 @@
+"""Row-level security (migration 0007) against a real PostgreSQL: the service's role sees the
+rows of the tenant its transaction names, and none when it names none."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+from sqlalchemy import text
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ProgrammingError
+
+from ingest.pipeline import IngestPipeline
+from ragservice import store
+from ragservice.config import Settings
+from ragservice.db import tenancy
+from ragservice.db.engine import SERVICE_ROLE
+from ragservice.db.scope import request_scope
+from ragservice.embedding import SentenceTransformerEmbedder
+from ragservice.runtime import Runtime, open_runtime
+from ragservice.search import Mode, SearchOptions
+from ragservice.types import LoadedDocument
+
+TENANT_TABLES = (
+    "tenants",
+    "collections",
+    "documents",
+    "chunks",
+    "chunk_embeddings",
+    "chunk_terms",
+    "collection_text_stats",
+)
+
+
+@pytest.fixture
+def runtime(settings: Settings, embedder: SentenceTransformerEmbedder) -> Iterator[Runtime]:
+    rt = open_runtime(settings, embedder=embedder)
+    yield rt
+    rt.close()
+
+
+@pytest.fixture
+def two_tenants(runtime: Runtime) -> dict[str, tuple[uuid.UUID, uuid.UUID]]:
+    """Tenants acme and globex, each with a collection `docs` of one document of its own."""
+    made = {}
+    for name, body in (("acme", "Aspirin lowers fever."), ("globex", "Steel corrodes in water.")):
+        with runtime.db.write() as session:
+            tenant_id = store.ensure_tenant(session, name)
+        model = runtime.models.current()
+        pipeline = IngestPipeline(
+            runtime.db,
+            model.embedder,
+            model_id=model.id,
+            tenant_id=tenant_id,
+            chunking=runtime.chunking_options(),
+            batch_chunks=64,
+        )
+        document = LoadedDocument(external_id=f"{name}-1", text=body, title=name, metadata={})
+        pipeline.run([document], collection="docs")
+        with runtime.db.read() as session:
+            collection_id = store.find_collection(session, tenant_id, "docs")
+        assert collection_id is not None
+        made[name] = (tenant_id, collection_id)
+    return made
+
+
+def _service_connection(url: str) -> psycopg.Connection[tuple[object, ...]]:
+    """A bare connection working as the service role, with no tenancy set at all."""
+    libpq = make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+    conn = psycopg.connect(libpq, autocommit=True)
+    conn.execute(psycopg.sql.SQL("SET ROLE {}").format(psycopg.sql.Identifier(SERVICE_ROLE)))
+    return conn
+
+
+def _external_ids(runtime: Runtime) -> list[str]:
+    # Deliberately unscoped: no tenant in the WHERE clause.
+    with runtime.db.read() as session:
+        rows = session.execute(text("SELECT external_id FROM documents ORDER BY 1"))
+        return [str(row[0]) for row in rows]
+
+
+def test_the_service_works_as_a_role_bound_by_row_level_security(runtime: Runtime) -> None:
+    assert runtime.db.role == SERVICE_ROLE
+    with runtime.db.read() as session:
+        user = session.execute(text("SELECT current_user")).scalar_one()
+        role = session.execute(
+            text("SELECT rolsuper, rolbypassrls FROM pg_roles WHERE rolname = current_user")
+        ).one()
+        owners = set(
+            session.execute(
+                text("SELECT DISTINCT tableowner FROM pg_tables WHERE schemaname = 'public'")
+            ).scalars()
+        )
+        unprotected = (
+            session.execute(
+                text(
+                    "SELECT relname FROM pg_class WHERE relnamespace = 'public'::regnamespace "
+                    "AND relkind = 'r' AND relname = ANY(:tables) AND NOT relrowsecurity"
+                ),
+                {"tables": list(TENANT_TABLES)},
+            )
+            .scalars()
+            .all()
+        )
+    assert user == SERVICE_ROLE
+    assert tuple(role) == (False, False)
+    assert SERVICE_ROLE not in owners
+    assert unprotected == []
+
+
+def test_a_query_without_a_tenant_sees_no_rows(
+    runtime: Runtime, two_tenants: dict[str, tuple[uuid.UUID, uuid.UUID]], database_url: str
+) -> None:
+    with _service_connection(database_url) as conn:
+        for table in TENANT_TABLES:
+            count = conn.execute(
+                psycopg.sql.SQL("SELECT count(*) FROM {}").format(psycopg.sql.Identifier(table))
+            ).fetchone()
+            assert count == (0,), table
+    # The same in a request before its API key is known.
+    with request_scope():
+        assert _external_ids(runtime) == []
+
+
+def test_an_unscoped_query_sees_its_own_tenants_rows_only(
+    runtime: Runtime, two_tenants: dict[str, tuple[uuid.UUID, uuid.UUID]]
+) -> None:
+    acme, _ = two_tenants["acme"]
+    globex, _ = two_tenants["globex"]
+    with request_scope() as scope:
+        scope.tenant_id = acme
+        assert _external_ids(runtime) == ["acme-1"]
+    with tenancy.as_tenant(globex):
+        assert _external_ids(runtime) == ["globex-1"]
+    with tenancy.as_system():
+        assert _external_ids(runtime) == ["acme-1", "globex-1"]
+
+
+def test_a_tenant_cannot_write_rows_of_another(
+    runtime: Runtime, two_tenants: dict[str, tuple[uuid.UUID, uuid.UUID]]
+) -> None:
+    acme, _ = two_tenants["acme"]
+    globex, globex_docs = two_tenants["globex"]
+    refused = pytest.raises(ProgrammingError, match="row-level security")
+    with tenancy.as_tenant(acme), refused, runtime.db.write() as session:
+        store.create_collection(session, globex, "planted")
+    with tenancy.as_tenant(acme), runtime.db.write() as session:
+        # Another tenant's rows are invisible to UPDATE and DELETE alike.
+        renamed = session.execute(
+            text("UPDATE collections SET name = 'stolen' WHERE id = :id"), {"id": globex_docs}
+        )
+        deleted = session.execute(text("DELETE FROM documents WHERE tenant_id = :t"), {"t": globex})
+    assert (renamed.rowcount, deleted.rowcount) == (0, 0)  # type: ignore[attr-defined]
+    with tenancy.as_tenant(globex):
+        assert _external_ids(runtime) == ["globex-1"]
+
+
+def test_search_over_foreign_collection_ids_finds_nothing(
+    runtime: Runtime, two_tenants: dict[str, tuple[uuid.UUID, uuid.UUID]]
+) -> None:
+    """Even a caller that passes another tenant's collection ids: both halves of a hybrid
+    search (the full-text one runs on another thread) see the transaction's tenant only."""
+    from ragservice.search import Searcher
+
+    acme, _ = two_tenants["acme"]
+    _, globex_docs = two_tenants["globex"]
+    options = SearchOptions.from_settings(runtime.settings, k=5)
+    with Searcher(runtime.db, models=runtime.models.current) as searcher:
+        with tenancy.as_system():
+            found = searcher.search(collection_ids=[globex_docs], query="steel", options=options)
+        assert [hit.external_id for hit in found.hits] == ["globex-1"]
+        for mode in Mode:
+            scoped = SearchOptions.from_settings(runtime.settings, k=5, mode=mode)
+            with tenancy.as_tenant(acme):
+                hits = searcher.search(collection_ids=[globex_docs], query="steel", options=scoped)
+            assert hits.hits == [], mode
