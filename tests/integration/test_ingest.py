@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -11,9 +11,8 @@ from sqlalchemy import text
 
 from ingest.pipeline import IngestPipeline, IngestReport
 from ragservice import store
-from ragservice.config import Settings
 from ragservice.embedding import SentenceTransformerEmbedder, Vectors
-from ragservice.runtime import Runtime, open_runtime
+from ragservice.runtime import Runtime
 from ragservice.types import LoadedDocument, LoadFailure
 
 COLLECTION = "papers"
@@ -34,13 +33,6 @@ class CountingEmbedder:
     def embed(self, texts: Sequence[str]) -> Vectors:
         self.texts.extend(texts)
         return self.inner.embed(texts)
-
-
-@pytest.fixture
-def runtime(settings: Settings, embedder: SentenceTransformerEmbedder) -> Iterator[Runtime]:
-    rt = open_runtime(settings, embedder=embedder)
-    yield rt
-    rt.close()
 
 
 @pytest.fixture

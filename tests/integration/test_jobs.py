@@ -17,20 +17,11 @@ from sqlalchemy import text
 
 from ingest.worker import JobWorker, run_until_signalled
 from ragservice import store
-from ragservice.config import Settings
 from ragservice.db.cluster import libpq_url
 from ragservice.db.models import IngestJob
-from ragservice.embedding import SentenceTransformerEmbedder
-from ragservice.runtime import Runtime, open_runtime
+from ragservice.runtime import Runtime
 
 COLLECTION = "uploads"
-
-
-@pytest.fixture
-def runtime(settings: Settings, embedder: SentenceTransformerEmbedder) -> Iterator[Runtime]:
-    rt = open_runtime(settings, embedder=embedder)
-    yield rt
-    rt.close()
 
 
 def with_settings(runtime: Runtime, **changes: Any) -> Runtime:

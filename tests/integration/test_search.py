@@ -217,13 +217,6 @@ class Corpus:
         )
 
 
-@pytest.fixture
-def runtime(settings: Settings, embedder: SentenceTransformerEmbedder) -> Iterator[Runtime]:
-    rt = open_runtime(settings, embedder=embedder)
-    yield rt
-    rt.close()
-
-
 def make_searcher(runtime: Runtime, caching: CachingEmbedder) -> Searcher:
     return Searcher(
         runtime.db, caching.query, model_id=runtime.model_id, dimension=caching.dimension

@@ -4,7 +4,6 @@ rows of the tenant its transaction names, and none when it names none."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 
 import psycopg
 import pytest
@@ -14,12 +13,10 @@ from sqlalchemy.exc import ProgrammingError
 
 from ingest.pipeline import IngestPipeline
 from ragservice import store
-from ragservice.config import Settings
 from ragservice.db import tenancy
 from ragservice.db.engine import SERVICE_ROLE
 from ragservice.db.scope import request_scope
-from ragservice.embedding import SentenceTransformerEmbedder
-from ragservice.runtime import Runtime, open_runtime
+from ragservice.runtime import Runtime
 from ragservice.search import Mode, SearchOptions
 from ragservice.types import LoadedDocument
 
@@ -32,13 +29,6 @@ TENANT_TABLES = (
     "chunk_terms",
     "collection_text_stats",
 )
-
-
-@pytest.fixture
-def runtime(settings: Settings, embedder: SentenceTransformerEmbedder) -> Iterator[Runtime]:
-    rt = open_runtime(settings, embedder=embedder)
-    yield rt
-    rt.close()
 
 
 @pytest.fixture
