@@ -37,7 +37,7 @@ from cache_workload import (  # noqa: E402
 )
 from harness import add_common_arguments, ensure_corpus, ok, parse, server  # noqa: E402
 
-from ragservice.evaluation import load_beir_queries  # noqa: E402
+from ragservice.embedding.evaluation import load_beir_queries  # noqa: E402
 
 # The server stores an answer in the cache after its response is sent; a pair's second question
 # (and the next pair's purge) waits this long so that the store has landed.

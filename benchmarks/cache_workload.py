@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from ragservice.cache_text import meaning_differs, normalize_prompt
+from ragservice.cache.guard import meaning_differs, normalize_prompt
 
 THRESHOLDS = (0.80, 0.85, 0.88, 0.90, 0.92, 0.94, 0.96, 0.98)
 MAX_FALSE_HIT_RATE = 0.01
@@ -172,7 +172,7 @@ def _guarded(pairs: Sequence[Pair]) -> npt.NDArray[np.bool_]:
 
 
 def _embed(texts: Sequence[str]) -> Vectors:
-    from ragservice.embedding import SentenceTransformerEmbedder
+    from ragservice.embedding.embedder import SentenceTransformerEmbedder
 
     embedder = SentenceTransformerEmbedder("sentence-transformers/all-MiniLM-L6-v2", device="cpu")
     embedder.warm_up()

@@ -33,7 +33,7 @@ import httpx  # noqa: E402
 from harness import add_common_arguments, ensure_corpus, ok, parse, percentile, server  # noqa: E402
 
 from ragservice.config import Settings  # noqa: E402
-from ragservice.evaluation import (  # noqa: E402
+from ragservice.embedding.evaluation import (  # noqa: E402
     load_beir_queries,
     mean,
     ndcg_at_k,

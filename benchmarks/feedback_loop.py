@@ -41,7 +41,7 @@ import httpx  # noqa: E402
 from harness import add_common_arguments, ensure_corpus, ok, parse, server  # noqa: E402
 
 from ragservice.config import DEFAULT_EMBEDDING_MODEL  # noqa: E402
-from ragservice.evaluation import (  # noqa: E402
+from ragservice.embedding.evaluation import (  # noqa: E402
     BeirQueries,
     load_beir_queries,
     mean,

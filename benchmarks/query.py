@@ -30,7 +30,7 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE] + [str(
 import httpx  # noqa: E402
 from harness import add_common_arguments, ensure_corpus, ok, parse, percentile, server  # noqa: E402
 
-from ragservice.evaluation import load_beir_queries  # noqa: E402
+from ragservice.embedding.evaluation import load_beir_queries  # noqa: E402
 
 
 def main() -> None:

@@ -28,9 +28,9 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import numpy as np
 import numpy.typing as npt
 
-from ragservice import query_encoder as qe
 from ragservice.config import Settings
-from ragservice.embedding import SentenceTransformerEmbedder, make_embedder
+from ragservice.embedding import query_encoder as qe
+from ragservice.embedding.embedder import SentenceTransformerEmbedder, make_embedder
 
 Encode = Callable[[str], npt.NDArray[np.float32]]
 WARM_UP = 20

@@ -41,8 +41,8 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE] + [str(
 import httpx  # noqa: E402
 from harness import add_common_arguments, ensure_corpus, ok, parse, percentile, server  # noqa: E402
 
-from ragservice.db.cluster import DevCluster  # noqa: E402
-from ragservice.evaluation import load_beir_queries  # noqa: E402
+from ragservice.dev.cluster import DevCluster  # noqa: E402
+from ragservice.embedding.evaluation import load_beir_queries  # noqa: E402
 
 TOKEN = "X-Consistency-Token"
 NODE = "X-Read-Node"

@@ -39,12 +39,12 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 from sqlalchemy.orm import sessionmaker  # noqa: E402
 
 from ragservice import store  # noqa: E402
+from ragservice.bootstrap import Runtime, open_runtime  # noqa: E402
 from ragservice.config import Settings  # noqa: E402
 from ragservice.db import Database, tenancy  # noqa: E402
 from ragservice.db.engine import make_engine  # noqa: E402
-from ragservice.evaluation import load_beir_queries  # noqa: E402
-from ragservice.runtime import Runtime, open_runtime  # noqa: E402
-from ragservice.search import Mode, Searcher, SearchOptions  # noqa: E402
+from ragservice.embedding.evaluation import load_beir_queries  # noqa: E402
+from ragservice.retrieval.search import Mode, Searcher, SearchOptions  # noqa: E402
 
 K = 10
 
@@ -105,7 +105,7 @@ def _owner_database(db: Database) -> Database:
 
 def _collection(runtime: Runtime, name: str) -> uuid.UUID:
     with runtime.db.read() as session:
-        found = store.find_collection(session, runtime.default_tenant_id, name)
+        found = store.collections.find_collection(session, runtime.default_tenant_id, name)
     if found is None:
         raise SystemExit(f"collection {name!r} not found; ingest it first (see --help)")
     return found

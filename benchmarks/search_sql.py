@@ -9,7 +9,7 @@ The corpus must already be ingested into `--collection` (default: the dataset fo
 Every judged query is searched once per row of settings:
 
 - quality: k = `--depth` chunks; documents rank by their best chunk; nDCG@10 and recall@10 as
-  BEIR (pytrec_eval) defines them (`ragservice.evaluation`);
+  BEIR (pytrec_eval) defines them (`ragservice.embedding.evaluation`);
 - latency: k = 10, one search at a time, p50 / p95 of `Searcher.search` wall time. Query vectors
   are computed once up front, so these figures are SQL plus Python, without the model. The
   last row searches hybrid with the query embedded on every call by the service's own query
@@ -44,8 +44,9 @@ import numpy as np  # noqa: E402
 import numpy.typing as npt  # noqa: E402
 
 from ragservice import store  # noqa: E402
+from ragservice.bootstrap import Runtime, open_runtime  # noqa: E402
 from ragservice.config import Settings  # noqa: E402
-from ragservice.evaluation import (  # noqa: E402
+from ragservice.embedding.evaluation import (  # noqa: E402
     BeirQueries,
     load_beir_queries,
     mean,
@@ -53,8 +54,7 @@ from ragservice.evaluation import (  # noqa: E402
     rank_documents,
     recall_at_k,
 )
-from ragservice.runtime import Runtime, open_runtime  # noqa: E402
-from ragservice.search import Mode, Searcher, SearchOptions  # noqa: E402
+from ragservice.retrieval.search import Mode, Searcher, SearchOptions  # noqa: E402
 
 LATENCY_K = 10
 Vector = npt.NDArray[np.float32]
@@ -136,7 +136,7 @@ def _rows(settings: Settings, depth: int) -> list[Row]:
 
 def _collection(runtime: Runtime, name: str) -> uuid.UUID:
     with runtime.db.read() as session:
-        found = store.find_collection(session, runtime.default_tenant_id, name)
+        found = store.collections.find_collection(session, runtime.default_tenant_id, name)
     if found is None:
         raise SystemExit(
             f"collection {name!r} not found; ingest it first:\n"

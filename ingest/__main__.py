@@ -1,5 +1,5 @@
 """`python -m ingest PATH... --collection NAME`: the same command as `ragservice ingest`."""
 
-from ingest.cli import main
+from ragservice.cli.ingest import main
 
 main()

@@ -25,7 +25,7 @@ import numpy as np
 from ragservice import store
 from ragservice.chunking import ChunkingOptions, chunk_text
 from ragservice.db import Database, tenancy
-from ragservice.embedding import Embedder, Vectors
+from ragservice.embedding.embedder import Embedder, Vectors
 from ragservice.types import LoadedDocument, LoadFailure, TextChunk
 
 log = logging.getLogger(__name__)
@@ -158,9 +158,9 @@ class IngestPipeline:
     def _collection_id(self, name: str, *, create: bool) -> uuid.UUID | None:
         if not create:
             with self._db.read() as session:
-                return store.find_collection(session, self._tenant_id, name)
+                return store.collections.find_collection(session, self._tenant_id, name)
         with self._db.write() as session:
-            return store.ensure_collection(session, self._tenant_id, name)
+            return store.collections.ensure_collection(session, self._tenant_id, name)
 
     def _pending_batches(
         self,
@@ -233,14 +233,14 @@ class IngestPipeline:
         if collection_id is None:
             return {}
         with self._db.read() as session:
-            return store.document_hashes(session, collection_id, external_ids)
+            return store.documents.document_hashes(session, collection_id, external_ids)
 
     def _embed_and_submit(
         self, batch: list[_Pending], writer: _BatchWriter, report: IngestReport
     ) -> None:
         vectors = self._vectors_for(batch, report)
         writes = [
-            store.DocumentWrite(
+            store.documents.DocumentWrite(
                 external_id=p.doc.external_id,
                 title=p.doc.title,
                 source=p.doc.source,
@@ -259,7 +259,7 @@ class IngestPipeline:
         """One vector per distinct chunk text: stored ones reused, the rest embedded now."""
         wanted = list(dict.fromkeys(h for p in batch for h in p.chunk_hashes))
         with self._db.read() as session:
-            vectors: dict[str, Any] = store.stored_embeddings(
+            vectors: dict[str, Any] = store.models.stored_embeddings(
                 session, tenant_id=self._tenant_id, model_id=self._model_id, hashes=wanted
             )
         texts = _texts_by_hash(batch)
@@ -281,7 +281,7 @@ class IngestPipeline:
         if collection_id is None or dry_run:
             return
         with self._db.write() as session:
-            report.deleted = store.delete_documents_except(session, collection_id, seen)
+            report.deleted = store.documents.delete_documents_except(session, collection_id, seen)
 
 
 def _count_dry_run(batch: list[_Pending], report: IngestReport, progress: ProgressCallback) -> None:
@@ -311,8 +311,10 @@ class _BatchWriter:
         self._tenant_id = tenant_id
         self._collection_id = collection_id
         self._model_id = model_id
-        self._inbox: queue.Queue[list[store.DocumentWrite] | None] = queue.Queue(maxsize=1)
-        self._results: queue.Queue[store.BatchWriteResult] = queue.Queue()
+        self._inbox: queue.Queue[list[store.documents.DocumentWrite] | None] = queue.Queue(
+            maxsize=1
+        )
+        self._results: queue.Queue[store.documents.BatchWriteResult] = queue.Queue()
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="ingest-writer", daemon=True)
         self._thread.start()
@@ -321,7 +323,7 @@ class _BatchWriter:
         with tenancy.as_tenant(self._tenant_id):  # the batches' rows are all this tenant's
             self._loop()
 
-    def submit(self, writes: list[store.DocumentWrite] | None) -> None:
+    def submit(self, writes: list[store.documents.DocumentWrite] | None) -> None:
         """Queue a batch (None: no more), waiting while the previous one is still in flight."""
         while True:
             self._raise_if_failed()
@@ -362,7 +364,7 @@ class _BatchWriter:
         while (writes := self._inbox.get()) is not None:
             try:
                 with self._db.write() as session:
-                    result = store.write_documents(
+                    result = store.documents.write_documents(
                         session,
                         tenant_id=self._tenant_id,
                         collection_id=self._collection_id,
@@ -376,7 +378,7 @@ class _BatchWriter:
 
 
 def _account(
-    result: store.BatchWriteResult, report: IngestReport, progress: ProgressCallback
+    result: store.documents.BatchWriteResult, report: IngestReport, progress: ProgressCallback
 ) -> None:
     for doc in result.written:
         (report.new if doc.version == 1 else report.updated).append(doc.external_id)

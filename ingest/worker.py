@@ -28,9 +28,9 @@ from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from ingest.loaders import DocumentLimits, JsonlFields, LoadResult, load_bytes, load_text
 from ingest.pipeline import IngestPipeline, IngestReport
 from ragservice import store
+from ragservice.bootstrap import Runtime
 from ragservice.db import tenancy
 from ragservice.errors import RagServiceError
-from ragservice.runtime import Runtime
 
 log = logging.getLogger(__name__)
 
@@ -119,7 +119,7 @@ class JobWorker:
         """Claim one job and run it to its end in this thread; False when none was waiting."""
         return self._run_once(self.name)
 
-    def process(self, job: store.ClaimedJob) -> str:
+    def process(self, job: store.jobs.ClaimedJob) -> str:
         """Run a claimed job; returns its status after: `done`, `failed`, `queued` (the worker
         is stopping), `lost` (the job was taken over or deleted meanwhile), or `stalled` (the
         database went away: the job is taken over once its heartbeat is stale)."""
@@ -127,7 +127,7 @@ class JobWorker:
         with tenancy.as_tenant(job.tenant_id):  # the job sees its tenant's rows only
             return self._process(job)
 
-    def _process(self, job: store.ClaimedJob) -> str:
+    def _process(self, job: store.jobs.ClaimedJob) -> str:
         report = IngestReport()
         progress = _Progress(self._runtime, job, report, self._stopping)
         try:
@@ -166,7 +166,7 @@ class JobWorker:
     def _run_once(self, worker: str) -> bool:
         settings = self._runtime.settings
         with self._runtime.db.write() as session:
-            job = store.claim_job(
+            job = store.jobs.claim_job(
                 session,
                 worker=worker,
                 stale_after_seconds=settings.job_stale_seconds,
@@ -177,7 +177,9 @@ class JobWorker:
         self.process(job)
         return True
 
-    def _ingest(self, job: store.ClaimedJob, report: IngestReport, progress: _Progress) -> None:
+    def _ingest(
+        self, job: store.jobs.ClaimedJob, report: IngestReport, progress: _Progress
+    ) -> None:
         if job.collection is None:
             raise JobFailure("the job's collection no longer exists")
         items = self._results(job, _jsonl_fields(job), progress)
@@ -187,11 +189,11 @@ class JobWorker:
             )
 
     def _results(
-        self, job: store.ClaimedJob, fields: JsonlFields, progress: _Progress
+        self, job: store.jobs.ClaimedJob, fields: JsonlFields, progress: _Progress
     ) -> Generator[LoadResult, None, None]:
         limits = DocumentLimits.from_settings(self._runtime.settings)
         with self._runtime.db.read() as session:
-            for item in store.job_items(session, job.id):
+            for item in store.jobs.job_items(session, job.id):
                 progress.tick()
                 yield from _load_item(item, fields, limits)
 
@@ -208,14 +210,14 @@ class JobWorker:
             batch_chunks=runtime.settings.ingest_batch_chunks,
         )
 
-    def _finish(self, job: store.ClaimedJob, report: IngestReport, error: str = "") -> str:
+    def _finish(self, job: store.jobs.ClaimedJob, report: IngestReport, error: str = "") -> str:
         status = "failed" if error else "done"
         errors = [{"error": error}] if error else []
         errors += [{"source": f.source, "error": f.reason} for f in report.failed[:_MAX_ERRORS]]
         if len(report.failed) > _MAX_ERRORS:
             errors.append({"error": f"{len(report.failed) - _MAX_ERRORS} more failures not listed"})
         with self._runtime.db.write() as session:
-            finished = store.finish_job(
+            finished = store.jobs.finish_job(
                 session,
                 job.id,
                 status=status,
@@ -229,7 +231,7 @@ class JobWorker:
         log.info("job %s %s: %s", job.id, status, report.counts())
         return status
 
-    def _stall(self, job: store.ClaimedJob, exc: Exception) -> str:
+    def _stall(self, job: store.jobs.ClaimedJob, exc: Exception) -> str:
         """Leave the job `running`, its heartbeats stopped: a worker takes it over after
         `RAGSERVICE_JOB_STALE_SECONDS`, an attempt counted as after a crash. Failing it would
         end it for good over an outage (a restart, a failover) likely over by then; a lost
@@ -244,9 +246,9 @@ class JobWorker:
         )
         return "stalled"
 
-    def _release(self, job: store.ClaimedJob) -> str:
+    def _release(self, job: store.jobs.ClaimedJob) -> str:
         with self._runtime.db.write() as session:
-            released = store.release_job(session, job.id, job.worker)
+            released = store.jobs.release_job(session, job.id, job.worker)
         log.info("job %s: worker stopping, %s", job.id, "queued again" if released else "lost")
         return "queued" if released else "lost"
 
@@ -258,7 +260,7 @@ class _Progress:
     def __init__(
         self,
         runtime: Runtime,
-        job: store.ClaimedJob,
+        job: store.jobs.ClaimedJob,
         report: IngestReport,
         stopping: threading.Event,
     ) -> None:
@@ -279,7 +281,7 @@ class _Progress:
             return
         self._last = now
         with self._runtime.db.write() as session:
-            alive = store.heartbeat_job(
+            alive = store.jobs.heartbeat_job(
                 session, self._job.id, self._job.worker, counts=self._report.counts()
             )
         if not alive:
@@ -287,7 +289,7 @@ class _Progress:
 
 
 def _load_item(
-    item: store.JobItem, fields: JsonlFields, limits: DocumentLimits
+    item: store.jobs.JobItem, fields: JsonlFields, limits: DocumentLimits
 ) -> Iterator[LoadResult]:
     if item.kind == "text":
         text = item.body.decode("utf-8", errors="replace")
@@ -298,7 +300,7 @@ def _load_item(
         )
 
 
-def _jsonl_fields(job: store.ClaimedJob) -> JsonlFields:
+def _jsonl_fields(job: store.jobs.ClaimedJob) -> JsonlFields:
     spec = job.params.get("jsonl_fields")
     if not spec:
         return JsonlFields()

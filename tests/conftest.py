@@ -24,8 +24,8 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 from ragservice.config import Settings
 from ragservice.db import migrate
-from ragservice.db.cluster import DevCluster
-from ragservice.embedding import SentenceTransformerEmbedder
+from ragservice.dev.cluster import DevCluster
+from ragservice.embedding.embedder import SentenceTransformerEmbedder
 
 TEMPLATE = "ragservice_test_template"
 

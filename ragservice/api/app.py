@@ -12,21 +12,21 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from ragservice.api.errors import install_error_handlers
+from ragservice.answering.answer import AnswerPipeline
+from ragservice.answering.inference import InferenceClient
+from ragservice.api.error_handlers import install_error_handlers
 from ragservice.api.middleware import MetricsMiddleware, RequestContextMiddleware
 from ragservice.api.routers import collections, documents, feedback, jobs, openai, query, search
-from ragservice.cache import CachePurger, PromptCache
+from ragservice.auth.ratelimit import RateLimiter
+from ragservice.bootstrap import Runtime, open_runtime
+from ragservice.cache.prompt_cache import CachePurger, PromptCache
 from ragservice.config import Settings, get_settings
 from ragservice.db import migrate
-from ragservice.embedding import SentenceTransformerEmbedder
+from ragservice.embedding.embedder import SentenceTransformerEmbedder
 from ragservice.errors import ConfigurationError
-from ragservice.inference import InferenceClient
 from ragservice.metrics import Metrics
-from ragservice.pipeline import AnswerPipeline
-from ragservice.ratelimit import RateLimiter
-from ragservice.rerank import make_reranker
-from ragservice.runtime import Runtime, open_runtime
-from ragservice.search import Searcher
+from ragservice.retrieval.rerank import make_reranker
+from ragservice.retrieval.search import Searcher
 
 log = logging.getLogger(__name__)
 

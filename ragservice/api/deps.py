@@ -11,6 +11,10 @@ from fastapi import Depends, Request
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 
 from ragservice import store
+from ragservice.answering.answer import AnswerPipeline
+from ragservice.auth.keys import Role, hash_key
+from ragservice.auth.ratelimit import RateLimiter
+from ragservice.bootstrap import Runtime
 from ragservice.db import tenancy
 from ragservice.db.scope import current_scope
 from ragservice.errors import (
@@ -19,12 +23,8 @@ from ragservice.errors import (
     PermissionDeniedError,
     RateLimitedError,
 )
-from ragservice.keys import Role, hash_key
 from ragservice.metrics import Metrics
-from ragservice.pipeline import AnswerPipeline
-from ragservice.ratelimit import RateLimiter
-from ragservice.runtime import Runtime
-from ragservice.search import Searcher
+from ragservice.retrieval.search import Searcher
 
 _bearer = HTTPBearer(auto_error=False, description="`Authorization: Bearer <API key>`")
 _api_key_header = APIKeyHeader(name="X-API-Key", auto_error=False)
@@ -88,7 +88,7 @@ def _principal(runtime: Runtime, secret: str | None) -> Principal:
         raise AuthenticationError("missing API key: send `Authorization: Bearer <key>`")
     # The key decides the tenant, so finding it is the one read of a request across tenants.
     with tenancy.as_system(), runtime.db.read() as session:
-        key = store.find_api_key(session, hash_key(secret))
+        key = store.tenants.find_api_key(session, hash_key(secret))
     if key is None:
         raise AuthenticationError("unknown or revoked API key")
     return Principal(tenant_id=key.tenant_id, role=Role(key.role), key_id=key.id)
@@ -131,7 +131,7 @@ Admin = Annotated[Principal, Depends(require(Role.ADMIN))]
 def collection_id(runtime: Runtime, tenant_id: uuid.UUID, name: str) -> uuid.UUID:
     """The id of the tenant's collection `name`; 404 for a name the tenant does not have."""
     with runtime.db.read() as session:
-        found = store.find_collection(session, tenant_id, name)
+        found = store.collections.find_collection(session, tenant_id, name)
     if found is None:
         raise NotFoundError(f"collection {name!r} not found")
     return found

@@ -8,9 +8,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-from ragservice.feedback import MAX_FEEDBACK_CHARS, MAX_JUDGED_CHUNKS
+from ragservice.feedback.collect import MAX_FEEDBACK_CHARS, MAX_JUDGED_CHUNKS
 from ragservice.limits import MAX_EXTERNAL_ID_BYTES, MAX_JSON_DEPTH, external_id_too_long, too_deep
-from ragservice.search import Mode
+from ragservice.retrieval.search import Mode
 
 COLLECTION_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
 MAX_TTL_SECONDS = 2**31 - 1  # the column is a PostgreSQL integer

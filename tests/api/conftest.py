@@ -13,9 +13,9 @@ from fastapi.testclient import TestClient
 
 from ragservice import store
 from ragservice.api.app import create_app
+from ragservice.auth.keys import new_key
 from ragservice.config import Settings
-from ragservice.embedding import SentenceTransformerEmbedder
-from ragservice.keys import new_key
+from ragservice.embedding.embedder import SentenceTransformerEmbedder
 
 
 @dataclass(frozen=True)
@@ -47,8 +47,8 @@ def keys(client: TestClient) -> Keys:
     def make(tenant: str, role: str) -> dict[str, str]:
         key = new_key()
         with db.write() as session:
-            tenant_id = store.ensure_tenant(session, tenant)
-            store.create_api_key(
+            tenant_id = store.tenants.ensure_tenant(session, tenant)
+            store.tenants.create_api_key(
                 session, tenant_id=tenant_id, role=role, prefix=key.prefix, key_hash=key.hash
             )
         return {"Authorization": f"Bearer {key.secret}"}

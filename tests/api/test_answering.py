@@ -13,7 +13,7 @@ from fastapi.testclient import TestClient
 
 from ragservice.api.app import create_app
 from ragservice.config import Settings
-from ragservice.embedding import SentenceTransformerEmbedder
+from ragservice.embedding.embedder import SentenceTransformerEmbedder
 from tests.api.conftest import ok, wait_for_job
 from tests.api.test_query import add_corpus, sse_events
 from tests.upstream import FakeOpenAI, slow, status

@@ -12,7 +12,7 @@ from sqlalchemy.orm import sessionmaker
 
 from ragservice.api.app import create_app
 from ragservice.config import Settings
-from ragservice.embedding import SentenceTransformerEmbedder
+from ragservice.embedding.embedder import SentenceTransformerEmbedder
 from tests.api.conftest import Keys, ok
 
 

@@ -31,9 +31,9 @@ from schemathesis.specs.openapi.checks import (
 
 from ragservice import store
 from ragservice.api.app import create_app
+from ragservice.auth.keys import new_key
 from ragservice.config import Settings
-from ragservice.embedding import SentenceTransformerEmbedder
-from ragservice.keys import new_key
+from ragservice.embedding.embedder import SentenceTransformerEmbedder
 
 EXAMPLES = 5  # per operation and generation mode; the whole run stays well under a minute
 CHECKS = [
@@ -80,8 +80,8 @@ def target(api_settings: Settings, embedder: SentenceTransformerEmbedder) -> Ite
 def _admin_headers(app: FastAPI) -> dict[str, str]:
     key = new_key()
     with app.state.runtime.db.write() as session:
-        tenant_id = store.ensure_tenant(session, "fuzz")
-        store.create_api_key(
+        tenant_id = store.tenants.ensure_tenant(session, "fuzz")
+        store.tenants.create_api_key(
             session, tenant_id=tenant_id, role="admin", prefix=key.prefix, key_hash=key.hash
         )
     return {"Authorization": f"Bearer {key.secret}"}

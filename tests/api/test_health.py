@@ -9,7 +9,7 @@ from sqlalchemy import create_engine
 
 from ragservice.api.app import create_app
 from ragservice.config import Settings
-from ragservice.embedding import SentenceTransformerEmbedder
+from ragservice.embedding.embedder import SentenceTransformerEmbedder
 
 
 def test_healthz_and_readyz(settings: Settings, embedder: SentenceTransformerEmbedder) -> None:

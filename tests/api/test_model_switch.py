@@ -15,13 +15,14 @@ from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
 from ingest.worker import JobWorker
-from ragservice import registry, store
+from ragservice import store
 from ragservice.api.app import create_app
+from ragservice.bootstrap import Runtime
 from ragservice.config import Settings, get_settings
 from ragservice.db.models import EmbeddingModel
-from ragservice.embedding import SentenceTransformerEmbedder
-from ragservice.reembed import reembed
-from ragservice.runtime import Runtime
+from ragservice.embedding import registry
+from ragservice.embedding.embedder import SentenceTransformerEmbedder
+from ragservice.embedding.reembed import reembed
 from tests.api.conftest import Keys, ok
 from tests.api.test_query import add_corpus
 from tests.tiny_models import build_tiny_sentence_transformer
@@ -51,7 +52,7 @@ def add_tiny_model(client: TestClient, path: Path) -> EmbeddingModel:
     """The tiny model registered as `tiny` v1 and embedded over the whole corpus."""
     runtime = runtime_of(client)
     with runtime.db.write() as session:
-        row = store.register_model_version(
+        row = store.models.register_model_version(
             session,
             name="tiny",
             version=1,
@@ -217,5 +218,5 @@ def test_finetune_from_feedback_given_through_the_api(
     assert data["train_questions"] == 3 and data["held_out_questions"] == 1
     assert data["source"]["feedback"]["collection"] == "hr"
     with runtime.db.read() as session:
-        row = store.find_model(session, "from-feedback")
+        row = store.models.find_model(session, "from-feedback")
     assert row is not None and row.active is False and row.dimension == 32

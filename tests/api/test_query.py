@@ -14,7 +14,7 @@ from fastapi.testclient import TestClient
 from ragservice.api.app import create_app
 from ragservice.config import Settings
 from ragservice.db.models import QueryLog
-from ragservice.embedding import SentenceTransformerEmbedder
+from ragservice.embedding.embedder import SentenceTransformerEmbedder
 from tests.api.conftest import Keys, ok, wait_for_job
 
 DOCUMENTS = [

@@ -9,9 +9,9 @@ import pytest
 from fastapi.testclient import TestClient
 
 from ragservice.api.app import create_app
+from ragservice.auth.ratelimit import RateLimiter
 from ragservice.config import Settings
-from ragservice.embedding import SentenceTransformerEmbedder
-from ragservice.ratelimit import RateLimiter
+from ragservice.embedding.embedder import SentenceTransformerEmbedder
 from tests.api.conftest import Keys, ok
 
 BURST = 3

@@ -19,9 +19,9 @@ from fastapi.testclient import TestClient
 
 from ragservice.api.app import create_app
 from ragservice.config import Settings
-from ragservice.db.cluster import DevCluster, Standby
 from ragservice.db.scope import format_lsn, parse_lsn
-from ragservice.embedding import SentenceTransformerEmbedder
+from ragservice.dev.cluster import DevCluster, Standby
+from ragservice.embedding.embedder import SentenceTransformerEmbedder
 from tests.api.conftest import ok, wait_for_job
 
 MAX_LAG = 0.5

@@ -37,7 +37,7 @@ import psycopg
 import pytest
 from sqlalchemy.engine import make_url
 
-from ragservice.db.cluster import DevCluster, Standby, libpq_url
+from ragservice.dev.cluster import DevCluster, Standby, libpq_url
 from tests.e2e.test_server import create_key, start_server, wait_for_job, wait_until_ready
 from tests.upstream import FakeOpenAI, slow
 

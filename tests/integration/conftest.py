@@ -6,9 +6,9 @@ from collections.abc import Iterator
 
 import pytest
 
+from ragservice.bootstrap import Runtime, open_runtime
 from ragservice.config import Settings
-from ragservice.embedding import SentenceTransformerEmbedder
-from ragservice.runtime import Runtime, open_runtime
+from ragservice.embedding.embedder import SentenceTransformerEmbedder
 
 
 @pytest.fixture

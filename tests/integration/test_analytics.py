@@ -52,7 +52,7 @@ class Seeded:
 def _log(
     db: Database, tenant: uuid.UUID, collection: uuid.UUID, name: str, **given: Any
 ) -> uuid.UUID:
-    record = store.QueryRecord(
+    record = store.query_log.QueryRecord(
         tenant_id=tenant,
         endpoint=given.get("endpoint", "query"),
         question=f"question {name}",
@@ -67,7 +67,7 @@ def _log(
         cache=given.get("cache"),
     )
     with db.write() as session:
-        store.log_query(session, record)
+        store.query_log.log_query(session, record)
         session.execute(update(QueryLog).where(QueryLog.id == record.id).values(created_at=T0))
     return record.id
 
@@ -76,19 +76,19 @@ def _log(
 def seeded(settings: Settings) -> Iterator[Seeded]:
     db = open_database(settings, route_reads=False)
     with db.write() as session:
-        tenant = store.ensure_tenant(session, "acme")
-        model = store.register_embedding_model(
+        tenant = store.tenants.ensure_tenant(session, "acme")
+        model = store.models.register_embedding_model(
             session, name="fake", dimension=4, path=None, hnsw_m=8, hnsw_ef_construction=16
         )
-        collection = store.ensure_collection(session, tenant, "hr")
+        collection = store.collections.ensure_collection(session, tenant, "hr")
         texts = {"leave": "Sixteen weeks of paid leave.", "travel": "Book flights early."}
-        store.write_documents(
+        store.documents.write_documents(
             session,
             tenant_id=tenant,
             collection_id=collection,
             model_id=model.id,
             documents=[
-                store.DocumentWrite(
+                store.documents.DocumentWrite(
                     external_id=name,
                     title=name,
                     source="test",
@@ -102,17 +102,17 @@ def seeded(settings: Settings) -> Iterator[Seeded]:
                 for name, body in texts.items()
             ],
         )
-        job = store.start_job(
+        job = store.jobs.start_job(
             session, tenant_id=tenant, collection_id=collection, kind="cli", params={}, worker="t"
         )
-        store.finish_job(
+        store.jobs.finish_job(
             session,
             job,
             status="failed",
             counts={"documents": 2},
             errors=[{"item": "a", "error": "x"}, {"item": "b", "error": "y"}],
         )
-        store.create_api_key(
+        store.tenants.create_api_key(
             session, tenant_id=tenant, role="reader", prefix="rs_an", key_hash="SECRET-HASH"
         )
     with db.read() as session:
@@ -154,9 +154,9 @@ def seeded(settings: Settings) -> Iterator[Seeded]:
             ("cached", 5, "stars", None),
             ("empty", 1, "thumbs", None),
         ):
-            store.add_feedback(
+            store.feedback.add_feedback(
                 session,
-                store.NewFeedback(
+                store.feedback.NewFeedback(
                     query_id=query[name],
                     tenant_id=tenant,
                     rating=rating,
@@ -179,12 +179,12 @@ def analyst(seeded: Seeded) -> Iterator[tuple[str, str]]:
     name, password = f"analyst_{uuid.uuid4().hex[:10]}", "pw-" + uuid.uuid4().hex
     # Roles are made as the connecting user: the service role may not create them.
     with seeded.db.owner() as session:
-        store.create_analyst(session, name, password)
+        store.analysts.create_analyst(session, name, password)
     try:
         yield name, password
     finally:
         with seeded.db.owner() as session:
-            store.remove_analyst(session, name)
+            store.analysts.remove_analyst(session, name)
 
 
 def _libpq(database_url: str, user: str, password: str) -> str:
@@ -335,12 +335,12 @@ def test_no_table_is_readable_by_public_and_no_view_exposes_secrets(
 
 def test_analyst_names_are_checked(seeded: Seeded, analyst: tuple[str, str]) -> None:
     with seeded.db.owner() as session, pytest.raises(InvalidInputError):
-        store.create_analyst(session, 'x"; DROP ROLE postgres; --', "pw")
+        store.analysts.create_analyst(session, 'x"; DROP ROLE postgres; --', "pw")
     with seeded.db.owner() as session, pytest.raises(ConflictError, match="already exists"):
-        store.create_analyst(session, analyst[0], "pw")
+        store.analysts.create_analyst(session, analyst[0], "pw")
     with seeded.db.owner() as session:
-        assert store.remove_analyst(session, "postgres") is False  # not an analyst: kept
-        assert (analyst[0], True) in store.list_analysts(session)
+        assert store.analysts.remove_analyst(session, "postgres") is False  # not an analyst: kept
+        assert (analyst[0], True) in store.analysts.list_analysts(session)
 
 
 def test_the_cli_adds_lists_and_removes_analysts_and_psql_reads_the_views(
@@ -396,7 +396,7 @@ def test_the_cli_adds_lists_and_removes_analysts_and_psql_reads_the_views(
         assert runner.invoke(app, ["analysts", "remove", name]).exit_code == 1
     finally:
         with seeded.db.owner() as session:
-            store.remove_analyst(session, name)
+            store.analysts.remove_analyst(session, name)
         get_settings.cache_clear()
 
 

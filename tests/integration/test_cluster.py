@@ -16,7 +16,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from ragservice.db.cluster import DevCluster, Standby, libpq_url
+from ragservice.dev.cluster import DevCluster, Standby, libpq_url
 
 REPLICATION_TIMEOUT_S = 15.0
 

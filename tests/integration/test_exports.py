@@ -21,8 +21,8 @@ from ragservice.config import DEFAULT_TENANT_ID, Settings
 from ragservice.db import Database, open_database
 from ragservice.db.models import Feedback, QueryLog
 from ragservice.errors import InvalidInputError, NotFoundError
-from ragservice.exports import ExportFilter, ExportFormat, ndjson, records, triplets
-from ragservice.feedback import FeedbackInput, submit_feedback
+from ragservice.feedback.collect import FeedbackInput, submit_feedback
+from ragservice.feedback.exports import ExportFilter, ExportFormat, ndjson, records, triplets
 from ragservice.types import TextChunk
 
 SYSTEM = {"role": "system", "content": "Answer from the sources."}
@@ -53,12 +53,12 @@ def user(question: str) -> dict[str, str]:
 
 def _write(db: Database, tenant: uuid.UUID, collection: str, names: list[str]) -> uuid.UUID:
     with db.write() as session:
-        model = store.register_embedding_model(
+        model = store.models.register_embedding_model(
             session, name="fake", dimension=4, path=None, hnsw_m=8, hnsw_ef_construction=16
         )
-        cid = store.ensure_collection(session, tenant, collection)
+        cid = store.collections.ensure_collection(session, tenant, collection)
         documents = [
-            store.DocumentWrite(
+            store.documents.DocumentWrite(
                 external_id=name,
                 title=name.title(),
                 source="test",
@@ -71,7 +71,7 @@ def _write(db: Database, tenant: uuid.UUID, collection: str, names: list[str]) -
             )
             for name in names
         ]
-        store.write_documents(
+        store.documents.write_documents(
             session, tenant_id=tenant, collection_id=cid, model_id=model.id, documents=documents
         )
     return cid
@@ -99,7 +99,7 @@ def _log(
     messages: bool = True,
     at: datetime,
 ) -> uuid.UUID:
-    record = store.QueryRecord(
+    record = store.query_log.QueryRecord(
         tenant_id=tenant,
         endpoint="query",
         question=question,
@@ -119,7 +119,7 @@ def _log(
         messages=[SYSTEM, user(question)] if messages else None,
     )
     with db.write() as session:
-        store.log_query(session, record)
+        store.query_log.log_query(session, record)
         session.execute(update(QueryLog).where(QueryLog.id == record.id).values(created_at=at))
     return record.id
 
@@ -128,9 +128,9 @@ def _feedback(
     db: Database, tenant: uuid.UUID, query: uuid.UUID, at: datetime, **given: Any
 ) -> None:
     with db.write() as session:
-        row = store.add_feedback(
+        row = store.feedback.add_feedback(
             session,
-            store.NewFeedback(
+            store.feedback.NewFeedback(
                 query_id=query,
                 tenant_id=tenant,
                 rating=given.get("rating"),
@@ -155,8 +155,8 @@ def day(n: int) -> datetime:
 def seeded(settings: Settings) -> Iterator[Seeded]:
     db = open_database(settings, route_reads=False)
     with db.write() as session:
-        acme = store.ensure_tenant(session, "acme")
-        globex = store.ensure_tenant(session, "globex")
+        acme = store.tenants.ensure_tenant(session, "acme")
+        globex = store.tenants.ensure_tenant(session, "globex")
     hr = _write(db, acme, "hr", ["leave", "holidays", "travel", "laptops"])
     ops = _write(db, acme, "ops", ["oncall"])
     globex_hr = _write(db, globex, "hr", ["secret"])
@@ -393,7 +393,7 @@ def test_an_export_never_holds_another_tenants_feedback(seeded: Seeded) -> None:
 
 def test_rows_stream_from_a_server_side_cursor(seeded: Seeded) -> None:
     with seeded.db.read() as session:
-        rows = store.export_rows(session, tenant_id=seeded.acme, batch_size=2)
+        rows = store.feedback.export_rows(session, tenant_id=seeded.acme, batch_size=2)
         first = next(rows)
         cursors = session.execute(text("SELECT count(*) FROM pg_cursors")).scalar_one()
         rest = list(rows)
@@ -416,7 +416,7 @@ def test_ndjson_batches_hold_whole_lines(seeded: Seeded) -> None:
 
 def test_feedback_waits_briefly_for_its_answers_log_row(seeded: Seeded) -> None:
     late = uuid.uuid4()
-    record = store.QueryRecord(
+    record = store.query_log.QueryRecord(
         tenant_id=seeded.acme,
         endpoint="query",
         question="late?",
@@ -433,7 +433,7 @@ def test_feedback_waits_briefly_for_its_answers_log_row(seeded: Seeded) -> None:
 
     def write_log() -> None:
         with seeded.db.write() as session:
-            store.log_query(session, record)
+            store.query_log.log_query(session, record)
 
     timer = threading.Timer(0.3, write_log)
     timer.start()

@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
+from ragservice.answering.inference import InferenceClient
+from ragservice.answering.prompt import ChatMessage, build_messages
 from ragservice.config import Settings
 from ragservice.errors import ConfigurationError, UpstreamError, UpstreamTimeoutError
-from ragservice.inference import InferenceClient
-from ragservice.prompt import ChatMessage, build_messages
 from tests.upstream import DEFAULT_ANSWER, FakeOpenAI, drop, ok, slow, status
 
 pytestmark = pytest.mark.anyio

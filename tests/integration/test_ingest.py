@@ -11,8 +11,8 @@ from sqlalchemy import text
 
 from ingest.pipeline import IngestPipeline, IngestReport
 from ragservice import store
-from ragservice.embedding import SentenceTransformerEmbedder, Vectors
-from ragservice.runtime import Runtime
+from ragservice.bootstrap import Runtime
+from ragservice.embedding.embedder import SentenceTransformerEmbedder, Vectors
 from ragservice.types import LoadedDocument, LoadFailure
 
 COLLECTION = "papers"
@@ -206,9 +206,11 @@ def test_metadata_change_updates_without_embedding_again(
 def test_deleting_documents_takes_chunks_and_embeddings(runtime: Runtime) -> None:
     ingest(runtime, DOCS)
     with runtime.db.write() as session:
-        collection_id = store.find_collection(session, runtime.default_tenant_id, COLLECTION)
+        collection_id = store.collections.find_collection(
+            session, runtime.default_tenant_id, COLLECTION
+        )
         assert collection_id is not None
-        assert store.delete_documents(session, collection_id, ["c"]) == 1
+        assert store.documents.delete_documents(session, collection_id, ["c"]) == 1
     assert chunk_ids(runtime, "c") == []
     remaining = scalar(runtime, "SELECT count(*) FROM chunks")
     assert remaining == 2
@@ -280,7 +282,7 @@ def test_failure_mid_batch_leaves_nothing_half_written(
     runtime: Runtime, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     docs = [doc(f"d{i}", f"Document {i} is about topic {i}.") for i in range(6)]
-    real_copy = store._copy
+    real_copy = store.bulk.insert_rows
     calls = {"n": 0}
 
     def failing_copy(conn, table, columns, types, rows):  # type: ignore[no-untyped-def]
@@ -291,7 +293,7 @@ def test_failure_mid_batch_leaves_nothing_half_written(
             raise RuntimeError("disk full")
         real_copy(conn, table, columns, types, rows)
 
-    monkeypatch.setattr(store, "_copy", failing_copy)
+    monkeypatch.setattr(store.bulk, "insert_rows", failing_copy)
     with pytest.raises(RuntimeError, match="disk full"):
         ingest(runtime, docs, batch_chunks=2)
 
@@ -302,7 +304,7 @@ def test_failure_mid_batch_leaves_nothing_half_written(
     assert scalar(runtime, "SELECT count(*) FROM chunks") == 2
     assert scalar(runtime, "SELECT count(*) FROM chunk_embeddings") == 2
 
-    monkeypatch.setattr(store, "_copy", real_copy)
+    monkeypatch.setattr(store.bulk, "insert_rows", real_copy)
     report = ingest(runtime, docs, batch_chunks=2)
     assert sorted(report.unchanged) == ["d0", "d1"]
     assert sorted(report.new) == ["d2", "d3", "d4", "d5"]
@@ -313,7 +315,9 @@ def test_concurrent_writer_of_same_content_is_not_duplicated(runtime: Runtime) -
     """The write is authoritative: a document stored between classify and write is left alone."""
     ingest(runtime, DOCS[:1])
     with runtime.db.write() as session:
-        collection_id = store.find_collection(session, runtime.default_tenant_id, COLLECTION)
+        collection_id = store.collections.find_collection(
+            session, runtime.default_tenant_id, COLLECTION
+        )
         assert collection_id is not None
         vec = runtime.embedder.embed([DOCS[0].text])
         from ingest.pipeline import document_hash, text_hash
@@ -322,13 +326,13 @@ def test_concurrent_writer_of_same_content_is_not_duplicated(runtime: Runtime) -
         chunks = chunk_text(
             DOCS[0].text, tokenizer=runtime.embedder.tokenizer, options=runtime.chunking_options()
         )
-        result = store.write_documents(
+        result = store.documents.write_documents(
             session,
             tenant_id=runtime.default_tenant_id,
             collection_id=collection_id,
             model_id=runtime.model_id,
             documents=[
-                store.DocumentWrite(
+                store.documents.DocumentWrite(
                     external_id="a",
                     title=DOCS[0].title,
                     source="",

@@ -17,9 +17,9 @@ from sqlalchemy import text
 
 from ingest.worker import JobWorker, run_until_signalled
 from ragservice import store
-from ragservice.db.cluster import libpq_url
+from ragservice.bootstrap import Runtime
 from ragservice.db.models import IngestJob
-from ragservice.runtime import Runtime
+from ragservice.dev.cluster import libpq_url
 
 COLLECTION = "uploads"
 
@@ -28,23 +28,27 @@ def with_settings(runtime: Runtime, **changes: Any) -> Runtime:
     return dataclasses.replace(runtime, settings=runtime.settings.model_copy(update=changes))
 
 
-def text_item(name: str, body: str, title: str | None = None, **metadata: Any) -> store.JobItem:
-    return store.JobItem(
+def text_item(
+    name: str, body: str, title: str | None = None, **metadata: Any
+) -> store.jobs.JobItem:
+    return store.jobs.JobItem(
         kind="text", name=name, title=title, body=body.encode(), metadata=dict(metadata)
     )
 
 
-def file_item(name: str, body: bytes, **metadata: Any) -> store.JobItem:
-    return store.JobItem(kind="file", name=name, title=None, body=body, metadata=dict(metadata))
+def file_item(name: str, body: bytes, **metadata: Any) -> store.jobs.JobItem:
+    return store.jobs.JobItem(
+        kind="file", name=name, title=None, body=body, metadata=dict(metadata)
+    )
 
 
 def enqueue(
-    runtime: Runtime, items: list[store.JobItem], collection: str = COLLECTION, **params: Any
+    runtime: Runtime, items: list[store.jobs.JobItem], collection: str = COLLECTION, **params: Any
 ) -> uuid.UUID:
     with runtime.db.write() as session:
         tenant_id = runtime.default_tenant_id
-        collection_id = store.ensure_collection(session, tenant_id, collection)
-        return store.enqueue_job(
+        collection_id = store.collections.ensure_collection(session, tenant_id, collection)
+        return store.jobs.enqueue_job(
             session,
             tenant_id=tenant_id,
             collection_id=collection_id,
@@ -54,16 +58,16 @@ def enqueue(
         )
 
 
-def claim(runtime: Runtime, worker: str, max_attempts: int = 3) -> store.ClaimedJob | None:
+def claim(runtime: Runtime, worker: str, max_attempts: int = 3) -> store.jobs.ClaimedJob | None:
     with runtime.db.write() as session:
-        return store.claim_job(
+        return store.jobs.claim_job(
             session, worker=worker, stale_after_seconds=60, max_attempts=max_attempts
         )
 
 
 def job(runtime: Runtime, job_id: uuid.UUID) -> IngestJob:
     with runtime.db.read() as session:
-        found = store.get_job(session, runtime.default_tenant_id, job_id)
+        found = store.jobs.get_job(session, runtime.default_tenant_id, job_id)
     assert found is not None
     return found
 
@@ -169,12 +173,13 @@ def test_concurrent_claims_never_get_the_same_job(runtime: Runtime) -> None:
 
     # Three transactions open at once: the first's row lock makes the others skip its job.
     with runtime.db.write() as a:
-        claimed_a = store.claim_job(a, worker="a", stale_after_seconds=60, max_attempts=3)
+        claimed_a = store.jobs.claim_job(a, worker="a", stale_after_seconds=60, max_attempts=3)
         with runtime.db.write() as b:
-            claimed_b = store.claim_job(b, worker="b", stale_after_seconds=60, max_attempts=3)
+            claimed_b = store.jobs.claim_job(b, worker="b", stale_after_seconds=60, max_attempts=3)
             with runtime.db.write() as c:
                 assert (
-                    store.claim_job(c, worker="c", stale_after_seconds=60, max_attempts=3) is None
+                    store.jobs.claim_job(c, worker="c", stale_after_seconds=60, max_attempts=3)
+                    is None
                 )
 
     assert claimed_a is not None and claimed_b is not None
@@ -197,10 +202,10 @@ def test_job_with_a_stale_heartbeat_is_taken_over(runtime: Runtime) -> None:
     assert taken is not None
     assert (taken.id, taken.attempts, taken.worker) == (job_id, 2, "alive")
     with runtime.db.write() as session:
-        assert not store.heartbeat_job(session, job_id, "dead")
-        assert store.heartbeat_job(session, job_id, "alive", counts={"new": 1})
+        assert not store.jobs.heartbeat_job(session, job_id, "dead")
+        assert store.jobs.heartbeat_job(session, job_id, "alive", counts={"new": 1})
         # The first worker, should it come back, cannot overwrite the new attempt's end.
-        assert not store.finish_job(
+        assert not store.jobs.finish_job(
             session, job_id, status="done", counts={}, errors=[], worker="dead"
         )
     assert (job(runtime, job_id).status, job(runtime, job_id).counts) == ("running", {"new": 1})
@@ -231,19 +236,19 @@ def test_crashed_attempt_leaves_whole_batches_and_the_retry_skips_them(
     one_doc_batches = with_settings(runtime, ingest_batch_chunks=1)
     items = [text_item(f"d{i}", f"Document {i} is about topic number {i}.") for i in range(3)]
     job_id = enqueue(runtime, items)
-    real_write = store.write_documents
+    real_write = store.documents.write_documents
     calls = {"n": 0}
 
-    def dying_write(session: Any, **kwargs: Any) -> store.BatchWriteResult:
+    def dying_write(session: Any, **kwargs: Any) -> store.documents.BatchWriteResult:
         calls["n"] += 1
         if calls["n"] == 2:  # the process dies while writing the second batch
             raise KeyboardInterrupt
         return real_write(session, **kwargs)
 
-    monkeypatch.setattr(store, "write_documents", dying_write)
+    monkeypatch.setattr(store.documents, "write_documents", dying_write)
     with pytest.raises(KeyboardInterrupt):
         JobWorker(one_doc_batches, name="crashing").run_once()
-    monkeypatch.setattr(store, "write_documents", real_write)
+    monkeypatch.setattr(store.documents, "write_documents", real_write)
     assert job(runtime, job_id).status == "running"
     assert scalar(runtime, "SELECT string_agg(external_id, ',') FROM documents") == "d0"
 
@@ -263,9 +268,9 @@ def test_a_lost_database_connection_leaves_the_job_to_a_takeover_not_failed(
     # that shows only at the cursor's next read, when the database may well be back.
     items = [text_item(f"d{i}", f"Document {i} is about topic number {i}.") for i in range(3)]
     job_id = enqueue(runtime, items)
-    real_items = store.job_items
+    real_items = store.jobs.job_items
 
-    def cut_after_one(session: Any, claimed_id: uuid.UUID) -> Iterator[store.JobItem]:
+    def cut_after_one(session: Any, claimed_id: uuid.UUID) -> Iterator[store.jobs.JobItem]:
         found = real_items(session, claimed_id)
         yield next(found)
         pid = session.connection().connection.driver_connection.info.backend_pid
@@ -273,11 +278,11 @@ def test_a_lost_database_connection_leaves_the_job_to_a_takeover_not_failed(
             admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
         yield from found
 
-    monkeypatch.setattr(store, "job_items", cut_after_one)
+    monkeypatch.setattr(store.jobs, "job_items", cut_after_one)
     claimed = claim(runtime, "cut")
     assert claimed is not None
     assert JobWorker(runtime, name="cut").process(claimed) == "stalled"
-    monkeypatch.setattr(store, "job_items", real_items)
+    monkeypatch.setattr(store.jobs, "job_items", real_items)
     stalled = job(runtime, job_id)
     assert (stalled.status, stalled.attempts, stalled.errors) == ("running", 1, [])
 
@@ -319,16 +324,16 @@ def test_jobs_are_scoped_by_tenant_and_listed_newest_first(runtime: Runtime) -> 
     elsewhere = enqueue(runtime, UPLOAD[:1], collection="elsewhere")
 
     with runtime.db.read() as session:
-        assert store.get_job(session, tenant, ids[0]) is not None
-        assert store.get_job(session, other, ids[0]) is None
-        assert store.list_jobs(session, other, limit=10) == []
-        page = store.list_jobs(session, tenant, limit=2)
-        rest = store.list_jobs(session, tenant, limit=2, before=page[-1].id)
-        in_uploads = store.list_jobs(
+        assert store.jobs.get_job(session, tenant, ids[0]) is not None
+        assert store.jobs.get_job(session, other, ids[0]) is None
+        assert store.jobs.list_jobs(session, other, limit=10) == []
+        page = store.jobs.list_jobs(session, tenant, limit=2)
+        rest = store.jobs.list_jobs(session, tenant, limit=2, before=page[-1].id)
+        in_uploads = store.jobs.list_jobs(
             session, tenant, collection_id=page[-1].collection_id, limit=10
         )
-        assert store.list_jobs(session, tenant, status="done", limit=10) == []
-        assert store.list_jobs(session, other, limit=10, before=ids[2]) == []
+        assert store.jobs.list_jobs(session, tenant, status="done", limit=10) == []
+        assert store.jobs.list_jobs(session, other, limit=10, before=ids[2]) == []
 
     assert [j.id for j in page] == [elsewhere, ids[2]]
     assert [j.id for j in rest] == [ids[1], ids[0]]

@@ -15,14 +15,15 @@ from sqlalchemy import select, text
 from typer.testing import CliRunner
 
 from ingest.pipeline import IngestPipeline
-from ragservice import registry, store
+from ragservice import store
+from ragservice.bootstrap import Runtime, open_runtime
 from ragservice.config import Settings, get_settings
 from ragservice.db.models import EmbeddingModel, ModelActivation
-from ragservice.embedding import SentenceTransformerEmbedder, Vectors
+from ragservice.embedding import registry
+from ragservice.embedding.embedder import SentenceTransformerEmbedder, Vectors
+from ragservice.embedding.finetune import BaseModel, TrainingOptions, finetune, resolve_base
+from ragservice.embedding.reembed import count_missing, reembed
 from ragservice.errors import ConflictError, InvalidInputError, NotFoundError
-from ragservice.finetune import BaseModel, TrainingOptions, finetune, resolve_base
-from ragservice.reembed import count_missing, reembed
-from ragservice.runtime import Runtime, open_runtime
 from ragservice.types import LoadedDocument
 from tests.tiny_models import TOPIC_WORDS, build_tiny_sentence_transformer
 
@@ -56,10 +57,10 @@ def runtime(settings: Settings, embedder: SentenceTransformerEmbedder) -> Iterat
 
 def register_tiny(runtime: Runtime, path: Path, name: str = "tiny") -> EmbeddingModel:
     with runtime.db.write() as session:
-        return store.register_model_version(
+        return store.models.register_model_version(
             session,
             name=name,
-            version=store.next_model_version(session, name),
+            version=store.models.next_model_version(session, name),
             dimension=32,
             path=str(path),
             base_model_id=None,
@@ -171,7 +172,7 @@ def test_activate_and_rollback_record_each_switch(runtime: Runtime, tiny_path: P
     back = registry.rollback(runtime.db)
     assert (back.model.id, back.previous_id) == (base, tiny.id)
     with runtime.db.read() as session:
-        active = [m.id for m in store.list_models(session) if m.active]
+        active = [m.id for m in store.models.list_models(session) if m.active]
         history = session.execute(
             select(ModelActivation.model_id, ModelActivation.previous_model_id).order_by(
                 ModelActivation.id
@@ -297,7 +298,7 @@ def test_finetune_registers_a_new_inactive_version_that_loads(
         "tuned-v2",
     ]
     with runtime.db.read() as session:
-        assert store.active_model(session).id == runtime.model_id  # type: ignore[union-attr]
+        assert store.models.active_model(session).id == runtime.model_id  # type: ignore[union-attr]
 
 
 def test_finetune_refuses_no_data_bad_names_and_unknown_bases(runtime: Runtime) -> None:

@@ -24,12 +24,12 @@ from sqlalchemy.engine import make_url
 
 from ingest.pipeline import IngestPipeline, text_hash
 from ragservice import store
+from ragservice.bootstrap import Runtime, open_runtime
 from ragservice.config import Settings
 from ragservice.db import Database
-from ragservice.embedding import SentenceTransformerEmbedder, Vectors
-from ragservice.filters import parse_and_compile
-from ragservice.runtime import Runtime, open_runtime
-from ragservice.search import Mode, Searcher, SearchHit, SearchOptions, SearchResult
+from ragservice.embedding.embedder import SentenceTransformerEmbedder, Vectors
+from ragservice.retrieval.filters import parse_and_compile
+from ragservice.retrieval.search import Mode, Searcher, SearchHit, SearchOptions, SearchResult
 from ragservice.types import LoadedDocument, TextChunk
 
 GUIDE = "# Guide\n\nIntro text.\n\n## Install\n\nRun the installer.\n\n## Use\n\nAsk questions."
@@ -254,7 +254,9 @@ def _create_tenant(runtime: Runtime, name: str) -> uuid.UUID:
 
 def collection_id(runtime: Runtime, name: str, tenant_id: uuid.UUID | None = None) -> uuid.UUID:
     with runtime.db.read() as session:
-        found = store.find_collection(session, tenant_id or runtime.default_tenant_id, name)
+        found = store.collections.find_collection(
+            session, tenant_id or runtime.default_tenant_id, name
+        )
     assert found is not None
     return found
 
@@ -269,7 +271,7 @@ def _write_bulk(runtime: Runtime, *, n: int) -> tuple[int, npt.NDArray[np.float3
     vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
     writes = [_bulk_document(i, vectors[i : i + 1]) for i in range(n)]
     with runtime.db.write() as session:
-        model = store.register_embedding_model(
+        model = store.models.register_embedding_model(
             session,
             name="random-8d",
             dimension=BULK_DIMENSION,
@@ -277,8 +279,8 @@ def _write_bulk(runtime: Runtime, *, n: int) -> tuple[int, npt.NDArray[np.float3
             hnsw_m=16,
             hnsw_ef_construction=64,
         )
-        bulk = store.ensure_collection(session, runtime.default_tenant_id, "bulk")
-        store.write_documents(
+        bulk = store.collections.ensure_collection(session, runtime.default_tenant_id, "bulk")
+        store.documents.write_documents(
             session,
             tenant_id=runtime.default_tenant_id,
             collection_id=bulk,
@@ -289,10 +291,10 @@ def _write_bulk(runtime: Runtime, *, n: int) -> tuple[int, npt.NDArray[np.float3
     return model.id, vectors
 
 
-def _bulk_document(i: int, vector: npt.NDArray[np.float32]) -> store.DocumentWrite:
+def _bulk_document(i: int, vector: npt.NDArray[np.float32]) -> store.documents.DocumentWrite:
     body = f"Synthetic record {i} of group {i % 50}."
     chunk = TextChunk(ordinal=0, text=body, start_char=0, end_char=len(body), token_count=8)
-    return store.DocumentWrite(
+    return store.documents.DocumentWrite(
         external_id=f"bulk-{i}",
         title=None,
         source="",
@@ -618,7 +620,7 @@ def test_postings_follow_replaced_and_deleted_documents(
     changed = loaded("aspirin", "Zebrafish embryos regrow heart tissue after injury.", {})
     ingest(runtime, caching, [changed, *docs[1:]], collection="papers")
     with runtime.db.write() as session:
-        assert store.delete_documents(session, papers, ["smoking"]) == 1
+        assert store.documents.delete_documents(session, papers, ["smoking"]) == 1
 
     assert postings_mismatches(runtime) == []
     with make_searcher(runtime, caching) as searcher:

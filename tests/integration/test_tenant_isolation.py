@@ -13,11 +13,11 @@ from sqlalchemy.exc import ProgrammingError
 
 from ingest.pipeline import IngestPipeline
 from ragservice import store
+from ragservice.bootstrap import Runtime
 from ragservice.db import tenancy
 from ragservice.db.engine import SERVICE_ROLE
 from ragservice.db.scope import request_scope
-from ragservice.runtime import Runtime
-from ragservice.search import Mode, SearchOptions
+from ragservice.retrieval.search import Mode, SearchOptions
 from ragservice.types import LoadedDocument
 
 TENANT_TABLES = (
@@ -37,7 +37,7 @@ def two_tenants(runtime: Runtime) -> dict[str, tuple[uuid.UUID, uuid.UUID]]:
     made = {}
     for name, body in (("acme", "Aspirin lowers fever."), ("globex", "Steel corrodes in water.")):
         with runtime.db.write() as session:
-            tenant_id = store.ensure_tenant(session, name)
+            tenant_id = store.tenants.ensure_tenant(session, name)
         model = runtime.models.current()
         pipeline = IngestPipeline(
             runtime.db,
@@ -50,7 +50,7 @@ def two_tenants(runtime: Runtime) -> dict[str, tuple[uuid.UUID, uuid.UUID]]:
         document = LoadedDocument(external_id=f"{name}-1", text=body, title=name, metadata={})
         pipeline.run([document], collection="docs")
         with runtime.db.read() as session:
-            collection_id = store.find_collection(session, tenant_id, "docs")
+            collection_id = store.collections.find_collection(session, tenant_id, "docs")
         assert collection_id is not None
         made[name] = (tenant_id, collection_id)
     return made
@@ -135,7 +135,7 @@ def test_a_tenant_cannot_write_rows_of_another(
     globex, globex_docs = two_tenants["globex"]
     refused = pytest.raises(ProgrammingError, match="row-level security")
     with tenancy.as_tenant(acme), refused, runtime.db.write() as session:
-        store.create_collection(session, globex, "planted")
+        store.collections.create_collection(session, globex, "planted")
     with tenancy.as_tenant(acme), runtime.db.write() as session:
         # Another tenant's rows are invisible to UPDATE and DELETE alike.
         renamed = session.execute(
@@ -152,7 +152,7 @@ def test_search_over_foreign_collection_ids_finds_nothing(
 ) -> None:
     """Even a caller that passes another tenant's collection ids: both halves of a hybrid
     search (the full-text one runs on another thread) see the transaction's tenant only."""
-    from ragservice.search import Searcher
+    from ragservice.retrieval.search import Searcher
 
     acme, _ = two_tenants["acme"]
     _, globex_docs = two_tenants["globex"]

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from ragservice.cache_text import meaning_differs, normalize_prompt, prompt_hash
+from ragservice.cache.guard import meaning_differs, normalize_prompt, prompt_hash
 
 
 @pytest.mark.parametrize(
@@ -115,7 +115,7 @@ def test_guard_is_cheap() -> None:
 
 
 def test_comparison_symbols_and_sharps_survive_normalization() -> None:
-    from ragservice.cache_text import normalize_prompt
+    from ragservice.cache.guard import normalize_prompt
 
     assert normalize_prompt("x > y?") != normalize_prompt("x < y?")
     assert normalize_prompt("What about C#?") != normalize_prompt("What about C?")

@@ -16,11 +16,15 @@ import httpx
 import numpy as np
 import pytest
 
-from ragservice import query_encoder
-from ragservice.embedding import SentenceTransformerEmbedder, Vector, Vectors
+from ragservice.answering.inference import InferenceClient
+from ragservice.answering.prompt import ChatMessage
+from ragservice.embedding import query_encoder
+from ragservice.embedding.embedder import (
+    SentenceTransformerEmbedder,
+    Vector,
+    Vectors,
+)
 from ragservice.errors import UpstreamTimeoutError
-from ragservice.inference import InferenceClient
-from ragservice.prompt import ChatMessage
 
 DIMENSION = 4
 

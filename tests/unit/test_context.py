@@ -10,13 +10,13 @@ from dataclasses import dataclass, replace
 
 import pytest
 
-from ragservice.context import (
+from ragservice.answering.context import (
     Context,
     assemble_context,
     citation_markers,
     extractive_answer,
 )
-from ragservice.search import SearchHit
+from ragservice.retrieval.search import SearchHit
 
 Counter = Callable[[str], int]
 

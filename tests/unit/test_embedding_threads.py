@@ -6,7 +6,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from ragservice.embedding import SentenceTransformerEmbedder
+from ragservice.embedding.embedder import SentenceTransformerEmbedder
 
 
 def test_embed_and_tokenize_from_many_threads(embedder: SentenceTransformerEmbedder) -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ragservice.evaluation import (
+from ragservice.embedding.evaluation import (
     load_beir_queries,
     ndcg_at_k,
     rank_documents,

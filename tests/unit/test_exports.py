@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 from ragservice.errors import InvalidInputError
-from ragservice.exports import (
+from ragservice.feedback.collect import MAX_FEEDBACK_CHARS, FeedbackInput, checked, is_bad, is_good
+from ragservice.feedback.exports import (
     Pair,
     merge_feedback,
     openai_dpo_record,
@@ -21,8 +22,7 @@ from ragservice.exports import (
     sft_record,
     trl_dpo_record,
 )
-from ragservice.feedback import MAX_FEEDBACK_CHARS, FeedbackInput, checked, is_bad, is_good
-from ragservice.store import ExportRow, FeedbackEntry
+from ragservice.store.feedback import ExportRow, FeedbackEntry
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 A, B, C, D, E = (uuid.UUID(int=i) for i in range(1, 6))

@@ -11,7 +11,7 @@ import pytest
 from psycopg.types.json import Jsonb
 
 from ragservice.errors import InvalidInputError
-from ragservice.filters import (
+from ragservice.retrieval.filters import (
     MAX_IN_VALUES,
     CompiledFilter,
     Condition,

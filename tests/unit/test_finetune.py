@@ -14,11 +14,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from ragservice import registry
 from ragservice.config import Settings
-from ragservice.embedding import SentenceTransformerEmbedder
+from ragservice.embedding import registry
+from ragservice.embedding.embedder import SentenceTransformerEmbedder
+from ragservice.embedding.finetune import Split, TrainingOptions, evaluate, split_by_anchor, train
 from ragservice.errors import InvalidInputError
-from ragservice.finetune import Split, TrainingOptions, evaluate, split_by_anchor, train
 from tests.tiny_models import TOPIC_WORDS, build_tiny_sentence_transformer
 
 
@@ -183,7 +183,7 @@ def test_a_switch_loads_first_and_never_makes_the_serving_model_wait(
 ) -> None:
     row = SimpleNamespace(id=2, name="m2", version=1, dimension=8, path="/m2")
     active: list[Any] = [SimpleNamespace(id=1)]
-    monkeypatch.setattr(registry.store, "active_model", lambda _session: active[0])
+    monkeypatch.setattr(registry.store.models, "active_model", lambda _session: active[0])
     loading, release = threading.Event(), threading.Event()
 
     def slow_loader(_row: Any) -> Any:
@@ -215,7 +215,7 @@ def test_a_model_that_fails_to_load_is_skipped_until_another_is_active(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     active: list[Any] = [SimpleNamespace(id=3, name="bad", version=1, dimension=4, path="/bad")]
-    monkeypatch.setattr(registry.store, "active_model", lambda _session: active[0])
+    monkeypatch.setattr(registry.store.models, "active_model", lambda _session: active[0])
     calls: list[int] = []
 
     def broken(row: Any) -> Any:

@@ -29,7 +29,7 @@ def service_modules() -> list[Path]:
     return [
         p
         for p in (ROOT / "ragservice").rglob("*.py")
-        if p.name != "cli.py" and "api" not in p.relative_to(ROOT / "ragservice").parts
+        if not {"api", "cli"} & set(p.relative_to(ROOT / "ragservice").parts)
     ]
 
 
@@ -48,7 +48,14 @@ def test_leaves_import_nothing_internal(leaf: str) -> None:
 
 @pytest.mark.parametrize(
     "adapter",
-    ["chunking.py", "context.py", "embedding.py", "inference.py", "prompt.py", "rerank.py"],
+    [
+        "chunking.py",
+        "answering/context.py",
+        "embedding/embedder.py",
+        "answering/inference.py",
+        "answering/prompt.py",
+        "retrieval/rerank.py",
+    ],
 )
 def test_adapters_never_touch_the_database(adapter: str) -> None:
     found = {
@@ -61,10 +68,10 @@ def test_adapters_never_touch_the_database(adapter: str) -> None:
 
 def test_sql_on_documents_lives_in_the_store() -> None:
     """No module outside the db layer and store.py writes SQL against the core tables."""
-    allowed = {ROOT / "ragservice" / "store.py", ROOT / "ragservice" / "search.py"}
+    allowed = {ROOT / "ragservice" / "retrieval" / "search.py"}
     offenders = []
     for path in [*service_modules(), *(ROOT / "ingest").rglob("*.py")]:
-        if path in allowed or "db" in path.relative_to(ROOT).parts:
+        if path in allowed or {"db", "store"} & set(path.relative_to(ROOT).parts):
             continue
         source = path.read_text()
         if any(
@@ -76,7 +83,10 @@ def test_sql_on_documents_lives_in_the_store() -> None:
 
 
 @pytest.mark.parametrize(
-    "path", sorted((ROOT / "ingest").rglob("*.py")), ids=lambda p: str(p.relative_to(ROOT))
+    "path",
+    # `python -m ingest` is an entry point, a composition root like the CLI it starts.
+    sorted(p for p in (ROOT / "ingest").rglob("*.py") if p.name != "__main__.py"),
+    ids=lambda p: str(p.relative_to(ROOT)),
 )
 def test_ingest_does_not_import_the_api_or_cli(path: Path) -> None:
     assert {

@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from ragservice.prompt import (
+from ragservice.answering.prompt import (
     DEFAULT_SYSTEM_PROMPT,
     NO_SOURCES,
     ChatMessage,

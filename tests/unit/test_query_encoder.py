@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ragservice import query_encoder as qe
-from ragservice.embedding import QueryEncoderChoice, SentenceTransformerEmbedder
+from ragservice.embedding import query_encoder as qe
+from ragservice.embedding.embedder import QueryEncoderChoice, SentenceTransformerEmbedder
 
 MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 LONG = " ".join(f"word{i}" for i in range(1000))  # far past the model's 256 tokens

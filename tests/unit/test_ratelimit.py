@@ -6,9 +6,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from ragservice.auth.ratelimit import RateLimiter
 from ragservice.config import Settings
 from ragservice.errors import RateLimitedError
-from ragservice.ratelimit import RateLimiter
 
 
 class Clock:

@@ -13,8 +13,8 @@ import pytest
 
 from ragservice.config import Settings
 from ragservice.errors import ConfigurationError
-from ragservice.rerank import CrossEncoderReranker, Scores, make_reranker, rerank_hits
-from ragservice.search import SearchHit
+from ragservice.retrieval.rerank import CrossEncoderReranker, Scores, make_reranker, rerank_hits
+from ragservice.retrieval.search import SearchHit
 from tests.tiny_models import tiny_passage
 
 

@@ -16,8 +16,8 @@ from ragservice.api.schemas import (
     CollectionUpdate,
     error_responses,
 )
+from ragservice.bootstrap import Runtime
 from ragservice.errors import NotFoundError
-from ragservice.runtime import Runtime
 
 router = APIRouter(prefix="/v1/collections", tags=["collections"], responses=error_responses(409))
 
@@ -28,7 +28,7 @@ def create_collection(
 ) -> CollectionOut:
     """Create a collection; 409 when the name is taken."""
     with runtime.db.write() as session:
-        store.create_collection(
+        store.collections.create_collection(
             session,
             principal.tenant_id,
             body.name,
@@ -42,7 +42,7 @@ def create_collection(
 @router.get("")
 def list_collections(principal: Reader, runtime: RuntimeDep) -> CollectionList:
     with runtime.db.read() as session:
-        found = store.list_collections(session, principal.tenant_id)
+        found = store.collections.list_collections(session, principal.tenant_id)
     return CollectionList(collections=[_out(info) for info in found])
 
 
@@ -57,7 +57,7 @@ def update_collection(
 ) -> CollectionOut:
     """Change the lifetime of the collection's cached answers (new entries only)."""
     with runtime.db.write() as session:
-        if not store.set_collection_cache_ttl(
+        if not store.collections.set_collection_cache_ttl(
             session, principal.tenant_id, name, body.cache_ttl_seconds
         ):
             raise NotFoundError(f"collection {name!r} not found")
@@ -69,7 +69,7 @@ def cache_stats(name: str, principal: Admin, runtime: RuntimeDep) -> CacheStats:
     """The prompt cache's entries, size and hit rate for this collection."""
     cid = collection_id(runtime, principal.tenant_id, name)
     with runtime.db.read() as session:
-        return CacheStats(**store.cache_stats(session, principal.tenant_id, cid))
+        return CacheStats(**store.prompt_cache.cache_stats(session, principal.tenant_id, cid))
 
 
 @router.delete("/{name}/cache")
@@ -77,27 +77,27 @@ def purge_cache(name: str, principal: Admin, runtime: RuntimeDep) -> dict[str, i
     """Delete every cached answer that covers this collection."""
     cid = collection_id(runtime, principal.tenant_id, name)
     with runtime.db.write() as session:
-        return {"purged": store.purge_cache(session, principal.tenant_id, cid)}
+        return {"purged": store.prompt_cache.purge_cache(session, principal.tenant_id, cid)}
 
 
 @router.delete("/{name}", status_code=status.HTTP_204_NO_CONTENT)
 def delete_collection(name: str, principal: Admin, runtime: RuntimeDep) -> Response:
     """Delete a collection with all its documents, chunks, embeddings and jobs."""
     with runtime.db.write() as session:
-        if not store.delete_collection(session, principal.tenant_id, name):
+        if not store.collections.delete_collection(session, principal.tenant_id, name):
             raise NotFoundError(f"collection {name!r} not found")
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 
 def _get(runtime: Runtime, tenant_id: uuid.UUID, name: str) -> CollectionOut:
     with runtime.db.read() as session:
-        info = store.get_collection(session, tenant_id, name)
+        info = store.collections.get_collection(session, tenant_id, name)
     if info is None:
         raise NotFoundError(f"collection {name!r} not found")
     return _out(info)
 
 
-def _out(info: store.CollectionInfo) -> CollectionOut:
+def _out(info: store.collections.CollectionInfo) -> CollectionOut:
     return CollectionOut(
         id=info.id,
         name=info.name,

@@ -23,6 +23,7 @@ from ragservice.api.schemas import (
     JobOut,
     error_responses,
 )
+from ragservice.bootstrap import Runtime
 from ragservice.config import Settings
 from ragservice.db.models import Document
 from ragservice.errors import (
@@ -33,7 +34,6 @@ from ragservice.errors import (
     UnsupportedMediaTypeError,
 )
 from ragservice.limits import MAX_EXTERNAL_ID_BYTES, MAX_JSON_DEPTH, external_id_too_long, too_deep
-from ragservice.runtime import Runtime
 from ragservice.types import SUPPORTED_SUFFIXES
 
 router = APIRouter(
@@ -55,7 +55,7 @@ def add_documents(
     """Queue JSON texts for ingestion; poll the returned job at `GET /v1/jobs/{id}`."""
     check_batch(len(body.documents), runtime.settings, field="documents")
     items = [
-        store.JobItem(
+        store.jobs.JobItem(
             kind="text",
             name=doc.external_id or _text_id(doc.text),
             title=doc.title,
@@ -94,7 +94,7 @@ async def upload_files(
     names = [_file_name(upload.filename) for upload in files]
     _refuse_duplicates(names, "file name")
     items = [
-        store.JobItem(
+        store.jobs.JobItem(
             kind="file",
             name=name,
             title=None,
@@ -121,7 +121,7 @@ def list_documents(
     """Documents ordered by external id, a page at a time."""
     cid = collection_id(runtime, principal.tenant_id, collection)
     with runtime.db.read() as session:
-        page = store.list_documents(session, cid, limit=limit + 1, after=after)
+        page = store.documents.list_documents(session, cid, limit=limit + 1, after=after)
     more = len(page) > limit
     page = page[:limit]
     return DocumentPage(
@@ -140,10 +140,10 @@ def get_document(
 ) -> DocumentDetail:
     cid = collection_id(runtime, principal.tenant_id, collection)
     with runtime.db.read() as session:
-        doc = store.get_document(session, cid, external_id)
+        doc = store.documents.get_document(session, cid, external_id)
         if doc is None:
             raise NotFoundError(f"document {external_id!r} not found in {collection!r}")
-        found = store.document_chunks(session, doc.id) if chunks else None
+        found = store.documents.document_chunks(session, doc.id) if chunks else None
     detail = DocumentDetail(**_document_out(doc).model_dump())
     if found is not None:
         detail.chunks = [
@@ -168,7 +168,7 @@ def delete_document(
     """Delete a document with its chunks and embeddings."""
     cid = collection_id(runtime, principal.tenant_id, collection)
     with runtime.db.write() as session:
-        if not store.delete_documents(session, cid, [external_id]):
+        if not store.documents.delete_documents(session, cid, [external_id]):
             raise NotFoundError(f"document {external_id!r} not found in {collection!r}")
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 
@@ -179,12 +179,12 @@ def _enqueue(
     response: Response,
     tenant_id: uuid.UUID,
     collection: str,
-    items: list[store.JobItem],
+    items: list[store.jobs.JobItem],
     params: dict[str, Any],
 ) -> JobOut:
     cid = collection_id(runtime, tenant_id, collection)
     with runtime.db.write() as session:
-        job_id = store.enqueue_job(
+        job_id = store.jobs.enqueue_job(
             session,
             tenant_id=tenant_id,
             collection_id=cid,
@@ -197,7 +197,7 @@ def _enqueue(
         if wake is not None:
             wake()
     with runtime.db.read() as session:
-        job = store.get_job(session, tenant_id, job_id)
+        job = store.jobs.get_job(session, tenant_id, job_id)
     assert job is not None
     response.headers["Location"] = f"/v1/jobs/{job_id}"
     return job_out(job)

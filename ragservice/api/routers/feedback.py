@@ -16,13 +16,13 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Query, status
 from fastapi.responses import StreamingResponse
 
-from ragservice import exports
 from ragservice.api.deps import Admin, Principal, Reader, RuntimeDep
 from ragservice.api.schemas import FeedbackBody, FeedbackOut, FeedbackRequest, error_responses
+from ragservice.bootstrap import Runtime
 from ragservice.db.models import Feedback
-from ragservice.exports import ExportFilter, ExportFormat
-from ragservice.feedback import FeedbackInput, submit_feedback
-from ragservice.runtime import Runtime
+from ragservice.feedback import exports
+from ragservice.feedback.collect import FeedbackInput, submit_feedback
+from ragservice.feedback.exports import ExportFilter, ExportFormat
 
 router = APIRouter(prefix="/v1", tags=["feedback"], responses=error_responses())
 

@@ -22,7 +22,7 @@ JobStatus = Literal["queued", "running", "done", "failed"]
 def get_job(job_id: uuid.UUID, principal: Reader, runtime: RuntimeDep) -> JobOut:
     """A job's status (queued, running, done, failed), counts and per-file errors."""
     with runtime.db.read() as session:
-        job = store.get_job(session, principal.tenant_id, job_id)
+        job = store.jobs.get_job(session, principal.tenant_id, job_id)
     if job is None:
         raise NotFoundError(f"job {job_id} not found")
     return job_out(job)
@@ -39,7 +39,7 @@ def list_jobs(
     """The newest jobs first, optionally of one collection or status."""
     cid = None if collection is None else collection_id(runtime, principal.tenant_id, collection)
     with runtime.db.read() as session:
-        jobs = store.list_jobs(
+        jobs = store.jobs.list_jobs(
             session, principal.tenant_id, collection_id=cid, status=status, limit=limit
         )
     return JobList(jobs=[job_out(job) for job in jobs])

@@ -24,17 +24,17 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from ragservice import store
+from ragservice.answering.answer import Answer, Question
+from ragservice.answering.context import Source
+from ragservice.answering.prompt import ChatMessage
 from ragservice.api.deps import PipelineDep, Reader, RuntimeDep, replica_reads
 from ragservice.api.routers.documents import check_batch
 from ragservice.api.routers.query import answer_out
 from ragservice.api.routers.search import check_text, collection_ids
 from ragservice.api.schemas import error_responses
-from ragservice.context import Source
-from ragservice.embedding import SentenceTransformerEmbedder
+from ragservice.embedding.embedder import SentenceTransformerEmbedder
 from ragservice.errors import InvalidInputError, NotFoundError
-from ragservice.pipeline import Answer, Question
-from ragservice.prompt import ChatMessage
-from ragservice.search import SearchOptions
+from ragservice.retrieval.search import SearchOptions
 
 router = APIRouter(
     prefix="/v1",
@@ -79,7 +79,7 @@ class EmbeddingsRequest(BaseModel):
 def list_models(principal: Reader, runtime: RuntimeDep) -> dict[str, Any]:
     """One `rag:<collection>` model per collection of the key's tenant, and `rag` for all."""
     with runtime.db.read() as session:
-        names = sorted(store.collection_ids(session, principal.tenant_id, None))
+        names = sorted(store.collections.collection_ids(session, principal.tenant_id, None))
     models = [MODEL_PREFIX, *(f"{MODEL_PREFIX}:{name}" for name in names)]
     return {
         "object": "list",

@@ -11,6 +11,8 @@ import anyio.to_thread
 from fastapi import APIRouter, Depends
 from fastapi.responses import StreamingResponse
 
+from ragservice.answering.answer import Answer, Question
+from ragservice.answering.context import Source
 from ragservice.api.deps import PipelineDep, Reader, RuntimeDep, replica_reads
 from ragservice.api.routers.search import check_query, collection_ids
 from ragservice.api.schemas import (
@@ -22,11 +24,9 @@ from ragservice.api.schemas import (
     SourceOut,
     error_responses,
 )
-from ragservice.context import Source
 from ragservice.errors import RagServiceError
-from ragservice.filters import parse_and_compile
-from ragservice.pipeline import Answer, Question
-from ragservice.search import SearchOptions
+from ragservice.retrieval.filters import parse_and_compile
+from ragservice.retrieval.search import SearchOptions
 
 router = APIRouter(
     prefix="/v1",

@@ -16,11 +16,11 @@ from ragservice.api.schemas import (
     SearchResponse,
     error_responses,
 )
+from ragservice.bootstrap import Runtime
 from ragservice.config import Settings
 from ragservice.errors import InvalidInputError, NotFoundError
-from ragservice.filters import parse_and_compile
-from ragservice.runtime import Runtime
-from ragservice.search import SearchHit, SearchOptions
+from ragservice.retrieval.filters import parse_and_compile
+from ragservice.retrieval.search import SearchHit, SearchOptions
 
 router = APIRouter(
     prefix="/v1",
@@ -75,7 +75,7 @@ def collection_ids(
     runtime: Runtime, tenant_id: uuid.UUID, names: list[str] | None
 ) -> list[uuid.UUID]:
     with runtime.db.read() as session:
-        found = store.collection_ids(session, tenant_id, names)
+        found = store.collections.collection_ids(session, tenant_id, names)
     """Ids of the tenant's collections by name (all of them for None); 404 for a missing one."""
     missing = sorted(set(names or ()) - set(found))
     if missing:

@@ -21,9 +21,9 @@ from rich.table import Table
 from ingest.loaders import JsonlFields, load_documents
 from ingest.pipeline import IngestPipeline, IngestReport, ProgressCallback
 from ragservice import store
+from ragservice.bootstrap import Runtime, open_runtime
 from ragservice.config import configure_logging, get_settings
 from ragservice.errors import RagServiceError
-from ragservice.runtime import Runtime, open_runtime
 
 console = Console(stderr=True)
 log = logging.getLogger(__name__)
@@ -131,8 +131,10 @@ def _with_job_record(
     job_id = None
     if not dry_run:
         with runtime.db.write() as session:
-            collection_id = store.ensure_collection(session, runtime.default_tenant_id, collection)
-            job_id = store.start_job(
+            collection_id = store.collections.ensure_collection(
+                session, runtime.default_tenant_id, collection
+            )
+            job_id = store.jobs.start_job(
                 session,
                 tenant_id=runtime.default_tenant_id,
                 collection_id=collection_id,
@@ -148,7 +150,7 @@ def _with_job_record(
     finally:
         if job_id is not None:
             with runtime.db.write() as session:
-                store.finish_job(
+                store.jobs.finish_job(
                     session,
                     job_id,
                     status=status,

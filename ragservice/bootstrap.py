@@ -10,9 +10,15 @@ from ragservice import store
 from ragservice.chunking import ChunkingOptions
 from ragservice.config import DEFAULT_TENANT_ID, Settings
 from ragservice.db import Database, open_database
-from ragservice.embedding import SentenceTransformerEmbedder, make_embedder
+from ragservice.embedding.embedder import SentenceTransformerEmbedder, make_embedder
+from ragservice.embedding.registry import (
+    ModelRegistry,
+    ServingModel,
+    loadable,
+    serve_embedder,
+    serve_row,
+)
 from ragservice.errors import ConfigurationError
-from ragservice.registry import ModelRegistry, ServingModel, loadable, serve_embedder, serve_row
 
 log = logging.getLogger(__name__)
 
@@ -72,13 +78,13 @@ def _initial_model(
 ) -> ServingModel:
     if embedder is None:
         with db.read() as session:
-            active = store.active_model(session)
+            active = store.models.active_model(session)
         if active is not None and loadable(active, settings):
             return serve_row(settings, active)
         embedder = make_embedder(settings)
         embedder.warm_up()
     with db.write() as session:
-        model = store.register_embedding_model(
+        model = store.models.register_embedding_model(
             session,
             name=embedder.name,
             dimension=embedder.dimension,

@@ -36,7 +36,7 @@ from sqlalchemy.orm import Session
 from ragservice.config import Settings
 from ragservice.db import Database
 from ragservice.errors import EmbeddingError, InvalidInputError
-from ragservice.filters import CompiledFilter
+from ragservice.retrieval.filters import CompiledFilter
 
 QueryEmbedder = Callable[[str], npt.NDArray[np.float32]]
 
@@ -86,7 +86,7 @@ def _mode(value: str) -> Mode:
 
 @dataclass(frozen=True, slots=True)
 class SearchOptions:
-    """How one search runs. `filters` is a compiled metadata filter (see ragservice.filters)."""
+    """How one search runs. `filters` is a compiled metadata filter (see ragservice.retrieval.filters)."""
 
     mode: Mode = Mode.HYBRID
     k: int = 10

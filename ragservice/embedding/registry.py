@@ -27,7 +27,7 @@ from ragservice import store
 from ragservice.config import Settings
 from ragservice.db import Database
 from ragservice.db.models import EmbeddingModel
-from ragservice.embedding import SentenceTransformerEmbedder, Vector, make_embedder
+from ragservice.embedding.embedder import SentenceTransformerEmbedder, Vector, make_embedder
 from ragservice.errors import ConflictError, EmbeddingError, NotFoundError
 
 log = logging.getLogger(__name__)
@@ -93,7 +93,7 @@ class ModelRegistry:
         changed. True when this call switched."""
         with self._refresh_lock:
             with self._db.read() as session:
-                row = store.active_model(session)
+                row = store.models.active_model(session)
             if row is None or row.id == self._current.id or row.id in self._failed:
                 return False
             model = self._loaded.get(row.id) or self._load_row(row)
@@ -207,9 +207,9 @@ def parse_model_ref(ref: str) -> tuple[str, int | None]:
 def find_model(session: Session, ref: str) -> EmbeddingModel:
     """The registered model `NAME[:VERSION]`; NotFoundError naming the known ones otherwise."""
     name, version = parse_model_ref(ref)
-    model = store.find_model(session, name, version)
+    model = store.models.find_model(session, name, version)
     if model is None:
-        known = sorted({f"{m.name}:{m.version}" for m in store.list_models(session)})
+        known = sorted({f"{m.name}:{m.version}" for m in store.models.list_models(session)})
         raise NotFoundError(
             f"no embedding model {ref!r}; registered: {', '.join(known) or 'none'} "
             "(`ragservice models list`)"
@@ -231,9 +231,9 @@ class ModelStatus:
 
 
 def model_statuses(session: Session) -> list[ModelStatus]:
-    counts = store.embedded_counts(session)
-    total = store.chunk_total(session)
-    return [ModelStatus(m, counts.get(m.id, 0), total) for m in store.list_models(session)]
+    counts = store.models.embedded_counts(session)
+    total = store.models.chunk_total(session)
+    return [ModelStatus(m, counts.get(m.id, 0), total) for m in store.models.list_models(session)]
 
 
 @dataclass(frozen=True)
@@ -256,24 +256,24 @@ def activate(db: Database, ref: str, *, force: bool = False) -> Switch:
 def rollback(db: Database, *, force: bool = False) -> Switch:
     """Activate the model that was active before the latest activation."""
     with db.write() as session:
-        last = store.last_activation(session)
+        last = store.models.last_activation(session)
         if last is None or last.previous_model_id is None:
             raise ConflictError("nothing to roll back to: no activation replaced another model")
-        model = store.get_model(session, last.previous_model_id)
+        model = store.models.get_model(session, last.previous_model_id)
         assert model is not None  # the foreign key sets it null when the row goes
         return _switch(session, model, force=force)
 
 
 def _switch(session: Session, model: EmbeddingModel, *, force: bool) -> Switch:
     if not force:
-        missing = store.missing_embeddings(session, model.id)
+        missing = store.models.missing_embeddings(session, model.id)
         if missing:
             raise ConflictError(
                 f"{model.name}:{model.version} has no embedding for {missing} chunks; run "
                 f"`ragservice reembed --model {model.name}:{model.version}` first "
                 "(or pass --force to serve it anyway, those chunks unseen by dense search)"
             )
-    previous = store.activate_model(session, model.id)
+    previous = store.models.activate_model(session, model.id)
     return Switch(model=model, previous_id=previous, changed=previous != model.id)
 
 
@@ -285,4 +285,4 @@ def drop_embeddings(db: Database, ref: str) -> tuple[EmbeddingModel, int]:
             raise ConflictError(
                 f"{model.name}:{model.version} is the active model; activate another first"
             )
-        return model, store.drop_model_embeddings(session, model.id)
+        return model, store.models.drop_model_embeddings(session, model.id)

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 
 if TYPE_CHECKING:
     # Only the shape of a hit is needed; importing search at runtime would pull in the database.
-    from ragservice.search import SearchHit
+    from ragservice.retrieval.search import SearchHit
 
 TokenCounter: TypeAlias = Callable[[str], int]
 

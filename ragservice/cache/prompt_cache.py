@@ -28,7 +28,7 @@ import numpy.typing as npt
 from sqlalchemy.orm import Session
 
 from ragservice import store
-from ragservice.cache_text import meaning_differs, normalize_prompt, prompt_hash
+from ragservice.cache.guard import meaning_differs, normalize_prompt, prompt_hash
 from ragservice.config import Settings
 from ragservice.db import Database
 from ragservice.metrics import Metrics
@@ -140,8 +140,10 @@ class PromptCache:
         """Keep an answer, in `session` (a transaction on the primary); None when an identical
         entry exists or a source changed meanwhile. `vector` is the prompt's by `model_id`."""
         normalized = normalize_prompt(prompt)
-        ttl = store.cache_ttl(session, collection_ids, self._settings.cache_ttl_seconds)
-        entry = store.NewCacheEntry(
+        ttl = store.prompt_cache.cache_ttl(
+            session, collection_ids, self._settings.cache_ttl_seconds
+        )
+        entry = store.prompt_cache.NewCacheEntry(
             tenant_id=tenant_id,
             scope=scope,
             model_id=model_id,
@@ -154,13 +156,15 @@ class PromptCache:
             ttl_seconds=ttl,
             sources=sources,
         )
-        return store.cache_store(session, entry, replace=replace)
+        return store.prompt_cache.cache_store(session, entry, replace=replace)
 
     def _lookup(
         self, scope: str, prompt: str, embed: Callable[[], Vector], model_id: int, dimension: int
     ) -> Lookup:
         with self._db.read() as session:
-            exact = store.cache_exact(session, scope, prompt_hash(normalize_prompt(prompt)))
+            exact = store.prompt_cache.cache_exact(
+                session, scope, prompt_hash(normalize_prompt(prompt))
+            )
         refused = None
         if exact is not None:
             # Normalization drops symbols and case: "x > y" and "x < y" share a key, so even
@@ -171,7 +175,7 @@ class PromptCache:
             self._count_refusal(refused)
         vector = embed()
         with self._db.read() as session:
-            candidates = store.cache_nearest(
+            candidates = store.prompt_cache.cache_nearest(
                 session,
                 scope=scope,
                 model_id=model_id,
@@ -190,7 +194,9 @@ class PromptCache:
         self._count("miss")
         return Lookup(info=CacheInfo(hit=False, refused=refused), vector=vector)
 
-    def _hit(self, entry: store.CachedEntry, kind: str, vector: Vector | None) -> Lookup:
+    def _hit(
+        self, entry: store.prompt_cache.CachedEntry, kind: str, vector: Vector | None
+    ) -> Lookup:
         self._counter.submit(self._record_hit, entry.id)
         self._count(f"{kind}_hit")
         info = CacheInfo(hit=True, kind=kind, similarity=entry.similarity, entry_id=entry.id)
@@ -199,7 +205,7 @@ class PromptCache:
     def _record_hit(self, entry_id: uuid.UUID) -> None:
         try:
             with self._db.write() as session:
-                store.cache_hit(session, entry_id)
+                store.prompt_cache.cache_hit(session, entry_id)
         except Exception:  # a lost count is only a statistic
             log.warning("counting a cache hit failed", exc_info=True)
 
@@ -231,7 +237,7 @@ class CachePurger:
 
     def purge_once(self) -> int:
         with self._db.write() as session:
-            return store.purge_expired_cache(session)
+            return store.prompt_cache.purge_expired_cache(session)
 
     def _run(self) -> None:
         while not self._stop.wait(self._interval):

@@ -21,17 +21,17 @@ import numpy.typing as npt
 from sqlalchemy.orm import Session
 
 from ragservice import store
-from ragservice.cache import CacheInfo, Lookup, PromptCache, scope_fingerprint
+from ragservice.answering.context import Context, Source, assemble_context, citation_markers
+from ragservice.answering.context import extractive_answer as extract
+from ragservice.answering.inference import Completion, InferenceClient
+from ragservice.answering.prompt import ChatMessage, build_messages
+from ragservice.cache.prompt_cache import CacheInfo, Lookup, PromptCache, scope_fingerprint
 from ragservice.config import Settings
-from ragservice.context import Context, Source, assemble_context, citation_markers
-from ragservice.context import extractive_answer as extract
 from ragservice.db import Database
 from ragservice.errors import UpstreamError, UpstreamTimeoutError
-from ragservice.inference import Completion, InferenceClient
 from ragservice.metrics import Metrics
-from ragservice.prompt import ChatMessage, build_messages
-from ragservice.rerank import Reranker, rerank_hits
-from ragservice.search import QueryModel, Searcher, SearchHit, SearchOptions
+from ragservice.retrieval.rerank import Reranker, rerank_hits
+from ragservice.retrieval.search import QueryModel, Searcher, SearchHit, SearchOptions
 
 log = logging.getLogger(__name__)
 
@@ -434,7 +434,7 @@ class AnswerPipeline:
 
     def _keep(
         self,
-        record: store.QueryRecord,
+        record: store.query_log.QueryRecord,
         question: Question,
         prepared: _Prepared,
         generated: _Generated,
@@ -443,7 +443,7 @@ class AnswerPipeline:
     ) -> None:
         """Log the query and cache the answer on the primary, after the response is sent
         (`Database.write_later`): the caller never waits on either."""
-        self._db.write_later(lambda session: store.log_query(session, record))
+        self._db.write_later(lambda session: store.query_log.log_query(session, record))
         if remember:
             self._db.write_later(
                 lambda session: self._remember(session, question, prepared, generated, citations)
@@ -525,8 +525,8 @@ def _record(
     citations: list[Source],
     timings: dict[str, float],
     messages: Sequence[ChatMessage] | None,
-) -> store.QueryRecord:
-    return store.QueryRecord(
+) -> store.query_log.QueryRecord:
+    return store.query_log.QueryRecord(
         tenant_id=question.tenant_id,
         endpoint=question.endpoint,
         question=question.text,

@@ -26,9 +26,9 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from ragservice.answering.prompt import ChatMessage
 from ragservice.config import Settings
 from ragservice.errors import ConfigurationError, UpstreamError, UpstreamTimeoutError
-from ragservice.prompt import ChatMessage
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ from ragservice import store
 from ragservice.config import Settings
 from ragservice.db import Database
 from ragservice.db.models import EmbeddingModel
-from ragservice.embedding import Vectors
+from ragservice.embedding.embedder import Vectors
 from ragservice.errors import EmbeddingError
 
 log = logging.getLogger(__name__)
@@ -50,7 +50,7 @@ class ReembedReport:
 def count_missing(db: Database, model_id: int) -> int:
     """Chunks of every tenant that have no embedding of the model yet."""
     with db.read() as session:
-        return store.missing_embeddings(session, model_id)
+        return store.models.missing_embeddings(session, model_id)
 
 
 def reembed(
@@ -67,7 +67,7 @@ def reembed(
     chunks per transaction. `missing`: the count at start, when the caller already has it."""
     started = time.perf_counter()
     with db.write() as session:  # dropped by `models drop-embeddings`, perhaps: back again
-        store.ensure_model_indexes(
+        store.models.ensure_model_indexes(
             session,
             model.id,
             model.dimension,
@@ -90,16 +90,16 @@ def reembed(
 
 def _next_batch(
     db: Database, model_id: int, after: uuid.UUID | None, size: int
-) -> list[store.ChunkToEmbed]:
+) -> list[store.models.ChunkToEmbed]:
     with db.read() as session:
-        return store.chunks_to_embed(session, model_id, after=after, limit=size)
+        return store.models.chunks_to_embed(session, model_id, after=after, limit=size)
 
 
 def _write_batch(
     db: Database,
     model: EmbeddingModel,
     embedder: BatchEmbedder,
-    chunks: list[store.ChunkToEmbed],
+    chunks: list[store.models.ChunkToEmbed],
 ) -> int:
     vectors = embedder.embed([chunk.text for chunk in chunks])
     if vectors.shape != (len(chunks), model.dimension):
@@ -108,4 +108,4 @@ def _write_batch(
             f"{model.dimension} dimensions"
         )
     with db.write() as session:
-        return store.add_embeddings(session, model.id, chunks, vectors)
+        return store.models.add_embeddings(session, model.id, chunks, vectors)

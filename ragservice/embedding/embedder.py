@@ -18,7 +18,7 @@ from ragservice.errors import EmbeddingError
 from ragservice.types import Tokenizer
 
 if TYPE_CHECKING:
-    from ragservice.query_encoder import QueryEncoder, QueryPipeline
+    from ragservice.embedding.query_encoder import QueryEncoder, QueryPipeline
 
 log = logging.getLogger(__name__)
 
@@ -231,7 +231,7 @@ class SentenceTransformerEmbedder:
         return self._query
 
     def _load_query_encoder(self, model: Any) -> QueryEncoder:
-        from ragservice import query_encoder as qe
+        from ragservice.embedding import query_encoder as qe
 
         try:
             pipeline = qe.QueryPipeline(model)
@@ -252,7 +252,7 @@ class SentenceTransformerEmbedder:
         return self._query_choice == "onnx"
 
     def _load_onnx(self, pipeline: QueryPipeline) -> QueryEncoder:
-        from ragservice.query_encoder import load_onnx_encoder
+        from ragservice.embedding.query_encoder import load_onnx_encoder
 
         model_dir = Path(self.path)
         return load_onnx_encoder(

@@ -18,20 +18,20 @@ import typer
 from rich.console import Console
 
 from ragservice import store
+from ragservice.auth.keys import Role
 from ragservice.config import DEFAULT_TENANT_ID, Settings, configure_logging, get_settings
 from ragservice.errors import RagServiceError
-from ragservice.exports import ExportFormat
-from ragservice.keys import Role
+from ragservice.feedback.exports import ExportFormat
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
 
+    from ragservice.bootstrap import Runtime
     from ragservice.db import Database
     from ragservice.db.models import EmbeddingModel
-    from ragservice.embedding import SentenceTransformerEmbedder
-    from ragservice.finetune import FinetuneResult
-    from ragservice.registry import ModelStatus, Switch
-    from ragservice.runtime import Runtime
+    from ragservice.embedding.embedder import SentenceTransformerEmbedder
+    from ragservice.embedding.finetune import FinetuneResult
+    from ragservice.embedding.registry import ModelStatus, Switch
 
 app = typer.Typer(
     help="RAG and vector-search data service on PostgreSQL + pgvector.", no_args_is_help=True
@@ -95,12 +95,12 @@ def keys_create(
     name: Annotated[str | None, typer.Option("--name", help="A label for the key.")] = None,
 ) -> None:
     """Create an API key and print it once; only its hash is stored."""
-    from ragservice.keys import new_key
+    from ragservice.auth.keys import new_key
 
     key = new_key()
     with _database() as db, db.write() as session:
-        tenant_id = store.ensure_tenant(session, tenant)
-        store.create_api_key(
+        tenant_id = store.tenants.ensure_tenant(session, tenant)
+        store.tenants.create_api_key(
             session, tenant_id=tenant_id, role=role, prefix=key.prefix, key_hash=key.hash, name=name
         )
     console.print(f"created a {role} key for tenant {tenant!r}; it is shown only this once:")
@@ -111,7 +111,7 @@ def keys_create(
 def keys_list() -> None:
     """List keys (prefix, tenant, role, state); secrets are never shown again."""
     with _database() as db, db.read() as session:
-        rows = store.list_api_keys(session)
+        rows = store.tenants.list_api_keys(session)
     for key, tenant in rows:
         state = "revoked" if key.revoked_at else "active"
         typer.echo(f"{key.prefix}\t{tenant}\t{key.role}\t{state}\t{key.name or ''}")
@@ -123,7 +123,7 @@ def keys_revoke(
 ) -> None:
     """Revoke a key; requests with it get 401 from then on."""
     with _database() as db, db.write() as session:
-        revoked = store.revoke_api_key(session, prefix)
+        revoked = store.tenants.revoke_api_key(session, prefix)
     if not revoked:
         console.print(f"[red]error:[/red] no active key with prefix {prefix!r}")
         raise typer.Exit(1)
@@ -223,7 +223,7 @@ def dev_cluster(
     import signal
     import threading
 
-    from ragservice.db.cluster import DevCluster
+    from ragservice.dev.cluster import DevCluster
 
     settings = get_settings()
     if settings.database_url:
@@ -266,7 +266,7 @@ def worker(
 ) -> None:
     """Run queued ingest jobs until SIGINT or SIGTERM; any number of workers may run at once."""
     from ingest.worker import JobWorker, run_until_signalled
-    from ragservice.runtime import open_runtime
+    from ragservice.bootstrap import open_runtime
 
     settings = get_settings()
     try:
@@ -316,7 +316,7 @@ def export_feedback(
     ] = None,
 ) -> None:
     """Export feedback as fine-tuning data, one JSON record per line (see docs/feedback.md)."""
-    from ragservice import exports
+    from ragservice.feedback import exports
 
     if time_of not in ("feedback", "query"):
         raise typer.BadParameter("feedback or query", param_hint="--time-of")
@@ -344,7 +344,7 @@ def export_feedback(
 def _tenant_id(session: Session, name: str | None) -> uuid.UUID:
     if name is None:
         return uuid.UUID(DEFAULT_TENANT_ID)
-    found = store.find_tenant(session, name)
+    found = store.tenants.find_tenant(session, name)
     if found is None:
         console.print(f"[red]error:[/red] no tenant named {name!r}")
         raise typer.Exit(1)
@@ -431,7 +431,7 @@ def finetune(
     Prints held-out figures before and after training, then one JSON line (stdout). Next:
     `ragservice reembed --model OUT`, then `ragservice models activate OUT`.
     """
-    from ragservice import finetune as ft
+    from ragservice.embedding import finetune as ft
 
     if from_feedback == (triplets_file is not None):
         raise typer.BadParameter("give either --from-feedback or --triplets FILE")
@@ -468,7 +468,7 @@ def finetune(
 def _feedback_triplets(
     db: Database, tenant: str | None, collection: str | None, since: str | None, until: str | None
 ) -> tuple[list[dict[str, str]], dict[str, Any]]:
-    from ragservice import exports
+    from ragservice.feedback import exports
 
     with db.read() as session:
         flt = exports.ExportFilter(
@@ -523,8 +523,8 @@ def reembed(
 ) -> None:
     """Embed every chunk that has no embedding of MODEL yet, beside the active model; run it
     again after an interruption to finish."""
-    from ragservice import registry
-    from ragservice.reembed import count_missing
+    from ragservice.embedding import registry
+    from ragservice.embedding.reembed import count_missing
 
     settings = get_settings()
     with _database() as db:
@@ -563,7 +563,7 @@ def _reembed_with_progress(
         TimeRemainingColumn,
     )
 
-    from ragservice.reembed import count_missing, reembed
+    from ragservice.embedding.reembed import count_missing, reembed
 
     label = f"{row.name}:{row.version}"
     with console.status(f"loading {label}"):
@@ -604,7 +604,7 @@ def models_list(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
 ) -> None:
     """Registered models: active one, chunks embedded, base, held-out figures."""
-    from ragservice import registry
+    from ragservice.embedding import registry
 
     with _database() as db, db.read() as session:
         statuses = registry.model_statuses(session)
@@ -671,7 +671,7 @@ def models_activate(
 ) -> None:
     """Make MODEL the one every server serves (they switch within
     RAGSERVICE_MODEL_CHECK_SECONDS, after loading it); refused until it embedded every chunk."""
-    from ragservice import registry
+    from ragservice.embedding import registry
 
     with _database() as db:
         switch = _or_exit(lambda: registry.activate(db, model, force=force))
@@ -685,7 +685,7 @@ def models_rollback(
     ] = False,
 ) -> None:
     """Activate again the model the latest activation replaced."""
-    from ragservice import registry
+    from ragservice.embedding import registry
 
     with _database() as db:
         switch = _or_exit(lambda: registry.rollback(db, force=force))
@@ -698,7 +698,7 @@ def models_drop_embeddings(
 ) -> None:
     """Delete a model's chunk embeddings and its HNSW index (refused for the active model);
     `reembed` makes them again."""
-    from ragservice import registry
+    from ragservice.embedding import registry
 
     with _database() as db:
         row, deleted = _or_exit(lambda: registry.drop_embeddings(db, model))
@@ -739,9 +739,9 @@ def analysts_add(
     secret = password or secrets.token_urlsafe(18)
     with _database() as db:
         with db.owner() as session:  # CREATE ROLE: beyond what the service role may do
-            _or_exit(lambda: store.create_analyst(session, name, secret))
+            _or_exit(lambda: store.analysts.create_analyst(session, name, secret))
         url = analyst_url(get_settings(), db.url, name, secret)
-    console.print(f"created analyst {name!r} (member of {store.ANALYST_GROUP})")
+    console.print(f"created analyst {name!r} (member of {store.analysts.ANALYST_GROUP})")
     if password is None:
         console.print("its generated password is in the URL below; it is shown only this once:")
     typer.echo(url)
@@ -766,7 +766,7 @@ def analyst_url(settings: Settings, primary_url: str, name: str, password: str) 
 def analysts_list() -> None:
     """List the analyst roles (name, whether it can log in)."""
     with _database() as db, db.read() as session:
-        rows = store.list_analysts(session)
+        rows = store.analysts.list_analysts(session)
     for name, login in rows:
         typer.echo(f"{name}\t{'login' if login else 'nologin'}")
 
@@ -775,7 +775,7 @@ def analysts_list() -> None:
 def analysts_remove(name: str = typer.Argument(..., help="The analyst's role name.")) -> None:
     """Drop an analyst's role (only members of ragservice_analyst are dropped)."""
     with _database() as db, db.owner() as session:
-        removed = _or_exit(lambda: store.remove_analyst(session, name))
+        removed = _or_exit(lambda: store.analysts.remove_analyst(session, name))
     if not removed:
         console.print(f"[red]error:[/red] no analyst named {name!r}")
         raise typer.Exit(1)
@@ -783,7 +783,7 @@ def analysts_remove(name: str = typer.Argument(..., help="The analyst's role nam
 
 
 def _register_ingest() -> None:
-    from ingest.cli import ingest_command
+    from ragservice.cli.ingest import ingest_command
 
     app.command("ingest")(ingest_command)
 

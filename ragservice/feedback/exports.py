@@ -29,8 +29,8 @@ from sqlalchemy.orm import Session
 from ragservice import store
 from ragservice.db import Database
 from ragservice.errors import InvalidInputError, NotFoundError
-from ragservice.feedback import is_bad, is_good
-from ragservice.store import ExportRow, FeedbackEntry
+from ragservice.feedback.collect import is_bad, is_good
+from ragservice.store.feedback import ExportRow, FeedbackEntry
 
 __all__ = [
     "DEFAULT_NEGATIVES_PER_POSITIVE",
@@ -93,7 +93,7 @@ def resolve_filter(session: Session, flt: ExportFilter) -> ExportFilter:
     """The filter with its collection name resolved to an id (NotFoundError when the tenant
     has none of that name), times made timezone-aware, and the ranges checked."""
     if flt.collection is not None and flt.collection_id is None:
-        found = store.find_collection(session, flt.tenant_id, flt.collection)
+        found = store.collections.find_collection(session, flt.tenant_id, flt.collection)
         if found is None:
             raise NotFoundError(f"collection {flt.collection!r} not found")
         flt = replace(flt, collection_id=found)
@@ -176,7 +176,7 @@ def _rows(
     session: Session, flt: ExportFilter, *, order: str = "time", text_depth: int | None = None
 ) -> Iterator[ExportRow]:
     flt = resolve_filter(session, flt)
-    return store.export_rows(
+    return store.feedback.export_rows(
         session,
         tenant_id=flt.tenant_id,
         collection_id=flt.collection_id,

@@ -31,10 +31,10 @@ from ragservice import store
 from ragservice.config import Settings
 from ragservice.db import Database
 from ragservice.db.models import EmbeddingModel
-from ragservice.embedding import resolve_device, resolve_model_path
+from ragservice.embedding.embedder import resolve_device, resolve_model_path
+from ragservice.embedding.evaluation import mean, ndcg_at_k
+from ragservice.embedding.registry import find_model
 from ragservice.errors import InvalidInputError, NotFoundError
-from ragservice.evaluation import mean, ndcg_at_k
-from ragservice.registry import find_model
 
 log = logging.getLogger(__name__)
 
@@ -316,7 +316,7 @@ def resolve_base(db: Database, settings: Settings, ref: str | None) -> BaseModel
     by default the active model, else the configured one."""
     with db.read() as session:
         if ref is None:
-            active = store.active_model(session)
+            active = store.models.active_model(session)
             if active is not None and active.path and Path(active.path).exists():
                 return _registered(active)
             ref = settings.embedding_model
@@ -342,7 +342,7 @@ def _registered(row: EmbeddingModel) -> BaseModel:
 
 def _registered_path(db: Database, path: str) -> int | None:
     with db.read() as session:
-        rows = store.list_models(session)
+        rows = store.models.list_models(session)
     resolved = Path(path).resolve()
     return next((m.id for m in rows if m.path and Path(m.path).resolve() == resolved), None)
 
@@ -400,12 +400,12 @@ def _register(
     moved: Path | None = None
     try:
         with db.write() as session:
-            version = store.next_model_version(session, name)
+            version = store.models.next_model_version(session, name)
             path = settings.data_dir.resolve() / "models" / f"{name}-v{version}"
             if path.exists():
                 raise InvalidInputError(f"{path} exists but is no registered model; move it away")
             moved = trained.path.rename(path)
-            model = store.register_model_version(
+            model = store.models.register_model_version(
                 session,
                 name=name,
                 version=version,

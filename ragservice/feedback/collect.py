@@ -134,9 +134,9 @@ def submit_feedback(
     query = _await_query(db, tenant_id, query_id, wait_seconds)
     with db.write() as session:
         _check_chunks(session, query, feedback)
-        return store.add_feedback(
+        return store.feedback.add_feedback(
             session,
-            store.NewFeedback(
+            store.feedback.NewFeedback(
                 query_id=query.id,
                 tenant_id=tenant_id,
                 rating=feedback.rating,
@@ -152,12 +152,12 @@ def submit_feedback(
 
 def _await_query(
     db: Database, tenant_id: uuid.UUID, query_id: uuid.UUID, wait_seconds: float
-) -> store.LoggedQuery:
+) -> store.query_log.LoggedQuery:
     # Requests that write read on the primary, where the log row lands first.
     deadline = time.monotonic() + wait_seconds
     while True:
         with db.read() as session:
-            query = store.find_logged_query(session, tenant_id, query_id)
+            query = store.query_log.find_logged_query(session, tenant_id, query_id)
         if query is not None:
             return query
         if time.monotonic() >= deadline:
@@ -165,9 +165,11 @@ def _await_query(
         time.sleep(0.05)
 
 
-def _check_chunks(session: Session, query: store.LoggedQuery, feedback: FeedbackInput) -> None:
+def _check_chunks(
+    session: Session, query: store.query_log.LoggedQuery, feedback: FeedbackInput
+) -> None:
     judged = [*feedback.relevant_chunk_ids, *feedback.irrelevant_chunk_ids]
-    outside = store.chunks_outside_query(session, query, judged)
+    outside = store.query_log.chunks_outside_query(session, query, judged)
     if outside:
         raise InvalidInputError(
             f"chunk {outside[0]} was not retrieved for query {query.id} and is not in "

@@ -17,12 +17,12 @@ import numpy as np
 import numpy.typing as npt
 
 from ragservice.config import Settings
-from ragservice.embedding import resolve_device
+from ragservice.embedding.embedder import resolve_device
 from ragservice.errors import ConfigurationError
 
 if TYPE_CHECKING:
     # Only for annotations: search.py brings in the database layer, which adapters never load.
-    from ragservice.search import SearchHit
+    from ragservice.retrieval.search import SearchHit
 
 log = logging.getLogger(__name__)
 

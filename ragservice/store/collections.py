@@ -1,0 +1,158 @@
+"""Collections of a tenant."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import (
+    Row,
+    Select,
+    delete,
+    func,
+    select,
+    update,
+)
+from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy.orm import Session
+
+from ragservice.db.models import (
+    Collection,
+    CollectionTextStats,
+    Document,
+)
+from ragservice.errors import ConflictError
+
+log = logging.getLogger(__name__)
+
+
+def ensure_collection(session: Session, tenant_id: uuid.UUID, name: str) -> uuid.UUID:
+    """The id of the tenant's collection `name`, created if it does not exist."""
+    stmt = (
+        insert(Collection)
+        .values(tenant_id=tenant_id, name=name)
+        .on_conflict_do_nothing(index_elements=["tenant_id", "name"])
+    )
+    session.execute(stmt)
+    found = find_collection(session, tenant_id, name)
+    assert found is not None  # inserted above or already there
+    return found
+
+
+def find_collection(session: Session, tenant_id: uuid.UUID, name: str) -> uuid.UUID | None:
+    stmt = select(Collection.id).where(Collection.tenant_id == tenant_id, Collection.name == name)
+    return session.scalar(stmt)
+
+
+@dataclass(frozen=True, slots=True)
+class CollectionInfo:
+    id: uuid.UUID
+    name: str
+    description: str | None
+    metadata: dict[str, Any]
+    created_at: datetime
+    document_count: int
+    chunk_count: int
+    cache_ttl_seconds: int | None = None
+
+
+def create_collection(
+    session: Session,
+    tenant_id: uuid.UUID,
+    name: str,
+    *,
+    description: str | None = None,
+    metadata: dict[str, Any] | None = None,
+    cache_ttl_seconds: int | None = None,
+) -> uuid.UUID:
+    """Create the tenant's collection `name`; ConflictError when the name is taken."""
+    stmt = (
+        insert(Collection)
+        .values(
+            tenant_id=tenant_id,
+            name=name,
+            description=description,
+            metadata_=metadata or {},
+            cache_ttl_seconds=cache_ttl_seconds,
+        )
+        .on_conflict_do_nothing(index_elements=["tenant_id", "name"])
+        .returning(Collection.id)
+    )
+    created = session.scalar(stmt)
+    if created is None:
+        raise ConflictError(f"collection {name!r} already exists")
+    return created
+
+
+def list_collections(session: Session, tenant_id: uuid.UUID) -> list[CollectionInfo]:
+    return [_collection_info(row) for row in session.execute(_collections_query(tenant_id))]
+
+
+def get_collection(session: Session, tenant_id: uuid.UUID, name: str) -> CollectionInfo | None:
+    row = session.execute(_collections_query(tenant_id).where(Collection.name == name)).first()
+    return None if row is None else _collection_info(row)
+
+
+def set_collection_cache_ttl(
+    session: Session, tenant_id: uuid.UUID, name: str, ttl_seconds: int | None
+) -> bool:
+    stmt = (
+        update(Collection)
+        .where(Collection.tenant_id == tenant_id, Collection.name == name)
+        .values(cache_ttl_seconds=ttl_seconds, updated_at=func.now())
+    )
+    return bool(session.execute(stmt).rowcount)  # type: ignore[attr-defined]
+
+
+def delete_collection(session: Session, tenant_id: uuid.UUID, name: str) -> bool:
+    """Delete a collection with its documents, chunks, embeddings and jobs (cascades)."""
+    stmt = delete(Collection).where(Collection.tenant_id == tenant_id, Collection.name == name)
+    return bool(session.execute(stmt).rowcount)  # type: ignore[attr-defined]
+
+
+def collection_ids(
+    session: Session, tenant_id: uuid.UUID, names: Sequence[str] | None
+) -> dict[str, uuid.UUID]:
+    """name → id of the tenant's collections with these names (all of them for None)."""
+    stmt = select(Collection.name, Collection.id).where(Collection.tenant_id == tenant_id)
+    if names is not None:
+        stmt = stmt.where(Collection.name.in_(list(names)))
+    return {row.name: row.id for row in session.execute(stmt)}
+
+
+def _collections_query(tenant_id: uuid.UUID) -> Select[Any]:
+    documents = (
+        select(func.count())
+        .where(Document.collection_id == Collection.id)
+        .scalar_subquery()
+        .label("document_count")
+    )
+    chunks = (
+        select(CollectionTextStats.chunk_count)
+        .where(CollectionTextStats.collection_id == Collection.id)
+        .scalar_subquery()
+        .label("chunk_count")
+    )
+    return (
+        select(Collection, documents, chunks)
+        .where(Collection.tenant_id == tenant_id)
+        .order_by(Collection.name)
+    )
+
+
+def _collection_info(row: Row[Any]) -> CollectionInfo:
+    collection: Collection = row[0]
+    return CollectionInfo(
+        id=collection.id,
+        name=collection.name,
+        description=collection.description,
+        metadata=collection.metadata_,
+        created_at=collection.created_at,
+        cache_ttl_seconds=collection.cache_ttl_seconds,
+        document_count=int(row.document_count or 0),
+        chunk_count=int(row.chunk_count or 0),
+    )

@@ -1,0 +1,260 @@
+"""Documents, their chunks and embeddings: idempotent batch writes and reads."""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import psycopg
+from sqlalchemy import (
+    delete,
+    select,
+)
+from sqlalchemy.orm import Session
+
+from ragservice.db.models import (
+    Chunk,
+    Document,
+)
+from ragservice.store import bulk
+from ragservice.types import TextChunk
+
+log = logging.getLogger(__name__)
+
+
+_CHUNK_COLUMNS = (
+    "id",
+    "tenant_id",
+    "collection_id",
+    "document_id",
+    "ordinal",
+    "text",
+    "token_count",
+    "content_hash",
+    "start_char",
+    "end_char",
+    "metadata",
+)
+_CHUNK_TYPES = (
+    "uuid",
+    "uuid",
+    "uuid",
+    "uuid",
+    "int4",
+    "text",
+    "int4",
+    "text",
+    "int4",
+    "int4",
+    "jsonb",
+)
+
+_UPSERT_DOCUMENTS = """
+INSERT INTO documents AS d (tenant_id, collection_id, external_id, title, source, metadata,
+                            content_hash, chunk_count, char_count)
+SELECT %(tenant_id)s, %(collection_id)s, u.external_id, u.title, u.source, u.metadata::jsonb,
+       u.content_hash, u.chunk_count, u.char_count
+FROM unnest(%(external_ids)s::text[], %(titles)s::text[], %(sources)s::text[],
+            %(metadata)s::text[], %(hashes)s::text[], %(chunk_counts)s::int[],
+            %(char_counts)s::int[])
+     AS u(external_id, title, source, metadata, content_hash, chunk_count, char_count)
+ON CONFLICT (collection_id, external_id) DO UPDATE
+SET title = EXCLUDED.title, source = EXCLUDED.source, metadata = EXCLUDED.metadata,
+    content_hash = EXCLUDED.content_hash, chunk_count = EXCLUDED.chunk_count,
+    char_count = EXCLUDED.char_count, version = d.version + 1, updated_at = now()
+WHERE d.content_hash IS DISTINCT FROM EXCLUDED.content_hash
+RETURNING d.id, d.external_id, d.version
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class DocumentWrite:
+    """A parsed, chunked and embedded document, ready to be written in one batch."""
+
+    external_id: str
+    title: str | None
+    source: str
+    metadata: dict[str, Any]
+    content_hash: str
+    char_count: int
+    chunks: Sequence[TextChunk]
+    chunk_hashes: Sequence[str]
+    embeddings: npt.NDArray[np.float32]
+
+
+@dataclass(frozen=True, slots=True)
+class WrittenDocument:
+    id: uuid.UUID
+    external_id: str
+    version: int
+
+
+@dataclass(slots=True)
+class BatchWriteResult:
+    written: list[WrittenDocument] = field(default_factory=list)
+    unchanged: list[str] = field(default_factory=list)
+    chunks: int = 0
+
+
+def document_hashes(
+    session: Session, collection_id: uuid.UUID, external_ids: Sequence[str]
+) -> dict[str, str]:
+    """external_id → content_hash of the given documents that are already stored."""
+    stmt = select(Document.external_id, Document.content_hash).where(
+        Document.collection_id == collection_id, Document.external_id.in_(external_ids)
+    )
+    return {row.external_id: row.content_hash for row in session.execute(stmt)}
+
+
+def delete_documents(
+    session: Session, collection_id: uuid.UUID, external_ids: Sequence[str]
+) -> int:
+    """Delete documents by external id; their chunks and embeddings go with them (cascade)."""
+    stmt = delete(Document).where(
+        Document.collection_id == collection_id, Document.external_id.in_(external_ids)
+    )
+    return int(session.execute(stmt).rowcount)  # type: ignore[attr-defined]
+
+
+def delete_documents_except(
+    session: Session, collection_id: uuid.UUID, keep: Iterable[str]
+) -> list[str]:
+    """Delete every document of the collection whose external id is not in `keep`."""
+    stmt = (
+        delete(Document)
+        .where(
+            Document.collection_id == collection_id,
+            Document.external_id.not_in(list(keep)),
+        )
+        .returning(Document.external_id)
+    )
+    return sorted(session.scalars(stmt))
+
+
+def write_documents(
+    session: Session,
+    *,
+    tenant_id: uuid.UUID,
+    collection_id: uuid.UUID,
+    model_id: int,
+    documents: Sequence[DocumentWrite],
+) -> BatchWriteResult:
+    """Insert new documents and replace changed ones with their chunks and embeddings.
+
+    A document whose stored hash already matches (another writer got there first) is left
+    alone. Old chunks of a changed document are deleted (their embeddings cascade) and the
+    document's version goes up by one.
+    """
+    conn = bulk.driver_connection(session)
+    written = _upsert_documents(conn, tenant_id, collection_id, documents)
+    result = BatchWriteResult(written=written)
+    by_external = {doc.external_id: doc for doc in documents}
+    result.unchanged = sorted(set(by_external) - {w.external_id for w in written})
+    replaced = [w.id for w in written if w.version > 1]
+    if replaced:
+        conn.execute("DELETE FROM chunks WHERE document_id = ANY(%s)", (replaced,))
+    result.chunks = _copy_chunks(conn, tenant_id, collection_id, model_id, written, by_external)
+    return result
+
+
+def _upsert_documents(
+    conn: psycopg.Connection[Any],
+    tenant_id: uuid.UUID,
+    collection_id: uuid.UUID,
+    documents: Sequence[DocumentWrite],
+) -> list[WrittenDocument]:
+    params = {
+        "tenant_id": tenant_id,
+        "collection_id": collection_id,
+        "external_ids": [d.external_id for d in documents],
+        "titles": [d.title for d in documents],
+        "sources": [d.source for d in documents],
+        "metadata": [json.dumps(d.metadata, ensure_ascii=False) for d in documents],
+        "hashes": [d.content_hash for d in documents],
+        "chunk_counts": [len(d.chunks) for d in documents],
+        "char_counts": [d.char_count for d in documents],
+    }
+    rows = conn.execute(_UPSERT_DOCUMENTS, params).fetchall()
+    return [WrittenDocument(id=row[0], external_id=row[1], version=row[2]) for row in rows]
+
+
+def _copy_chunks(
+    conn: psycopg.Connection[Any],
+    tenant_id: uuid.UUID,
+    collection_id: uuid.UUID,
+    model_id: int,
+    written: Sequence[WrittenDocument],
+    by_external: dict[str, DocumentWrite],
+) -> int:
+    chunk_rows: list[tuple[Any, ...]] = []
+    embedding_rows: list[tuple[Any, ...]] = []
+    for doc in written:
+        source = by_external[doc.external_id]
+        for chunk, chunk_hash, vector in zip(
+            source.chunks, source.chunk_hashes, source.embeddings, strict=True
+        ):
+            chunk_id = uuid.uuid4()
+            chunk_rows.append(
+                _chunk_row(chunk_id, tenant_id, collection_id, doc.id, chunk, chunk_hash)
+            )
+            embedding_rows.append((chunk_id, model_id, tenant_id, vector))
+    bulk.insert_rows(conn, "chunks", _CHUNK_COLUMNS, _CHUNK_TYPES, chunk_rows)
+    bulk.insert_rows(
+        conn,
+        "chunk_embeddings",
+        ("chunk_id", "model_id", "tenant_id", "embedding"),
+        ("uuid", "int4", "uuid", "vector"),
+        embedding_rows,
+    )
+    return len(chunk_rows)
+
+
+def _chunk_row(
+    chunk_id: uuid.UUID,
+    tenant_id: uuid.UUID,
+    collection_id: uuid.UUID,
+    document_id: uuid.UUID,
+    chunk: TextChunk,
+    chunk_hash: str,
+) -> tuple[Any, ...]:
+    return (
+        chunk_id,
+        tenant_id,
+        collection_id,
+        document_id,
+        chunk.ordinal,
+        chunk.text,
+        chunk.token_count,
+        chunk_hash,
+        chunk.start_char,
+        chunk.end_char,
+        psycopg.types.json.Jsonb(chunk.metadata),
+    )
+
+
+def list_documents(
+    session: Session, collection_id: uuid.UUID, *, limit: int, after: str | None = None
+) -> list[Document]:
+    """A page of documents ordered by external id; `after` is the last id of the previous page."""
+    stmt = select(Document).where(Document.collection_id == collection_id)
+    if after is not None:
+        stmt = stmt.where(Document.external_id > after)
+    return list(session.scalars(stmt.order_by(Document.external_id).limit(limit)))
+
+
+def get_document(session: Session, collection_id: uuid.UUID, external_id: str) -> Document | None:
+    stmt = select(Document).where(
+        Document.collection_id == collection_id, Document.external_id == external_id
+    )
+    return session.scalar(stmt)
+
+
+def document_chunks(session: Session, document_id: uuid.UUID) -> list[Chunk]:
+    stmt = select(Chunk).where(Chunk.document_id == document_id).order_by(Chunk.ordinal)
+    return list(session.scalars(stmt))

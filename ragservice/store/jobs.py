@@ -1,0 +1,318 @@
+"""The ingest job queue: enqueue, claim (SKIP LOCKED), heartbeat, release, finish."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+from sqlalchemy import (
+    ColumnElement,
+    ScalarSelect,
+    and_,
+    delete,
+    func,
+    or_,
+    select,
+    tuple_,
+    update,
+)
+from sqlalchemy.orm import Session, aliased
+
+from ragservice.db.models import (
+    Collection,
+    IngestJob,
+    IngestJobItem,
+)
+from ragservice.store import bulk
+
+log = logging.getLogger(__name__)
+
+
+CLI_JOB_KIND = "cli"
+"""Jobs the ingest CLI runs in-process; workers never claim them."""
+
+_ITEM_COLUMNS = ("job_id", "ordinal", "kind", "name", "title", "body", "metadata")
+_ITEM_TYPES = ("uuid", "int4", "text", "text", "text", "bytea", "jsonb")
+
+
+@dataclass(frozen=True, slots=True)
+class JobItem:
+    """One input of a queued job.
+
+    A `file` item carries the uploaded file's name and bytes; a `text` item carries the
+    document's external id in `name`, its title, and its UTF-8 text in `body`.
+    """
+
+    kind: str
+    name: str
+    title: str | None
+    body: bytes
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedJob:
+    """A job a worker has just claimed; `collection` is None when the collection is gone."""
+
+    id: uuid.UUID
+    tenant_id: uuid.UUID
+    collection_id: uuid.UUID | None
+    collection: str | None
+    kind: str
+    params: dict[str, Any]
+    attempts: int
+    worker: str
+
+
+def start_job(
+    session: Session,
+    *,
+    tenant_id: uuid.UUID,
+    collection_id: uuid.UUID,
+    kind: str,
+    params: dict[str, Any],
+    worker: str,
+) -> uuid.UUID:
+    """Record a job that starts running now (the CLI runs its own jobs in-process)."""
+    job = IngestJob(
+        tenant_id=tenant_id,
+        collection_id=collection_id,
+        kind=kind,
+        status="running",
+        params=params,
+        worker=worker,
+        attempts=1,
+        started_at=func.now(),
+        heartbeat_at=func.now(),
+    )
+    session.add(job)
+    session.flush()
+    return job.id
+
+
+def enqueue_job(
+    session: Session,
+    *,
+    tenant_id: uuid.UUID,
+    collection_id: uuid.UUID,
+    kind: str,
+    params: dict[str, Any],
+    items: Sequence[JobItem],
+) -> uuid.UUID:
+    """Queue a job with its items (one COPY); workers see it once the transaction commits."""
+    job = IngestJob(
+        tenant_id=tenant_id, collection_id=collection_id, kind=kind, status="queued", params=params
+    )
+    session.add(job)
+    session.flush()
+    rows = [_item_row(job.id, ordinal, item) for ordinal, item in enumerate(items)]
+    bulk.insert_rows(
+        bulk.driver_connection(session), "ingest_job_items", _ITEM_COLUMNS, _ITEM_TYPES, rows
+    )
+    return job.id
+
+
+def _item_row(job_id: uuid.UUID, ordinal: int, item: JobItem) -> tuple[Any, ...]:
+    metadata = psycopg.types.json.Jsonb(item.metadata)
+    return (job_id, ordinal, item.kind, item.name, item.title, item.body, metadata)
+
+
+def claim_job(
+    session: Session, *, worker: str, stale_after_seconds: float, max_attempts: int
+) -> ClaimedJob | None:
+    """Claim the oldest job that is queued, or running without a heartbeat for
+    `stale_after_seconds` (its worker died): attempts goes up by one and `worker` owns it.
+
+    Stale jobs that already used `max_attempts` are marked failed instead. SKIP LOCKED lets
+    any number of workers claim at once: each gets a different job, or none, without waiting.
+    """
+    stale = _stale_jobs(stale_after_seconds)
+    _fail_exhausted(session, stale, max_attempts)
+    job_id = session.scalar(
+        select(IngestJob.id)
+        .where(
+            IngestJob.kind != CLI_JOB_KIND,
+            or_(IngestJob.status == "queued", and_(stale, IngestJob.attempts < max_attempts)),
+        )
+        .order_by(IngestJob.created_at)
+        .limit(1)
+        .with_for_update(skip_locked=True)
+    )
+    if job_id is None:
+        return None
+    job = session.execute(
+        update(IngestJob)
+        .where(IngestJob.id == job_id)
+        .values(
+            status="running",
+            attempts=IngestJob.attempts + 1,
+            worker=worker,
+            heartbeat_at=func.now(),
+            started_at=func.now(),
+        )
+        .returning(IngestJob)
+    ).scalar_one()
+    return _claimed(session, job)
+
+
+def _stale_jobs(stale_after_seconds: float) -> ColumnElement[bool]:
+    cutoff = func.now() - timedelta(seconds=stale_after_seconds)
+    return and_(IngestJob.status == "running", IngestJob.heartbeat_at < cutoff)
+
+
+def _fail_exhausted(session: Session, stale: ColumnElement[bool], max_attempts: int) -> None:
+    exhausted = session.execute(
+        select(IngestJob.id, IngestJob.attempts, IngestJob.worker)
+        .where(IngestJob.kind != CLI_JOB_KIND, stale, IngestJob.attempts >= max_attempts)
+        .with_for_update(skip_locked=True)
+    ).all()
+    for job_id, attempts, worker in exhausted:
+        error = f"gave up after {attempts} attempts: worker {worker} stopped sending heartbeats"
+        log.warning("job %s failed: %s", job_id, error)
+        session.execute(
+            update(IngestJob)
+            .where(IngestJob.id == job_id)
+            .values(status="failed", finished_at=func.now(), errors=[{"error": error}])
+        )
+
+
+def _claimed(session: Session, job: IngestJob) -> ClaimedJob:
+    collection = session.scalar(
+        select(Collection.name).where(
+            Collection.id == job.collection_id, Collection.tenant_id == job.tenant_id
+        )
+    )
+    assert job.worker is not None
+    return ClaimedJob(
+        id=job.id,
+        tenant_id=job.tenant_id,
+        collection_id=job.collection_id,
+        collection=collection,
+        kind=job.kind,
+        params=job.params,
+        attempts=job.attempts,
+        worker=job.worker,
+    )
+
+
+def heartbeat_job(
+    session: Session, job_id: uuid.UUID, worker: str, *, counts: dict[str, int] | None = None
+) -> bool:
+    """Mark `worker`'s running job alive, recording `counts` if given.
+
+    False when the job is no longer this worker's: another worker took it over after the
+    heartbeats stopped, or the job is gone (its collection was deleted).
+    """
+    values: dict[str, Any] = {"heartbeat_at": func.now()}
+    if counts is not None:
+        values["counts"] = counts
+    stmt = update(IngestJob).where(_owned_by(job_id, worker)).values(**values)
+    return session.scalar(stmt.returning(IngestJob.id)) is not None
+
+
+def release_job(session: Session, job_id: uuid.UUID, worker: str) -> bool:
+    """Put a job its worker stopped before finishing back in the queue; the interrupted
+    attempt does not count. False when the job was no longer this worker's."""
+    stmt = (
+        update(IngestJob)
+        .where(_owned_by(job_id, worker))
+        .values(
+            status="queued",
+            worker=None,
+            heartbeat_at=None,
+            attempts=func.greatest(IngestJob.attempts - 1, 0),
+        )
+        .returning(IngestJob.id)
+    )
+    return session.scalar(stmt) is not None
+
+
+def _owned_by(job_id: uuid.UUID, worker: str) -> ColumnElement[bool]:
+    return and_(IngestJob.id == job_id, IngestJob.worker == worker, IngestJob.status == "running")
+
+
+def job_items(session: Session, job_id: uuid.UUID) -> Iterator[JobItem]:
+    """The job's items in order, fetched one at a time from a server-side cursor (a body may
+    be tens of MB); iterate while the session is open."""
+    stmt = (
+        select(
+            IngestJobItem.kind,
+            IngestJobItem.name,
+            IngestJobItem.title,
+            IngestJobItem.body,
+            IngestJobItem.metadata_,
+        )
+        .where(IngestJobItem.job_id == job_id)
+        .order_by(IngestJobItem.ordinal)
+        .execution_options(yield_per=1)
+    )
+    for kind, name, title, body, metadata in session.execute(stmt):
+        yield JobItem(kind=kind, name=name, title=title, body=bytes(body), metadata=metadata)
+
+
+def finish_job(
+    session: Session,
+    job_id: uuid.UUID,
+    *,
+    status: str,
+    counts: dict[str, int],
+    errors: list[dict[str, str]],
+    worker: str | None = None,
+) -> bool:
+    """Record how a job ended. With `worker`, only while that worker still owns the job.
+
+    A job that is done drops its items to free the space; a failed job keeps them, so an
+    operator can queue it again. False when nothing was updated.
+    """
+    stmt = update(IngestJob).where(IngestJob.id == job_id)
+    if worker is not None:
+        stmt = stmt.where(_owned_by(job_id, worker))
+    stmt = stmt.values(status=status, counts=counts, errors=errors, finished_at=func.now())
+    finished = session.scalar(stmt.returning(IngestJob.id)) is not None
+    if finished and status == "done":
+        session.execute(delete(IngestJobItem).where(IngestJobItem.job_id == job_id))
+    return finished
+
+
+def get_job(session: Session, tenant_id: uuid.UUID, job_id: uuid.UUID) -> IngestJob | None:
+    """The tenant's job `job_id`; None for another tenant's job, as for a missing one."""
+    stmt = select(IngestJob).where(IngestJob.id == job_id, IngestJob.tenant_id == tenant_id)
+    return session.scalar(stmt)
+
+
+def list_jobs(
+    session: Session,
+    tenant_id: uuid.UUID,
+    *,
+    collection_id: uuid.UUID | None = None,
+    status: str | None = None,
+    limit: int = 50,
+    before: uuid.UUID | None = None,
+) -> list[IngestJob]:
+    """The tenant's jobs, newest first; `before` is the last job id of the previous page
+    (a job id that is not the tenant's gives an empty page)."""
+    stmt = select(IngestJob).where(IngestJob.tenant_id == tenant_id)
+    if collection_id is not None:
+        stmt = stmt.where(IngestJob.collection_id == collection_id)
+    if status is not None:
+        stmt = stmt.where(IngestJob.status == status)
+    if before is not None:
+        position = _job_position(tenant_id, before)
+        stmt = stmt.where(tuple_(IngestJob.created_at, IngestJob.id) < position)
+    order = (IngestJob.created_at.desc(), IngestJob.id.desc())
+    return list(session.scalars(stmt.order_by(*order).limit(limit)))
+
+
+def _job_position(tenant_id: uuid.UUID, job_id: uuid.UUID) -> ScalarSelect[Any]:
+    # An alias, so that the subquery is not correlated with the outer query's ingest_jobs.
+    cursor = aliased(IngestJob)
+    return (
+        select(cursor.created_at, cursor.id)
+        .where(cursor.id == job_id, cursor.tenant_id == tenant_id)
+        .scalar_subquery()
+    )

@@ -1,0 +1,265 @@
+"""Embedding model versions, their activations and the embeddings stored for each."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+from sqlalchemy import (
+    ColumnElement,
+    delete,
+    func,
+    select,
+    text,
+    update,
+)
+from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy.orm import Session
+
+from ragservice.db.models import (
+    Chunk,
+    ChunkEmbedding,
+    EmbeddingModel,
+    ModelActivation,
+    PromptCacheEntry,
+)
+from ragservice.errors import ConfigurationError
+from ragservice.store import bulk
+
+log = logging.getLogger(__name__)
+
+
+def stored_embeddings(
+    session: Session, *, tenant_id: uuid.UUID, model_id: int, hashes: Sequence[str]
+) -> dict[str, npt.NDArray[np.float32]]:
+    """Stored vectors of chunk texts with these hashes: identical text is embedded once."""
+    if not hashes:
+        return {}
+    rows = session.execute(
+        text(
+            "SELECT DISTINCT ON (c.content_hash) c.content_hash, e.embedding "
+            "FROM chunks c JOIN chunk_embeddings e ON e.chunk_id = c.id AND e.model_id = :model "
+            "WHERE c.tenant_id = :tenant AND c.content_hash = ANY(:hashes)"
+        ),
+        {"model": model_id, "tenant": tenant_id, "hashes": list(hashes)},
+    )
+    return {row[0]: row[1].to_numpy().astype(np.float32, copy=False) for row in rows}
+
+
+def register_embedding_model(
+    session: Session,
+    *,
+    name: str,
+    dimension: int,
+    path: str | None,
+    hnsw_m: int,
+    hnsw_ef_construction: int,
+) -> EmbeddingModel:
+    """Record the model (version 1 if new), make sure its HNSW index exists, and activate it
+    when no model is active yet. A model with the same name but another dimension is refused."""
+    stmt = (
+        insert(EmbeddingModel)
+        .values(name=name, dimension=dimension, path=path)
+        .on_conflict_do_nothing(index_elements=["name", "version"])
+    )
+    session.execute(stmt)
+    model = session.scalars(
+        select(EmbeddingModel)
+        .where(EmbeddingModel.name == name)
+        .order_by(EmbeddingModel.version.desc())
+    ).first()
+    assert model is not None
+    if model.dimension != dimension:
+        raise ConfigurationError(
+            f"embedding model {name!r} is registered with dimension {model.dimension}, "
+            f"but the loaded model has {dimension}"
+        )
+    ensure_model_indexes(
+        session, model.id, dimension, hnsw_m=hnsw_m, hnsw_ef_construction=hnsw_ef_construction
+    )
+    if session.scalar(select(EmbeddingModel.id).where(EmbeddingModel.active)) is None:
+        session.execute(
+            update(EmbeddingModel).where(EmbeddingModel.id == model.id).values(active=True)
+        )
+        model.active = True
+    return model
+
+
+def ensure_model_indexes(
+    session: Session, model_id: int, dimension: int, *, hnsw_m: int, hnsw_ef_construction: int
+) -> None:
+    """The model's partial HNSW indexes on chunk embeddings and on the prompt cache."""
+    session.execute(
+        text("SELECT ragservice_ensure_embedding_index(:id, :dim, :m, :ef)"),
+        {"id": model_id, "dim": dimension, "m": hnsw_m, "ef": hnsw_ef_construction},
+    )
+    session.execute(
+        text("SELECT ragservice_ensure_cache_index(:id, :dim)"), {"id": model_id, "dim": dimension}
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkToEmbed:
+    id: uuid.UUID
+    tenant_id: uuid.UUID
+    text: str
+
+
+def active_model(session: Session) -> EmbeddingModel | None:
+    return session.scalar(select(EmbeddingModel).where(EmbeddingModel.active))
+
+
+def get_model(session: Session, model_id: int) -> EmbeddingModel | None:
+    return session.get(EmbeddingModel, model_id)
+
+
+def find_model(session: Session, name: str, version: int | None = None) -> EmbeddingModel | None:
+    """The model `name` at `version`, or its latest version when `version` is None."""
+    stmt = select(EmbeddingModel).where(EmbeddingModel.name == name)
+    if version is not None:
+        stmt = stmt.where(EmbeddingModel.version == version)
+    return session.scalars(stmt.order_by(EmbeddingModel.version.desc()).limit(1)).first()
+
+
+def list_models(session: Session) -> list[EmbeddingModel]:
+    order = (EmbeddingModel.name, EmbeddingModel.version)
+    return list(session.scalars(select(EmbeddingModel).order_by(*order)))
+
+
+def embedded_counts(session: Session) -> dict[int, int]:
+    """model id → chunks that have an embedding of that model (models without any are absent)."""
+    rows = session.execute(
+        text("SELECT model_id, count(*) FROM chunk_embeddings GROUP BY model_id")
+    )
+    return {int(row[0]): int(row[1]) for row in rows}
+
+
+def chunk_total(session: Session) -> int:
+    return int(session.scalar(select(func.count()).select_from(Chunk)) or 0)
+
+
+def missing_embeddings(session: Session, model_id: int) -> int:
+    """Chunks, of every tenant, without an embedding of the model."""
+    stmt = select(func.count()).select_from(Chunk).where(~_has_embedding(model_id))
+    return int(session.scalar(stmt) or 0)
+
+
+def chunks_to_embed(
+    session: Session, model_id: int, *, after: uuid.UUID | None, limit: int
+) -> list[ChunkToEmbed]:
+    """The next `limit` chunks by id after `after` that have no embedding of the model."""
+    stmt = select(Chunk.id, Chunk.tenant_id, Chunk.text).where(~_has_embedding(model_id))
+    if after is not None:
+        stmt = stmt.where(Chunk.id > after)
+    rows = session.execute(stmt.order_by(Chunk.id).limit(limit))
+    return [ChunkToEmbed(id=row[0], tenant_id=row[1], text=row[2]) for row in rows]
+
+
+def _has_embedding(model_id: int) -> ColumnElement[bool]:
+    return (
+        select(ChunkEmbedding.chunk_id)
+        .where(ChunkEmbedding.chunk_id == Chunk.id, ChunkEmbedding.model_id == model_id)
+        .exists()
+    )
+
+
+def add_embeddings(
+    session: Session,
+    model_id: int,
+    chunks: Sequence[ChunkToEmbed],
+    vectors: npt.NDArray[np.float32],
+) -> int:
+    """Store the chunks' vectors of the model (one COPY); chunks deleted meanwhile and
+    embeddings another writer stored first are skipped. Returns the rows inserted."""
+    conn = bulk.driver_connection(session)
+    conn.execute(
+        "CREATE TEMP TABLE new_embeddings (chunk_id uuid, tenant_id uuid, embedding vector) "
+        "ON COMMIT DROP"
+    )
+    rows = [(c.id, c.tenant_id, v) for c, v in zip(chunks, vectors, strict=True)]
+    columns = ("chunk_id", "tenant_id", "embedding")
+    bulk.copy_rows(conn, "new_embeddings", columns, ("uuid", "uuid", "vector"), rows)
+    inserted = conn.execute(
+        "INSERT INTO chunk_embeddings (chunk_id, model_id, tenant_id, embedding) "
+        "SELECT n.chunk_id, %s, n.tenant_id, n.embedding FROM new_embeddings n "
+        "JOIN chunks c ON c.id = n.chunk_id ON CONFLICT DO NOTHING",
+        (model_id,),
+    )
+    return inserted.rowcount
+
+
+def next_model_version(session: Session, name: str) -> int:
+    """The version a new model called `name` gets. Holds a lock on the name until the
+    transaction ends, so two registrations at once never pick the same version."""
+    session.execute(
+        text("SELECT pg_advisory_xact_lock(hashtext('embedding_models:' || :name))"),
+        {"name": name},
+    )
+    latest = find_model(session, name)
+    return 1 if latest is None else latest.version + 1
+
+
+def register_model_version(
+    session: Session,
+    *,
+    name: str,
+    version: int,
+    dimension: int,
+    path: str,
+    base_model_id: int | None,
+    details: dict[str, Any],
+    hnsw_m: int,
+    hnsw_ef_construction: int,
+) -> EmbeddingModel:
+    """Record a model version (see `next_model_version`), inactive, with its indexes."""
+    model = EmbeddingModel(
+        name=name,
+        version=version,
+        dimension=dimension,
+        path=path,
+        base_model_id=base_model_id,
+        details=details,
+        active=False,
+    )
+    session.add(model)
+    session.flush()
+    ensure_model_indexes(
+        session, model.id, dimension, hnsw_m=hnsw_m, hnsw_ef_construction=hnsw_ef_construction
+    )
+    return model
+
+
+def activate_model(session: Session, model_id: int) -> int | None:
+    """Make the model the active one and record the switch; returns the previously active
+    model's id. Servers notice the change at their next model check."""
+    # Locks the (small) table's rows: two activations at once run one after the other.
+    rows = session.scalars(select(EmbeddingModel).with_for_update()).all()
+    previous = next((row.id for row in rows if row.active), None)
+    if previous == model_id:
+        return previous
+    session.execute(update(EmbeddingModel).where(EmbeddingModel.active).values(active=False))
+    session.execute(update(EmbeddingModel).where(EmbeddingModel.id == model_id).values(active=True))
+    session.add(ModelActivation(model_id=model_id, previous_model_id=previous))
+    session.flush()
+    return previous
+
+
+def last_activation(session: Session) -> ModelActivation | None:
+    stmt = select(ModelActivation).order_by(ModelActivation.id.desc()).limit(1)
+    return session.scalars(stmt).first()
+
+
+def drop_model_embeddings(session: Session, model_id: int) -> int:
+    """Delete the model's chunk embeddings, their HNSW index and its cache entries."""
+    deleted = session.execute(
+        delete(ChunkEmbedding).where(ChunkEmbedding.model_id == model_id)
+    ).rowcount  # type: ignore[attr-defined]
+    session.execute(delete(PromptCacheEntry).where(PromptCacheEntry.model_id == model_id))
+    # DDL needs the table's owner: the function runs with its rights (migration 0007).
+    session.execute(text("SELECT ragservice_drop_embedding_index(:id)"), {"id": model_id})
+    return int(deleted)

@@ -1,0 +1,231 @@
+"""The prompt cache's rows: exact and nearest lookups, stores, stats and purges."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import psycopg
+from sqlalchemy import (
+    delete,
+    func,
+    select,
+    text,
+    update,
+)
+from sqlalchemy.orm import Session
+
+from ragservice.db.models import (
+    Collection,
+    Document,
+    PromptCacheEntry,
+)
+from ragservice.store import bulk
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class CachedEntry:
+    id: uuid.UUID
+    prompt: str
+    response: dict[str, Any]
+    similarity: float
+
+
+@dataclass(frozen=True, slots=True)
+class NewCacheEntry:
+    tenant_id: uuid.UUID
+    scope: str
+    model_id: int
+    collection_ids: Sequence[uuid.UUID]
+    prompt_hash: str
+    prompt: str
+    embedding: npt.NDArray[np.float32]
+    answer: str
+    response: dict[str, Any]
+    ttl_seconds: int
+    sources: dict[uuid.UUID, int]  # document id → the version the answer was built from
+
+
+_CACHE_NEAREST = """
+WITH nearest AS MATERIALIZED (
+    SELECT id, prompt, response, embedding::vector({dim}) <=> %(vector)s::vector({dim}) AS distance
+    FROM prompt_cache
+    WHERE model_id = {model_id} AND scope = %(scope)s AND expires_at > now()
+    ORDER BY distance
+    LIMIT %(limit)s
+)
+SELECT id, prompt, response, 1 - distance FROM nearest
+WHERE 1 - distance >= %(threshold)s ORDER BY distance, id
+"""
+
+_CACHE_INSERT = """
+INSERT INTO prompt_cache AS p (tenant_id, scope, model_id, collection_ids, prompt_hash, prompt,
+                               embedding, answer, response, expires_at)
+VALUES (%(tenant_id)s, %(scope)s, %(model_id)s, %(collection_ids)s, %(prompt_hash)s, %(prompt)s,
+        %(embedding)s, %(answer)s, %(response)s, now() + make_interval(secs => %(ttl)s))
+ON CONFLICT (scope, prompt_hash) DO {conflict}
+RETURNING id
+"""
+
+_CACHE_REPLACE = """UPDATE SET prompt = EXCLUDED.prompt, embedding = EXCLUDED.embedding,
+    answer = EXCLUDED.answer, response = EXCLUDED.response, created_at = now(),
+    expires_at = EXCLUDED.expires_at, hits = 0, last_hit_at = NULL"""
+
+
+def cache_exact(session: Session, scope: str, prompt_hash: str) -> CachedEntry | None:
+    row = session.execute(
+        select(PromptCacheEntry.id, PromptCacheEntry.prompt, PromptCacheEntry.response).where(
+            PromptCacheEntry.scope == scope,
+            PromptCacheEntry.prompt_hash == prompt_hash,
+            PromptCacheEntry.expires_at > func.now(),
+        )
+    ).first()
+    return None if row is None else CachedEntry(row[0], row[1], row[2], 1.0)
+
+
+def cache_nearest(
+    session: Session,
+    *,
+    scope: str,
+    model_id: int,
+    dimension: int,
+    vector: npt.NDArray[np.float32],
+    threshold: float,
+    limit: int = 3,
+) -> list[CachedEntry]:
+    """The closest unexpired entries of the scope at or above `threshold`, closest first."""
+    conn = bulk.driver_connection(session)
+    # The scope filter is selective: iterative scans keep reading the index until rows pass.
+    conn.execute("SELECT set_config('hnsw.iterative_scan', 'relaxed_order', true)")
+    query = psycopg.sql.SQL(_CACHE_NEAREST).format(
+        dim=psycopg.sql.Literal(int(dimension)), model_id=psycopg.sql.Literal(int(model_id))
+    )
+    params = {"vector": vector, "scope": scope, "limit": limit, "threshold": threshold}
+    rows = conn.execute(query, params, prepare=False).fetchall()
+    return [CachedEntry(row[0], row[1], row[2], float(row[3])) for row in rows]
+
+
+def cache_hit(session: Session, entry_id: uuid.UUID) -> None:
+    """Count a hit. The expiry stays where it is: a popular answer must not live for ever.
+
+    A statistic: its commit need not wait for the WAL flush (an exact hit answers in ~1 ms)."""
+    session.execute(text("SET LOCAL synchronous_commit = off"))
+    session.execute(
+        update(PromptCacheEntry)
+        .where(PromptCacheEntry.id == entry_id)
+        .values(hits=PromptCacheEntry.hits + 1, last_hit_at=func.now())
+    )
+
+
+def cache_store(
+    session: Session, entry: NewCacheEntry, *, replace: bool = False
+) -> uuid.UUID | None:
+    """Store an answer unless a source changed since it was retrieved (then None).
+
+    The sources are locked against updates until this transaction ends, so an answer built from
+    an old version can never be stored after the new version invalidated the cache.
+    """
+    if not _sources_current(session, entry.sources):
+        return None
+    conn = bulk.driver_connection(session)
+    # An expired entry that the purger has not reached yet is replaced like a refreshed one.
+    conflict = _CACHE_REPLACE if replace else _CACHE_REPLACE + " WHERE p.expires_at <= now()"
+    statement = _CACHE_INSERT.format(conflict=conflict)
+    row = conn.execute(statement, _cache_params(entry)).fetchone()
+    if row is None:  # an identical miss was stored first by someone else
+        return None
+    entry_id: uuid.UUID = row[0]
+    conn.execute("DELETE FROM prompt_cache_sources WHERE entry_id = %s", (entry_id,))
+    conn.execute(
+        "INSERT INTO prompt_cache_sources (entry_id, document_id, document_version) "
+        "SELECT %s, unnest(%s::uuid[]), unnest(%s::int[])",
+        (entry_id, list(entry.sources), list(entry.sources.values())),
+    )
+    return entry_id
+
+
+def _sources_current(session: Session, sources: dict[uuid.UUID, int]) -> bool:
+    if not sources:
+        return True
+    # A fixed lock order, and a bounded wait: never a deadlock with an ingest batch.
+    session.execute(text("SET LOCAL lock_timeout = '2s'"))
+    rows = session.execute(
+        select(Document.id, Document.version)
+        .where(Document.id.in_(list(sources)))
+        .order_by(Document.id)
+        .with_for_update(read=True)
+    ).all()
+    return len(rows) == len(sources) and all(sources[row[0]] == row[1] for row in rows)
+
+
+def _cache_params(entry: NewCacheEntry) -> dict[str, Any]:
+    return {
+        "tenant_id": entry.tenant_id,
+        "scope": entry.scope,
+        "model_id": entry.model_id,
+        "collection_ids": list(entry.collection_ids),
+        "prompt_hash": entry.prompt_hash,
+        "prompt": entry.prompt,
+        "embedding": entry.embedding,
+        "answer": entry.answer,
+        "response": psycopg.types.json.Jsonb(entry.response),
+        "ttl": entry.ttl_seconds,
+    }
+
+
+def cache_ttl(session: Session, collection_ids: Sequence[uuid.UUID], default: int) -> int:
+    """The shortest lifetime the collections ask for, or `default` when none sets one."""
+    ttls = session.scalars(
+        select(Collection.cache_ttl_seconds).where(
+            Collection.id.in_(list(collection_ids)), Collection.cache_ttl_seconds.is_not(None)
+        )
+    ).all()
+    return min((int(t) for t in ttls if t is not None), default=default)
+
+
+def cache_stats(session: Session, tenant_id: uuid.UUID, collection_id: uuid.UUID) -> dict[str, Any]:
+    """Entries, their bytes and hits, and the hit rate of logged queries on the collection."""
+    entries = session.execute(
+        text(
+            "SELECT count(*), coalesce(sum(pg_column_size(c.*)), 0), coalesce(sum(hits), 0) "
+            "FROM prompt_cache c WHERE tenant_id = :t AND :c = ANY(collection_ids) "
+            "AND expires_at > now()"
+        ),
+        {"t": tenant_id, "c": collection_id},
+    ).one()
+    queries = session.execute(
+        text(
+            "SELECT count(*), count(*) FILTER (WHERE (cache ->> 'hit')::boolean) FROM query_log "
+            "WHERE tenant_id = :t AND :c = ANY(collection_ids)"
+        ),
+        {"t": tenant_id, "c": collection_id},
+    ).one()
+    return {
+        "entries": int(entries[0]),
+        "bytes": int(entries[1]),
+        "entry_hits": int(entries[2]),
+        "queries": int(queries[0]),
+        "cache_hits": int(queries[1]),
+        "hit_rate": round(queries[1] / queries[0], 4) if queries[0] else 0.0,
+    }
+
+
+def purge_cache(session: Session, tenant_id: uuid.UUID, collection_id: uuid.UUID) -> int:
+    """Delete every entry of the tenant that covers the collection."""
+    stmt = delete(PromptCacheEntry).where(
+        PromptCacheEntry.tenant_id == tenant_id,
+        PromptCacheEntry.collection_ids.contains([collection_id]),
+    )
+    return int(session.execute(stmt).rowcount)  # type: ignore[attr-defined]
+
+
+def purge_expired_cache(session: Session) -> int:
+    stmt = delete(PromptCacheEntry).where(PromptCacheEntry.expires_at <= func.now())
+    return int(session.execute(stmt).rowcount)  # type: ignore[attr-defined]
