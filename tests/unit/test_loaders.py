@@ -11,7 +11,6 @@ import docx
 import pytest
 from pypdf import PdfReader, PdfWriter
 
-from ingest import loaders
 from ingest.loaders import (
     SUPPORTED_SUFFIXES,
     DocumentLimits,
@@ -661,7 +660,7 @@ def test_a_docx_with_too_many_members_is_refused() -> None:
 def test_a_docx_that_unpacks_too_large_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     data = make_docx()
     assert isinstance(one("fine.docx", data), LoadedDocument)
-    monkeypatch.setattr(loaders, "_DOCX_MAX_UNPACKED", 10_000)
+    monkeypatch.setattr("ingest.loaders.docx_files._DOCX_MAX_UNPACKED", 10_000)
     result = one("fine.docx", data)
     assert isinstance(result, LoadFailure)
     assert result.reason.startswith("refused: the archive unpacks to ")

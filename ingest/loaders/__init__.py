@@ -1,0 +1,35 @@
+"""Loaders: turn files, folders and JSONL exports into `LoadedDocument`s.
+
+Bad content never raises. A file (or JSONL line) that cannot be parsed becomes a `LoadFailure`
+with a short reason, so one broken file does not stop a batch. Every text, title and string
+metadata value passes through `clean_text`: PostgreSQL rejects NUL bytes and invalid UTF-8, and
+one such value would fail a whole COPY batch.
+
+One module per format (`text_files`, `html_files`, `pdf_files`, `docx_files`, `jsonl_files`);
+`loading` picks the format by suffix, `walking` selects files under folders, `cleaning` makes
+text safe to store and `limits` bounds each document.
+"""
+
+from ingest.loaders.cleaning import clean_text, decode_bytes
+from ingest.loaders.jsonl_files import JsonlFields
+from ingest.loaders.limits import NO_TEXT, DocumentLimits
+from ingest.loaders.loading import load_bytes, load_documents, load_file, load_text, upload_name
+from ingest.loaders.parsing import LoadResult
+from ingest.loaders.walking import iter_files
+from ragservice.types import SUPPORTED_SUFFIXES
+
+__all__ = [
+    "NO_TEXT",
+    "SUPPORTED_SUFFIXES",
+    "DocumentLimits",
+    "JsonlFields",
+    "LoadResult",
+    "clean_text",
+    "decode_bytes",
+    "iter_files",
+    "load_bytes",
+    "load_documents",
+    "load_file",
+    "load_text",
+    "upload_name",
+]

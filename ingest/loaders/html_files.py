@@ -1,0 +1,142 @@
+"""HTML: the main content as Markdown (headings, list items, table rows, code), without the
+navigation, headers, footers and scripts around it."""
+
+from __future__ import annotations
+
+import codecs
+import re
+from collections.abc import Iterator, Sequence
+
+from bs4 import BeautifulSoup, Tag
+from bs4.element import NavigableString, PageElement, PreformattedString
+
+from ingest.loaders.cleaning import BOMS, clean_text, clean_title, collapse, decode_bytes
+from ingest.loaders.limits import DocumentLimits
+from ingest.loaders.parsing import Parsed, bad_content
+
+_DROPPED = (
+    "script, style, noscript, nav, header, footer, aside, form, template, iframe, svg, "
+    '[role="navigation"], [role="banner"], [role="contentinfo"]'
+)
+_HEADING_LEVELS = {f"h{level}": level for level in range(1, 7)}
+# Tags that flow inside a line of text; any other tag starts a block of its own.
+# fmt: off
+_INLINE_TAGS = frozenset({
+    "a", "abbr", "b", "bdi", "bdo", "big", "button", "cite", "code", "data", "del", "dfn", "em",
+    "font", "i", "img", "input", "ins", "kbd", "label", "mark", "output", "q", "s", "samp",
+    "select", "small", "span", "strike", "strong", "sub", "sup", "time", "tt", "u", "var", "wbr",
+})
+# fmt: on
+_UNRENDERED_TAGS = frozenset({"head", "title", "meta", "link", "base"})
+_META_CHARSET = re.compile(rb"""<meta[^>]+charset\s*=\s*["']?\s*([A-Za-z0-9._:-]+)""", re.I)
+
+
+def parse_html(data: bytes, _limits: DocumentLimits) -> Parsed:
+    with bad_content("not a valid HTML file"):
+        soup = BeautifulSoup(_decode_html(data), "lxml")
+        _drop_boilerplate(soup)
+        text = "\n\n".join(_html_blocks(_content_root(soup)))
+        title = _html_title(soup)
+    return Parsed(clean_text(text), title, "markdown")
+
+
+def _decode_html(data: bytes) -> str:
+    declared = _declared_charset(data[:4096])
+    if declared is None or data.startswith(tuple(bom for bom, _ in BOMS)):
+        return decode_bytes(data)
+    try:
+        # Valid UTF-8 beats a stale declaration left over from a conversion.
+        return clean_text(data.decode("utf-8"))
+    except UnicodeDecodeError:
+        return clean_text(data.decode(declared, errors="replace"))
+
+
+def _declared_charset(head: bytes) -> str | None:
+    match = _META_CHARSET.search(head)
+    if match is None:
+        return None
+    try:
+        name = codecs.lookup(match.group(1).decode("ascii")).name
+    except LookupError:
+        return None
+    if name == "utf-8":
+        return None  # declared UTF-8 that is not valid UTF-8: let detection have a go
+    # Browsers read Latin-1 and ASCII labels as windows-1252 (WHATWG Encoding Standard).
+    return "cp1252" if name in {"iso8859-1", "ascii"} else name
+
+
+def _drop_boilerplate(soup: BeautifulSoup) -> None:
+    for tag in soup.select(_DROPPED):
+        # Select returns parents before children; a child of a dropped tag is gone already.
+        # A <header> inside <article> or <main> holds the article's own heading: keep it.
+        keep = tag.name == "header" and tag.find_parent(["article", "main"]) is not None
+        if not tag.decomposed and not keep:
+            tag.decompose()
+    for br in soup.find_all("br"):
+        br.replace_with("\n")
+
+
+def _content_root(soup: BeautifulSoup) -> Tag:
+    articles = soup.find_all("article")
+    candidates = (soup.find("main"), articles[0] if len(articles) == 1 else None, soup.body)
+    return next((tag for tag in candidates if isinstance(tag, Tag)), soup)
+
+
+def _html_title(soup: BeautifulSoup) -> str | None:
+    for tag in (soup.title, soup.find("h1")):
+        if isinstance(tag, Tag) and (title := clean_title(tag.get_text())):
+            return title
+    return None
+
+
+def _html_blocks(node: Tag) -> Iterator[str]:
+    """Yield the Markdown blocks under `node`; each run of inline content is one paragraph."""
+    run: list[str] = []
+    for child in node.children:
+        if isinstance(child, Tag) and child.name not in _INLINE_TAGS:
+            yield from _paragraph(run)
+            run = []
+            yield from _html_block(child)
+        else:
+            run.append(_inline_text(child))
+    yield from _paragraph(run)
+
+
+def _html_block(tag: Tag) -> Iterator[str]:
+    level = _HEADING_LEVELS.get(tag.name)
+    if tag.name in _UNRENDERED_TAGS:
+        return
+    if level is not None:
+        yield from _prefixed("#" * level + " ", list(_paragraph([tag.get_text()])))
+    elif tag.name == "li":
+        yield from _prefixed("- ", list(_html_blocks(tag)))
+    elif tag.name == "tr":
+        cells = (collapse(cell.get_text()) for cell in tag.find_all(["td", "th"]))
+        yield from _paragraph([" | ".join(cell for cell in cells if cell)])
+    elif tag.name == "pre":
+        # Code keeps its lines; the fence stops `# comments` from reading as headings.
+        code = tag.get_text().strip("\n")
+        if code.strip():
+            yield f"```\n{code}\n```"
+    else:
+        yield from _html_blocks(tag)
+
+
+def _inline_text(node: PageElement) -> str:
+    if isinstance(node, Tag):
+        return node.get_text()
+    if isinstance(node, NavigableString) and not isinstance(node, PreformattedString):
+        return str(node)
+    return ""  # comments, doctype, CDATA
+
+
+def _paragraph(run: Sequence[str]) -> Iterator[str]:
+    text = collapse("".join(run))
+    if text:
+        yield text
+
+
+def _prefixed(prefix: str, blocks: Sequence[str]) -> Iterator[str]:
+    if blocks:
+        yield prefix + blocks[0]
+        yield from blocks[1:]

@@ -1,0 +1,38 @@
+"""How large one document may be, and the reasons a document fails a per-document check."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ragservice.config import Settings, get_settings
+from ragservice.limits import MAX_EXTERNAL_ID_BYTES, MAX_JSON_DEPTH
+
+NO_TEXT = "no text could be extracted"
+ID_TOO_LONG = f"the external id is longer than {MAX_EXTERNAL_ID_BYTES} bytes"
+TOO_DEEP = f"the metadata is nested deeper than {MAX_JSON_DEPTH} levels"
+
+
+@dataclass(frozen=True)
+class DocumentLimits:
+    """The most pages (PDF) and extracted characters one document may have; more is a failure."""
+
+    max_pages: int
+    max_chars: int
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> DocumentLimits:
+        return cls(max_pages=settings.max_document_pages, max_chars=settings.max_document_chars)
+
+
+def resolve_limits(limits: DocumentLimits | None) -> DocumentLimits:
+    # None: the process's own settings, which is what the server and the CLI run with.
+    return limits or DocumentLimits.from_settings(get_settings())
+
+
+def too_long(text: str, limits: DocumentLimits) -> str:
+    if len(text) <= limits.max_chars:
+        return ""
+    return (
+        f"the text has {len(text)} characters; the limit is {limits.max_chars} "
+        "(RAGSERVICE_MAX_DOCUMENT_CHARS)"
+    )

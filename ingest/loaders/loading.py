@@ -1,0 +1,217 @@
+"""Loading: files, uploads and sent text become `LoadedDocument`s or `LoadFailure`s.
+
+The parser is chosen by the file's suffix; JSONL yields one result per line.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from ingest.loaders.cleaning import clean_json, clean_text, clean_title, collapse
+from ingest.loaders.docx_files import parse_docx
+from ingest.loaders.html_files import parse_html
+from ingest.loaders.jsonl_files import JsonlFields, jsonl_results, load_jsonl
+from ingest.loaders.limits import (
+    ID_TOO_LONG,
+    NO_TEXT,
+    TOO_DEEP,
+    DocumentLimits,
+    resolve_limits,
+    too_long,
+)
+from ingest.loaders.parsing import LoadResult, Parsed, ParseError
+from ingest.loaders.pdf_files import parse_pdf
+from ingest.loaders.text_files import parse_markdown, parse_text
+from ingest.loaders.walking import iter_files
+from ragservice.limits import external_id_too_long, too_deep
+from ragservice.types import LoadedDocument, LoadFailure
+
+# The defaults read BEIR `corpus.jsonl`; frozen, so one shared instance is safe.
+_BEIR_FIELDS = JsonlFields()
+
+_Parser = Callable[[bytes, DocumentLimits], Parsed]
+# suffix -> (metadata file_type, parser); .jsonl is handled apart since it yields many documents
+_PARSERS: dict[str, tuple[str, _Parser]] = {
+    ".txt": ("text", parse_text),
+    ".md": ("markdown", parse_markdown),
+    ".markdown": ("markdown", parse_markdown),
+    ".html": ("html", parse_html),
+    ".htm": ("html", parse_html),
+    ".pdf": ("pdf", parse_pdf),
+    ".docx": ("docx", parse_docx),
+}
+
+
+def load_documents(
+    paths: Sequence[Path],
+    include: Sequence[str] = (),
+    exclude: Sequence[str] = (),
+    jsonl_fields: JsonlFields = _BEIR_FIELDS,
+    limits: DocumentLimits | None = None,
+) -> Iterator[LoadResult]:
+    """Load every file `iter_files` selects; raises FileNotFoundError at once for a bad path."""
+    files = iter_files(paths, include, exclude)
+    resolved = resolve_limits(limits)
+    return (
+        result
+        for path, external_id in files
+        for result in load_file(path, external_id, jsonl_fields=jsonl_fields, limits=resolved)
+    )
+
+
+def load_file(
+    path: Path,
+    external_id: str,
+    *,
+    jsonl_fields: JsonlFields = _BEIR_FIELDS,
+    limits: DocumentLimits | None = None,
+) -> Iterator[LoadResult]:
+    """Load one file: one document (or failure), or one per line for JSONL.
+
+    File documents get `source=str(path)` and metadata `source_path` (= `external_id`) and
+    `file_type`. JSONL rows take their external id from the row's id field. `limits`
+    (default: from the settings) bound each document's pages and characters.
+    """
+    suffix = path.suffix.lower()
+    if suffix == ".jsonl":
+        return load_jsonl(path, external_id, jsonl_fields, resolve_limits(limits))
+    return iter((_load_single(path, external_id, suffix, resolve_limits(limits)),))
+
+
+def load_bytes(
+    name: str,
+    data: bytes,
+    *,
+    jsonl_fields: JsonlFields = _BEIR_FIELDS,
+    metadata: Mapping[str, Any] | None = None,
+    limits: DocumentLimits | None = None,
+) -> Iterator[LoadResult]:
+    """Load an uploaded file from its bytes, by the suffix of its `name`, as `load_file` does.
+
+    The external id (and `source`, and metadata `source_path`) is `upload_name(name)`.
+    `metadata`, the upload's own, is merged into every document's metadata and wins over the
+    loader's keys (`file_type`, `source_path`, `pages`); a JSONL row's own keys win over it.
+    """
+    external_id = upload_name(name)
+    problem = _upload_problem(external_id, metadata)
+    if problem:
+        return iter((LoadFailure(clean_text(name)[:200] or "(no name)", problem),))
+    extra: dict[str, Any] = clean_json(dict(metadata or {}))
+    suffix = PurePosixPath(external_id).suffix.lower()
+    resolved = resolve_limits(limits)
+    if suffix == ".jsonl":
+        return jsonl_results(
+            io.BytesIO(data), external_id, external_id, jsonl_fields, extra, resolved
+        )
+    return iter((_parse_single(data, suffix, external_id, external_id, extra, resolved),))
+
+
+def _upload_problem(external_id: str, metadata: Mapping[str, Any] | None) -> str:
+    if not external_id:
+        return "the file has no usable name"
+    if external_id_too_long(external_id):
+        return ID_TOO_LONG
+    return TOO_DEEP if too_deep(metadata) else ""
+
+
+def load_text(
+    external_id: str,
+    text: str,
+    *,
+    title: str | None = None,
+    metadata: Mapping[str, Any] | None = None,
+    limits: DocumentLimits | None = None,
+) -> LoadResult:
+    """A document sent as text (not as a file), cleaned like file contents are."""
+    clean_id = clean_text(external_id).strip()
+    if not clean_id:
+        return LoadFailure("(no id)", "the document has an empty external id")
+    if external_id_too_long(clean_id):
+        return LoadFailure(clean_id[:200], ID_TOO_LONG)
+    body = clean_text(text)
+    problem = _text_problem(body, metadata, resolve_limits(limits))
+    if problem:
+        return LoadFailure(clean_id, problem)
+    cleaned: dict[str, Any] = clean_json(dict(metadata or {}))
+    return LoadedDocument(
+        external_id=clean_id, text=body, title=clean_title(title), metadata=cleaned
+    )
+
+
+def _text_problem(text: str, metadata: object, limits: DocumentLimits) -> str:
+    if not text.strip():
+        return NO_TEXT
+    return TOO_DEEP if too_deep(metadata) else too_long(text, limits)
+
+
+_DRIVE = re.compile(r"[A-Za-z]:")
+
+
+def upload_name(name: str) -> str:
+    """A safe, path-like external id for an uploaded file's name.
+
+    Backslashes count as `/`; a leading drive letter and empty, `.` and `..` segments are
+    dropped, and whitespace within a segment collapses: `C:\\docs\\..\\my  a.txt` becomes
+    `docs/my a.txt`. The result is empty when nothing usable is left.
+    """
+    parts = [collapse(part) for part in clean_text(name).replace("\\", "/").split("/")]
+    if parts and _DRIVE.fullmatch(parts[0]):
+        parts = parts[1:]
+    return "/".join(part for part in parts if part not in ("", ".", ".."))
+
+
+def _load_single(path: Path, external_id: str, suffix: str, limits: DocumentLimits) -> LoadResult:
+    if suffix not in _PARSERS:
+        return _unsupported(str(path), suffix)
+    if external_id_too_long(external_id):
+        return LoadFailure(str(path), ID_TOO_LONG)
+    try:
+        data = _read(path)
+    except ParseError as exc:
+        return LoadFailure(str(path), str(exc))
+    return _parse_single(data, suffix, external_id, str(path), {}, limits)
+
+
+def _parse_single(
+    data: bytes,
+    suffix: str,
+    external_id: str,
+    source: str,
+    extra: dict[str, Any],
+    limits: DocumentLimits,
+) -> LoadResult:
+    parser = _PARSERS.get(suffix)
+    if parser is None:
+        return _unsupported(source, suffix)
+    file_type, parse = parser
+    try:
+        parsed = parse(data, limits)
+    except ParseError as exc:
+        return LoadFailure(source, str(exc))
+    problem = too_long(parsed.text, limits) if parsed.text else NO_TEXT
+    if problem:
+        return LoadFailure(source, problem)
+    provenance = {"source_path": external_id, "file_type": file_type}
+    return LoadedDocument(
+        external_id=external_id,
+        text=parsed.text,
+        title=parsed.title,
+        metadata={**parsed.metadata, **provenance, **extra},
+        source=source,
+        format=parsed.format,
+    )
+
+
+def _unsupported(source: str, suffix: str) -> LoadFailure:
+    return LoadFailure(source, f"unsupported file type {suffix or '(no suffix)'}")
+
+
+def _read(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise ParseError(f"could not read file: {exc.strerror or exc}") from exc

@@ -1,0 +1,46 @@
+"""What a format's parser returns and raises, shared by the format modules and `loading`."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, TypeAlias
+
+from ingest.loaders.cleaning import clean_text
+from ragservice.types import LoadedDocument, LoadFailure, TextFormat
+
+LoadResult: TypeAlias = LoadedDocument | LoadFailure
+
+
+@dataclass(frozen=True)
+class Parsed:
+    text: str
+    title: str | None
+    format: TextFormat
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+class ParseError(Exception):
+    """Bad content; the message is the reason a person reads."""
+
+
+@contextmanager
+def bad_content(what: str) -> Iterator[None]:
+    """Turn any library error into a `ParseError("what: detail")`.
+
+    Parsers for PDF, DOCX and HTML raise many exception types on damaged input (ValueError,
+    KeyError, zipfile errors, their own), so only a broad catch keeps a batch going.
+    """
+    try:
+        yield
+    except ParseError:
+        raise
+    except Exception as exc:
+        raise ParseError(f"{what}: {describe(exc)}") from exc
+
+
+def describe(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    detail = lines[0] if lines else type(exc).__name__
+    return clean_text(detail[:200])
