@@ -105,7 +105,7 @@ def _owner_database(db: Database) -> Database:
 
 def _collection(runtime: Runtime, name: str) -> uuid.UUID:
     with runtime.db.read() as session:
-        found = store.collections.find_collection(session, runtime.default_tenant_id, name)
+        found = store.collections.find_collection_id(session, runtime.default_tenant_id, name)
     if found is None:
         raise SystemExit(f"collection {name!r} not found; ingest it first (see --help)")
     return found

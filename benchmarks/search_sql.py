@@ -136,7 +136,7 @@ def _rows(settings: Settings, depth: int) -> list[Row]:
 
 def _collection(runtime: Runtime, name: str) -> uuid.UUID:
     with runtime.db.read() as session:
-        found = store.collections.find_collection(session, runtime.default_tenant_id, name)
+        found = store.collections.find_collection_id(session, runtime.default_tenant_id, name)
     if found is None:
         raise SystemExit(
             f"collection {name!r} not found; ingest it first:\n"

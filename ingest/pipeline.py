@@ -150,7 +150,7 @@ class IngestPipeline:
         finally:
             if writer is not None:
                 writer.abort(report)
-        report.seconds = time.perf_counter() - started
+            report.seconds = time.perf_counter() - started
         return report
 
     # -- stages --------------------------------------------------------------------------
@@ -158,7 +158,7 @@ class IngestPipeline:
     def _collection_id(self, name: str, *, create: bool) -> uuid.UUID | None:
         if not create:
             with self._db.read() as session:
-                return store.collections.find_collection(session, self._tenant_id, name)
+                return store.collections.find_collection_id(session, self._tenant_id, name)
         with self._db.write() as session:
             return store.collections.ensure_collection(session, self._tenant_id, name)
 

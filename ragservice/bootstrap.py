@@ -84,7 +84,7 @@ def _initial_model(
         embedder = make_embedder(settings)
         embedder.warm_up()
     with db.write() as session:
-        model = store.models.register_embedding_model(
+        model = store.models.ensure_model(
             session,
             name=embedder.name,
             dimension=embedder.dimension,

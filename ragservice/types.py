@@ -17,6 +17,9 @@ SUPPORTED_SUFFIXES: tuple[str, ...] = (
 )
 """File types the loaders read; the API refuses other uploads with 415 before queueing them."""
 
+Scale = Literal["thumbs", "stars"]
+"""A rating's scale: thumbs are +1/-1, stars 1 to 5."""
+
 TextFormat = Literal["text", "markdown"]
 """How a loaded text is structured: `markdown` texts carry `#` headings the chunker follows."""
 

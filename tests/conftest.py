@@ -130,6 +130,15 @@ def tiny_cross_encoder_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny, untrained sentence-transformers bi-encoder folder, built once per session and
+    only read (see tests/tiny_models.py)."""
+    from tests.tiny_models import build_tiny_sentence_transformer
+
+    return build_tiny_sentence_transformer(tmp_path_factory.mktemp("tiny-bi-encoder"))
+
+
+@pytest.fixture(scope="session")
 def dev_cluster() -> Iterator[DevCluster]:
     """An embedded primary of its own with two streaming standbys (regions eu and us).
 

@@ -38,7 +38,8 @@ def upgrade() -> None:
             nullable=False,
         ),
         sa.Column("params", JSONB, server_default=sa.text("'{}'::jsonb"), nullable=False),
-        # [{"chunk_id", "document_id", "score", "source"}]: what retrieval returned, in order.
+        # [{"chunk_id", "document_id", "score"}]: what retrieval returned, in order (the shape
+        # is owned by ragservice.store.query_log.RetrievedChunk).
         sa.Column("retrieved", JSONB, server_default=sa.text("'[]'::jsonb"), nullable=False),
         sa.Column("answer", sa.Text),
         sa.Column("citations", JSONB, server_default=sa.text("'[]'::jsonb"), nullable=False),

@@ -32,6 +32,7 @@ from ragservice.errors import UpstreamError, UpstreamTimeoutError
 from ragservice.metrics import Metrics
 from ragservice.retrieval.rerank import Reranker, rerank_hits
 from ragservice.retrieval.search import QueryModel, Searcher, SearchHit, SearchOptions
+from ragservice.timing import add_ms, ms_since, timed
 
 log = logging.getLogger(__name__)
 
@@ -143,7 +144,7 @@ class AnswerPipeline:
         if lookup.response is not None:
             return await self._replay(question, lookup, model, started)
         prepared = await anyio.to_thread.run_sync(self._prepare, question, lookup, model)
-        with _stage(prepared.timings, "generate"):
+        with timed(prepared.timings, "generate"):
             generated = await self._generate(question, prepared.context)
         return await self._finish(question, prepared, generated, started)
 
@@ -184,7 +185,7 @@ class AnswerPipeline:
                     yield generated.text
             else:
                 generated = _streamed(pieces, stream.completion, self.model_name)
-        prepared.timings["generate"] = _ms_since(generate_started)
+        prepared.timings["generate"] = ms_since(generate_started)
         yield await self._finish(question, prepared, generated, started)
 
     # -- the cache -------------------------------------------------------------------------------
@@ -298,14 +299,14 @@ class AnswerPipeline:
         timings = _lookup_timings(lookup)
         vector = lookup.vector
         if vector is None and self._caches(question):
-            with _stage(timings, "embed"):
+            with timed(timings, "embed"):
                 vector = model.embed_query(question.text)
         hits = self._retrieve(question, timings, vector, model)
         if self._reranks(question) and hits:
             assert self._reranker is not None
-            with _stage(timings, "rerank"):
+            with timed(timings, "rerank"):
                 hits = rerank_hits(self._reranker, question.text, hits, question.options.k)
-        with _stage(timings, "context"):
+        with timed(timings, "context"):
             neighbours = self._searcher.neighbours(hits, self._settings.context_neighbours)
             context = assemble_context(
                 hits,
@@ -341,7 +342,7 @@ class AnswerPipeline:
             model=model,
         )
         embed = result.timings_ms.get("embed", 0.0)
-        timings["embed"] = timings.get("embed", 0.0) + embed
+        add_ms(timings, "embed", embed)
         timings["search"] = max(result.timings_ms.get("total", 0.0) - embed, 0.0)
         return result.hits
 
@@ -408,7 +409,7 @@ class AnswerPipeline:
         remember: bool = True,
     ) -> Answer:
         citations = _citations(generated, prepared.context)
-        timings = {**prepared.timings, "total": _ms_since(started)}
+        timings = {**prepared.timings, "total": ms_since(started)}
         messages = self._messages(question, prepared.context) if prepared.context.text else None
         record = _record(question, prepared, generated, citations, timings, messages)
         remember = remember and self._cacheable(question, generated) and prepared.vector is not None
@@ -539,17 +540,12 @@ def _record(
             "embedding_model": prepared.model.id,
         },
         retrieved=[
-            {"chunk_id": str(h.chunk_id), "document_id": str(h.document_id), "score": h.score}
+            store.query_log.RetrievedChunk(h.chunk_id, h.document_id, h.score)
             for h in prepared.hits
         ],
         answer=generated.text,
         citations=[
-            {
-                "number": c.number,
-                "document_id": str(c.document_id),
-                "chunk_ids": [str(i) for i in c.chunk_ids],
-            }
-            for c in citations
+            store.query_log.Citation(c.number, c.document_id, tuple(c.chunk_ids)) for c in citations
         ],
         timings=timings,
         upstream_model=None if generated.model == EXTRACTIVE_MODEL else generated.model,
@@ -558,21 +554,3 @@ def _record(
         cache=None if prepared.cache is None else prepared.cache.to_dict(),
         messages=None if messages is None else [m.to_dict() for m in messages],
     )
-
-
-class _stage:
-    """Adds the milliseconds a block took to `timings[name]`."""
-
-    def __init__(self, timings: dict[str, float], name: str) -> None:
-        self._timings = timings
-        self._name = name
-
-    def __enter__(self) -> None:
-        self._started = time.perf_counter()
-
-    def __exit__(self, *_exc: object) -> None:
-        self._timings[self._name] = self._timings.get(self._name, 0.0) + _ms_since(self._started)
-
-
-def _ms_since(started: float) -> float:
-    return (time.perf_counter() - started) * 1000

@@ -19,7 +19,6 @@ from ragservice.db import tenancy
 from ragservice.db.scope import current_scope
 from ragservice.errors import (
     AuthenticationError,
-    NotFoundError,
     PermissionDeniedError,
     RateLimitedError,
 )
@@ -88,7 +87,7 @@ def _principal(runtime: Runtime, secret: str | None) -> Principal:
         raise AuthenticationError("missing API key: send `Authorization: Bearer <key>`")
     # The key decides the tenant, so finding it is the one read of a request across tenants.
     with tenancy.as_system(), runtime.db.read() as session:
-        key = store.tenants.find_api_key(session, hash_key(secret))
+        key = store.tenants.get_api_key(session, hash_key(secret))
     if key is None:
         raise AuthenticationError("unknown or revoked API key")
     return Principal(tenant_id=key.tenant_id, role=Role(key.role), key_id=key.id)
@@ -131,7 +130,12 @@ Admin = Annotated[Principal, Depends(require(Role.ADMIN))]
 def collection_id(runtime: Runtime, tenant_id: uuid.UUID, name: str) -> uuid.UUID:
     """The id of the tenant's collection `name`; 404 for a name the tenant does not have."""
     with runtime.db.read() as session:
-        found = store.collections.find_collection(session, tenant_id, name)
-    if found is None:
-        raise NotFoundError(f"collection {name!r} not found")
-    return found
+        return store.collections.require_collection_id(session, tenant_id, name)
+
+
+def collection_ids(
+    runtime: Runtime, tenant_id: uuid.UUID, names: list[str] | None
+) -> list[uuid.UUID]:
+    """Ids of the tenant's collections by name (all of them for None); 404 for a missing one."""
+    with runtime.db.read() as session:
+        return store.collections.require_collection_ids(session, tenant_id, names)

@@ -2,6 +2,7 @@
 
 The service's own errors carry their status code; validation errors become 400 (a body that is
 not JSON) or 422; anything unexpected is logged with its request id and answered with a bare 500.
+A stream that fails after its 200 ends with the same body in its last event (`stream_error`).
 """
 
 from __future__ import annotations
@@ -22,9 +23,11 @@ from ragservice.errors import AuthenticationError, RagServiceError, RateLimitedE
 
 log = logging.getLogger(__name__)
 
+INTERNAL_DETAIL = "internal error; quote the request id when reporting it"
+
 _STATUS_NAMES = {
     400: "BadRequest",
-    401: "AuthenticationError",
+    401: "Authentication",
     403: "PermissionDenied",
     404: "NotFound",
     405: "MethodNotAllowed",
@@ -61,11 +64,35 @@ def error_response(
     return JSONResponse(body, status_code=status, headers=headers)
 
 
-async def _service_error(request: Request, exc: RagServiceError) -> JSONResponse:
-    if exc.status_code >= 500:
+def error_kind(exc: Exception) -> tuple[str, str]:
+    """The `error` and `detail` of the body for `exc`: a RagServiceError's class name without
+    `Error` (`InvalidInput`, `NotFound`, `Upstream`) and its message, which is safe to show;
+    anything else `InternalError`, its details left to the server log."""
+    if isinstance(exc, RagServiceError):
+        return type(exc).__name__.removesuffix("Error"), str(exc)
+    return "InternalError", INTERNAL_DETAIL
+
+
+def stream_error(request: Request, exc: Exception) -> dict[str, str]:
+    """The data of the event that ends a stream failing after its 200 was sent (`/v1/query`,
+    `/v1/chat/completions`): the body an error response would have had, logged as it would."""
+    _log_failure(request, exc)
+    error, detail = error_kind(exc)
+    return {"error": error, "detail": detail, "request_id": request_id(request)}
+
+
+def _log_failure(request: Request, exc: Exception) -> None:
+    if not isinstance(exc, RagServiceError):
+        # The caller gets the request id to quote; the details stay in the server log.
+        log.exception("request %s failed", request_id(request), exc_info=exc)
+    elif exc.status_code >= 500:
         log.error("request %s failed: %s", request_id(request), exc)
+
+
+async def _service_error(request: Request, exc: RagServiceError) -> JSONResponse:
+    _log_failure(request, exc)
     status = 401 if isinstance(exc, AuthenticationError) else exc.status_code
-    response = error_response(request, status, type(exc).__name__.removesuffix("Error"), str(exc))
+    response = error_response(request, status, *error_kind(exc))
     if isinstance(exc, RateLimitedError):
         response.headers["Retry-After"] = str(exc.retry_after)
     return response
@@ -133,8 +160,5 @@ async def _database_down(request: Request, exc: Exception) -> JSONResponse:
 
 
 async def _unexpected_error(request: Request, exc: Exception) -> JSONResponse:
-    # The caller gets the request id to quote; the details stay in the server log.
-    log.exception("request %s failed", request_id(request), exc_info=exc)
-    return error_response(
-        request, 500, "InternalError", "internal error; quote the request id when reporting it"
-    )
+    _log_failure(request, exc)
+    return error_response(request, 500, *error_kind(exc))

@@ -21,7 +21,7 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -36,6 +36,7 @@ from ragservice.metrics import Metrics
 log = logging.getLogger(__name__)
 
 Vector = npt.NDArray[np.float32]
+CacheKind = Literal["exact", "semantic"]
 
 
 @dataclass(frozen=True)
@@ -43,7 +44,7 @@ class CacheInfo:
     """What the cache did for one request, as responses and the query log report it."""
 
     hit: bool
-    kind: str | None = None  # "exact" | "semantic"
+    kind: CacheKind | None = None
     similarity: float | None = None
     entry_id: uuid.UUID | None = None
     refused: str | None = None  # the meaning guard's reason, when it turned a near match away
@@ -195,7 +196,7 @@ class PromptCache:
         return Lookup(info=CacheInfo(hit=False, refused=refused), vector=vector)
 
     def _hit(
-        self, entry: store.prompt_cache.CachedEntry, kind: str, vector: Vector | None
+        self, entry: store.prompt_cache.CachedEntry, kind: CacheKind, vector: Vector | None
     ) -> Lookup:
         self._counter.submit(self._record_hit, entry.id)
         self._count(f"{kind}_hit")

@@ -20,6 +20,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+import psycopg
 from pgvector.psycopg import register_vector
 from psycopg import sql
 from sqlalchemy import Connection, Engine, create_engine, event, text
@@ -281,3 +282,11 @@ def _with_psycopg_driver(url: str) -> str:
         if url.startswith(prefix):
             return "postgresql+psycopg://" + url[len(prefix) :]
     return url
+
+
+def driver_connection(session: Session) -> psycopg.Connection[Any]:
+    """The psycopg connection under `session`, inside the session's transaction: for COPY,
+    composed SQL and statements that must not be prepared."""
+    conn = session.connection().connection.driver_connection
+    assert isinstance(conn, psycopg.Connection)
+    return conn

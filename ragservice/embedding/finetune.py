@@ -33,7 +33,7 @@ from ragservice.db import Database
 from ragservice.db.models import EmbeddingModel
 from ragservice.embedding.embedder import resolve_device, resolve_model_path
 from ragservice.embedding.evaluation import mean, ndcg_at_k
-from ragservice.embedding.registry import find_model
+from ragservice.embedding.registry import get_model_by_name
 from ragservice.errors import InvalidInputError, NotFoundError
 
 log = logging.getLogger(__name__)
@@ -321,7 +321,7 @@ def resolve_base(db: Database, settings: Settings, ref: str | None) -> BaseModel
                 return _registered(active)
             ref = settings.embedding_model
         try:
-            return _registered(find_model(session, ref))
+            return _registered(get_model_by_name(session, ref))
         except NotFoundError:
             pass
     path = resolve_model_path(ref)

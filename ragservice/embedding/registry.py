@@ -204,10 +204,10 @@ def parse_model_ref(ref: str) -> tuple[str, int | None]:
     return ref, None
 
 
-def find_model(session: Session, ref: str) -> EmbeddingModel:
+def get_model_by_name(session: Session, ref: str) -> EmbeddingModel:
     """The registered model `NAME[:VERSION]`; NotFoundError naming the known ones otherwise."""
     name, version = parse_model_ref(ref)
-    model = store.models.find_model(session, name, version)
+    model = store.models.get_model_by_name(session, name, version)
     if model is None:
         known = sorted({f"{m.name}:{m.version}" for m in store.models.list_models(session)})
         raise NotFoundError(
@@ -249,7 +249,7 @@ def activate(db: Database, ref: str, *, force: bool = False) -> Switch:
     """Make `NAME[:VERSION]` the active model. Refused while chunks lack its embeddings
     (searches would miss them) unless `force`."""
     with db.write() as session:
-        model = find_model(session, ref)
+        model = get_model_by_name(session, ref)
         return _switch(session, model, force=force)
 
 
@@ -280,7 +280,7 @@ def _switch(session: Session, model: EmbeddingModel, *, force: bool) -> Switch:
 def drop_embeddings(db: Database, ref: str) -> tuple[EmbeddingModel, int]:
     """Delete a model's chunk embeddings and its HNSW index; refused for the active model."""
     with db.write() as session:
-        model = find_model(session, ref)
+        model = get_model_by_name(session, ref)
         if model.active:
             raise ConflictError(
                 f"{model.name}:{model.version} is the active model; activate another first"

@@ -12,7 +12,6 @@ import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Literal
 
 from sqlalchemy.orm import Session
 
@@ -20,8 +19,7 @@ from ragservice import store
 from ragservice.db import Database
 from ragservice.db.models import Feedback
 from ragservice.errors import InvalidInputError, NotFoundError
-
-Scale = Literal["thumbs", "stars"]
+from ragservice.types import Scale
 
 MAX_FEEDBACK_CHARS = 20_000
 """The longest comment or corrected answer, in characters."""
@@ -46,14 +44,14 @@ class FeedbackInput:
     irrelevant_chunk_ids: Sequence[uuid.UUID] = ()
 
 
-def is_good(rating: int | None, scale: str) -> bool:
+def is_good(rating: int | None, scale: Scale) -> bool:
     """A thumbs up, or four stars and more."""
     if rating is None:
         return False
     return rating >= 4 if scale == "stars" else rating > 0
 
 
-def is_bad(rating: int | None, scale: str) -> bool:
+def is_bad(rating: int | None, scale: Scale) -> bool:
     """A thumbs down, or two stars and fewer."""
     if rating is None:
         return False
@@ -157,7 +155,7 @@ def _await_query(
     deadline = time.monotonic() + wait_seconds
     while True:
         with db.read() as session:
-            query = store.query_log.find_logged_query(session, tenant_id, query_id)
+            query = store.query_log.get_logged_query(session, tenant_id, query_id)
         if query is not None:
             return query
         if time.monotonic() >= deadline:

@@ -22,22 +22,29 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from enum import StrEnum
 from itertools import groupby
-from typing import Any, Literal
+from typing import Any
 
 from sqlalchemy.orm import Session
 
 from ragservice import store
 from ragservice.db import Database
-from ragservice.errors import InvalidInputError, NotFoundError
+from ragservice.errors import InvalidInputError
 from ragservice.feedback.collect import is_bad, is_good
-from ragservice.store.feedback import ExportRow, FeedbackEntry
+from ragservice.store.feedback import ExportFilter as ExportFilter
+from ragservice.store.feedback import ExportOrder, ExportRow, FeedbackEntry
+from ragservice.store.feedback import TimeOf as TimeOf
+from ragservice.types import Scale
 
 __all__ = [
     "DEFAULT_NEGATIVES_PER_POSITIVE",
     "HARD_NEGATIVE_DEPTH",
+    "HIGHEST_RATING",
+    "LOWEST_RATING",
+    "MAX_NEGATIVES_PER_POSITIVE",
     "ExportFilter",
     "ExportFormat",
     "Pair",
+    "TimeOf",
     "Verdict",
     "merge_feedback",
     "ndjson",
@@ -52,6 +59,9 @@ __all__ = [
 ]
 
 DEFAULT_NEGATIVES_PER_POSITIVE = 3
+MAX_NEGATIVES_PER_POSITIVE = 100
+LOWEST_RATING, HIGHEST_RATING = -1, 5
+"""The rating bounds a filter may ask for: thumbs are -1/+1, stars 1..5."""
 HARD_NEGATIVE_DEPTH = 10
 """Retrieved chunks ranked this high that the feedback did not mark relevant are negatives."""
 
@@ -68,34 +78,11 @@ class ExportFormat(StrEnum):
     TRIPLETS = "triplets"
 
 
-@dataclass(frozen=True, slots=True)
-class ExportFilter:
-    """Which feedback an export reads: always one tenant's.
-
-    `collection_id` or `collection` (a name) keeps answers to questions asked over that
-    collection. `since` (inclusive) and `until` (exclusive) bound the time of the feedback, or
-    of the answer with `time_of="query"`; naive datetimes are UTC. `min_rating`/`max_rating`
-    bound the latest rating of each answer, on its own scale (thumbs -1/+1, stars 1..5);
-    with either set, answers without a rating are left out.
-    """
-
-    tenant_id: uuid.UUID
-    collection_id: uuid.UUID | None = None
-    collection: str | None = None
-    since: datetime | None = None
-    until: datetime | None = None
-    min_rating: int | None = None
-    max_rating: int | None = None
-    time_of: Literal["feedback", "query"] = "feedback"
-
-
 def resolve_filter(session: Session, flt: ExportFilter) -> ExportFilter:
     """The filter with its collection name resolved to an id (NotFoundError when the tenant
     has none of that name), times made timezone-aware, and the ranges checked."""
     if flt.collection is not None and flt.collection_id is None:
-        found = store.collections.find_collection(session, flt.tenant_id, flt.collection)
-        if found is None:
-            raise NotFoundError(f"collection {flt.collection!r} not found")
+        found = store.collections.require_collection_id(session, flt.tenant_id, flt.collection)
         flt = replace(flt, collection_id=found)
     flt = replace(flt, since=_aware(flt.since), until=_aware(flt.until))
     if flt.since is not None and flt.until is not None and flt.since >= flt.until:
@@ -173,21 +160,14 @@ def ndjson(
 
 
 def _rows(
-    session: Session, flt: ExportFilter, *, order: str = "time", text_depth: int | None = None
+    session: Session,
+    flt: ExportFilter,
+    *,
+    order: ExportOrder = "time",
+    text_depth: int | None = None,
 ) -> Iterator[ExportRow]:
     flt = resolve_filter(session, flt)
-    return store.feedback.export_rows(
-        session,
-        tenant_id=flt.tenant_id,
-        collection_id=flt.collection_id,
-        since=flt.since,
-        until=flt.until,
-        by_query_time=flt.time_of == "query",
-        min_rating=flt.min_rating,
-        max_rating=flt.max_rating,
-        text_depth=text_depth,
-        order=order,
-    )
+    return store.feedback.export_rows(session, flt, text_depth=text_depth, order=order)
 
 
 # -- what the feedback on one answer says --------------------------------------------------------
@@ -199,7 +179,7 @@ class Verdict:
     for each chunk its latest judgement."""
 
     rating: int | None = None
-    scale: str = "thumbs"
+    scale: Scale = "thumbs"
     corrected_answer: str | None = None
     relevant: tuple[uuid.UUID, ...] = ()
     irrelevant: tuple[uuid.UUID, ...] = ()
@@ -216,7 +196,7 @@ class Verdict:
 def merge_feedback(entries: Iterable[FeedbackEntry]) -> Verdict:
     """Merge feedback rows given oldest first."""
     rating: int | None = None
-    scale = "thumbs"
+    scale: Scale = "thumbs"
     corrected: str | None = None
     judged: dict[uuid.UUID, bool] = {}
     for entry in entries:

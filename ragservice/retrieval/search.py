@@ -20,23 +20,23 @@ from __future__ import annotations
 import contextvars
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
-import psycopg
 from psycopg import sql
-from sqlalchemy.orm import Session
 
 from ragservice.config import Settings
 from ragservice.db import Database
+from ragservice.db.engine import driver_connection
 from ragservice.errors import EmbeddingError, InvalidInputError
+from ragservice.retrieval import statements
 from ragservice.retrieval.filters import CompiledFilter
+from ragservice.timing import add_ms, ms_since, timed, with_total
 
 QueryEmbedder = Callable[[str], npt.NDArray[np.float32]]
 
@@ -86,7 +86,7 @@ def _mode(value: str) -> Mode:
 
 @dataclass(frozen=True, slots=True)
 class SearchOptions:
-    """How one search runs. `filters` is a compiled metadata filter (see ragservice.retrieval.filters)."""
+    """How one search runs. `filters` is a compiled metadata filter (see `retrieval.filters`)."""
 
     mode: Mode = Mode.HYBRID
     k: int = 10
@@ -166,125 +166,6 @@ class SearchResult:
     model_id: int | None = None
 
 
-# -- SQL -------------------------------------------------------------------------------------
-# Fragments refer to chunks as `c` and documents as `d`, as compiled filters do.
-
-# relaxed_order iterative scans keep reading the index until enough rows pass the filters
-# (the collection restriction is a filter too). Their rows may come slightly out of order, so
-# the candidates are materialized and sorted again outside, as the pgvector docs advise.
-_SET_DENSE = sql.SQL(
-    "SELECT set_config('hnsw.ef_search', %(ef_search)s, true), "
-    "set_config('hnsw.iterative_scan', 'relaxed_order', true)"
-)
-
-_NEAREST = sql.SQL("""
-nearest AS MATERIALIZED (
-    SELECT e.chunk_id, e.embedding::vector({dim}) <=> %(vector)s::vector({dim}) AS distance
-    FROM chunk_embeddings e
-    JOIN chunks c ON c.id = e.chunk_id {document_join}
-    WHERE e.model_id = {model_id} AND c.collection_id = ANY(%(collections)s::uuid[]) {filter}
-    ORDER BY distance
-    LIMIT {limit}
-)""")
-
-# BM25, Lucene flavour. N and avgdl over the searched collections; df counted from the same
-# posting scan, so both follow the collection set. k1 and b are bound parameters.
-_BM25 = sql.SQL("""
-stats AS (
-    SELECT sum(chunk_count)::float8 AS n,
-           sum(token_count)::float8 / greatest(sum(chunk_count), 1) AS avgdl
-    FROM collection_text_stats WHERE collection_id = ANY(%(collections)s::uuid[])
-),
-postings AS MATERIALIZED (
-    SELECT t.lexeme, t.chunk_id, t.tf, t.chunk_length
-    FROM chunk_terms t
-    WHERE t.collection_id = ANY(%(collections)s::uuid[])
-      AND t.lexeme = ANY(tsvector_to_array(to_tsvector('english'::regconfig, %(query)s)))
-),
-idf AS (
-    SELECT p.lexeme, ln(1 + (s.n - count(*) + 0.5) / (count(*) + 0.5)) AS idf
-    FROM postings p CROSS JOIN stats s
-    GROUP BY p.lexeme, s.n
-),
-bm25 AS (
-    SELECT p.chunk_id,
-           sum(i.idf * p.tf * (%(k1)s + 1)
-               / (p.tf + %(k1)s * (1 - %(b)s + %(b)s * p.chunk_length / s.avgdl))) AS score
-    FROM postings p JOIN idf i USING (lexeme) CROSS JOIN stats s
-    GROUP BY p.chunk_id
-),
-ranked AS (
-    SELECT b.chunk_id, b.score
-    FROM bm25 b {filter_join}
-    ORDER BY b.score DESC, b.chunk_id
-    LIMIT {limit}
-)""")
-
-_DENSE_RANKED = sql.SQL("""
-ranked AS (SELECT chunk_id, 1 - distance AS score FROM nearest)""")
-
-_FUSED = sql.SQL("""
-dense AS (
-    SELECT chunk_id, row_number() OVER (ORDER BY distance, chunk_id) AS rank FROM nearest
-),
-fulltext AS (
-    SELECT * FROM unnest(%(text_ids)s::uuid[], %(text_ranks)s::int[]) AS t(chunk_id, rank)
-),
-ranked AS (
-    SELECT chunk_id, sum(1.0::float8 / (%(rrf_k)s + rank)) AS score
-    FROM (SELECT chunk_id, rank FROM dense UNION ALL SELECT chunk_id, rank FROM fulltext) AS u
-    GROUP BY chunk_id
-    ORDER BY score DESC, chunk_id
-    LIMIT {limit}
-)""")
-
-_HITS = sql.SQL("""
-SELECT r.chunk_id, r.score, c.text, c.ordinal, c.start_char, c.end_char, c.metadata,
-       c.collection_id, col.name, d.id, d.external_id, d.title, d.metadata, d.version
-FROM ranked r
-JOIN chunks c ON c.id = r.chunk_id
-JOIN documents d ON d.id = c.document_id
-JOIN collections col ON col.id = c.collection_id
-ORDER BY r.score DESC, r.chunk_id""")
-
-_TEXT_CANDIDATES = sql.SQL("SELECT chunk_id FROM ranked ORDER BY score DESC, chunk_id")
-
-_JOIN_DOCUMENTS = sql.SQL("JOIN documents d ON d.id = c.document_id")
-
-# Chunks within `distance` ordinals of the given ones, in the same documents (for continuity in
-# an assembled context); the given chunks themselves are left out. Score 0: not retrieved.
-_NEIGHBOURS = sql.SQL("""
-WITH ranked AS (
-    SELECT DISTINCT n.id AS chunk_id, 0.0::float8 AS score
-    FROM chunks h
-    JOIN chunks n ON n.document_id = h.document_id
-                 AND n.ordinal BETWEEN h.ordinal - %(distance)s AND h.ordinal + %(distance)s
-    WHERE h.id = ANY(%(ids)s::uuid[]) AND n.id <> ALL(%(ids)s::uuid[])
-)
-""")
-
-
-def _with(*ctes: sql.Composable, select: sql.Composable) -> sql.Composed:
-    return sql.SQL("WITH {ctes}\n{select}").format(ctes=sql.SQL(",").join(ctes), select=select)
-
-
-def _filter_and(filters: CompiledFilter | None) -> sql.Composable:
-    return sql.SQL("") if filters is None else sql.SQL("AND {}").format(filters.where)
-
-
-def _document_join(filters: CompiledFilter | None) -> sql.Composable:
-    return _JOIN_DOCUMENTS if filters is not None and filters.needs_document else sql.SQL("")
-
-
-def _bm25_filter_join(filters: CompiledFilter | None) -> sql.Composable:
-    """Filters apply before the LIMIT, so a filtered full-text search still returns k rows."""
-    if filters is None:
-        return sql.SQL("")
-    return sql.SQL("JOIN chunks c ON c.id = b.chunk_id {docs} WHERE {where}").format(
-        docs=_document_join(filters), where=filters.where
-    )
-
-
 # -- the searcher ----------------------------------------------------------------------------
 
 
@@ -348,16 +229,16 @@ class Searcher:
         `vector`: the query's embedding when the caller already has it (it is not redone), by
         `model` (default: the searcher's model as this search starts).
         """
-        timer = _Timer()
+        started, timings = time.perf_counter(), dict[str, float]()
         model = model or self._models()
         hits: list[SearchHit] = []
         if collection_ids:
             statement, stage = self._prepare(
-                model, list(collection_ids), query, options, timer, vector
+                model, list(collection_ids), query, options, timings, vector
             )
-            with timer.stage(stage):
+            with timed(timings, stage):
                 hits = [_hit(row) for row in self._run(statement)]
-        return SearchResult(hits=hits, timings_ms=timer.finish(), model_id=model.id)
+        return SearchResult(hits=hits, timings_ms=with_total(timings, started), model_id=model.id)
 
     def explain(
         self,
@@ -369,7 +250,7 @@ class Searcher:
     ) -> str:
         """PostgreSQL's plan for the final statement `search` would run (for diagnosis)."""
         model = model or self._models()
-        statement, _ = self._prepare(model, list(collection_ids), query, options, _Timer())
+        statement, _ = self._prepare(model, list(collection_ids), query, options, {})
         explain = _Statement(
             sql.SQL("EXPLAIN {}").format(statement.query), statement.params, statement.ef_search
         )
@@ -381,7 +262,8 @@ class Searcher:
             return []
         ids = [hit.chunk_id for hit in hits]
         statement = _Statement(
-            sql.Composed([_NEIGHBOURS, _HITS]), {"ids": ids, "distance": distance}
+            sql.Composed([statements.NEIGHBOURS, statements.HITS]),
+            {"ids": ids, "distance": distance},
         )
         return [_hit(row) for row in self._run(statement)]
 
@@ -393,19 +275,21 @@ class Searcher:
         collections: list[uuid.UUID],
         query: str,
         options: SearchOptions,
-        timer: _Timer,
+        timings: dict[str, float],
         given: npt.NDArray[np.float32] | None = None,
     ) -> tuple[_Statement, str]:
         """The final statement of the mode and the name of its timing stage."""
         if options.mode is Mode.FULLTEXT:
-            bm25 = _with(self._bm25(options), select=_HITS)
+            bm25 = statements.with_ctes(self._bm25(options), select=statements.HITS)
             return _Statement(bm25, self._params(collections, options, query=query)), "fulltext"
         if options.mode is Mode.DENSE:
-            with timer.stage("embed"):
+            with timed(timings, "embed"):
                 vector = _vector(model, query, given)
-            dense = _with(_nearest(model, options), _DENSE_RANKED, select=_HITS)
+            dense = statements.with_ctes(
+                _nearest(model, options), statements.DENSE_RANKED, select=statements.HITS
+            )
             return self._dense_statement(dense, collections, options, vector), "dense"
-        return self._hybrid(model, collections, query, options, timer, given), "fuse"
+        return self._hybrid(model, collections, query, options, timings, given), "fuse"
 
     def _hybrid(
         self,
@@ -413,20 +297,23 @@ class Searcher:
         collections: list[uuid.UUID],
         query: str,
         options: SearchOptions,
-        timer: _Timer,
+        timings: dict[str, float],
         given: npt.NDArray[np.float32] | None,
     ) -> _Statement:
         # In the caller's context: its request's tenant and replica routing hold there too.
         text_side = self._pool.submit(
             contextvars.copy_context().run, self._text_candidates, collections, query, options
         )
-        with timer.stage("embed"):
+        with timed(timings, "embed"):
             vector = _vector(model, query, given)
         text_ids, text_ms = text_side.result()
-        timer.record("fulltext", text_ms)
-        fused = _FUSED.format(limit=sql.Literal(options.k))
+        add_ms(timings, "fulltext", text_ms)
+        fused = statements.FUSED.format(limit=sql.Literal(options.k))
         statement = self._dense_statement(
-            _with(_nearest(model, options), fused, select=_HITS), collections, options, vector
+            statements.with_ctes(_nearest(model, options), fused, select=statements.HITS),
+            collections,
+            options,
+            vector,
         )
         statement.params.update(
             text_ids=text_ids, text_ranks=list(range(1, len(text_ids) + 1)), rrf_k=options.rrf_k
@@ -439,11 +326,11 @@ class Searcher:
         """Full-text chunk ids best first, and the milliseconds it took (runs on a worker)."""
         started = time.perf_counter()
         statement = _Statement(
-            _with(self._bm25(options), select=_TEXT_CANDIDATES),
+            statements.with_ctes(self._bm25(options), select=statements.TEXT_CANDIDATES),
             self._params(collections, options, query=query),
         )
         ids = [row[0] for row in self._run(statement)]
-        return ids, (time.perf_counter() - started) * 1000
+        return ids, ms_since(started)
 
     def _dense_statement(
         self,
@@ -465,16 +352,18 @@ class Searcher:
         # runs, blind to the actual filter values and collections (exact search through a
         # selective filter vs. the HNSW index). Planning every time cost nothing measurable.
         with self._db.read() as session:
-            conn = _connection(session)
+            conn = driver_connection(session)
             if statement.ef_search is not None:
                 # set_config(..., true) is SET LOCAL: it ends with the read transaction.
-                conn.execute(_SET_DENSE, {"ef_search": str(statement.ef_search)}, prepare=False)
+                conn.execute(
+                    statements.SET_DENSE, {"ef_search": str(statement.ef_search)}, prepare=False
+                )
             return conn.execute(statement.query, statement.params, prepare=False).fetchall()
 
     @staticmethod
     def _bm25(options: SearchOptions) -> sql.Composed:
-        return _BM25.format(
-            filter_join=_bm25_filter_join(options.filters),
+        return statements.BM25.format(
+            filter_join=statements.bm25_filter_join(options.filters),
             limit=sql.Literal(options.text_limit),
         )
 
@@ -518,20 +407,13 @@ def _vector(
 
 
 def _nearest(model: QueryModel, options: SearchOptions) -> sql.Composed:
-    return _NEAREST.format(
+    return statements.NEAREST.format(
         dim=sql.Literal(int(model.dimension)),
         model_id=sql.Literal(int(model.id)),
-        document_join=_document_join(options.filters),
-        filter=_filter_and(options.filters),
+        document_join=statements.document_join(options.filters),
+        filter=statements.filter_and(options.filters),
         limit=sql.Literal(options.dense_limit),
     )
-
-
-def _connection(session: Session) -> psycopg.Connection[Any]:
-    """The psycopg connection under a read session, inside the session's transaction."""
-    conn = session.connection().connection.driver_connection
-    assert isinstance(conn, psycopg.Connection)
-    return conn
 
 
 def _hit(row: tuple[Any, ...]) -> SearchHit:
@@ -551,25 +433,3 @@ def _hit(row: tuple[Any, ...]) -> SearchHit:
         document_metadata=row[12],
         document_version=row[13],
     )
-
-
-class _Timer:
-    """Milliseconds per named stage, plus the total since creation."""
-
-    def __init__(self) -> None:
-        self._started = time.perf_counter()
-        self._stages: dict[str, float] = {}
-
-    @contextmanager
-    def stage(self, name: str) -> Iterator[None]:
-        started = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.record(name, (time.perf_counter() - started) * 1000)
-
-    def record(self, name: str, ms: float) -> None:
-        self._stages[name] = round(ms, 3)
-
-    def finish(self) -> dict[str, float]:
-        return self._stages | {"total": round((time.perf_counter() - self._started) * 1000, 3)}

@@ -2,20 +2,14 @@
 
 from __future__ import annotations
 
-import logging
 import re
 
 import psycopg
-from sqlalchemy import (
-    text,
-)
+from sqlalchemy import text
 from sqlalchemy.orm import Session
 
+from ragservice.db.engine import driver_connection
 from ragservice.errors import ConfigurationError, ConflictError, InvalidInputError
-from ragservice.store import bulk
-
-log = logging.getLogger(__name__)
-
 
 # The NOLOGIN role migration 0006 creates; it may read the views in schema `analytics` only.
 ANALYST_GROUP = "ragservice_analyst"
@@ -35,7 +29,7 @@ def create_analyst(session: Session, name: str, password: str) -> None:
     """A LOGIN role in `ragservice_analyst`. Roles are server-wide: one role reaches the
     analytics views of every database on the server that granted them."""
     _analyst_name(name)
-    conn = bulk.driver_connection(session)
+    conn = driver_connection(session)
     if not conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (ANALYST_GROUP,)).fetchone():
         raise ConfigurationError(
             f"role {ANALYST_GROUP} is missing: migration 0006 could not create it (the database "
@@ -73,7 +67,7 @@ def remove_analyst(session: Session, name: str) -> bool:
     _analyst_name(name)
     if name not in {analyst for analyst, _ in list_analysts(session)}:
         return False
-    bulk.driver_connection(session).execute(
+    driver_connection(session).execute(
         psycopg.sql.SQL("DROP ROLE {}").format(psycopg.sql.Identifier(name))
     )
     return True

@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from typing import Any
 
 import psycopg
-from sqlalchemy.orm import Session
-
-log = logging.getLogger(__name__)
 
 
 def insert_rows(
@@ -56,10 +52,3 @@ def copy_rows(
         copy.set_types(list(types))
         for row in rows:
             copy.write_row(row)
-
-
-def driver_connection(session: Session) -> psycopg.Connection[Any]:
-    """The psycopg connection under the session, inside the session's transaction."""
-    conn = session.connection().connection.driver_connection
-    assert isinstance(conn, psycopg.Connection)
-    return conn

@@ -2,32 +2,18 @@
 
 from __future__ import annotations
 
-import logging
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import (
-    Row,
-    Select,
-    delete,
-    func,
-    select,
-    update,
-)
+from sqlalchemy import Row, Select, delete, func, select, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
-from ragservice.db.models import (
-    Collection,
-    CollectionTextStats,
-    Document,
-)
-from ragservice.errors import ConflictError
-
-log = logging.getLogger(__name__)
+from ragservice.db.models import Collection, CollectionTextStats, Document
+from ragservice.errors import ConflictError, NotFoundError
 
 
 def ensure_collection(session: Session, tenant_id: uuid.UUID, name: str) -> uuid.UUID:
@@ -38,14 +24,42 @@ def ensure_collection(session: Session, tenant_id: uuid.UUID, name: str) -> uuid
         .on_conflict_do_nothing(index_elements=["tenant_id", "name"])
     )
     session.execute(stmt)
-    found = find_collection(session, tenant_id, name)
+    found = find_collection_id(session, tenant_id, name)
     assert found is not None  # inserted above or already there
     return found
 
 
-def find_collection(session: Session, tenant_id: uuid.UUID, name: str) -> uuid.UUID | None:
+def find_collection_id(session: Session, tenant_id: uuid.UUID, name: str) -> uuid.UUID | None:
+    """The id of the tenant's collection `name`; None when the tenant has none of that name."""
     stmt = select(Collection.id).where(Collection.tenant_id == tenant_id, Collection.name == name)
     return session.scalar(stmt)
+
+
+def require_collection_id(session: Session, tenant_id: uuid.UUID, name: str) -> uuid.UUID:
+    """The id of the tenant's collection `name`; NotFoundError when there is none (another
+    tenant's collection of that name is as missing as one that does not exist)."""
+    found = find_collection_id(session, tenant_id, name)
+    if found is None:
+        raise collection_not_found(name)
+    return found
+
+
+def require_collection_ids(
+    session: Session, tenant_id: uuid.UUID, names: Sequence[str] | None
+) -> list[uuid.UUID]:
+    """Ids of the tenant's collections by name (all of them for None), in the order given;
+    NotFoundError naming the first missing one."""
+    found = collection_ids(session, tenant_id, names)
+    if names is None:
+        return list(found.values())
+    missing = sorted(set(names) - set(found))
+    if missing:
+        raise collection_not_found(missing[0])
+    return [found[name] for name in dict.fromkeys(names)]
+
+
+def collection_not_found(name: str) -> NotFoundError:
+    return NotFoundError(f"collection {name!r} not found")
 
 
 @dataclass(frozen=True, slots=True)

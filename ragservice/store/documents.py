@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import logging
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -12,21 +11,13 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 import psycopg
-from sqlalchemy import (
-    delete,
-    select,
-)
+from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
-from ragservice.db.models import (
-    Chunk,
-    Document,
-)
+from ragservice.db.engine import driver_connection
+from ragservice.db.models import Chunk, Document
 from ragservice.store import bulk
 from ragservice.types import TextChunk
-
-log = logging.getLogger(__name__)
-
 
 _CHUNK_COLUMNS = (
     "id",
@@ -151,7 +142,7 @@ def write_documents(
     alone. Old chunks of a changed document are deleted (their embeddings cascade) and the
     document's version goes up by one.
     """
-    conn = bulk.driver_connection(session)
+    conn = driver_connection(session)
     written = _upsert_documents(conn, tenant_id, collection_id, documents)
     result = BatchWriteResult(written=written)
     by_external = {doc.external_id: doc for doc in documents}

@@ -2,25 +2,20 @@
 
 from __future__ import annotations
 
-import logging
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from enum import StrEnum
+from typing import Any, Literal
 
-from sqlalchemy import (
-    Row,
-    text,
-)
+from sqlalchemy import Row, text
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
-from ragservice.db.models import (
-    Feedback,
-)
-
-log = logging.getLogger(__name__)
+from ragservice.db.models import Feedback
+from ragservice.store.query_log import Citation, RetrievedChunk
+from ragservice.types import Scale
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,7 +23,7 @@ class NewFeedback:
     query_id: uuid.UUID
     tenant_id: uuid.UUID
     rating: int | None
-    scale: str
+    scale: Scale
     comment: str | None
     corrected_answer: str | None
     relevant_chunk_ids: Sequence[uuid.UUID]
@@ -41,11 +36,42 @@ class FeedbackEntry:
     """One feedback row as an export reads it."""
 
     rating: int | None
-    scale: str
+    scale: Scale
     corrected_answer: str | None
     relevant: tuple[uuid.UUID, ...]
     irrelevant: tuple[uuid.UUID, ...]
     created_at: datetime
+
+
+class TimeOf(StrEnum):
+    """What an export's `since`/`until` bound: the feedback's time or the answer's."""
+
+    FEEDBACK = "feedback"
+    QUERY = "query"
+
+
+ExportOrder = Literal["time", "question"]
+
+
+@dataclass(frozen=True, slots=True)
+class ExportFilter:
+    """Which feedback an export reads: always one tenant's.
+
+    `collection_id` or `collection` (a name) keeps answers to questions asked over that
+    collection. `since` (inclusive) and `until` (exclusive) bound the time of the feedback, or
+    of the answer with `time_of=query`; naive datetimes are UTC. `min_rating`/`max_rating`
+    bound the latest rating of each answer, on its own scale (thumbs -1/+1, stars 1..5);
+    with either set, answers without a rating are left out.
+    """
+
+    tenant_id: uuid.UUID
+    collection_id: uuid.UUID | None = None
+    collection: str | None = None
+    since: datetime | None = None
+    until: datetime | None = None
+    min_rating: int | None = None
+    max_rating: int | None = None
+    time_of: TimeOf = TimeOf.FEEDBACK
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,26 +168,21 @@ _EXPORT_ORDER = {
 
 def export_rows(
     session: Session,
+    flt: ExportFilter,
     *,
-    tenant_id: uuid.UUID,
-    collection_id: uuid.UUID | None = None,
-    since: datetime | None = None,
-    until: datetime | None = None,
-    by_query_time: bool = False,
-    min_rating: int | None = None,
-    max_rating: int | None = None,
     text_depth: int | None = None,
-    order: str = "time",
+    order: ExportOrder = "time",
     batch_size: int = 500,
 ) -> Iterator[ExportRow]:
-    """The tenant's answers that have feedback, streamed from a server-side cursor in batches
-    of `batch_size`; iterate while the session is open.
+    """The answers with feedback that `flt` selects (its collection already resolved to an id,
+    see `feedback.exports.resolve_filter`), streamed from a server-side cursor in batches of
+    `batch_size`; iterate while the session is open.
 
-    `since` (inclusive) and `until` (exclusive) bound the feedback's time, or the answer's with
-    `by_query_time` (then every feedback row of a chosen answer counts). With `text_depth`,
-    chunk texts come along for the top `text_depth` retrieved, the cited and the judged chunks.
+    With `time_of=query` every feedback row of a chosen answer counts. With `text_depth`, chunk
+    texts come along for the top `text_depth` retrieved, the cited and the judged chunks.
     `order`: "time" (answer time) or "question" (grouped by question and collections).
     """
+    by_query_time = flt.time_of == TimeOf.QUERY
     feedback_window = "TRUE" if by_query_time else _WINDOW.format(column="f.created_at")
     statement = _EXPORT_ROWS.format(
         texts="NULL::jsonb" if text_depth is None else _EXPORT_TEXTS,
@@ -170,12 +191,12 @@ def export_rows(
         order=_EXPORT_ORDER[order],
     )
     params = {
-        "tenant": tenant_id,
-        "collection": collection_id,
-        "since": since,
-        "until": until,
-        "min_rating": min_rating,
-        "max_rating": max_rating,
+        "tenant": flt.tenant_id,
+        "collection": flt.collection_id,
+        "since": flt.since,
+        "until": flt.until,
+        "min_rating": flt.min_rating,
+        "max_rating": flt.max_rating,
         "depth": text_depth or 0,
     }
     result = session.execute(text(statement).execution_options(yield_per=batch_size), params)
@@ -185,15 +206,15 @@ def export_rows(
 
 def _export_row(row: Row[Any]) -> ExportRow:
     values = row._mapping
-    citations = values["citations"] or ()
+    citations = [Citation.from_json(item) for item in values["citations"] or ()]
     return ExportRow(
         query_id=values["id"],
         question=values["question"],
         answer=values["answer"],
         status=values["status"],
         messages=values["messages"],
-        ranked=tuple(uuid.UUID(item["chunk_id"]) for item in values["retrieved"] or ()),
-        cited=tuple(uuid.UUID(i) for c in citations for i in c.get("chunk_ids", ())),
+        ranked=tuple(RetrievedChunk.from_json(item).chunk_id for item in values["retrieved"] or ()),
+        cited=tuple(chunk_id for citation in citations for chunk_id in citation.chunk_ids),
         collection_ids=tuple(values["scope"]),
         created_at=values["created_at"],
         feedback=tuple(_feedback_entry(entry) for entry in values["entries"]),

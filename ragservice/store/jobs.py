@@ -10,24 +10,11 @@ from datetime import timedelta
 from typing import Any
 
 import psycopg
-from sqlalchemy import (
-    ColumnElement,
-    ScalarSelect,
-    and_,
-    delete,
-    func,
-    or_,
-    select,
-    tuple_,
-    update,
-)
+from sqlalchemy import ColumnElement, ScalarSelect, and_, delete, func, or_, select, tuple_, update
 from sqlalchemy.orm import Session, aliased
 
-from ragservice.db.models import (
-    Collection,
-    IngestJob,
-    IngestJobItem,
-)
+from ragservice.db.engine import driver_connection
+from ragservice.db.models import Collection, IngestJob, IngestJobItem
 from ragservice.store import bulk
 
 log = logging.getLogger(__name__)
@@ -112,7 +99,7 @@ def enqueue_job(
     session.flush()
     rows = [_item_row(job.id, ordinal, item) for ordinal, item in enumerate(items)]
     bulk.insert_rows(
-        bulk.driver_connection(session), "ingest_job_items", _ITEM_COLUMNS, _ITEM_TYPES, rows
+        driver_connection(session), "ingest_job_items", _ITEM_COLUMNS, _ITEM_TYPES, rows
     )
     return job.id
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -10,17 +9,10 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from sqlalchemy import (
-    ColumnElement,
-    delete,
-    func,
-    select,
-    text,
-    update,
-)
-from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy import ColumnElement, delete, func, select, text, update
 from sqlalchemy.orm import Session
 
+from ragservice.db.engine import driver_connection
 from ragservice.db.models import (
     Chunk,
     ChunkEmbedding,
@@ -30,8 +22,6 @@ from ragservice.db.models import (
 )
 from ragservice.errors import ConfigurationError
 from ragservice.store import bulk
-
-log = logging.getLogger(__name__)
 
 
 def stored_embeddings(
@@ -51,7 +41,7 @@ def stored_embeddings(
     return {row[0]: row[1].to_numpy().astype(np.float32, copy=False) for row in rows}
 
 
-def register_embedding_model(
+def ensure_model(
     session: Session,
     *,
     name: str,
@@ -60,28 +50,32 @@ def register_embedding_model(
     hnsw_m: int,
     hnsw_ef_construction: int,
 ) -> EmbeddingModel:
-    """Record the model (version 1 if new), make sure its HNSW index exists, and activate it
-    when no model is active yet. A model with the same name but another dimension is refused."""
-    stmt = (
-        insert(EmbeddingModel)
-        .values(name=name, dimension=dimension, path=path)
-        .on_conflict_do_nothing(index_elements=["name", "version"])
-    )
-    session.execute(stmt)
-    model = session.scalars(
-        select(EmbeddingModel)
-        .where(EmbeddingModel.name == name)
-        .order_by(EmbeddingModel.version.desc())
-    ).first()
-    assert model is not None
-    if model.dimension != dimension:
+    """The latest version of the model `name`, registered as version 1 when the name is new,
+    with its HNSW index; activated when no model is active yet. A model with the same name but
+    another dimension is refused."""
+    _lock_name(session, name)
+    model = get_model_by_name(session, name)
+    if model is None:
+        model = register_model_version(
+            session,
+            name=name,
+            version=1,
+            dimension=dimension,
+            path=path,
+            base_model_id=None,
+            details={},
+            hnsw_m=hnsw_m,
+            hnsw_ef_construction=hnsw_ef_construction,
+        )
+    elif model.dimension != dimension:
         raise ConfigurationError(
             f"embedding model {name!r} is registered with dimension {model.dimension}, "
             f"but the loaded model has {dimension}"
         )
-    ensure_model_indexes(
-        session, model.id, dimension, hnsw_m=hnsw_m, hnsw_ef_construction=hnsw_ef_construction
-    )
+    else:
+        ensure_model_indexes(
+            session, model.id, dimension, hnsw_m=hnsw_m, hnsw_ef_construction=hnsw_ef_construction
+        )
     if session.scalar(select(EmbeddingModel.id).where(EmbeddingModel.active)) is None:
         session.execute(
             update(EmbeddingModel).where(EmbeddingModel.id == model.id).values(active=True)
@@ -118,7 +112,9 @@ def get_model(session: Session, model_id: int) -> EmbeddingModel | None:
     return session.get(EmbeddingModel, model_id)
 
 
-def find_model(session: Session, name: str, version: int | None = None) -> EmbeddingModel | None:
+def get_model_by_name(
+    session: Session, name: str, version: int | None = None
+) -> EmbeddingModel | None:
     """The model `name` at `version`, or its latest version when `version` is None."""
     stmt = select(EmbeddingModel).where(EmbeddingModel.name == name)
     if version is not None:
@@ -176,7 +172,7 @@ def add_embeddings(
 ) -> int:
     """Store the chunks' vectors of the model (one COPY); chunks deleted meanwhile and
     embeddings another writer stored first are skipped. Returns the rows inserted."""
-    conn = bulk.driver_connection(session)
+    conn = driver_connection(session)
     conn.execute(
         "CREATE TEMP TABLE new_embeddings (chunk_id uuid, tenant_id uuid, embedding vector) "
         "ON COMMIT DROP"
@@ -196,12 +192,16 @@ def add_embeddings(
 def next_model_version(session: Session, name: str) -> int:
     """The version a new model called `name` gets. Holds a lock on the name until the
     transaction ends, so two registrations at once never pick the same version."""
+    _lock_name(session, name)
+    latest = get_model_by_name(session, name)
+    return 1 if latest is None else latest.version + 1
+
+
+def _lock_name(session: Session, name: str) -> None:
     session.execute(
         text("SELECT pg_advisory_xact_lock(hashtext('embedding_models:' || :name))"),
         {"name": name},
     )
-    latest = find_model(session, name)
-    return 1 if latest is None else latest.version + 1
 
 
 def register_model_version(
@@ -210,13 +210,14 @@ def register_model_version(
     name: str,
     version: int,
     dimension: int,
-    path: str,
+    path: str | None,
     base_model_id: int | None,
     details: dict[str, Any],
     hnsw_m: int,
     hnsw_ef_construction: int,
 ) -> EmbeddingModel:
-    """Record a model version (see `next_model_version`), inactive, with its indexes."""
+    """Record a model version (see `next_model_version`), inactive, with its HNSW index. The
+    one way a model row is made: `ensure_model` registers a new name through it too."""
     model = EmbeddingModel(
         name=name,
         version=version,

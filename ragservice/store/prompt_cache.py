@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -11,23 +10,11 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 import psycopg
-from sqlalchemy import (
-    delete,
-    func,
-    select,
-    text,
-    update,
-)
+from sqlalchemy import delete, func, select, text, update
 from sqlalchemy.orm import Session
 
-from ragservice.db.models import (
-    Collection,
-    Document,
-    PromptCacheEntry,
-)
-from ragservice.store import bulk
-
-log = logging.getLogger(__name__)
+from ragservice.db.engine import driver_connection
+from ragservice.db.models import Collection, Document, PromptCacheEntry
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,7 +88,7 @@ def cache_nearest(
     limit: int = 3,
 ) -> list[CachedEntry]:
     """The closest unexpired entries of the scope at or above `threshold`, closest first."""
-    conn = bulk.driver_connection(session)
+    conn = driver_connection(session)
     # The scope filter is selective: iterative scans keep reading the index until rows pass.
     conn.execute("SELECT set_config('hnsw.iterative_scan', 'relaxed_order', true)")
     query = psycopg.sql.SQL(_CACHE_NEAREST).format(
@@ -134,7 +121,7 @@ def cache_store(
     """
     if not _sources_current(session, entry.sources):
         return None
-    conn = bulk.driver_connection(session)
+    conn = driver_connection(session)
     # An expired entry that the purger has not reached yet is replaced like a refreshed one.
     conflict = _CACHE_REPLACE if replace else _CACHE_REPLACE + " WHERE p.expires_at <= now()"
     statement = _CACHE_INSERT.format(conflict=conflict)

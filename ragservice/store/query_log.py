@@ -1,24 +1,66 @@
-"""The query log: one row per answered question, and what feedback checks against it."""
+"""The query log: one row per answered question, and what feedback checks against it.
+
+This module owns the shape of the log's JSON columns: `retrieved` is a list of
+`RetrievedChunk` (what retrieval returned, best first) and `citations` a list of `Citation`
+(the sources the answer cites). Both are written by `log_query` and read back through
+`from_json`; the analytics views (migration 0006) and the export SQL read the same keys.
+"""
 
 from __future__ import annotations
 
-import logging
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import (
-    select,
-    text,
-)
+from sqlalchemy import select, text
 from sqlalchemy.orm import Session
 
-from ragservice.db.models import (
-    QueryLog,
-)
+from ragservice.db.models import QueryLog
 
-log = logging.getLogger(__name__)
+
+@dataclass(frozen=True, slots=True)
+class RetrievedChunk:
+    """One element of `query_log.retrieved`."""
+
+    chunk_id: uuid.UUID
+    document_id: uuid.UUID
+    score: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "chunk_id": str(self.chunk_id),
+            "document_id": str(self.document_id),
+            "score": self.score,
+        }
+
+    @classmethod
+    def from_json(cls, item: dict[str, Any]) -> RetrievedChunk:
+        return cls(
+            uuid.UUID(item["chunk_id"]), uuid.UUID(item["document_id"]), float(item["score"])
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Citation:
+    """One element of `query_log.citations`: source `number` of the context, its document and
+    the chunks it was assembled from."""
+
+    number: int
+    document_id: uuid.UUID
+    chunk_ids: tuple[uuid.UUID, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "number": self.number,
+            "document_id": str(self.document_id),
+            "chunk_ids": [str(i) for i in self.chunk_ids],
+        }
+
+    @classmethod
+    def from_json(cls, item: dict[str, Any]) -> Citation:
+        chunk_ids = tuple(uuid.UUID(i) for i in item.get("chunk_ids", ()))
+        return cls(int(item["number"]), uuid.UUID(item["document_id"]), chunk_ids)
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,9 +72,9 @@ class QueryRecord:
     question: str
     collection_ids: Sequence[uuid.UUID]
     params: dict[str, Any]
-    retrieved: list[dict[str, Any]]
+    retrieved: Sequence[RetrievedChunk]
     answer: str | None
-    citations: list[dict[str, Any]]
+    citations: Sequence[Citation]
     timings: dict[str, float]
     upstream_model: str | None
     status: str
@@ -50,9 +92,9 @@ def log_query(session: Session, record: QueryRecord) -> uuid.UUID:
         question=record.question,
         collection_ids=list(record.collection_ids),
         params=record.params,
-        retrieved=record.retrieved,
+        retrieved=[item.to_json() for item in record.retrieved],
         answer=record.answer,
-        citations=record.citations,
+        citations=[item.to_json() for item in record.citations],
         timings=record.timings,
         upstream_model=record.upstream_model,
         status=record.status,
@@ -74,7 +116,7 @@ class LoggedQuery:
     collection_ids: list[uuid.UUID]
 
 
-def find_logged_query(
+def get_logged_query(
     session: Session, tenant_id: uuid.UUID, query_id: uuid.UUID
 ) -> LoggedQuery | None:
     """The tenant's logged answer `query_id`; None for another tenant's, as for a missing one."""

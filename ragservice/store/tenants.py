@@ -2,23 +2,13 @@
 
 from __future__ import annotations
 
-import logging
 import uuid
 
-from sqlalchemy import (
-    func,
-    select,
-    update,
-)
+from sqlalchemy import func, select, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
-from ragservice.db.models import (
-    ApiKey,
-    Tenant,
-)
-
-log = logging.getLogger(__name__)
+from ragservice.db.models import ApiKey, Tenant
 
 
 def ensure_tenant(session: Session, name: str) -> uuid.UUID:
@@ -44,7 +34,7 @@ def create_api_key(
     return key.id
 
 
-def find_api_key(session: Session, key_hash: str) -> ApiKey | None:
+def get_api_key(session: Session, key_hash: str) -> ApiKey | None:
     """The key with this hash, unless it was revoked."""
     stmt = select(ApiKey).where(ApiKey.key_hash == key_hash, ApiKey.revoked_at.is_(None))
     return session.scalar(stmt)
@@ -70,5 +60,5 @@ def revoke_api_key(session: Session, prefix: str) -> int:
     return int(session.execute(stmt).rowcount)  # type: ignore[attr-defined]
 
 
-def find_tenant(session: Session, name: str) -> uuid.UUID | None:
+def find_tenant_id(session: Session, name: str) -> uuid.UUID | None:
     return session.scalar(select(Tenant.id).where(Tenant.name == name))

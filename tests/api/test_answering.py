@@ -16,7 +16,7 @@ from ragservice.config import Settings
 from ragservice.embedding.embedder import SentenceTransformerEmbedder
 from tests.api.conftest import ok, wait_for_job
 from tests.api.test_query import add_corpus, sse_events
-from tests.upstream import FakeOpenAI, slow, status
+from tests.upstream import FakeOpenAI, drop, slow, status
 from tests.upstream import ok as answer
 
 
@@ -156,6 +156,51 @@ def test_upstream_errors_give_502_and_504_or_an_extractive_answer(
     metrics = llm.get("/metrics").text
     assert 'ragservice_upstream_errors_total{kind="error"} 3.0' in metrics
     assert 'ragservice_upstream_errors_total{kind="timeout"} 1.0' in metrics
+
+
+def test_a_query_stream_cut_mid_answer_ends_with_the_error_body(
+    llm: TestClient, fake: FakeOpenAI
+) -> None:
+    fake.enqueue(drop(after_chunks=2))
+    body = {"question": "How do I book flights?", "stream": True, "cache": False}
+    streamed = llm.post("/v1/query", json=body)
+    assert streamed.status_code == 200  # the first token came before the failure
+    events = sse_events(streamed.text)
+    assert [name for name, _ in events] == ["token", "token", "error"]
+    error = events[-1][1]
+    # The error handler's names and body (`Upstream`, not the class name `UpstreamError`).
+    assert error == {
+        "error": "Upstream",
+        "detail": error["detail"],
+        "request_id": streamed.headers["x-request-id"],
+    }
+    assert error["detail"].startswith("inference upstream")
+
+
+def test_a_chat_completion_stream_cut_mid_answer_ends_with_the_error_body(
+    llm: TestClient, fake: FakeOpenAI
+) -> None:
+    fake.enqueue(drop(after_chunks=2))
+    body = {
+        "model": "rag:hr",
+        "messages": [{"role": "user", "content": "How do I book flights?"}],
+        "stream": True,
+        "cache": False,
+    }
+    streamed = llm.post("/v1/chat/completions", json=body)
+    assert streamed.status_code == 200
+    lines = [line.removeprefix("data: ") for line in streamed.text.split("\n\n") if line]
+    assert "[DONE]" not in lines
+    chunks = [json.loads(line) for line in lines]
+    assert [c["choices"][0]["delta"]["content"] for c in chunks[1:-1]] != []
+    error = chunks[-1]
+    # The body a non-streamed chat completion's failure gets, not a bare message.
+    assert error == {
+        "error": "Upstream",
+        "detail": error["detail"],
+        "request_id": streamed.headers["x-request-id"],
+    }
+    assert error["detail"].startswith("inference upstream")
 
 
 def test_reranking_puts_the_passage_with_the_word_first(llm: TestClient, fake: FakeOpenAI) -> None:

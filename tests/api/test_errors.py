@@ -6,13 +6,16 @@ from collections.abc import Iterator
 from dataclasses import replace
 
 import pytest
+from fastapi import Request
 from fastapi.testclient import TestClient
 from sqlalchemy import create_engine
 from sqlalchemy.orm import sessionmaker
 
 from ragservice.api.app import create_app
+from ragservice.api.error_handlers import INTERNAL_DETAIL, stream_error
 from ragservice.config import Settings
 from ragservice.embedding.embedder import SentenceTransformerEmbedder
+from ragservice.errors import InvalidInputError, UpstreamTimeoutError
 from tests.api.conftest import Keys, ok
 
 
@@ -175,3 +178,18 @@ def test_422_for_values_postgresql_cannot_hold(
     error(
         client.get(f"/v1/collections/{collection}/documents?after=a%00", headers=keys.reader), 422
     )
+
+
+@pytest.mark.parametrize(
+    ("raised", "name", "detail"),
+    [
+        (InvalidInputError("k: too large"), "InvalidInput", "k: too large"),
+        (UpstreamTimeoutError("no answer in 30 s"), "UpstreamTimeout", "no answer in 30 s"),
+        (RuntimeError("secret internals"), "InternalError", INTERNAL_DETAIL),
+    ],
+)
+def test_a_failed_stream_ends_with_the_error_handlers_body(
+    raised: Exception, name: str, detail: str
+) -> None:
+    request = Request({"type": "http", "state": {"request_id": "r-1"}})
+    assert stream_error(request, raised) == {"error": name, "detail": detail, "request_id": "r-1"}

@@ -25,12 +25,6 @@ from ragservice.embedding.embedder import SentenceTransformerEmbedder
 from ragservice.embedding.reembed import reembed
 from tests.api.conftest import Keys, ok
 from tests.api.test_query import add_corpus
-from tests.tiny_models import build_tiny_sentence_transformer
-
-
-@pytest.fixture(scope="module")
-def tiny_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_tiny_sentence_transformer(tmp_path_factory.mktemp("tiny-bi-encoder"))
 
 
 @pytest.fixture
@@ -218,5 +212,5 @@ def test_finetune_from_feedback_given_through_the_api(
     assert data["train_questions"] == 3 and data["held_out_questions"] == 1
     assert data["source"]["feedback"]["collection"] == "hr"
     with runtime.db.read() as session:
-        row = store.models.find_model(session, "from-feedback")
+        row = store.models.get_model_by_name(session, "from-feedback")
     assert row is not None and row.active is False and row.dimension == 32

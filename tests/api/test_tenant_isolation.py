@@ -18,7 +18,7 @@ from tests.api.conftest import Keys, ok, wait_for_job
 def _find_collection_forgetting_the_tenant(
     session: Session, _tenant_id: uuid.UUID, name: str
 ) -> uuid.UUID | None:
-    """`store.collections.find_collection` with the bug of filtering by name only."""
+    """`store.collections.find_collection_id` with the bug of filtering by name only."""
     return session.scalar(select(Collection.id).where(Collection.name == name))
 
 
@@ -35,7 +35,9 @@ def test_a_forgotten_tenant_filter_still_shows_no_foreign_rows(
         202,
     )
     assert wait_for_job(client, job["id"], keys.writer)["status"] == "done"
-    monkeypatch.setattr(store.collections, "find_collection", _find_collection_forgetting_the_tenant)
+    monkeypatch.setattr(
+        store.collections, "find_collection_id", _find_collection_forgetting_the_tenant
+    )
 
     # The owner still finds its collection through the buggy lookup ...
     own = ok(

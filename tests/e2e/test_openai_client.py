@@ -10,7 +10,7 @@ import openai
 import pytest
 
 from tests.e2e.test_server import create_key, start_server, stop, wait_for_job, wait_until_ready
-from tests.upstream import FakeOpenAI
+from tests.upstream import FakeOpenAI, drop
 from tests.upstream import ok as answer
 
 
@@ -50,6 +50,16 @@ def test_openai_client_chat_streaming_and_embeddings(
         pieces = [chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices]
         assert len(pieces) > 3
         assert "".join(pieces).startswith("Through the travel desk [1].")
+
+        upstream.enqueue(drop(after_chunks=2))  # cut mid-answer: the error event ends the stream
+        stream = client.chat.completions.create(
+            model="rag:handbook",
+            messages=[{"role": "user", "content": "Who books the trips?"}],
+            stream=True,
+        )
+        with pytest.raises(openai.APIError) as cut:
+            list(stream)
+        assert cut.value.body == "Upstream"  # as for a failure before the stream (`error`)
 
         vectors = client.embeddings.create(model="all-MiniLM-L6-v2", input=["one", "two"])
         assert [len(v.embedding) for v in vectors.data] == [384, 384]

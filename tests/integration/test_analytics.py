@@ -77,7 +77,7 @@ def seeded(settings: Settings) -> Iterator[Seeded]:
     db = open_database(settings, route_reads=False)
     with db.write() as session:
         tenant = store.tenants.ensure_tenant(session, "acme")
-        model = store.models.register_embedding_model(
+        model = store.models.ensure_model(
             session, name="fake", dimension=4, path=None, hnsw_m=8, hnsw_ef_construction=16
         )
         collection = store.collections.ensure_collection(session, tenant, "hr")
@@ -121,10 +121,10 @@ def seeded(settings: Settings) -> Iterator[Seeded]:
             for name, doc_id in session.execute(text("SELECT external_id, id FROM documents"))
         }
 
-    def hit(doc: str, score: float) -> dict[str, Any]:
-        return {"chunk_id": str(uuid.uuid4()), "document_id": str(documents[doc]), "score": score}
+    def hit(doc: str, score: float) -> store.query_log.RetrievedChunk:
+        return store.query_log.RetrievedChunk(uuid.uuid4(), documents[doc], score)
 
-    cite = [{"number": 1, "document_id": str(documents["leave"]), "chunk_ids": []}]
+    cite = [store.query_log.Citation(1, documents["leave"], ())]
     miss = {"hit": False, "kind": None}
     query = {
         "good": _log(
@@ -401,7 +401,7 @@ def test_the_cli_adds_lists_and_removes_analysts_and_psql_reads_the_views(
 
 
 def test_the_connection_string_prefers_the_first_replica(tmp_path: Any) -> None:
-    from ragservice.cli import analyst_url
+    from ragservice.cli.analysts import analyst_url
 
     settings = Settings(
         database_url="postgresql://admin:s@primary:5432/rag",

@@ -53,7 +53,7 @@ def user(question: str) -> dict[str, str]:
 
 def _write(db: Database, tenant: uuid.UUID, collection: str, names: list[str]) -> uuid.UUID:
     with db.write() as session:
-        model = store.models.register_embedding_model(
+        model = store.models.ensure_model(
             session, name="fake", dimension=4, path=None, hnsw_m=8, hnsw_ef_construction=16
         )
         cid = store.collections.ensure_collection(session, tenant, collection)
@@ -106,13 +106,11 @@ def _log(
         collection_ids=collections,
         params={},
         retrieved=[
-            {"chunk_id": str(c), "document_id": str(uuid.uuid4()), "score": 1.0 - i / 10}
+            store.query_log.RetrievedChunk(c, uuid.uuid4(), 1.0 - i / 10)
             for i, c in enumerate(ranked)
         ],
         answer=answer,
-        citations=[
-            {"number": 1, "document_id": str(uuid.uuid4()), "chunk_ids": [str(c)]} for c in cited
-        ],
+        citations=[store.query_log.Citation(1, uuid.uuid4(), (c,)) for c in cited],
         timings={},
         upstream_model="m",
         status="ok",
@@ -393,7 +391,9 @@ def test_an_export_never_holds_another_tenants_feedback(seeded: Seeded) -> None:
 
 def test_rows_stream_from_a_server_side_cursor(seeded: Seeded) -> None:
     with seeded.db.read() as session:
-        rows = store.feedback.export_rows(session, tenant_id=seeded.acme, batch_size=2)
+        rows = store.feedback.export_rows(
+            session, ExportFilter(tenant_id=seeded.acme), batch_size=2
+        )
         first = next(rows)
         cursors = session.execute(text("SELECT count(*) FROM pg_cursors")).scalar_one()
         rest = list(rows)

@@ -206,7 +206,7 @@ def test_metadata_change_updates_without_embedding_again(
 def test_deleting_documents_takes_chunks_and_embeddings(runtime: Runtime) -> None:
     ingest(runtime, DOCS)
     with runtime.db.write() as session:
-        collection_id = store.collections.find_collection(
+        collection_id = store.collections.find_collection_id(
             session, runtime.default_tenant_id, COLLECTION
         )
         assert collection_id is not None
@@ -315,7 +315,7 @@ def test_concurrent_writer_of_same_content_is_not_duplicated(runtime: Runtime) -
     """The write is authoritative: a document stored between classify and write is left alone."""
     ingest(runtime, DOCS[:1])
     with runtime.db.write() as session:
-        collection_id = store.collections.find_collection(
+        collection_id = store.collections.find_collection_id(
             session, runtime.default_tenant_id, COLLECTION
         )
         assert collection_id is not None

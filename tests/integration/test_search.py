@@ -254,7 +254,7 @@ def _create_tenant(runtime: Runtime, name: str) -> uuid.UUID:
 
 def collection_id(runtime: Runtime, name: str, tenant_id: uuid.UUID | None = None) -> uuid.UUID:
     with runtime.db.read() as session:
-        found = store.collections.find_collection(
+        found = store.collections.find_collection_id(
             session, tenant_id or runtime.default_tenant_id, name
         )
     assert found is not None
@@ -271,7 +271,7 @@ def _write_bulk(runtime: Runtime, *, n: int) -> tuple[int, npt.NDArray[np.float3
     vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
     writes = [_bulk_document(i, vectors[i : i + 1]) for i in range(n)]
     with runtime.db.write() as session:
-        model = store.models.register_embedding_model(
+        model = store.models.ensure_model(
             session,
             name="random-8d",
             dimension=BULK_DIMENSION,

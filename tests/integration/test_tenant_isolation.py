@@ -50,7 +50,7 @@ def two_tenants(runtime: Runtime) -> dict[str, tuple[uuid.UUID, uuid.UUID]]:
         document = LoadedDocument(external_id=f"{name}-1", text=body, title=name, metadata={})
         pipeline.run([document], collection="docs")
         with runtime.db.read() as session:
-            collection_id = store.collections.find_collection(session, tenant_id, "docs")
+            collection_id = store.collections.find_collection_id(session, tenant_id, "docs")
         assert collection_id is not None
         made[name] = (tenant_id, collection_id)
     return made

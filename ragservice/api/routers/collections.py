@@ -8,16 +8,16 @@ from fastapi import APIRouter, Response, status
 
 from ragservice import store
 from ragservice.api.deps import Admin, Reader, RuntimeDep, Writer, collection_id
-from ragservice.api.schemas import (
+from ragservice.api.schemas.collections import (
     CacheStats,
     CollectionCreate,
     CollectionList,
     CollectionOut,
     CollectionUpdate,
-    error_responses,
+    collection_out,
 )
+from ragservice.api.schemas.common import error_responses
 from ragservice.bootstrap import Runtime
-from ragservice.errors import NotFoundError
 
 router = APIRouter(prefix="/v1/collections", tags=["collections"], responses=error_responses(409))
 
@@ -43,7 +43,7 @@ def create_collection(
 def list_collections(principal: Reader, runtime: RuntimeDep) -> CollectionList:
     with runtime.db.read() as session:
         found = store.collections.list_collections(session, principal.tenant_id)
-    return CollectionList(collections=[_out(info) for info in found])
+    return CollectionList(collections=[collection_out(info) for info in found])
 
 
 @router.get("/{name}")
@@ -60,7 +60,7 @@ def update_collection(
         if not store.collections.set_collection_cache_ttl(
             session, principal.tenant_id, name, body.cache_ttl_seconds
         ):
-            raise NotFoundError(f"collection {name!r} not found")
+            raise store.collections.collection_not_found(name)
     return _get(runtime, principal.tenant_id, name)
 
 
@@ -85,7 +85,7 @@ def delete_collection(name: str, principal: Admin, runtime: RuntimeDep) -> Respo
     """Delete a collection with all its documents, chunks, embeddings and jobs."""
     with runtime.db.write() as session:
         if not store.collections.delete_collection(session, principal.tenant_id, name):
-            raise NotFoundError(f"collection {name!r} not found")
+            raise store.collections.collection_not_found(name)
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 
@@ -93,18 +93,5 @@ def _get(runtime: Runtime, tenant_id: uuid.UUID, name: str) -> CollectionOut:
     with runtime.db.read() as session:
         info = store.collections.get_collection(session, tenant_id, name)
     if info is None:
-        raise NotFoundError(f"collection {name!r} not found")
-    return _out(info)
-
-
-def _out(info: store.collections.CollectionInfo) -> CollectionOut:
-    return CollectionOut(
-        id=info.id,
-        name=info.name,
-        description=info.description,
-        metadata=info.metadata,
-        document_count=info.document_count,
-        chunk_count=info.chunk_count,
-        cache_ttl_seconds=info.cache_ttl_seconds,
-        created_at=info.created_at,
-    )
+        raise store.collections.collection_not_found(name)
+    return collection_out(info)

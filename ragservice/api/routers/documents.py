@@ -12,20 +12,19 @@ import anyio.to_thread
 from fastapi import APIRouter, File, Form, Query, Request, Response, UploadFile, status
 
 from ragservice import store
+from ragservice.api.checks import check_batch
 from ragservice.api.deps import Reader, RuntimeDep, Writer, collection_id
-from ragservice.api.routers.jobs import job_out
-from ragservice.api.schemas import (
-    ChunkOut,
+from ragservice.api.schemas.common import error_responses
+from ragservice.api.schemas.documents import (
     DocumentDetail,
-    DocumentOut,
     DocumentPage,
     DocumentsIn,
-    JobOut,
-    error_responses,
+    document_detail,
+    document_out,
 )
+from ragservice.api.schemas.jobs import JobOut, job_out
 from ragservice.bootstrap import Runtime
 from ragservice.config import Settings
-from ragservice.db.models import Document
 from ragservice.errors import (
     BadRequestError,
     InvalidInputError,
@@ -125,7 +124,7 @@ def list_documents(
     more = len(page) > limit
     page = page[:limit]
     return DocumentPage(
-        documents=[_document_out(doc) for doc in page],
+        documents=[document_out(doc) for doc in page],
         next_after=page[-1].external_id if more else None,
     )
 
@@ -142,23 +141,9 @@ def get_document(
     with runtime.db.read() as session:
         doc = store.documents.get_document(session, cid, external_id)
         if doc is None:
-            raise NotFoundError(f"document {external_id!r} not found in {collection!r}")
+            raise _document_not_found(collection, external_id)
         found = store.documents.document_chunks(session, doc.id) if chunks else None
-    detail = DocumentDetail(**_document_out(doc).model_dump())
-    if found is not None:
-        detail.chunks = [
-            ChunkOut(
-                id=c.id,
-                ordinal=c.ordinal,
-                text=c.text,
-                token_count=c.token_count,
-                start_char=c.start_char,
-                end_char=c.end_char,
-                metadata=c.metadata_,
-            )
-            for c in found
-        ]
-    return detail
+    return document_detail(doc, found)
 
 
 @router.delete("/{external_id:path}", status_code=status.HTTP_204_NO_CONTENT)
@@ -169,7 +154,7 @@ def delete_document(
     cid = collection_id(runtime, principal.tenant_id, collection)
     with runtime.db.write() as session:
         if not store.documents.delete_documents(session, cid, [external_id]):
-            raise NotFoundError(f"document {external_id!r} not found in {collection!r}")
+            raise _document_not_found(collection, external_id)
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 
@@ -203,13 +188,8 @@ def _enqueue(
     return job_out(job)
 
 
-def check_batch(count: int, settings: Settings, *, field: str) -> None:
-    """413 for a list of texts longer than `RAGSERVICE_MAX_BATCH_ITEMS`."""
-    if count > settings.max_batch_items:
-        raise PayloadTooLargeError(
-            f"{field}: {count} items in one request; the limit is {settings.max_batch_items} "
-            "(RAGSERVICE_MAX_BATCH_ITEMS); split them over several requests"
-        )
+def _document_not_found(collection: str, external_id: str) -> NotFoundError:
+    return NotFoundError(f"document {external_id!r} not found in {collection!r}")
 
 
 def _text_id(text: str) -> str:
@@ -261,18 +241,3 @@ async def _read_limited(upload: UploadFile, name: str, settings: Settings) -> by
             f"{name!r} exceeds {settings.max_file_bytes} bytes (RAGSERVICE_MAX_FILE_BYTES)"
         )
     return data
-
-
-def _document_out(doc: Document) -> DocumentOut:
-    return DocumentOut(
-        id=doc.id,
-        external_id=doc.external_id,
-        title=doc.title,
-        source=doc.source,
-        metadata=doc.metadata_,
-        version=doc.version,
-        chunk_count=doc.chunk_count,
-        char_count=doc.char_count,
-        created_at=doc.created_at,
-        updated_at=doc.updated_at,
-    )

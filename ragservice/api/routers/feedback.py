@@ -11,18 +11,29 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
-from typing import Annotated, Literal
+from typing import Annotated
 
 from fastapi import APIRouter, Query, status
 from fastapi.responses import StreamingResponse
 
 from ragservice.api.deps import Admin, Principal, Reader, RuntimeDep
-from ragservice.api.schemas import FeedbackBody, FeedbackOut, FeedbackRequest, error_responses
+from ragservice.api.schemas.common import error_responses
+from ragservice.api.schemas.feedback import (
+    FeedbackBody,
+    FeedbackOut,
+    FeedbackRequest,
+    feedback_out,
+)
 from ragservice.bootstrap import Runtime
-from ragservice.db.models import Feedback
 from ragservice.feedback import exports
 from ragservice.feedback.collect import FeedbackInput, submit_feedback
-from ragservice.feedback.exports import ExportFilter, ExportFormat
+from ragservice.feedback.exports import (
+    HIGHEST_RATING,
+    LOWEST_RATING,
+    ExportFilter,
+    ExportFormat,
+    TimeOf,
+)
 
 router = APIRouter(prefix="/v1", tags=["feedback"], responses=error_responses())
 
@@ -56,11 +67,11 @@ def export_feedback(
     collection: str | None = None,
     since: datetime | None = None,
     until: datetime | None = None,
-    time_of: Literal["feedback", "query"] = "feedback",
-    min_rating: Annotated[int | None, Query(ge=-1, le=5)] = None,
-    max_rating: Annotated[int | None, Query(ge=-1, le=5)] = None,
+    time_of: TimeOf = TimeOf.FEEDBACK,
+    min_rating: Annotated[int | None, Query(ge=LOWEST_RATING, le=HIGHEST_RATING)] = None,
+    max_rating: Annotated[int | None, Query(ge=LOWEST_RATING, le=HIGHEST_RATING)] = None,
     negatives_per_positive: Annotated[
-        int, Query(ge=1, le=100)
+        int, Query(ge=1, le=exports.MAX_NEGATIVES_PER_POSITIVE)
     ] = exports.DEFAULT_NEGATIVES_PER_POSITIVE,
 ) -> StreamingResponse:
     """Your tenant's feedback as fine-tuning data (`openai-sft`, `openai-dpo`, `trl-dpo`,
@@ -101,17 +112,3 @@ def _submit(
         ),
     )
     return feedback_out(stored)
-
-
-def feedback_out(feedback: Feedback) -> FeedbackOut:
-    return FeedbackOut(
-        id=feedback.id,
-        query_id=feedback.query_id,
-        rating=feedback.rating,
-        scale="stars" if feedback.scale == "stars" else "thumbs",
-        comment=feedback.comment,
-        corrected_answer=feedback.corrected_answer,
-        relevant_chunk_ids=list(feedback.relevant_chunk_ids),
-        irrelevant_chunk_ids=list(feedback.irrelevant_chunk_ids),
-        created_at=feedback.created_at,
-    )

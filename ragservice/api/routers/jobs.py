@@ -3,19 +3,17 @@
 from __future__ import annotations
 
 import uuid
-from typing import Annotated, Literal
+from typing import Annotated
 
 from fastapi import APIRouter, Query
 
 from ragservice import store
 from ragservice.api.deps import Reader, RuntimeDep, collection_id
-from ragservice.api.schemas import JobError, JobList, JobOut, error_responses
-from ragservice.db.models import IngestJob
+from ragservice.api.schemas.common import error_responses
+from ragservice.api.schemas.jobs import JobList, JobOut, JobStatus, job_out
 from ragservice.errors import NotFoundError
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=error_responses())
-
-JobStatus = Literal["queued", "running", "done", "failed"]
 
 
 @router.get("/{job_id}")
@@ -43,21 +41,3 @@ def list_jobs(
             session, principal.tenant_id, collection_id=cid, status=status, limit=limit
         )
     return JobList(jobs=[job_out(job) for job in jobs])
-
-
-def job_out(job: IngestJob) -> JobOut:
-    return JobOut(
-        id=job.id,
-        status=job.status,
-        kind=job.kind,
-        collection_id=job.collection_id,
-        counts={k: int(v) for k, v in (job.counts or {}).items()},
-        errors=[
-            JobError(source=e.get("source"), error=str(e.get("error", "")))
-            for e in job.errors or []
-        ],
-        attempts=job.attempts,
-        created_at=job.created_at,
-        started_at=job.started_at,
-        finished_at=job.finished_at,
-    )

@@ -15,23 +15,23 @@ import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from contextlib import aclosing
-from typing import Any, Literal
+from typing import Any
 
 import anyio.to_thread
 import numpy as np
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field
 
 from ragservice import store
 from ragservice.answering.answer import Answer, Question
 from ragservice.answering.context import Source
 from ragservice.answering.prompt import ChatMessage
-from ragservice.api.deps import PipelineDep, Reader, RuntimeDep, replica_reads
-from ragservice.api.routers.documents import check_batch
-from ragservice.api.routers.query import answer_out
-from ragservice.api.routers.search import check_text, collection_ids
-from ragservice.api.schemas import error_responses
+from ragservice.api.checks import check_batch, check_text
+from ragservice.api.deps import PipelineDep, Reader, RuntimeDep, collection_ids, replica_reads
+from ragservice.api.error_handlers import stream_error
+from ragservice.api.schemas.answers import answer_out
+from ragservice.api.schemas.common import error_responses
+from ragservice.api.schemas.openai import ChatCompletionRequest, ChatMessageIn, EmbeddingsRequest
 from ragservice.embedding.embedder import SentenceTransformerEmbedder
 from ragservice.errors import InvalidInputError, NotFoundError
 from ragservice.retrieval.search import SearchOptions
@@ -44,35 +44,6 @@ router = APIRouter(
 )
 
 MODEL_PREFIX = "rag"
-MAX_GENERATED_TOKENS = 32768
-
-
-class ChatMessageIn(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-    role: str
-    content: str | list[dict[str, Any]] | None = None
-
-
-class ChatCompletionRequest(BaseModel):
-    # Clients send many optional OpenAI fields (n, top_p, stream_options, …): accepted, unused.
-    model_config = ConfigDict(extra="allow")
-
-    model: str = Field(description="`rag:<collection>`, `rag:<a>,<b>` or `rag` (all)")
-    messages: list[ChatMessageIn] = Field(min_length=1)
-    stream: bool = False
-    max_tokens: int | None = Field(default=None, ge=1, le=MAX_GENERATED_TOKENS)
-    max_completion_tokens: int | None = Field(default=None, ge=1, le=MAX_GENERATED_TOKENS)
-    temperature: float | None = Field(default=None, ge=0, le=2)
-
-
-class EmbeddingsRequest(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-    input: str | list[str]
-    model: str = ""
-    encoding_format: Literal["float", "base64"] = "float"
-    dimensions: int | None = None
 
 
 @router.get("/models")
@@ -91,7 +62,11 @@ def list_models(principal: Reader, runtime: RuntimeDep) -> dict[str, Any]:
 
 @router.post("/chat/completions")
 async def chat_completions(
-    body: ChatCompletionRequest, principal: Reader, runtime: RuntimeDep, pipeline: PipelineDep
+    body: ChatCompletionRequest,
+    principal: Reader,
+    runtime: RuntimeDep,
+    pipeline: PipelineDep,
+    request: Request,
 ) -> Any:
     """Answer the last user message from the model's collections, OpenAI style."""
     question_text, history = _split_messages(body.messages)
@@ -116,7 +91,8 @@ async def chat_completions(
     events = pipeline.stream(question)
     first = await anext(events)  # failures before the first token keep their status code
     return StreamingResponse(
-        _chunks(completion_id, body.model, first, events), media_type="text/event-stream"
+        _chunks(request, completion_id, body.model, first, events),
+        media_type="text/event-stream",
     )
 
 
@@ -211,6 +187,7 @@ def _completion(completion_id: str, model: str, answer: Answer) -> dict[str, Any
 
 
 async def _chunks(
+    request: Request,
     completion_id: str,
     model: str,
     first: str | Answer,
@@ -235,8 +212,8 @@ async def _chunks(
             try:
                 item = await anext(events)
             except Exception as exc:  # the status line is gone: say it in the stream and stop
-                message = str(exc) if isinstance(exc, InvalidInputError) else "upstream failure"
-                yield f"data: {json.dumps({'error': {'message': message}})}\n\n"
+                # The body a non-streamed failure gets; OpenAI clients raise on its `error`.
+                yield f"data: {json.dumps(stream_error(request, exc), ensure_ascii=False)}\n\n"
                 return
         yield chunk({"content": _sources(item.citations)})
         yield chunk({}, "stop", **_extra(item))

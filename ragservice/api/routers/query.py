@@ -8,23 +8,15 @@ from contextlib import aclosing
 from typing import Any
 
 import anyio.to_thread
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import StreamingResponse
 
 from ragservice.answering.answer import Answer, Question
-from ragservice.answering.context import Source
-from ragservice.api.deps import PipelineDep, Reader, RuntimeDep, replica_reads
-from ragservice.api.routers.search import check_query, collection_ids
-from ragservice.api.schemas import (
-    CacheOut,
-    CitationOut,
-    DocumentRefLite,
-    QueryRequest,
-    QueryResponse,
-    SourceOut,
-    error_responses,
-)
-from ragservice.errors import RagServiceError
+from ragservice.api.checks import check_query
+from ragservice.api.deps import PipelineDep, Reader, RuntimeDep, collection_ids, replica_reads
+from ragservice.api.error_handlers import stream_error
+from ragservice.api.schemas.answers import QueryRequest, answer_out
+from ragservice.api.schemas.common import error_responses
 from ragservice.retrieval.filters import parse_and_compile
 from ragservice.retrieval.search import SearchOptions
 
@@ -41,7 +33,11 @@ router = APIRouter(
     responses={200: {"content": {"text/event-stream": {}}, "description": "with `stream`"}},
 )
 async def query(
-    body: QueryRequest, principal: Reader, runtime: RuntimeDep, pipeline: PipelineDep
+    body: QueryRequest,
+    principal: Reader,
+    runtime: RuntimeDep,
+    pipeline: PipelineDep,
+    request: Request,
 ) -> Any:
     """Answer a question from the collections, citing sources as [1], [2]…
 
@@ -71,11 +67,11 @@ async def query(
     # Wait for the first piece before answering 200, so that a failure to retrieve or to reach
     # the inference layer still gets its proper status code instead of a broken stream.
     first = await anext(events)
-    return StreamingResponse(_sse(first, events), media_type="text/event-stream")
+    return StreamingResponse(_sse(request, first, events), media_type="text/event-stream")
 
 
 async def _sse(
-    first: str | Answer, events: AsyncGenerator[str | Answer, None]
+    request: Request, first: str | Answer, events: AsyncGenerator[str | Answer, None]
 ) -> AsyncIterator[str]:
     """`token` events, then `citations` (with the sources), then `done` with the rest."""
     async with aclosing(events):
@@ -85,7 +81,7 @@ async def _sse(
             try:
                 item = await anext(events)
             except Exception as exc:  # mid-stream: the status line is gone, tell it in the stream
-                yield _event("error", {"error": type(exc).__name__, "detail": _safe(exc)})
+                yield _event("error", stream_error(request, exc))
                 return
         whole = answer_out(item).model_dump(mode="json")
         yield _event("citations", {k: whole.pop(k) for k in ("citations", "sources")})
@@ -94,46 +90,3 @@ async def _sse(
 
 def _event(name: str, data: dict[str, Any]) -> str:
     return f"event: {name}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n"
-
-
-def _safe(exc: Exception) -> str:
-    return str(exc) if isinstance(exc, RagServiceError) else "internal error"
-
-
-def answer_out(answer: Answer) -> QueryResponse:
-    return QueryResponse(
-        query_id=answer.query_id,
-        answer=answer.text,
-        citations=[_citation_out(c) for c in answer.citations],
-        sources=[_source_out(s) for s in answer.sources],
-        model=answer.model,
-        status=answer.status,
-        timings_ms=answer.timings_ms,
-        cache=None if answer.cache is None else CacheOut(**answer.cache.to_dict()),
-    )
-
-
-def _citation_out(citation: Source) -> CitationOut:
-    return CitationOut(
-        number=citation.number,
-        document=DocumentRefLite(
-            id=citation.document_id, external_id=citation.external_id, title=citation.title
-        ),
-        chunk_ids=list(citation.chunk_ids),
-        start_char=citation.start_char,
-        end_char=citation.end_char,
-    )
-
-
-def _source_out(source: Source) -> SourceOut:
-    return SourceOut(
-        number=source.number,
-        text=source.text,
-        score=source.score,
-        document=DocumentRefLite(
-            id=source.document_id, external_id=source.external_id, title=source.title
-        ),
-        chunk_ids=list(source.chunk_ids),
-        start_char=source.start_char,
-        end_char=source.end_char,
-    )

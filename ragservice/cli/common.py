@@ -1,0 +1,97 @@
+"""Helpers shared by the command groups: the stderr console, the database, error exits, and
+the options that pick feedback (tenant, collection, time span)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime
+from typing import TYPE_CHECKING
+
+import typer
+from rich.console import Console
+
+from ragservice import store
+from ragservice.config import DEFAULT_TENANT_ID, get_settings
+from ragservice.errors import RagServiceError
+from ragservice.feedback.exports import ExportFilter, TimeOf
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
+
+    from ragservice.db import Database
+
+console = Console(stderr=True)
+
+
+def fail(message: str, code: int = 1) -> typer.Exit:
+    """Print `error: MESSAGE` on stderr and return the exit (status `code`) to raise."""
+    console.print(f"[red]error:[/red] {message}")
+    return typer.Exit(code)
+
+
+@contextmanager
+def exit_on_error(code: int = 1) -> Iterator[None]:
+    """Turn a RagServiceError raised inside into `error: ...` on stderr and exit `code`."""
+    try:
+        yield
+    except RagServiceError as exc:
+        raise fail(str(exc), code) from exc
+
+
+@contextmanager
+def database() -> Iterator[Database]:
+    """The service's database, on the primary, for one command (exit 1 if it cannot open)."""
+    from ragservice.db import open_database
+
+    with exit_on_error():
+        db = open_database(get_settings(), route_reads=False)
+    try:
+        yield db
+    finally:
+        db.dispose()
+
+
+def tenant_id(session: Session, name: str | None) -> uuid.UUID:
+    """The tenant named `name`, or the default tenant's id for None (exit 1 if none)."""
+    if name is None:
+        return uuid.UUID(DEFAULT_TENANT_ID)
+    found = store.tenants.find_tenant_id(session, name)
+    if found is None:
+        raise fail(f"no tenant named {name!r}")
+    return found
+
+
+def iso_time(value: str | None, option: str) -> datetime | None:
+    if value is None:
+        return None
+    try:
+        return datetime.fromisoformat(value)
+    except ValueError:
+        raise typer.BadParameter(
+            f"{value!r} is not an ISO date or time", param_hint=option
+        ) from None
+
+
+def feedback_filter(
+    session: Session,
+    tenant: str | None,
+    collection: str | None,
+    since: str | None,
+    until: str | None,
+    *,
+    time_of: TimeOf = TimeOf.FEEDBACK,
+    min_rating: int | None = None,
+    max_rating: int | None = None,
+) -> ExportFilter:
+    """The feedback the --tenant, --collection, --since and --until options pick."""
+    return ExportFilter(
+        tenant_id=tenant_id(session, tenant),
+        collection=collection,
+        since=iso_time(since, "--since"),
+        until=iso_time(until, "--until"),
+        time_of=time_of,
+        min_rating=min_rating,
+        max_rating=max_rating,
+    )
