@@ -1,16 +1,19 @@
 """The batch ingest command: `ragservice ingest PATH... -c NAME`, also `python -m ingest`.
 
-The output goes to stderr; the exit status is non-zero when any input failed.
+The output goes to stderr; the exit status is non-zero when any input failed, and 130 when
+the user pressed Ctrl-C (SIGINT), even after the last batch had committed.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import signal
 import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import FrameType
 from typing import Annotated
 
 import typer
@@ -31,6 +34,29 @@ log = logging.getLogger(__name__)
 _MAX_FAILURES_SHOWN = 20
 
 Runner = Callable[[ProgressCallback, IngestReport], IngestReport]
+
+EXIT_INTERRUPTED = 130  # the shell's status for a command stopped by SIGINT (128 + 2)
+
+
+class _CtrlC:
+    """The SIGINT handler while the command runs.
+
+    The first SIGINT stops the run (KeyboardInterrupt) as long as it is still `stopping`, that
+    is until the pipeline returns; the pipeline then keeps the batches that committed, whole.
+    A SIGINT after that (the job record, the summary) interrupts nothing, and a second one
+    does not break the clean-up of the first: both are only noted in `received`, so that the
+    command exits 130 whenever the user pressed Ctrl-C.
+    """
+
+    def __init__(self) -> None:
+        self.received = False
+        self.stopping = True
+
+    def __call__(self, _signum: int, _frame: FrameType | None) -> None:
+        first = not self.received
+        self.received = True
+        if first and self.stopping:
+            raise KeyboardInterrupt
 
 
 def ingest_command(
@@ -68,13 +94,34 @@ def ingest_command(
     for path in paths:
         if not path.exists():
             raise typer.BadParameter(f"{path} does not exist", param_hint="PATHS")
+    report, ctrl_c, stopped = IngestReport(dry_run=dry_run), _CtrlC(), False
+    previous = signal.signal(signal.SIGINT, ctrl_c)
     try:
-        report = _run(paths, collection, include or [], exclude or [], fields, dry_run, prune)
-    except RagServiceError as exc:
-        console.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(1) from exc
-    _print_summary(report)
-    raise typer.Exit(0 if report.ok else 1)
+        try:
+            _run(
+                paths,
+                collection,
+                include or [],
+                exclude or [],
+                fields,
+                dry_run,
+                prune,
+                report,
+                ctrl_c,
+            )
+        except KeyboardInterrupt:
+            stopped = True
+        except RagServiceError as exc:
+            console.print(f"[red]error:[/red] {exc}")
+            raise typer.Exit(EXIT_INTERRUPTED if ctrl_c.received else 1) from exc
+        _print_summary(report)
+        if ctrl_c.received:
+            _print_interrupted(report, stopped=stopped)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    # Read after the handler is back: a Ctrl-C until then is counted here, a later one is
+    # Python's KeyboardInterrupt (a non-zero exit too).
+    raise typer.Exit(EXIT_INTERRUPTED if ctrl_c.received else 0 if report.ok else 1)
 
 
 def _run(
@@ -85,7 +132,10 @@ def _run(
     fields: JsonlFields,
     dry_run: bool,
     prune: bool,
+    report: IngestReport,
+    ctrl_c: _CtrlC,
 ) -> IngestReport:
+    """Ingest into `report`, which keeps the counts of what committed if Ctrl-C stops the run."""
     with console.status("starting database and loading the embedding model"):
         runtime = open_runtime(get_settings())
     try:
@@ -106,16 +156,19 @@ def _run(
         }
 
         def run(on_progress: ProgressCallback, report: IngestReport) -> IngestReport:
-            return pipeline.run(
-                items,
-                collection=collection,
-                dry_run=dry_run,
-                prune=prune,
-                on_progress=on_progress,
-                report=report,
-            )
+            try:
+                return pipeline.run(
+                    items,
+                    collection=collection,
+                    dry_run=dry_run,
+                    prune=prune,
+                    on_progress=on_progress,
+                    report=report,
+                )
+            finally:
+                ctrl_c.stopping = False  # the job record and the clean-up run to the end
 
-        return _with_job_record(runtime, collection, params, dry_run, run)
+        return _with_job_record(runtime, collection, params, report, run)
     finally:
         runtime.close()
 
@@ -124,12 +177,12 @@ def _with_job_record(
     runtime: Runtime,
     collection: str,
     params: dict[str, object],
-    dry_run: bool,
+    report: IngestReport,
     run: Runner,
 ) -> IngestReport:
     """Run with a progress bar, recording the run in ingest_jobs (not for dry runs)."""
     job_id = None
-    if not dry_run:
+    if not report.dry_run:
         with runtime.db.write() as session:
             collection_id = store.collections.ensure_collection(
                 session, runtime.default_tenant_id, collection
@@ -142,7 +195,7 @@ def _with_job_record(
                 params=params,
                 worker=f"{socket.gethostname()}:{os.getpid()}",
             )
-    status, report = "failed", IngestReport(dry_run=dry_run)
+    status = "failed"
     try:
         _with_progress(run, report)
         status = "done" if report.ok else "failed"
@@ -202,6 +255,26 @@ def _print_summary(report: IngestReport) -> None:
         console.print(f"[red]failed[/red] {failure.source}: {failure.reason}")
     if len(report.failed) > _MAX_FAILURES_SHOWN:
         console.print(f"… and {len(report.failed) - _MAX_FAILURES_SHOWN} more failures")
+
+
+def _print_interrupted(report: IngestReport, *, stopped: bool) -> None:
+    if report.dry_run:
+        console.print("[yellow]interrupted[/yellow] (Ctrl-C); nothing was written")
+        return
+    committed = (
+        f"{len(report.new):,} new and {len(report.updated):,} updated documents "
+        f"({report.chunks_written:,} chunks)"
+    )
+    if stopped:
+        console.print(
+            f"[yellow]interrupted[/yellow] by Ctrl-C; committed before it: {committed}, each "
+            "document whole. Run the same command again to finish."
+        )
+    else:
+        console.print(
+            f"[yellow]Ctrl-C[/yellow] after the last batch had committed; nothing was cut "
+            f"short (committed: {committed})"
+        )
 
 
 def main() -> None:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -111,35 +113,84 @@ def test_db_upgrade_command(database_url: str, tmp_path: Path) -> None:
     assert "schema at revision 0007" in result.stderr
 
 
+def running(process: subprocess.Popen[str], deadline: float, waiting_for: str) -> None:
+    """Fail with the process's output if it ended, or with `waiting_for` past `deadline`."""
+    if process.poll() is not None:
+        _, stderr = process.communicate()
+        pytest.fail(f"exited {process.returncode} while waiting for {waiting_for}:\n{stderr}")
+    if time.monotonic() > deadline:
+        pytest.fail(f"still waiting for {waiting_for}")
+
+
+def feed(fifo: Path, data: bytes, process: subprocess.Popen[str], deadline: float) -> int:
+    """Write `data` into the named pipe `fifo` once `process` opens it, never blocking.
+
+    Returns the descriptor of the pipe's end: closing it is the end of the input.
+    """
+    while True:
+        try:
+            fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+            break
+        except OSError as exc:
+            if exc.errno != errno.ENXIO:  # ENXIO: nobody reads it yet
+                raise
+        running(process, deadline, f"the ingest to open {fifo.name}")
+        time.sleep(0.05)
+    view = memoryview(data)
+    while view:
+        try:
+            view = view[os.write(fd, view) :]
+        except BlockingIOError:  # the pipe is full until the ingest reads on
+            running(process, deadline, f"the ingest to read {fifo.name}")
+            time.sleep(0.05)
+    return fd
+
+
 def test_ctrl_c_mid_ingest_leaves_whole_documents_and_a_rerun_finishes(
     database_url: str, tmp_path: Path
 ) -> None:
-    corpus = tmp_path / "many.jsonl"
+    """Ctrl-C once some batches committed: they stay, whole; exit 130; a rerun adds the rest.
+
+    The ingest reads a named pipe that gets every row but the last and no end of input, so it
+    cannot finish before the Ctrl-C however busy the machine: the test waits for a state
+    (a first batch committed), not for a time, and "some but not all" is certain.
+    """
     rows = [
         f'{{"_id": "doc{i}", "title": "Title {i}", "text": "Finding number {i} about cells. '
         + "Proteins fold in many ways. " * 6
         + '"}'
         for i in range(400)
     ]
-    corpus.write_text("\n".join(rows) + "\n")
+    corpus = tmp_path / "many.jsonl"
+    os.mkfifo(corpus)
     env = {
         **os.environ,
         "RAGSERVICE_DATABASE_URL": database_url,
         "RAGSERVICE_INGEST_BATCH_CHUNKS": "16",
         "HF_HUB_OFFLINE": "1",
+        "COLUMNS": "200",
     }
     args = [str(BIN / "ragservice"), "ingest", str(corpus), "-c", "big"]
     process = subprocess.Popen(args, env=env, stderr=subprocess.PIPE, text=True)
-    with psycopg.connect(libpq(database_url), autocommit=True) as conn:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and process.poll() is None:
-            stored = conn.execute("SELECT count(*) FROM documents").fetchone()
-            if stored and stored[0] > 0:
-                break
-            time.sleep(0.05)
+    fd = None
+    try:
+        deadline = time.monotonic() + 300  # a bound for a failure, never waited out
+        fd = feed(corpus, "".join(f"{row}\n" for row in rows[:-1]).encode(), process, deadline)
+        with psycopg.connect(libpq(database_url), autocommit=True) as conn:
+            while conn.execute("SELECT count(*) FROM documents").fetchone() == (0,):
+                running(process, deadline, "a first batch to commit")
+                time.sleep(0.05)
         process.send_signal(signal.SIGINT)
-        process.communicate(timeout=120)
-        assert process.returncode != 0
+        _, stderr = process.communicate(timeout=120)
+    finally:
+        if fd is not None:
+            os.close(fd)
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    assert process.returncode == 130, stderr
+
+    with psycopg.connect(libpq(database_url)) as conn:
         stored_after, chunk_total, orphans, unembedded = conn.execute(
             "SELECT (SELECT count(*) FROM documents), (SELECT sum(chunk_count) FROM documents),"
             " (SELECT count(*) FROM chunks c WHERE NOT EXISTS"
@@ -151,13 +202,53 @@ def test_ctrl_c_mid_ingest_leaves_whole_documents_and_a_rerun_finishes(
         assert conn.execute("SELECT count(*) FROM chunks").fetchone() == (chunk_total,)
         assert (orphans, unembedded) == (0, 0)
         job = conn.execute("SELECT status, (counts->>'new')::int FROM ingest_jobs").fetchone()
-        assert job is not None and job[0] == "failed"
-        assert 0 < job[1] <= stored_after  # the batches that committed before Ctrl-C
+    assert job is not None and job[0] == "failed"
+    assert 0 < job[1] <= stored_after  # the batches that committed before Ctrl-C
+    assert f"committed before it: {job[1]} new and 0 updated documents" in stderr
 
+    corpus.unlink()
+    corpus.write_text("".join(f"{row}\n" for row in rows))  # the same name: the same metadata
     rerun = subprocess.run(args, env=env, capture_output=True, text=True, timeout=300, check=False)
     assert rerun.returncode == 0, rerun.stderr
     with psycopg.connect(libpq(database_url)) as conn:
         assert conn.execute("SELECT count(*), max(version) FROM documents").fetchone() == (400, 1)
+        finished = conn.execute(
+            "SELECT (counts->>'new')::int, (counts->>'unchanged')::int FROM ingest_jobs"
+            " WHERE status = 'done'"
+        ).fetchone()
+    assert finished == (400 - stored_after, stored_after)
+
+
+def test_ctrl_c_after_the_last_batch_still_exits_130(
+    database_url: str, corpus: Path, tmp_path: Path
+) -> None:
+    """A Ctrl-C once every batch committed cuts nothing short, but the user pressed it."""
+    # The real command, which sends itself SIGINT when it closes the runtime: after the
+    # pipeline returned and the job was recorded.
+    script = textwrap.dedent(
+        """
+        import os, signal
+        from ragservice.bootstrap import Runtime
+        from ragservice.cli.ingest import main
+
+        close = Runtime.close
+
+        def ctrl_c_then_close(self):
+            os.kill(os.getpid(), signal.SIGINT)
+            close(self)
+
+        Runtime.close = ctrl_c_then_close
+        main()
+        """
+    )
+    result = run([sys.executable, "-c", script, str(corpus), "-c", "docs"], database_url, tmp_path)
+    assert result.returncode == 130, result.stderr
+    assert "Ctrl-C after the last batch had committed; nothing was cut short" in result.stderr
+    assert "(committed: 2 new and 0 updated documents (2 chunks))" in result.stderr
+    with psycopg.connect(libpq(database_url)) as conn:
+        assert conn.execute("SELECT count(*) FROM documents").fetchone() == (2,)
+        job = conn.execute("SELECT status, (counts->>'new')::int FROM ingest_jobs").fetchone()
+    assert job == ("done", 2)
 
 
 def test_dev_cluster_runs_streaming_standbys_until_interrupted() -> None:
