@@ -12,6 +12,7 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
+from ragservice.cache.prompt_cache import PromptCache
 from ragservice.db.models import PromptCacheEntry, QueryLog
 from tests.api.conftest import Keys, ok, wait_for_job
 from tests.api.test_query import add_corpus, sse_events
@@ -192,12 +193,11 @@ def test_a_failing_cache_store_does_not_fail_the_answer(
     client: TestClient, keys: Keys, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     add_corpus(client, keys.writer)
-    cache = client.app.state.pipeline._cache  # type: ignore[attr-defined]
 
     def deadlock(*_: object, **__: object) -> None:
         raise RuntimeError("deadlock detected")
 
-    monkeypatch.setattr(cache, "put", deadlock)
+    monkeypatch.setattr(PromptCache, "put", deadlock)  # the app's one cache
     answer = ask(client, keys.reader)
     assert answer["cache"]["hit"] is False
     assert "[1]" in answer["answer"]

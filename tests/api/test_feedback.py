@@ -71,6 +71,8 @@ def test_feedback_is_stored_and_returned(
     [row] = stored(client)
     assert str(row.id) == created["id"]
     assert row.key_id is not None
+    assert (row.rating, row.scale, row.comment) == (1, "thumbs", "Spot on.")
+    assert (row.relevant_chunk_ids, row.irrelevant_chunk_ids) == ([uuid.UUID(cited)], [])
     # More feedback on the same answer is another row.
     stars = {"query_id": answer["query_id"], "rating": 2, "scale": "stars"}
     ok(client.post("/v1/feedback", json=stars, headers=keys.admin), 201)
@@ -84,8 +86,13 @@ def test_a_chunk_of_the_collections_may_be_judged_even_if_not_retrieved(
     seen = set(retrieved(client, answer["query_id"]))
     unseen = [c for c in chunks.values() if c not in seen]
     assert unseen, "k=2 over three documents leaves one chunk out"
-    body = {"query_id": answer["query_id"], "relevant_chunk_ids": unseen}
-    ok(client.post("/v1/feedback", json=body, headers=keys.reader), 201)
+    body = {"query_id": answer["query_id"], "rating": -1, "relevant_chunk_ids": unseen}
+    created = ok(client.post("/v1/feedback", json=body, headers=keys.reader), 201)
+    [row] = stored(client)
+    assert str(row.id) == created["id"]
+    assert (row.rating, row.scale) == (-1, "thumbs")  # thumbs is the default scale
+    assert row.relevant_chunk_ids == [uuid.UUID(c) for c in unseen]
+    assert row.irrelevant_chunk_ids == []
 
 
 def test_unknown_and_other_tenants_answers_are_not_found_alike(

@@ -25,14 +25,9 @@ from ragservice.embedding.finetune import BaseModel, TrainingOptions, finetune, 
 from ragservice.embedding.reembed import count_missing, reembed
 from ragservice.errors import ConflictError, InvalidInputError, NotFoundError
 from ragservice.types import LoadedDocument
-from tests.tiny_models import TOPIC_WORDS, build_tiny_sentence_transformer
+from tests.tiny_models import TOPIC_WORDS
 
 TOPICS = TOPIC_WORDS[:7]
-
-
-@pytest.fixture(scope="module")
-def tiny_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_tiny_sentence_transformer(tmp_path_factory.mktemp("tiny-bi-encoder"))
 
 
 @pytest.fixture

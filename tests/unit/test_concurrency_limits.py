@@ -85,12 +85,18 @@ class FakeTorchEncoder:
         return np.full(DIMENSION, 0.5, dtype=np.float32)
 
 
-def fake_embedder(tracker: InFlight, bound: int, monkeypatch: pytest.MonkeyPatch | None) -> Any:
-    """An embedder on `FakeModel`; with `monkeypatch`, queries go to a torch-style encoder
-    (no model lock, as ONNX and torch queries run), else through the model's `encode`."""
-    embedder = SentenceTransformerEmbedder("fake", batch_size=2, max_concurrent=bound)
-    embedder._model = FakeModel(tracker)
-    if monkeypatch is not None:
+def fake_embedder(
+    tracker: InFlight, bound: int, monkeypatch: pytest.MonkeyPatch, *, torch_queries: bool = True
+) -> Any:
+    """An embedder that loads `FakeModel`; with `torch_queries`, queries go to a torch-style
+    encoder (no model lock, as ONNX and torch queries run), else through the model's `encode`."""
+    import sentence_transformers
+
+    monkeypatch.setattr(
+        sentence_transformers, "SentenceTransformer", lambda *_, **__: FakeModel(tracker)
+    )
+    embedder = SentenceTransformerEmbedder("fake", device="cpu", batch_size=2, max_concurrent=bound)
+    if torch_queries:
         cuda = SimpleNamespace(device=SimpleNamespace(type="cuda"))  # auto: torch, not ONNX
         monkeypatch.setattr(query_encoder, "QueryPipeline", lambda model: cuda)
         monkeypatch.setattr(query_encoder, "TorchQueryEncoder", lambda _: FakeTorchEncoder(tracker))
@@ -126,9 +132,12 @@ def test_batches_and_queries_share_one_bound(monkeypatch: pytest.MonkeyPatch) ->
     assert tracker.peak == 2  # a batch in progress plus queries: still two at most
 
 
-def test_queries_through_the_model_lock_do_not_deadlock_with_batches() -> None:
+def test_queries_through_the_model_lock_do_not_deadlock_with_batches(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     tracker = InFlight(seconds=0.005)
-    embedder = fake_embedder(tracker, 1, None)  # queries via `encode`: model lock, then slot
+    # Queries via `encode`: model lock, then slot.
+    embedder = fake_embedder(tracker, 1, monkeypatch, torch_queries=False)
     texts = [f"passage {i}" for i in range(6)]
 
     def work(i: int) -> int:

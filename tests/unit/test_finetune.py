@@ -19,7 +19,7 @@ from ragservice.embedding import registry
 from ragservice.embedding.embedder import SentenceTransformerEmbedder
 from ragservice.embedding.finetune import Split, TrainingOptions, evaluate, split_by_anchor, train
 from ragservice.errors import InvalidInputError
-from tests.tiny_models import TOPIC_WORDS, build_tiny_sentence_transformer
+from tests.tiny_models import TOPIC_WORDS
 
 
 def rows(questions: int, per_question: int = 2) -> list[dict[str, str]]:
@@ -123,11 +123,6 @@ def test_held_out_figures_are_computed_over_all_held_out_texts() -> None:
 
 
 # -- a real, tiny training run ---------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def tiny_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_tiny_sentence_transformer(tmp_path_factory.mktemp("tiny-bi-encoder"))
 
 
 def test_two_steps_of_training_save_a_model_the_service_loads(

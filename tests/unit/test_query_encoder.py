@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from ragservice.embedding import query_encoder as qe
 from ragservice.embedding.embedder import QueryEncoderChoice, SentenceTransformerEmbedder
@@ -92,10 +93,10 @@ def test_export_is_cached_and_reused(
     assert cached.suffix == ".onnx"
     stamp = cached.stat().st_mtime_ns
 
-    def no_export(*args: object) -> None:
+    def no_export(*args: object, **kwargs: object) -> None:
         raise AssertionError("exported again instead of reusing the cache")
 
-    monkeypatch.setattr(qe, "_export", no_export)
+    monkeypatch.setattr(torch.onnx, "export", no_export)
     second = fresh(tmp_path)
     second.warm_up()
     assert second.query_backend == "onnx"
@@ -111,10 +112,10 @@ def test_failed_export_falls_back_to_torch(
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    def broken(*args: object) -> None:
+    def broken(*args: object, **kwargs: object) -> None:
         raise RuntimeError("exporter exploded")
 
-    monkeypatch.setattr(qe, "_export", broken)
+    monkeypatch.setattr(torch.onnx, "export", broken)
     fallback = fresh(tmp_path, "onnx")
     with caplog.at_level(logging.WARNING, logger="ragservice"):
         fallback.warm_up()

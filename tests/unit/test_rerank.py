@@ -7,6 +7,7 @@ import uuid
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -129,9 +130,44 @@ def test_a_folder_without_a_model_is_a_configuration_error(tmp_path: Path) -> No
         CrossEncoderReranker(str(tmp_path), device="cpu").warm_up()
 
 
-def test_nothing_loads_before_warm_up_or_first_use(tmp_path: Path) -> None:
+@pytest.fixture
+def constructed(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The model folders a `CrossEncoder` is built from from now on (the real class still runs)."""
+    import sentence_transformers
+
+    built: list[str] = []
+    real = sentence_transformers.CrossEncoder
+
+    def spy(model_name_or_path: str, *args: Any, **kwargs: Any) -> Any:
+        built.append(model_name_or_path)
+        return real(model_name_or_path, *args, **kwargs)
+
+    monkeypatch.setattr(sentence_transformers, "CrossEncoder", spy)
+    return built
+
+
+def test_nothing_loads_before_warm_up_or_first_use(
+    tiny_cross_encoder_path: Path, tmp_path: Path, constructed: list[str]
+) -> None:
     # A bad name is only found out when loading: constructing must stay cheap and quiet.
-    CrossEncoderReranker(str(tmp_path / "missing"))
+    missing = CrossEncoderReranker(str(tmp_path / "missing"), device="cpu")
+    warmed = CrossEncoderReranker(str(tiny_cross_encoder_path), device="cpu")
+    used = CrossEncoderReranker(str(tiny_cross_encoder_path), device="cpu")
+    assert warmed.name == str(tiny_cross_encoder_path)
+    assert used.rerank("ocean", []).shape == (0,)
+    assert constructed == []  # nor by naming it, nor by scoring no texts
+
+    warmed.warm_up()
+    warmed.warm_up()
+    assert warmed.rerank("ocean", ["an ocean"]).shape == (1,)
+    assert constructed == [str(tiny_cross_encoder_path)]  # once, at warm-up
+
+    assert used.rerank("ocean", ["an ocean", "a river"]).shape == (2,)
+    assert used.device == "cpu"
+    assert constructed == [str(tiny_cross_encoder_path)] * 2  # once more, at first use
+
+    with pytest.raises(ConfigurationError, match="missing"):
+        missing.rerank("ocean", ["an ocean"])
 
 
 # -- settings -------------------------------------------------------------------------------
