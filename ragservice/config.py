@@ -129,6 +129,16 @@ class Settings(BaseSettings):
         ge=1,
         description="a document whose extracted text is longer is refused (a per-file error)",
     )
+    parse_timeout_seconds: float = Field(
+        default=60.0,
+        gt=0,
+        description="CPU and wall-clock seconds parsing one file may take (a per-file error)",
+    )
+    parse_memory_mib: int = Field(
+        default=2048,
+        ge=128,
+        description="address space of the process that parses files (more: a per-file error)",
+    )
     max_batch_items: int = Field(
         default=2048,
         ge=1,

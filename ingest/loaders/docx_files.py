@@ -22,9 +22,16 @@ _DOCX_MAX_MEMBERS = 10_000
 _DOCX_MAX_UNPACKED = 256 * 2**20
 _DOCX_MAX_RATIO = 200  # Deflate reaches about 1000:1 on zip bombs; XML rarely passes 20:1
 _DOCX_RATIO_FROM = 2**20  # small members may compress however well they like
+# The whole archive against the file's size, since many small members escape the check above
+# (256 one-MiB members of zeros make 256 MiB from a 300 KB file). Ordinary DOCX XML packs 5 to
+# 20:1 (python-docx's own template, mostly styles, 23:1), images and fonts about 1:1, so a real
+# file stays far below 100:1, while deflate gives a bomb about 1000:1. At 100:1, unpacking the
+# 256 MiB allowed above takes a file of 2.5 MiB or more; up to 1 MiB unpacks from any size.
+_DOCX_MAX_TOTAL_RATIO = 100
 
 
-def _check_archive(archive: zipfile.ZipFile) -> None:
+def _check_archive(archive: zipfile.ZipFile, size: int) -> None:
+    """Refuse an archive of `size` bytes that would unpack into far more than a document."""
     members = archive.infolist()
     if len(members) > _DOCX_MAX_MEMBERS:
         raise ParseError(f"refused: the archive has {len(members)} members (a zip bomb?)")
@@ -38,11 +45,16 @@ def _check_archive(archive: zipfile.ZipFile) -> None:
                 f"refused: {clean_text(member.filename)[:100]!r} is compressed {ratio:.0f}:1 "
                 "(a zip bomb?)"
             )
+    if unpacked > max(_DOCX_RATIO_FROM, _DOCX_MAX_TOTAL_RATIO * size):
+        raise ParseError(
+            f"refused: the DOCX unpacks to {unpacked / 2**20:.1f} MiB, more than "
+            f"{_DOCX_MAX_TOTAL_RATIO} times its size (a zip bomb?)"
+        )
 
 
 def parse_docx(data: bytes, _limits: DocumentLimits) -> Parsed:
     with bad_content("not a valid DOCX file"):
-        _check_archive(zipfile.ZipFile(io.BytesIO(data)))
+        _check_archive(zipfile.ZipFile(io.BytesIO(data)), len(data))
         document = docx.Document(io.BytesIO(data))
         blocks = [_docx_block(item) for item in document.iter_inner_content()]
         title = clean_title(document.core_properties.title) or _docx_title(document)

@@ -28,7 +28,7 @@ _INLINE_TAGS = frozenset({
 })
 # fmt: on
 _UNRENDERED_TAGS = frozenset({"head", "title", "meta", "link", "base"})
-_META_CHARSET = re.compile(rb"""<meta[^>]+charset\s*=\s*["']?\s*([A-Za-z0-9._:-]+)""", re.I)
+_CHARSET_DECLARATION = re.compile(rb"""charset\s*=\s*(?:["']\s*)?([A-Za-z0-9._:-]+)""", re.I)
 
 
 def parse_html(data: bytes, _limits: DocumentLimits) -> Parsed:
@@ -52,17 +52,39 @@ def _decode_html(data: bytes) -> str:
 
 
 def _declared_charset(head: bytes) -> str | None:
-    match = _META_CHARSET.search(head)
-    if match is None:
+    declared = _meta_charset(head)
+    if declared is None:
         return None
     try:
-        name = codecs.lookup(match.group(1).decode("ascii")).name
+        name = codecs.lookup(declared.decode("ascii")).name
     except LookupError:
         return None
     if name == "utf-8":
         return None  # declared UTF-8 that is not valid UTF-8: let detection have a go
     # Browsers read Latin-1 and ASCII labels as windows-1252 (WHATWG Encoding Standard).
     return "cp1252" if name in {"iso8859-1", "ascii"} else name
+
+
+def _meta_charset(head: bytes) -> bytes | None:
+    """The charset named in the first `<meta` tag that names one (the tag's last `charset=`).
+
+    What the regex `<meta[^>]+charset\\s*=\\s*["']?\\s*([A-Za-z0-9._:-]+)` finds, in linear
+    time: searched as one pattern it backtracked cubically (17 s on 4 KiB of
+    `<meta<meta…<meta charset=` and spaces). Each tag (up to its `>`) is read once, its
+    `charset` words right to left; a later `<meta` inside the same tag would only see fewer.
+    """
+    lowered = head.lower()  # ASCII only, as re.IGNORECASE is for bytes
+    start = lowered.find(b"<meta")
+    while start != -1:
+        end = lowered.find(b">", start)
+        end = len(head) if end == -1 else end
+        at = lowered.rfind(b"charset", start + 6, end)
+        while at != -1:
+            if match := _CHARSET_DECLARATION.match(head, at):
+                return match.group(1)
+            at = lowered.rfind(b"charset", start + 6, at + 6)
+        start = lowered.find(b"<meta", end)
+    return None
 
 
 def _drop_boilerplate(soup: BeautifulSoup) -> None:

@@ -14,14 +14,22 @@ TOO_DEEP = f"the metadata is nested deeper than {MAX_JSON_DEPTH} levels"
 
 @dataclass(frozen=True)
 class DocumentLimits:
-    """The most pages (PDF) and extracted characters one document may have; more is a failure."""
+    """The most pages (PDF) and extracted characters one document may have, and the seconds
+    (CPU and wall-clock) and memory parsing one file may take; more is a per-file failure."""
 
     max_pages: int
     max_chars: int
+    parse_seconds: float = 60.0
+    parse_memory_mib: int = 2048
 
     @classmethod
     def from_settings(cls, settings: Settings) -> DocumentLimits:
-        return cls(max_pages=settings.max_document_pages, max_chars=settings.max_document_chars)
+        return cls(
+            max_pages=settings.max_document_pages,
+            max_chars=settings.max_document_chars,
+            parse_seconds=settings.parse_timeout_seconds,
+            parse_memory_mib=settings.parse_memory_mib,
+        )
 
 
 def resolve_limits(limits: DocumentLimits | None) -> DocumentLimits:

@@ -7,13 +7,11 @@ from __future__ import annotations
 
 import io
 import re
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 from ingest.loaders.cleaning import clean_json, clean_text, clean_title, collapse
-from ingest.loaders.docx_files import parse_docx
-from ingest.loaders.html_files import parse_html
 from ingest.loaders.jsonl_files import JsonlFields, jsonl_results, load_jsonl
 from ingest.loaders.limits import (
     ID_TOO_LONG,
@@ -23,27 +21,14 @@ from ingest.loaders.limits import (
     resolve_limits,
     too_long,
 )
-from ingest.loaders.parsing import LoadResult, Parsed, ParseError
-from ingest.loaders.pdf_files import parse_pdf
-from ingest.loaders.text_files import parse_markdown, parse_text
+from ingest.loaders.parsing import LoadResult, ParseError
+from ingest.loaders.sandbox import PARSERS, parse_isolated
 from ingest.loaders.walking import iter_files
 from ragservice.limits import external_id_too_long, too_deep
 from ragservice.types import LoadedDocument, LoadFailure
 
 # The defaults read BEIR `corpus.jsonl`; frozen, so one shared instance is safe.
 _BEIR_FIELDS = JsonlFields()
-
-_Parser = Callable[[bytes, DocumentLimits], Parsed]
-# suffix -> (metadata file_type, parser); .jsonl is handled apart since it yields many documents
-_PARSERS: dict[str, tuple[str, _Parser]] = {
-    ".txt": ("text", parse_text),
-    ".md": ("markdown", parse_markdown),
-    ".markdown": ("markdown", parse_markdown),
-    ".html": ("html", parse_html),
-    ".htm": ("html", parse_html),
-    ".pdf": ("pdf", parse_pdf),
-    ".docx": ("docx", parse_docx),
-}
 
 
 def load_documents(
@@ -165,7 +150,7 @@ def upload_name(name: str) -> str:
 
 
 def _load_single(path: Path, external_id: str, suffix: str, limits: DocumentLimits) -> LoadResult:
-    if suffix not in _PARSERS:
+    if suffix not in PARSERS:
         return _unsupported(str(path), suffix)
     if external_id_too_long(external_id):
         return LoadFailure(str(path), ID_TOO_LONG)
@@ -184,18 +169,17 @@ def _parse_single(
     extra: dict[str, Any],
     limits: DocumentLimits,
 ) -> LoadResult:
-    parser = _PARSERS.get(suffix)
+    parser = PARSERS.get(suffix)
     if parser is None:
         return _unsupported(source, suffix)
-    file_type, parse = parser
     try:
-        parsed = parse(data, limits)
+        parsed = parse_isolated(suffix, data, limits)
     except ParseError as exc:
         return LoadFailure(source, str(exc))
     problem = too_long(parsed.text, limits) if parsed.text else NO_TEXT
     if problem:
         return LoadFailure(source, problem)
-    provenance = {"source_path": external_id, "file_type": file_type}
+    provenance = {"source_path": external_id, "file_type": parser[0]}
     return LoadedDocument(
         external_id=external_id,
         text=parsed.text,

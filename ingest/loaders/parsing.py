@@ -34,8 +34,8 @@ def bad_content(what: str) -> Iterator[None]:
     """
     try:
         yield
-    except ParseError:
-        raise
+    except (ParseError, MemoryError):
+        raise  # a MemoryError is the sandbox's to report ("used more than N MiB")
     except Exception as exc:
         raise ParseError(f"{what}: {describe(exc)}") from exc
 

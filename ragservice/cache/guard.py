@@ -60,13 +60,13 @@ _PREFIX = re.compile(
     r"|true\s+or\s+false\s*[:?-]|(?:claim|question|fact[\s-]*check|verify)\s*:)\s*",
     re.IGNORECASE,
 )
-# Bare "true?" only after a separator, so "The opposite is true?" keeps its last word.
-_SUFFIX = re.compile(
-    r"(?:\s*[-,:;(]\s*(?:true|right|correct|true\s+or\s+false)"
-    r"|\s+(?:is\s+(?:that|it|this)\s+(?:true|right|correct)|true\s+or\s+false))"
-    r"\s*\)?\s*\?+\s*$",
-    re.IGNORECASE,
-)
+# The filler suffix is found from the end of the text (`_suffix_start`), not by a regex search:
+# a pattern that starts and ends with `\s*` backtracks quadratically through long whitespace.
+# Its words, each matched case-insensitively where the grammar puts it:
+_SUFFIX_VERDICT = re.compile(r"true|right|correct", re.IGNORECASE)
+_SUFFIX_SUBJECT = re.compile(r"that|it|this", re.IGNORECASE)
+_SUFFIX_WORD = {word: re.compile(word, re.IGNORECASE) for word in ("is", "true", "or", "false")}
+_SUFFIX_SEPARATORS = "-,:;("
 # SciFact writes "CTLA - 4" and "G - quadruplex"; glue so they key like "CTLA-4".
 _SPACED_HYPHEN = re.compile(r"(?<=\w) - (?=\w)")
 _SPACE = re.compile(r"\s+")
@@ -97,11 +97,71 @@ def _clean(text: str) -> str:
 
 def _strip_fillers(text: str) -> str:
     for _ in range(3):  # "Claim: is it true that X?" stacks two.
-        stripped = _SUFFIX.sub("", _PREFIX.sub("", text, count=1))
+        stripped = _PREFIX.sub("", text, count=1)
+        stripped = stripped[: _suffix_start(stripped)]
         if stripped == text:
             break
         text = stripped
     return text
+
+
+def _suffix_start(text: str) -> int | None:
+    """Where a filler suffix ending the text starts (None when there is none), in one pass.
+
+    The suffix, case-insensitive, with S for whitespace:
+    `S* [-,:;(] S* (true|right|correct|true S+ or S+ false) TAIL` or
+    `S+ (is S+ (that|it|this) S+ (true|right|correct) | true S+ or S+ false) TAIL`,
+    with `TAIL = S* )? S* ?+ S*` up to the end. Bare "true?" only after a separator, so
+    "The opposite is true?" keeps its last word. Where several readings fit, the one that
+    starts first wins (as the leftmost match of a regex would), taking in all the whitespace
+    before it.
+    """
+    end = _space_start(text, len(text))
+    marks = len(text[:end].rstrip("?"))
+    if marks == end:
+        return None
+    phrase_end = _space_start(text, marks)
+    if phrase_end > 0 and text[phrase_end - 1] == ")":
+        phrase_end = _space_start(text, phrase_end - 1)
+    verdict = _word_before(text, phrase_end, _SUFFIX_VERDICT, (4, 5, 7))
+    subject = _spaced_word_before(text, verdict, _SUFFIX_SUBJECT, (2, 4))
+    is_that = _spaced_word_before(text, subject, _SUFFIX_WORD["is"], (2,))
+    either = _word_before(text, phrase_end, _SUFFIX_WORD["false"], (5,))
+    for word in ("or", "true"):
+        either = _spaced_word_before(text, either, _SUFFIX_WORD[word], (len(word),))
+    starts = []
+    for phrase in (verdict, either):  # may follow a separator
+        separator = None if phrase is None else _space_start(text, phrase)
+        if separator and text[separator - 1] in _SUFFIX_SEPARATORS:
+            starts.append(_space_start(text, separator - 1))
+    for phrase in (is_that, either):  # may follow whitespace
+        if phrase is not None and (space := _space_start(text, phrase)) < phrase:
+            starts.append(space)
+    return min(starts, default=None)
+
+
+def _space_start(text: str, end: int) -> int:
+    """The start of the whitespace run that ends at `end` (`end` itself when there is none)."""
+    return len(text[:end].rstrip())
+
+
+def _word_before(
+    text: str, end: int | None, word: re.Pattern[str], lengths: Iterable[int]
+) -> int | None:
+    """The start of a match of `word` that ends at `end`, if there is one."""
+    if end is None:
+        return None
+    return next((end - n for n in lengths if n <= end and word.fullmatch(text, end - n, end)), None)
+
+
+def _spaced_word_before(
+    text: str, start: int | None, word: re.Pattern[str], lengths: Iterable[int]
+) -> int | None:
+    """The start of `word` followed by at least one whitespace character and then `start`."""
+    if start is None:
+        return None
+    end = _space_start(text, start)
+    return _word_before(text, end, word, lengths) if end < start else None
 
 
 def _strip_punctuation(text: str) -> str:

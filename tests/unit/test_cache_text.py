@@ -120,3 +120,46 @@ def test_comparison_symbols_and_sharps_survive_normalization() -> None:
     assert normalize_prompt("x > y?") != normalize_prompt("x < y?")
     assert normalize_prompt("What about C#?") != normalize_prompt("What about C?")
     assert normalize_prompt("Is it true that x > y?") == normalize_prompt("x > y")
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "X lowers Y, true or false?",
+        "X lowers Y (right)?",
+        "X lowers Y is that correct?",
+        "X lowers Y true or false ??",
+        "X lowers Y - TRUE ) ?",
+        "Claim: X lowers Y, is it true?",
+        "X lowers Y; correct?",
+        "X lowers Y is it right ?",
+    ],
+)
+def test_every_filler_suffix_is_stripped(text: str) -> None:
+    assert normalize_prompt(text) == "x lowers y"
+
+
+# Long whitespace runs. Where no filler suffix ends the text, its regex backtracked
+# quadratically: 11 s at 20,000 spaces, so about 5 minutes at 100,000; now a fraction of a
+# second. The bound only has to catch that. The last two have a suffix to strip.
+M = 100_000
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("a" + " " * M + "b", "a b"),
+        ("a" + "\t" * M + "b?", "a b"),
+        ("X lowers Y - true" + " " * M + "x", "x lowers y-true x"),
+        ("X, true" + " " * M + "or" + " " * M + "false" + " " * M + "!", "x true or false"),
+        ("true" + " " * M + "or" + " " * M + "x", "true or x"),
+        ("X lowers Y" + " " * M + "- true" + " " * M + ")" + " " * M + "?" + " " * M, "x lowers y"),
+        ("X" + " " * M + "is" + " " * M + "that" + " " * M + "true?", "x"),
+    ],
+)
+def test_long_whitespace_runs_cost_linear_time(text: str, expected: str) -> None:
+    started = time.perf_counter()
+    assert normalize_prompt(text) == expected
+    assert meaning_differs(text, text) is None
+    assert meaning_differs(text, "X does not lower Y") is not None
+    assert time.perf_counter() - started < 2.0

@@ -400,6 +400,28 @@ def test_random_texts_always_terminate_in_well_formed_chunks(seed: int) -> None:
             assert chunks == []
 
 
+@pytest.mark.parametrize(
+    ("line", "heading"),
+    [
+        ("# a" + " " * 200_000 + "b", "a" + " " * 200_000 + "b"),
+        ("# a" + " " * 200_000 + "#" * 200_000 + " " * 200_000, "a"),
+        (
+            "## a" + " #" * 200_000 + "\t" * 200_000 + "x",
+            "a" + " #" * 200_000 + "\t" * 200_000 + "x",
+        ),
+    ],
+)
+def test_hostile_heading_lines_cost_linear_time(line: str, heading: str) -> None:
+    # The loader's heading regex was quadratic on lines like these (minutes at this size);
+    # the heading and closing-hash patterns here must stay linear.
+    text = f"{line}\nBody text."
+    tokenizer = CachedTokenizer(RegexTokenizer().token_spans(text))
+    started = time.perf_counter()
+    chunks = chunk(text, format="markdown", tokenizer=tokenizer)
+    assert time.perf_counter() - started < 2.0
+    assert {tuple(c.metadata["headings"]) for c in chunks} == {(heading,)}
+
+
 def test_a_megabyte_chunks_without_quadratic_blowup() -> None:
     # Takes about 0.2 s; the generous bound only catches quadratic behaviour (minutes).
     text = prose(random.Random(5), paragraphs=400)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import io
 import json
+import random
+import time
 import zipfile
 from pathlib import Path
 
@@ -24,6 +26,8 @@ from ingest.loaders import (
     load_text,
     upload_name,
 )
+from ingest.loaders.html_files import parse_html
+from ingest.loaders.text_files import parse_markdown
 from ragservice.types import LoadedDocument, LoadFailure
 
 # --------------------------------------------------------------------------- helpers
@@ -165,6 +169,37 @@ def test_markdown_without_h1_has_no_title(tmp_path: Path) -> None:
     assert doc.title is None
 
 
+@pytest.mark.parametrize(
+    ("line", "title"),
+    [
+        ("# Title", "Title"),
+        ("   #  Spaced   title  ", "Spaced title"),
+        ("#\tTabbed\t##\t", "Tabbed"),
+        ("# Closing # ###", "Closing #"),
+        ("# Title#", "Title#"),
+        ("# C# and F#", "C# and F#"),
+        ("# ###", "###"),
+        ("#", None),
+        ("#Title", None),
+        ("## Sub", None),
+        ("    # Indented code", None),
+    ],
+)
+def test_markdown_title_follows_the_atx_heading_rules(line: str, title: str | None) -> None:
+    assert parse_markdown(f"{line}\n\nBody".encode(), LIMITS).title == title
+
+
+def test_a_long_markdown_heading_line_costs_linear_time() -> None:
+    # The heading regex backtracked quadratically on a run of spaces inside the title: 9.7 s
+    # at 40,000 spaces, so minutes here. Linear, it takes milliseconds.
+    m = 200_000
+    started = time.perf_counter()
+    spaced = parse_markdown(("# a" + " " * m + "b").encode(), LIMITS)
+    closed = parse_markdown(("# a" + " " * m + "#" * m + " " * m + "\n# b").encode(), LIMITS)
+    assert time.perf_counter() - started < 2.0
+    assert (spaced.title, closed.title) == ("a b", "a")
+
+
 # --------------------------------------------------------------------------- HTML
 
 PAGE = """<!doctype html>
@@ -240,6 +275,17 @@ def test_html_meta_charset_is_respected(tmp_path: Path) -> None:
     )
     doc = loaded(write(tmp_path / "latin.html", html.encode("latin-1")))
     assert doc.text == "Gr\u00fc\u00dfe"
+
+
+def test_a_hostile_meta_tag_costs_linear_time() -> None:
+    # `<meta<meta…<meta charset=` and spaces: the charset regex backtracked cubically, 17 s on
+    # these 4 KiB. Linear, it takes microseconds.
+    head = b"<meta" * 270 + b" charset=" + b" " * 2700
+    started = time.perf_counter()
+    undeclared = parse_html(head + b"!><p>Hello</p>", LIMITS)
+    latin = parse_html(head + b"'latin1'><p>Gr\xfc\xdfe</p>", LIMITS)
+    assert time.perf_counter() - started < 2.0
+    assert (undeclared.text, latin.text) == ("Hello", "Gr\u00fc\u00dfe")
 
 
 def test_html_with_only_boilerplate_fails(tmp_path: Path) -> None:
@@ -485,6 +531,18 @@ def test_iter_files_include_and_exclude(tree: Path) -> None:
     assert relative_ids(tree, include=("[ab].*",)) == ["a.md", "b.txt"]
 
 
+def test_globs_cost_linear_time_on_deep_paths(tmp_path: Path) -> None:
+    # Translated to one regex, the stars backtracked through every way of sharing the path
+    # among them: 13 s for a 194-character path, 82 s for this 284-character one.
+    deep = tmp_path.joinpath(*["a"] * 70)
+    write(deep / ("a" * 140 + ".txt"), "not taken")
+    write(deep / "xaxaxab", "taken")
+    started = time.perf_counter()
+    found = relative_ids(tmp_path, include=("**/**/**/*a*a*a*b",), exclude=("**/**/*a*a*a*c",))
+    assert time.perf_counter() - started < 2.0
+    assert found == ["a/" * 70 + "xaxaxab"]
+
+
 def test_iter_files_direct_file_uses_its_name(tree: Path) -> None:
     direct = [tree / "docs" / "guide.md", tree / "notes.xyz"]
     assert list(iter_files(direct)) == [(direct[0], "guide.md"), (direct[1], "notes.xyz")]
@@ -658,12 +716,40 @@ def test_a_docx_with_too_many_members_is_refused() -> None:
 
 
 def test_a_docx_that_unpacks_too_large_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The format's parser itself, in this process: the limit is patched here, not in the
+    # sandbox that `load_bytes` parses in.
+    from ingest.loaders.docx_files import parse_docx
+    from ingest.loaders.parsing import ParseError
+
     data = make_docx()
-    assert isinstance(one("fine.docx", data), LoadedDocument)
+    assert parse_docx(data, LIMITS).title == "Quarterly Report"
     monkeypatch.setattr("ingest.loaders.docx_files._DOCX_MAX_UNPACKED", 10_000)
-    result = one("fine.docx", data)
-    assert isinstance(result, LoadFailure)
-    assert result.reason.startswith("refused: the archive unpacks to ")
+    with pytest.raises(ParseError, match=r"^refused: the archive unpacks to "):
+        parse_docx(data, LIMITS)
+
+
+def test_a_docx_of_many_small_well_packed_members_is_refused() -> None:
+    # Each member unpacks to 1 MiB, too little for the per-member ratio check; together they
+    # make 24 MiB from about 60 KB.
+    buffer = io.BytesIO(make_docx())
+    with zipfile.ZipFile(buffer, "a", zipfile.ZIP_DEFLATED) as archive:
+        for i in range(24):
+            archive.writestr(f"customXml/packed{i}.xml", b"<a/>" * (2**20 // 4))
+        unpacked = sum(member.file_size for member in archive.infolist())
+    data = buffer.getvalue()
+    assert len(data) < 100_000
+    assert one("packed.docx", data) == LoadFailure(
+        "packed.docx",
+        f"refused: the DOCX unpacks to {unpacked / 2**20:.1f} MiB, more than 100 times its size "
+        "(a zip bomb?)",
+    )
+
+
+def test_a_docx_with_a_large_picture_is_not_a_zip_bomb() -> None:
+    buffer = io.BytesIO(make_docx())
+    with zipfile.ZipFile(buffer, "a", zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr("word/media/image1.png", random.Random(0).randbytes(2 * 2**20))
+    assert isinstance(one("picture.docx", buffer.getvalue()), LoadedDocument)
 
 
 def test_encrypted_and_truncated_pdfs_fail_clearly() -> None:

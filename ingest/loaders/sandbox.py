@@ -1,0 +1,250 @@
+"""Untrusted files are parsed in a child process with CPU-time, memory and wall-clock limits.
+
+A file that makes a parser spin (a pathological PDF, a regex case) or balloon (a DOCX that
+unpacks to gigabytes of XML) then becomes a per-file error ("parsing took longer than N s",
+"parsing used more than N MiB") instead of holding the GIL of the server, whose ingest workers
+are threads beside the request handlers, or its memory.
+
+Each thread that parses gets its own child: a fresh interpreter (never a fork of the server
+with its model and thread pools) started once and kept for the next file. The child runs with
+an address-space limit (`RLIMIT_AS`) and, before each file, a CPU-time limit of the time it has
+used plus the file's allowance (`RLIMIT_CPU`: the kernel stops it with SIGXCPU, whatever C code
+it is in). The parent waits for the answer no longer than the wall-clock limit; a child that is
+stopped, dies or runs late is replaced. Messages are length-prefixed frames: the file's bytes
+one way, JSON the other (the parent never unpickles what a parser's process sends).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import resource
+import select
+import signal
+import struct
+import subprocess
+import sys
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from ingest.loaders.docx_files import parse_docx
+from ingest.loaders.html_files import parse_html
+from ingest.loaders.limits import DocumentLimits
+from ingest.loaders.parsing import Parsed, ParseError
+from ingest.loaders.pdf_files import parse_pdf
+from ingest.loaders.text_files import parse_markdown, parse_text
+
+Parser = Callable[[bytes, DocumentLimits], Parsed]
+
+# suffix -> (metadata file_type, parser); .jsonl is read apart since it yields many documents
+PARSERS: dict[str, tuple[str, Parser]] = {
+    ".txt": ("text", parse_text),
+    ".md": ("markdown", parse_markdown),
+    ".markdown": ("markdown", parse_markdown),
+    ".html": ("html", parse_html),
+    ".htm": ("html", parse_html),
+    ".pdf": ("pdf", parse_pdf),
+    ".docx": ("docx", parse_docx),
+}
+
+_STARTUP_SECONDS = 60.0  # a child imports the parsers before it says it is ready
+_LENGTH = struct.Struct("!Q")
+_CHILD = "from ingest.loaders.sandbox import serve; serve()"
+
+
+def parse_isolated(suffix: str, data: bytes, limits: DocumentLimits) -> Parsed:
+    """Parse `data` by its suffix in this thread's sandbox; ParseError for bad content and for
+    a parse over the limits."""
+    sandbox: _Sandbox | None = getattr(_local, "sandbox", None)
+    if sandbox is None:
+        sandbox = _local.sandbox = _Sandbox()
+    return sandbox.parse(suffix, data, limits)
+
+
+def sandbox_pid() -> int | None:
+    """The process id of this thread's parser process; None before its first file."""
+    sandbox: _Sandbox | None = getattr(_local, "sandbox", None)
+    return sandbox.pid if sandbox is not None else None
+
+
+def took_too_long(limits: DocumentLimits) -> str:
+    return f"parsing took longer than {limits.parse_seconds:g} s (RAGSERVICE_PARSE_TIMEOUT_SECONDS)"
+
+
+def used_too_much(limits: DocumentLimits) -> str:
+    return f"parsing used more than {limits.parse_memory_mib} MiB (RAGSERVICE_PARSE_MEMORY_MIB)"
+
+
+_local = threading.local()
+
+
+class _Late(Exception):
+    """The child did not answer in time."""
+
+
+class _Sandbox:
+    """One child process and the pipes to it; replaced after any failure of the child."""
+
+    def __init__(self) -> None:
+        self._child: subprocess.Popen[bytes] | None = None
+        self._memory_mib = 0
+
+    @property
+    def pid(self) -> int | None:
+        return None if self._child is None else self._child.pid
+
+    def parse(self, suffix: str, data: bytes, limits: DocumentLimits) -> Parsed:
+        child = self._start(limits.parse_memory_mib)
+        request = {"suffix": suffix, "limits": dataclasses.asdict(limits)}
+        try:
+            _send(child, json.dumps(request).encode(), data)
+            reply = _receive(child, time.monotonic() + limits.parse_seconds)
+        except _Late:
+            self._stop()
+            raise ParseError(took_too_long(limits)) from None
+        except (EOFError, OSError):
+            code = self._stop()
+            if code == -signal.SIGXCPU:
+                raise ParseError(took_too_long(limits)) from None
+            # Anything else that kills a parser (an allocation C code could not survive, an
+            # abort) is a file it could not handle within its memory.
+            raise ParseError(used_too_much(limits)) from None
+        return self._outcome(json.loads(reply), limits)
+
+    def _outcome(self, reply: dict[str, Any], limits: DocumentLimits) -> Parsed:
+        if reply["kind"] == "ok":
+            return Parsed(reply["text"], reply["title"], reply["format"], reply["metadata"])
+        if reply["kind"] == "memory":
+            self._stop()  # a MemoryError may leave the child's heap in a poor state
+            raise ParseError(used_too_much(limits))
+        raise ParseError(str(reply["reason"]))
+
+    def _start(self, memory_mib: int) -> subprocess.Popen[bytes]:
+        child = self._child
+        if child is not None and child.poll() is None and self._memory_mib == memory_mib:
+            return child
+        self._stop()
+        child = subprocess.Popen(
+            [sys.executable, "-c", _CHILD, str(memory_mib)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=_child_environment(),
+        )
+        try:
+            if _receive(child, time.monotonic() + _STARTUP_SECONDS) != b"ready":
+                raise EOFError
+        except (_Late, EOFError, OSError):
+            _kill(child)
+            raise ParseError("the parser process did not start") from None
+        self._child, self._memory_mib = child, memory_mib
+        weakref.finalize(self, _kill, child)
+        return child
+
+    def _stop(self) -> int | None:
+        child, self._child = self._child, None
+        return None if child is None else _kill(child)
+
+
+def _child_environment() -> dict[str, str]:
+    """The parent's environment, with the folder that holds `ingest` first on the path."""
+    root = str(Path(__file__).resolve().parents[2])
+    path = os.environ.get("PYTHONPATH")
+    return {**os.environ, "PYTHONPATH": root if not path else os.pathsep.join([root, path])}
+
+
+def _kill(child: subprocess.Popen[bytes]) -> int | None:
+    if child.poll() is None:
+        child.kill()
+    for pipe in (child.stdin, child.stdout):
+        if pipe is not None:
+            pipe.close()
+    return child.wait(5)
+
+
+def _send(child: subprocess.Popen[bytes], *frames: bytes) -> None:
+    assert child.stdin is not None
+    for frame in frames:
+        child.stdin.write(_LENGTH.pack(len(frame)))
+        child.stdin.write(frame)
+    child.stdin.flush()
+
+
+def _receive(child: subprocess.Popen[bytes], deadline: float) -> bytes:
+    assert child.stdout is not None
+    fd = child.stdout.fileno()
+    size = _LENGTH.unpack(_read(fd, _LENGTH.size, deadline))[0]
+    return _read(fd, size, deadline)
+
+
+def _read(fd: int, size: int, deadline: float) -> bytes:
+    """Exactly `size` bytes from `fd`; _Late past the deadline, EOFError if the child died."""
+    chunks: list[bytes] = []
+    while size:
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([fd], [], [], left)[0]:
+            raise _Late
+        chunk = os.read(fd, min(size, 2**20))
+        if not chunk:
+            raise EOFError
+        chunks.append(chunk)
+        size -= len(chunk)
+    return b"".join(chunks)
+
+
+# -- in the child ----------------------------------------------------------------------------
+
+
+def serve() -> None:
+    """The child's loop: parse what arrives until the parent closes the pipe."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the parent to handle
+    _soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    limit = _within(int(sys.argv[1]) * 2**20, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
+    source, sink = sys.stdin.buffer, sys.stdout.buffer
+    _write(sink, b"ready")
+    while header := _read_frame(source):
+        request = json.loads(header)
+        data = _read_frame(source)
+        limits = DocumentLimits(**request["limits"])
+        _limit_cpu(limits.parse_seconds)
+        _write(sink, json.dumps(_parse(request["suffix"], data, limits)).encode())
+
+
+def _read_frame(source: BinaryIO) -> bytes:
+    head = source.read(_LENGTH.size)
+    if len(head) < _LENGTH.size:
+        return b""
+    return source.read(_LENGTH.unpack(head)[0])
+
+
+def _write(sink: BinaryIO, frame: bytes) -> None:
+    sink.write(_LENGTH.pack(len(frame)))
+    sink.write(frame)
+    sink.flush()
+
+
+def _parse(suffix: str, data: bytes, limits: DocumentLimits) -> dict[str, Any]:
+    try:
+        parsed = PARSERS[suffix][1](data, limits)
+    except ParseError as exc:
+        return {"kind": "error", "reason": str(exc)}
+    except MemoryError:
+        return {"kind": "memory"}
+    return {"kind": "ok", **dataclasses.asdict(parsed)}
+
+
+def _limit_cpu(seconds: float) -> None:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    used = usage.ru_utime + usage.ru_stime
+    _soft, hard = resource.getrlimit(resource.RLIMIT_CPU)
+    resource.setrlimit(resource.RLIMIT_CPU, (_within(math.ceil(used + seconds), hard), hard))
+
+
+def _within(value: int, hard: int) -> int:
+    return value if hard == resource.RLIM_INFINITY else min(value, hard)
