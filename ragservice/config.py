@@ -129,6 +129,11 @@ class Settings(BaseSettings):
         ge=1,
         description="a document whose extracted text is longer is refused (a per-file error)",
     )
+    allow_no_row_security: bool = Field(
+        default=False,
+        description="serve even when the ragservice_service role is missing (no row-level "
+        "security in the database: only the tenant checks in code)",
+    )
     parse_timeout_seconds: float = Field(
         default=60.0,
         gt=0,

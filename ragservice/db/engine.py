@@ -171,7 +171,7 @@ def open_database(
         check_pgvector(bootstrap)
         if run_migrations:
             migrate.upgrade(bootstrap)
-        role = service_role(bootstrap)
+        role = service_role(bootstrap, allow_missing=settings.allow_no_row_security)
     finally:
         bootstrap.dispose()
     write_engine = make_engine(url, role=role)
@@ -193,18 +193,24 @@ def open_database(
     )
 
 
-def service_role(engine: Engine) -> str | None:
-    """`SERVICE_ROLE` if the connecting user may work as it, else None (with a warning: the
-    tenant checks in code still hold, the database's own isolation does not)."""
+def service_role(engine: Engine, *, allow_missing: bool = False) -> str | None:
+    """`SERVICE_ROLE` if the connecting user may work as it. Otherwise the database's own tenant
+    isolation would not hold (the checks in code would): ConfigurationError, unless
+    `allow_missing` (RAGSERVICE_ALLOW_NO_ROW_SECURITY), which gives None and a warning."""
     with engine.connect() as conn:
         usable = bool(conn.execute(_ROLE_USABLE, {"role": SERVICE_ROLE}).scalar_one())
-    if not usable:
-        log.warning(
-            "row-level security is not enforced: role %s is missing or not granted to the "
-            "database user (see docs/operators.md#tenant-isolation)",
-            SERVICE_ROLE,
+    if usable:
+        return SERVICE_ROLE
+    problem = (
+        f"row-level security is not enforced: role {SERVICE_ROLE} is missing or not granted "
+        "to the database user (see docs/operators.md#tenant-isolation)"
+    )
+    if not allow_missing:
+        raise ConfigurationError(
+            f"{problem}; set RAGSERVICE_ALLOW_NO_ROW_SECURITY=1 to serve without it"
         )
-    return SERVICE_ROLE if usable else None
+    log.warning("%s; serving anyway (RAGSERVICE_ALLOW_NO_ROW_SECURITY)", problem)
+    return None
 
 
 def tenant_scoped(sessions: sessionmaker[Session]) -> sessionmaker[Session]:

@@ -4,6 +4,8 @@ rows of the tenant its transaction names, and none when it names none."""
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterator
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -14,9 +16,11 @@ from sqlalchemy.exc import ProgrammingError
 from ingest.pipeline import IngestPipeline
 from ragservice import store
 from ragservice.bootstrap import Runtime
-from ragservice.db import tenancy
+from ragservice.config import Settings
+from ragservice.db import open_database, tenancy
 from ragservice.db.engine import SERVICE_ROLE
 from ragservice.db.scope import request_scope
+from ragservice.errors import ConfigurationError
 from ragservice.retrieval.search import Mode, SearchOptions
 from ragservice.types import LoadedDocument
 
@@ -166,3 +170,36 @@ def test_search_over_foreign_collection_ids_finds_nothing(
             with tenancy.as_tenant(acme):
                 hits = searcher.search(collection_ids=[globex_docs], query="steel", options=scoped)
             assert hits.hits == [], mode
+
+
+@pytest.fixture
+def user_without_the_service_role(database_url: str) -> Iterator[str]:
+    """A login that may connect but is not a member of ragservice_service."""
+    name = f"plain_{uuid.uuid4().hex[:8]}"
+    libpq = (
+        make_url(database_url).set(drivername="postgresql").render_as_string(hide_password=False)
+    )
+    with psycopg.connect(libpq, autocommit=True) as conn:
+        conn.execute(psycopg.sql.SQL("CREATE ROLE {} LOGIN").format(psycopg.sql.Identifier(name)))
+    yield (
+        make_url(database_url)
+        .set(username=name, password=None)
+        .render_as_string(hide_password=False)
+    )
+    with psycopg.connect(libpq, autocommit=True) as conn:
+        conn.execute(psycopg.sql.SQL("DROP ROLE {}").format(psycopg.sql.Identifier(name)))
+
+
+def test_without_the_service_role_the_service_refuses_to_start_unless_told(
+    user_without_the_service_role: str, tmp_path: Path
+) -> None:
+    settings = Settings(database_url=user_without_the_service_role, data_dir=tmp_path)
+    with pytest.raises(ConfigurationError, match="RAGSERVICE_ALLOW_NO_ROW_SECURITY=1"):
+        open_database(settings, run_migrations=False)
+
+    allowed = settings.model_copy(update={"allow_no_row_security": True})
+    db = open_database(allowed, run_migrations=False)
+    try:
+        assert db.role is None
+    finally:
+        db.dispose()
