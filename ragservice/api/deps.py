@@ -86,7 +86,8 @@ def _principal(runtime: Runtime, secret: str | None) -> Principal:
     if not secret:
         raise AuthenticationError("missing API key: send `Authorization: Bearer <key>`")
     # The key decides the tenant, so finding it is the one read of a request across tenants.
-    with tenancy.as_system(), runtime.db.read() as session:
+    # On the primary: a revoked key must not live on for as long as a replica lags.
+    with tenancy.as_system(), runtime.db.read(primary=True) as session:
         key = store.tenants.get_api_key(session, hash_key(secret))
     if key is None:
         raise AuthenticationError("unknown or revoked API key")

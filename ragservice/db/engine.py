@@ -79,9 +79,16 @@ class Database:
             session.close()
 
     @contextmanager
-    def read(self) -> Iterator[Session]:
+    def read(self, *, primary: bool = False) -> Iterator[Session]:
         """A read-only session; never commits. On a replica the router picks when the request
-        allows replica reads (see `scope`), else on the primary."""
+        allows replica reads (see `scope`) and not `primary`, else on the primary.
+
+        `primary`: reads that must see the latest state whatever replicas lag, such as the API
+        key lookup (a revoked key must stop working at once, a new one work at once)."""
+        if primary:
+            with self.read_sessions() as session:
+                yield session
+            return
         scope = current_scope()
         routed = None
         if self.router is not None and scope is not None and scope.replica_reads:

@@ -252,3 +252,49 @@ def test_replicas_status_command(
     listed = {node["name"]: node for node in json.loads(result.stdout)}
     assert listed["eu-1"]["serving"] is True
     assert listed["us-1"]["role"] == "replica"
+
+
+def test_api_keys_are_looked_up_on_the_primary(
+    dev_cluster: DevCluster,
+    embedder: SentenceTransformerEmbedder,
+    standbys: dict[str, Standby],
+    tmp_path: Path,
+) -> None:
+    """A key made while both replicas have stopped replaying works at once, and a revoked one
+    stops at once: neither waits for a replica to catch up."""
+    from ragservice import store
+    from ragservice.auth.keys import new_key
+
+    settings = Settings(
+        database_url=dev_cluster.primary_url,
+        replicas=dev_cluster.replicas_setting(),
+        region="eu",
+        replica_check_seconds=0.1,
+        replica_max_lag_seconds=60,  # a paused replica stays in use for reads
+        auth_disabled=False,
+        data_dir=tmp_path,
+    )
+    with TestClient(create_app(settings, embedder=embedder), raise_server_exceptions=False) as c:
+        wait_until(lambda: serving_with(c) == {"eu-1", "us-1"})
+        for standby in standbys.values():
+            execute(standby, "SELECT pg_wal_replay_pause()")
+        key = new_key()
+        db = c.app.state.runtime.db  # type: ignore[attr-defined]
+        with db.write() as session:
+            tenant_id = store.tenants.ensure_tenant(session, "acme")
+            store.tenants.create_api_key(
+                session, tenant_id=tenant_id, role="reader", prefix=key.prefix, key_hash=key.hash
+            )
+        headers = {"Authorization": f"Bearer {key.secret}"}
+        response = c.get("/v1/collections", headers=headers)
+        assert ok(response) == {"collections": []}
+        assert response.headers[NODE] in ("eu-1", "us-1")  # the request's reads: a replica
+
+        with db.write() as session:
+            assert store.tenants.revoke_api_key(session, key.prefix) == 1
+        assert c.get("/v1/collections", headers=headers).status_code == 401
+
+
+def serving_with(client: TestClient) -> set[str]:
+    ready = client.get("/readyz")
+    return {node["name"] for node in ready.json()["nodes"] if node.get("serving")}
