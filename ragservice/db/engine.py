@@ -125,7 +125,7 @@ class Database:
     def owner_engine(self) -> Iterator[Engine]:
         """An engine as the connecting user itself (not the service role), on the primary:
         for operator commands only (migrations, creating roles)."""
-        engine = create_engine(self.url, poolclass=NullPool)
+        engine = create_engine(self.url, poolclass=NullPool, hide_parameters=True)
         try:
             yield engine
         finally:
@@ -173,7 +173,7 @@ def open_database(
     With `RAGSERVICE_REPLICAS` set and `route_reads`, replicas are checked once here and then
     in the background, and reads go to them."""
     url = resolve_database_url(settings)
-    bootstrap = create_engine(url, poolclass=NullPool)
+    bootstrap = create_engine(url, poolclass=NullPool, hide_parameters=True)
     try:
         check_pgvector(bootstrap)
         if run_migrations:
@@ -259,7 +259,11 @@ def make_router(settings: Settings, primary: Engine, *, role: str | None = None)
 def make_engine(url: str, *, role: str | None = None, **kwargs: Any) -> Engine:
     """An engine whose connections know the `vector` type (needed for binary COPY) and, with
     `role`, work as that role (`SET ROLE`) for as long as they live."""
-    engine = create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=10, **kwargs)
+    # hide_parameters: an error's message (logged, maybe shown) never carries the values sent
+    # with the statement, which can be users' text or secrets.
+    engine = create_engine(
+        url, pool_pre_ping=True, pool_size=5, max_overflow=10, hide_parameters=True, **kwargs
+    )
 
     def on_connect(dbapi_connection: Any, _record: Any) -> None:
         if role is not None:

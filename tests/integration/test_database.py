@@ -96,6 +96,25 @@ def test_reads_on_the_primary_are_read_only(settings: Settings) -> None:
         db.dispose()
 
 
+def test_database_errors_never_carry_the_values_sent(settings: Settings) -> None:
+    """Error messages get logged (and a 500 quotes nothing, but logs do): the values bound to a
+    failing statement, users' text or secrets, stay out of them."""
+    from sqlalchemy import text
+    from sqlalchemy.exc import DBAPIError
+
+    db = open_database(settings)
+    try:
+        with pytest.raises(DBAPIError) as failure, db.write() as session:
+            session.execute(
+                text("INSERT INTO tenants (name, id) VALUES (:name, CAST(:id AS uuid))"),
+                {"name": "secret-marker-7f3a", "id": "not-a-uuid"},
+            )
+        assert "secret-marker-7f3a" not in str(failure.value)
+        assert "parameters hidden" in str(failure.value)
+    finally:
+        db.dispose()
+
+
 def test_deferred_writes_wait_for_the_end_of_a_request_and_fail_alone(settings: Settings) -> None:
     from sqlalchemy import func, select, text
 
