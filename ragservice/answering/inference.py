@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import email.utils
+import ipaddress
 import json
 import logging
 import random
@@ -158,7 +159,7 @@ class InferenceClient:
         # Some servers reject `stream_options`; turning it off loses only the streamed usage.
         self._stream_usage = stream_usage
         self._http = httpx.AsyncClient(
-            base_url=_checked_base_url(base_url),
+            base_url=_checked_base_url(base_url, api_key),
             headers={"Authorization": f"Bearer {api_key}"} if api_key else None,
             timeout=httpx.Timeout(read_timeout, connect=connect_timeout, pool=connect_timeout),
             transport=transport,
@@ -418,14 +419,28 @@ class InferenceClient:
         return text.replace(self._api_key, "***") if self._api_key else text
 
 
-def _checked_base_url(base_url: str) -> str:
+def _checked_base_url(base_url: str, api_key: str | None = None) -> str:
     parts = urlsplit(base_url)
     if parts.scheme not in ("http", "https") or not parts.netloc:
         raise ConfigurationError(
             "RAGSERVICE_INFERENCE_URL must be an http(s) URL such as http://localhost:8000/v1"
         )
+    if api_key and parts.scheme == "http" and not _loopback(parts.hostname or ""):
+        raise ConfigurationError(
+            f"RAGSERVICE_INFERENCE_API_KEY would travel in clear text to {parts.hostname}: "
+            "use an https:// RAGSERVICE_INFERENCE_URL (plain http is for this machine only)"
+        )
     # One trailing slash, so `chat/completions` resolves under the base path either way.
     return base_url.rstrip("/") + "/"
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _noted(error: UpstreamError, note: str) -> UpstreamError:

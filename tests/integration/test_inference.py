@@ -305,6 +305,27 @@ async def test_from_settings_builds_a_client_only_when_a_url_is_set() -> None:
     await configured.aclose()
 
 
+@pytest.mark.parametrize("url", ["http://llm.example.com/v1", "http://10.0.0.7:8000/v1"])
+def test_a_key_is_never_sent_over_plain_http_to_another_machine(url: str) -> None:
+    with pytest.raises(ConfigurationError, match="clear text"):
+        InferenceClient(url, model="m", api_key="sk-secret")
+
+
+@pytest.mark.parametrize(
+    ("url", "api_key"),
+    [
+        ("https://llm.example.com/v1", "sk-secret"),
+        ("http://localhost:8000/v1", "sk-secret"),
+        ("http://127.0.0.1:8000/v1", "sk-secret"),
+        ("http://[::1]:8000/v1", "sk-secret"),
+        ("http://llm.example.com/v1", None),
+    ],
+)
+async def test_https_loopback_or_no_key_is_fine(url: str, api_key: str | None) -> None:
+    client = InferenceClient(url, model="m", api_key=api_key)
+    await client.aclose()
+
+
 def test_a_url_without_a_scheme_is_a_configuration_error() -> None:
     with pytest.raises(ConfigurationError, match="RAGSERVICE_INFERENCE_URL"):
         InferenceClient("localhost:8000/v1", model="m")
