@@ -7,7 +7,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_EMBEDDING_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
@@ -19,7 +19,8 @@ class Settings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="RAGSERVICE_", extra="ignore")
 
-    database_url: str | None = Field(
+    # Secrets are SecretStr: a repr, a log line or an error message of the settings shows ***.
+    database_url: SecretStr | None = Field(
         default=None, description="PostgreSQL URL; unset starts the embedded server"
     )
     data_dir: Path = Field(
@@ -28,7 +29,7 @@ class Settings(BaseSettings):
     region: str | None = Field(
         default=None, description="this server's region; reads prefer that region's replicas"
     )
-    replicas: str | None = Field(
+    replicas: SecretStr | None = Field(
         default=None,
         description="read replicas as comma-separated region=URL pairs (eu=postgresql://…)",
     )
@@ -97,7 +98,7 @@ class Settings(BaseSettings):
         default=None, description="OpenAI-compatible base URL; unset: extractive answers"
     )
     inference_model: str = Field(default="default", description="model name sent upstream")
-    inference_api_key: str | None = None
+    inference_api_key: SecretStr | None = None
     inference_connect_timeout: float = Field(default=5.0, gt=0)
     inference_read_timeout: float = Field(default=60.0, gt=0)
     inference_max_retries: int = Field(default=2, ge=0, le=10)
@@ -195,7 +196,7 @@ class Settings(BaseSettings):
 
     def replica_urls(self) -> list[tuple[str, str]]:
         """`RAGSERVICE_REPLICAS` as (region, URL) pairs, in the order given."""
-        return parse_replicas(self.replicas or "")
+        return parse_replicas(self.replicas.get_secret_value() if self.replicas else "")
 
 
 def parse_replicas(value: str) -> list[tuple[str, str]]:

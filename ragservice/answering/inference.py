@@ -173,7 +173,11 @@ class InferenceClient:
         return cls(
             settings.inference_url,
             model=settings.inference_model,
-            api_key=settings.inference_api_key,
+            api_key=(
+                settings.inference_api_key.get_secret_value()
+                if settings.inference_api_key
+                else None
+            ),
             connect_timeout=settings.inference_connect_timeout,
             read_timeout=settings.inference_read_timeout,
             max_retries=settings.inference_max_retries,

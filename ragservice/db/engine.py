@@ -161,7 +161,7 @@ def _run_isolated(session: Session, write: DeferredWrite, *, savepoint: bool) ->
 def resolve_database_url(settings: Settings) -> str:
     """The configured URL, or the embedded server's (started on demand) when none is set."""
     if settings.database_url:
-        return _with_psycopg_driver(settings.database_url)
+        return _with_psycopg_driver(settings.database_url.get_secret_value())
     return embedded_database_url(settings.data_dir)
 
 

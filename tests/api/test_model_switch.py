@@ -192,7 +192,7 @@ def test_finetune_from_feedback_given_through_the_api(
         ok(client.post("/v1/feedback", json=feedback, headers=keys.reader), 201)
 
     runtime = runtime_of(client)
-    monkeypatch.setenv("RAGSERVICE_DATABASE_URL", runtime.settings.database_url or "")
+    monkeypatch.setenv("RAGSERVICE_DATABASE_URL", runtime.db.url)
     monkeypatch.setenv("RAGSERVICE_DATA_DIR", str(runtime.settings.data_dir))
     monkeypatch.setenv("RAGSERVICE_DEVICE", "cpu")
     get_settings.cache_clear()

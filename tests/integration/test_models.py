@@ -314,7 +314,7 @@ def test_finetune_refuses_no_data_bad_names_and_unknown_bases(runtime: Runtime) 
 @pytest.fixture
 def cli(runtime: Runtime, monkeypatch: pytest.MonkeyPatch) -> Iterator[CliRunner]:
     """The `ragservice` command in-process, on this test's database."""
-    monkeypatch.setenv("RAGSERVICE_DATABASE_URL", runtime.settings.database_url or "")
+    monkeypatch.setenv("RAGSERVICE_DATABASE_URL", runtime.db.url)
     monkeypatch.setenv("RAGSERVICE_DATA_DIR", str(runtime.settings.data_dir))
     monkeypatch.setenv("RAGSERVICE_DEVICE", "cpu")
     monkeypatch.setenv("COLUMNS", "200")  # rich wraps long lines at 80 otherwise

@@ -27,11 +27,23 @@ def test_environment_variables_with_prefix(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setenv("RAGSERVICE_EMBED_BATCH_SIZE", "128")
     monkeypatch.setenv("RAGSERVICE_DEVICE", "cpu")
     settings = Settings()
-    assert (settings.database_url, settings.embed_batch_size, settings.device) == (
-        "postgresql://db/rag",
-        128,
-        "cpu",
+    assert settings.database_url is not None
+    assert (
+        settings.database_url.get_secret_value(),
+        settings.embed_batch_size,
+        settings.device,
+    ) == ("postgresql://db/rag", 128, "cpu")
+
+
+def test_secrets_never_show_in_the_settings_repr() -> None:
+    settings = Settings(
+        database_url="postgresql://rag:pw-1@db/rag",
+        replicas="eu=postgresql://rag:pw-2@replica/rag",
+        inference_api_key="sk-3",
     )
+    shown = f"{settings!r} {settings} {settings.model_dump()}"
+    assert "pw-1" not in shown and "pw-2" not in shown and "sk-3" not in shown
+    assert settings.replica_urls() == [("eu", "postgresql://rag:pw-2@replica/rag")]
 
 
 def test_get_settings_is_built_once() -> None:
