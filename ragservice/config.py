@@ -177,6 +177,12 @@ class Settings(BaseSettings):
         default=120.0, gt=0, description="a running job without a heartbeat this long is retried"
     )
     job_max_attempts: int = Field(default=3, ge=1)
+    analyst_statement_timeout_seconds: int = Field(
+        default=60,
+        ge=1,
+        description="statement and idle-in-transaction timeout `ragservice analysts add` gives "
+        "each analyst login (ALTER ROLE ... SET)",
+    )
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=1, le=65535)
     log_level: str = "INFO"

@@ -303,3 +303,16 @@ class PromptCacheSource(Base):
     )
     document_id: Mapped[uuid.UUID] = mapped_column(primary_key=True)
     document_version: Mapped[int] = mapped_column(Integer)
+
+
+class AnalystTenant(Base):
+    """The tenant an analyst login may read in the analytics views (None: every tenant). Read
+    by the views with their owner's rights; neither analysts nor the service role may read it."""
+
+    __tablename__ = "analyst_tenants"
+
+    role_name: Mapped[str] = mapped_column(Text, primary_key=True)
+    tenant_id: Mapped[uuid.UUID | None] = mapped_column(
+        ForeignKey("tenants.id", ondelete="CASCADE"), nullable=True
+    )
+    created_at: Mapped[datetime] = _now()

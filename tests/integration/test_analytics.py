@@ -7,6 +7,7 @@ import re
 import subprocess
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -55,11 +56,11 @@ def _log(
     record = store.query_log.QueryRecord(
         tenant_id=tenant,
         endpoint=given.get("endpoint", "query"),
-        question=f"question {name}",
+        question=f"{given.get('prefix', '')}question {name}",
         collection_ids=[collection],
         params={"mode": "dense", "k": 5, "rerank": False},
         retrieved=given.get("retrieved", []),
-        answer=f"answer {name}",
+        answer=f"{given.get('prefix', '')}answer {name}",
         citations=given.get("citations", []),
         timings=given.get("timings", {}),
         upstream_model="m",
@@ -75,8 +76,19 @@ def _log(
 @pytest.fixture
 def seeded(settings: Settings) -> Iterator[Seeded]:
     db = open_database(settings, route_reads=False)
+    try:
+        yield seed(db, "acme")
+    finally:
+        db.dispose()
+
+
+def seed(db: Database, tenant_name: str) -> Seeded:
+    """A tenant with rows in every view: a collection `hr` of two documents, a failed ingest
+    job, five logged questions and four ratings. Questions, answers and comments of a tenant
+    other than acme start with its name ("globex question good")."""
+    prefix = "" if tenant_name == "acme" else f"{tenant_name} "
     with db.write() as session:
-        tenant = store.tenants.ensure_tenant(session, "acme")
+        tenant = store.tenants.ensure_tenant(session, tenant_name)
         model = store.models.ensure_model(
             session, name="fake", dimension=4, path=None, hnsw_m=8, hnsw_ef_construction=16
         )
@@ -113,12 +125,18 @@ def seeded(settings: Settings) -> Iterator[Seeded]:
             errors=[{"item": "a", "error": "x"}, {"item": "b", "error": "y"}],
         )
         store.tenants.create_api_key(
-            session, tenant_id=tenant, role="reader", prefix="rs_an", key_hash="SECRET-HASH"
+            session,
+            tenant_id=tenant,
+            role="reader",
+            prefix="rs_an",
+            key_hash=f"SECRET-HASH-{tenant_name}",
         )
     with db.read() as session:
         documents = {
             name: doc_id
-            for name, doc_id in session.execute(text("SELECT external_id, id FROM documents"))
+            for name, doc_id in session.execute(
+                text("SELECT external_id, id FROM documents WHERE tenant_id = :t"), {"t": tenant}
+            )
         }
 
     def hit(doc: str, score: float) -> store.query_log.RetrievedChunk:
@@ -128,28 +146,28 @@ def seeded(settings: Settings) -> Iterator[Seeded]:
     miss = {"hit": False, "kind": None}
     query = {
         "good": _log(
-            db, tenant, collection, "good",
+            db, tenant, collection, "good", prefix=prefix,
             retrieved=[hit("leave", 0.9), hit("travel", 0.5)], citations=cite, cache=miss,
             timings={"embed": 10.0, "search": 20.0, "total": 40.0},
         ),
         "low": _log(
-            db, tenant, collection, "low",
+            db, tenant, collection, "low", prefix=prefix,
             retrieved=[hit("travel", 0.1)], citations=cite, cache=miss,
             timings={"embed": 30.0, "search": 40.0, "total": 80.0},
         ),
         "empty": _log(
-            db, tenant, collection, "empty", endpoint="search", cache=miss,
+            db, tenant, collection, "empty", endpoint="search", cache=miss, prefix=prefix,
             timings={"embed": 20.0, "total": 60.0},
         ),
         "cached": _log(
-            db, tenant, collection, "cached", cache={"hit": True, "kind": "exact"},
-            timings={"cache_lookup": 2.0, "total": 3.0},
+            db, tenant, collection, "cached", prefix=prefix,
+            cache={"hit": True, "kind": "exact"}, timings={"cache_lookup": 2.0, "total": 3.0},
         ),
-        "failed": _log(db, tenant, collection, "failed", status="error"),
+        "failed": _log(db, tenant, collection, "failed", status="error", prefix=prefix),
     }  # fmt: skip
     with db.write() as session:
         for name, rating, scale, corrected in (
-            ("good", -1, "thumbs", "Twenty weeks."),
+            ("good", -1, "thumbs", f"{prefix}Twenty weeks."),
             ("low", 2, "stars", None),
             ("cached", 5, "stars", None),
             ("empty", 1, "thumbs", None),
@@ -161,33 +179,42 @@ def seeded(settings: Settings) -> Iterator[Seeded]:
                     tenant_id=tenant,
                     rating=rating,
                     scale=scale,
-                    comment=f"comment {name}",
+                    comment=f"{prefix}comment {name}",
                     corrected_answer=corrected,
                     relevant_chunk_ids=[uuid.uuid4()] if name == "good" else [],
                     irrelevant_chunk_ids=[uuid.uuid4(), uuid.uuid4()] if name == "good" else [],
                 ),
             )
+    return Seeded(db, tenant, collection, documents, query)
+
+
+@contextmanager
+def new_analyst(
+    db: Database, tenant_id: uuid.UUID | None, timeout_seconds: int = 60
+) -> Iterator[tuple[str, str]]:
+    """A fresh analyst role bound to `tenant_id` (None: every tenant); roles are server-wide:
+    a unique name, dropped afterwards."""
+    name, password = f"analyst_{uuid.uuid4().hex[:10]}", "pw-" + uuid.uuid4().hex
+    # Roles are made as the connecting user: the service role may not create them.
+    with db.owner() as session:
+        store.analysts.create_analyst(
+            session, name, password, tenant_id=tenant_id, timeout_seconds=timeout_seconds
+        )
     try:
-        yield Seeded(db, tenant, collection, documents, query)
+        yield name, password
     finally:
-        db.dispose()
+        with db.owner() as session:
+            store.analysts.remove_analyst(session, name)
 
 
 @pytest.fixture
 def analyst(seeded: Seeded) -> Iterator[tuple[str, str]]:
-    """A fresh analyst role (roles are server-wide: a unique name, dropped afterwards)."""
-    name, password = f"analyst_{uuid.uuid4().hex[:10]}", "pw-" + uuid.uuid4().hex
-    # Roles are made as the connecting user: the service role may not create them.
-    with seeded.db.owner() as session:
-        store.analysts.create_analyst(session, name, password)
-    try:
-        yield name, password
-    finally:
-        with seeded.db.owner() as session:
-            store.analysts.remove_analyst(session, name)
+    """An analyst of every tenant."""
+    with new_analyst(seeded.db, None) as made:
+        yield made
 
 
-def _libpq(database_url: str, user: str, password: str) -> str:
+def libpq(database_url: str, user: str, password: str) -> str:
     url = make_url(database_url).set(drivername="postgresql", username=user, password=password)
     return url.render_as_string(hide_password=False)
 
@@ -197,7 +224,7 @@ def as_analyst(
     database_url: str, analyst: tuple[str, str]
 ) -> Iterator[psycopg.Connection[dict[str, Any]]]:
     with psycopg.connect(
-        _libpq(database_url, *analyst), autocommit=True, row_factory=dict_row
+        libpq(database_url, *analyst), autocommit=True, row_factory=dict_row
     ) as conn:
         yield conn
 
@@ -334,13 +361,18 @@ def test_no_table_is_readable_by_public_and_no_view_exposes_secrets(
 
 
 def test_analyst_names_are_checked(seeded: Seeded, analyst: tuple[str, str]) -> None:
-    with seeded.db.owner() as session, pytest.raises(InvalidInputError):
-        store.analysts.create_analyst(session, 'x"; DROP ROLE postgres; --', "pw")
-    with seeded.db.owner() as session, pytest.raises(ConflictError, match="already exists"):
-        store.analysts.create_analyst(session, analyst[0], "pw")
+    def create(name: str) -> None:
+        with seeded.db.owner() as session:
+            store.analysts.create_analyst(session, name, "pw", tenant_id=None, timeout_seconds=9)
+
+    with pytest.raises(InvalidInputError):
+        create('x"; DROP ROLE postgres; --')
+    with pytest.raises(ConflictError, match="already exists"):
+        create(analyst[0])
     with seeded.db.owner() as session:
         assert store.analysts.remove_analyst(session, "postgres") is False  # not an analyst: kept
-        assert (analyst[0], True) in store.analysts.list_analysts(session)
+        (listed,) = [a for a in store.analysts.list_analysts(session) if a.name == analyst[0]]
+    assert (listed.can_login, listed.bound, listed.tenant) == (True, True, None)
 
 
 def test_the_cli_adds_lists_and_removes_analysts_and_psql_reads_the_views(
@@ -358,22 +390,22 @@ def test_the_cli_adds_lists_and_removes_analysts_and_psql_reads_the_views(
     name = f"analyst_{uuid.uuid4().hex[:10]}"
     runner = CliRunner()
     try:
-        added = runner.invoke(app, ["analysts", "add", name])
+        added = runner.invoke(app, ["analysts", "add", name, "--all-tenants"])
         assert added.exit_code == 0, added.output
         url = added.stdout.strip()
         assert url.startswith(f"postgresql://{name}:")
         assert make_url(url).database == make_url(database_url).database
         assert "shown only this once" in added.stderr
 
-        again = runner.invoke(app, ["analysts", "add", name, "--password", "pw"])
+        again = runner.invoke(app, ["analysts", "add", name, "--tenant", "acme"])
         assert again.exit_code == 1
         assert "already exists" in again.stderr
-        invalid = runner.invoke(app, ["analysts", "add", "Robert'); --"])
+        invalid = runner.invoke(app, ["analysts", "add", "Robert'); --", "--all-tenants"])
         assert invalid.exit_code == 1
         assert "not a valid analyst name" in invalid.stderr
 
         listed = runner.invoke(app, ["analysts", "list"])
-        assert f"{name}\tlogin" in listed.stdout.splitlines()
+        assert f"{name}\tlogin\tall\t60s" in listed.stdout.splitlines()
 
         psql = POSTGRES_VERSIONS[18] / "psql"
         out = subprocess.run(
@@ -415,6 +447,9 @@ def test_the_connection_string_prefers_the_first_replica(tmp_path: Any) -> None:
     socket = "postgresql+psycopg://postgres:@/ragservice?host=/tmp/pg"
     parsed = psycopg.conninfo.conninfo_to_dict(analyst_url(plain, socket, "ann", "pw"))
     assert parsed == {"user": "ann", "password": "pw", "dbname": "ragservice", "host": "/tmp/pg"}
+    # A password the operator chose (--password-stdin) is not echoed back.
+    parsed = psycopg.conninfo.conninfo_to_dict(analyst_url(plain, socket, "ann", None))
+    assert parsed == {"user": "ann", "dbname": "ragservice", "host": "/tmp/pg"}
 
 
 def test_downgrade_drops_the_schema_but_keeps_the_role(database_url: str) -> None:
