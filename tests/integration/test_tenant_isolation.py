@@ -203,3 +203,23 @@ def test_without_the_service_role_the_service_refuses_to_start_unless_told(
         assert db.role is None
     finally:
         db.dispose()
+
+
+def test_definer_functions_are_not_fooled_by_temporary_tables(runtime: Runtime) -> None:
+    """A temporary `chunk_embeddings` of the service's session does not shadow the real table
+    inside the SECURITY DEFINER index functions (their search path ends with pg_temp)."""
+    with _service_connection(runtime.db.url) as conn:
+        conn.execute("CREATE TEMP TABLE chunk_embeddings (embedding vector, model_id integer)")
+        name = conn.execute("SELECT ragservice_ensure_embedding_index(999, 3, 16, 64)").fetchone()
+        assert name == ("chunk_embeddings_hnsw_model_999",)
+        where = conn.execute(
+            "SELECT schemaname, tablename FROM pg_indexes WHERE indexname = %s", name
+        ).fetchall()
+        assert where == [("public", "chunk_embeddings")]
+        conn.execute("SELECT ragservice_drop_embedding_index(999)")
+        settings = conn.execute(
+            "SELECT DISTINCT proconfig FROM pg_proc WHERE proname IN ("
+            "'ragservice_ensure_embedding_index', 'ragservice_ensure_cache_index', "
+            "'ragservice_drop_embedding_index')"
+        ).fetchall()
+        assert settings == [(["search_path=pg_catalog, public, pg_temp"],)]
