@@ -9,7 +9,7 @@ export TRANSFORMERS_OFFLINE := 1
 # Idle torch threads otherwise spin and steal CPU from PostgreSQL on small machines.
 export OMP_WAIT_POLICY := PASSIVE
 
-.PHONY: run test lint typecheck bench-ingest bench-search bench-query bench-cache bench-replicas bench-feedback bench-rls clean
+.PHONY: run test lint typecheck bench-ingest bench-search bench-query bench-cache bench-replicas bench-feedback bench-rls bench-hostile clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -55,6 +55,10 @@ bench-feedback: $(STAMP)
 bench-rls: $(STAMP)
 	RAGSERVICE_DATA_DIR=.ragservice-rls $(BIN)/ragservice ingest ../shared/data/scifact/corpus.jsonl -c scifact
 	$(BIN)/python benchmarks/rls.py --data ../shared/data/scifact --data-dir .ragservice-rls
+
+# Search latency while an ingest worker parses a hostile file (its own data directory).
+bench-hostile: $(STAMP)
+	$(BIN)/python benchmarks/hostile.py --data ../shared/data/scifact
 
 clean:
 	rm -rf $(VENV) .ragservice .pytest_cache .mypy_cache .ruff_cache

@@ -52,10 +52,11 @@ def _decode(data: bytes) -> str:
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError:
-        return data.decode(_guess_encoding(data) or "utf-8", errors="replace")
+        return data.decode(guess_encoding(data) or "utf-8", errors="replace")
 
 
-def _guess_encoding(data: bytes) -> str | None:
+def guess_encoding(data: bytes) -> str | None:
+    """The likely encoding of bytes that are not UTF-8 (charset detection), or None."""
     # Stray NUL bytes make charset-normalizer answer UTF-16; they are dropped later anyway.
     # Text that is mostly NUL bytes, though, may really be BOM-less UTF-16.
     sample = data.replace(b"\x00", b"") if data.count(0) * 4 < len(data) else data
