@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 from functools import lru_cache
 from pathlib import Path
@@ -238,3 +239,14 @@ def configure_logging(level: str) -> None:
         logging.getLogger(name).setLevel(level.upper())
     # pypdf warns about every damaged PDF; the ingest summary already reports those files.
     logging.getLogger("pypdf").setLevel(logging.ERROR)
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` names this machine only (`localhost`, 127.0.0.0/8, ::1): where a server
+    may run without authentication and plain http may carry a key."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

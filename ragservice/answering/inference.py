@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import email.utils
-import ipaddress
 import json
 import logging
 import random
@@ -28,7 +27,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from ragservice.answering.prompt import ChatMessage
-from ragservice.config import Settings
+from ragservice.config import Settings, is_loopback
 from ragservice.errors import ConfigurationError, UpstreamError, UpstreamTimeoutError
 
 log = logging.getLogger(__name__)
@@ -429,22 +428,13 @@ def _checked_base_url(base_url: str, api_key: str | None = None) -> str:
         raise ConfigurationError(
             "RAGSERVICE_INFERENCE_URL must be an http(s) URL such as http://localhost:8000/v1"
         )
-    if api_key and parts.scheme == "http" and not _loopback(parts.hostname or ""):
+    if api_key and parts.scheme == "http" and not is_loopback(parts.hostname or ""):
         raise ConfigurationError(
             f"RAGSERVICE_INFERENCE_API_KEY would travel in clear text to {parts.hostname}: "
             "use an https:// RAGSERVICE_INFERENCE_URL (plain http is for this machine only)"
         )
     # One trailing slash, so `chat/completions` resolves under the base path either way.
     return base_url.rstrip("/") + "/"
-
-
-def _loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def _noted(error: UpstreamError, note: str) -> UpstreamError:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -20,7 +19,7 @@ from ragservice.api.routers import collections, documents, feedback, jobs, opena
 from ragservice.auth.ratelimit import RateLimiter
 from ragservice.bootstrap import Runtime, open_runtime
 from ragservice.cache.prompt_cache import CachePurger, PromptCache
-from ragservice.config import Settings, get_settings
+from ragservice.config import Settings, get_settings, is_loopback
 from ragservice.db import migrate
 from ragservice.embedding.embedder import SentenceTransformerEmbedder
 from ragservice.errors import ConfigurationError
@@ -153,15 +152,6 @@ def check_auth_binding(settings: Settings, host: str) -> None:
             f"RAGSERVICE_AUTH_DISABLED is set but the server binds {host!r}; "
             "authentication can only be off on a loopback address such as 127.0.0.1"
         )
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def _add_health_routes(app: FastAPI, metrics: Metrics) -> None:
