@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
+from pydantic import SecretStr
 
 from ragservice.api.app import create_app
 from ragservice.config import Settings
@@ -40,7 +41,7 @@ def llm(
             "auth_disabled": True,
             "inference_url": fake.base_url,
             "inference_model": "upstream-model",
-            "inference_api_key": "sk-upstream",
+            "inference_api_key": SecretStr("sk-upstream"),
             "inference_max_retries": 1,
             "inference_read_timeout": 1.0,
             "reranker": str(tiny_cross_encoder_path),
