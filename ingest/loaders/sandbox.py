@@ -94,6 +94,9 @@ class _Sandbox:
     def __init__(self) -> None:
         self._child: subprocess.Popen[bytes] | None = None
         self._memory_mib = 0
+        # Kills the child when this sandbox is collected (its thread ended); called directly
+        # to replace the child, which detaches it.
+        self._finalizer: weakref.finalize[Any, Any] | None = None
 
     @property
     def pid(self) -> int | None:
@@ -143,12 +146,13 @@ class _Sandbox:
             _kill(child)
             raise ParseError("the parser process did not start") from None
         self._child, self._memory_mib = child, memory_mib
-        weakref.finalize(self, _kill, child)
+        self._finalizer = weakref.finalize(self, _kill, child)
         return child
 
     def _stop(self) -> int | None:
-        child, self._child = self._child, None
-        return None if child is None else _kill(child)
+        """Kill the child, if any; its exit status."""
+        finalizer, self._finalizer, self._child = self._finalizer, None, None
+        return None if finalizer is None else finalizer()
 
 
 def _child_environment() -> dict[str, str]:
