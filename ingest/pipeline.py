@@ -123,7 +123,20 @@ class IngestPipeline:
         """Ingest `items` into `collection`; `prune` deletes documents absent from `items`.
 
         Pass `report` to keep the counts of the batches committed before an interruption.
+        Everything it reads and writes is the pipeline's tenant's, whatever the caller's scope.
         """
+        with tenancy.as_tenant(self._tenant_id):
+            return self._run(items, collection, dry_run, prune, on_progress, report)
+
+    def _run(
+        self,
+        items: Iterable[LoadedDocument | LoadFailure],
+        collection: str,
+        dry_run: bool,
+        prune: bool,
+        on_progress: ProgressCallback | None,
+        report: IngestReport | None,
+    ) -> IngestReport:
         started = time.perf_counter()
         report = report or IngestReport()
         report.dry_run = dry_run

@@ -165,7 +165,9 @@ class JobWorker:
 
     def _run_once(self, worker: str) -> bool:
         settings = self._runtime.settings
-        with self._runtime.db.write() as session:
+        # The queue is every tenant's: claiming is cross-tenant work; the job then runs as
+        # its own tenant (`process`).
+        with tenancy.as_system(), self._runtime.db.write() as session:
             job = store.jobs.claim_job(
                 session,
                 worker=worker,

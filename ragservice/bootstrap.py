@@ -73,6 +73,21 @@ def open_runtime(
     return Runtime(settings=settings, db=db, models=ModelRegistry(db, settings, initial))
 
 
+def require_unprivileged_login(db: Database, settings: Settings) -> None:
+    """A process that serves tenants refuses a login that could leave row-level security
+    (`RESET ROLE` back to a superuser or the tables' owner), unless the operator allows it."""
+    if db.privileged_login is None:
+        return
+    problem = (
+        f"the service's database login is {db.privileged_login}: any SQL it is tricked into "
+        "running could leave row-level security (RESET ROLE). Give the service a login of its "
+        "own (docs/operators.md#tenant-isolation)"
+    )
+    if not settings.allow_no_row_security:
+        raise ConfigurationError(f"{problem}, or set RAGSERVICE_ALLOW_NO_ROW_SECURITY=1")
+    log.warning("%s; serving anyway (RAGSERVICE_ALLOW_NO_ROW_SECURITY)", problem)
+
+
 def _initial_model(
     db: Database, settings: Settings, embedder: SentenceTransformerEmbedder | None
 ) -> ServingModel:

@@ -24,6 +24,11 @@ class Settings(BaseSettings):
     database_url: SecretStr | None = Field(
         default=None, description="PostgreSQL URL; unset starts the embedded server"
     )
+    owner_database_url: SecretStr | None = Field(
+        default=None,
+        description="the schema owner's PostgreSQL URL, for migrations and operator commands; "
+        "unset: RAGSERVICE_DATABASE_URL (the embedded server's administrator when that is unset)",
+    )
     data_dir: Path = Field(
         default=Path(".ragservice"), description="embedded PostgreSQL data, ONNX cache"
     )
@@ -133,8 +138,9 @@ class Settings(BaseSettings):
     )
     allow_no_row_security: bool = Field(
         default=False,
-        description="serve even when the ragservice_service role is missing (no row-level "
-        "security in the database: only the tenant checks in code)",
+        description="serve even when row-level security cannot bind the service: its roles "
+        "are missing, or its login is a superuser, BYPASSRLS or the tables' owner (only the "
+        "tenant checks in code then hold)",
     )
     parse_timeout_seconds: float = Field(
         default=60.0,

@@ -24,6 +24,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 from ragservice.config import Settings
 from ragservice.db import migrate
+from ragservice.db.engine import SERVICE_LOGIN, ensure_service_login
 from ragservice.dev.cluster import DevCluster
 from ragservice.embedding.embedder import SentenceTransformerEmbedder
 
@@ -85,6 +86,7 @@ def template_url(pg_admin_url: str) -> str:
     engine = create_engine(url)
     try:
         migrate.upgrade(engine)
+        ensure_service_login(engine)  # cluster-wide: every test database may use it
     finally:
         engine.dispose()
     return url
@@ -108,8 +110,23 @@ def database_url(pg_admin_url: str, template_url: str) -> Iterator[str]:
 
 
 @pytest.fixture
-def settings(database_url: str, tmp_path: Path) -> Settings:
-    return Settings(database_url=database_url, data_dir=tmp_path / "data", chunk_overlap_tokens=8)
+def service_url(database_url: str) -> str:
+    """The test database as the service's own login (not a superuser, as in production)."""
+    return (
+        make_url(database_url)
+        .set(username=SERVICE_LOGIN, password=None)
+        .render_as_string(hide_password=False)
+    )
+
+
+@pytest.fixture
+def settings(database_url: str, service_url: str, tmp_path: Path) -> Settings:
+    return Settings(
+        database_url=service_url,
+        owner_database_url=database_url,
+        data_dir=tmp_path / "data",
+        chunk_overlap_tokens=8,
+    )
 
 
 @pytest.fixture(scope="session")

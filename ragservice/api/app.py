@@ -17,7 +17,7 @@ from ragservice.api.error_handlers import install_error_handlers
 from ragservice.api.middleware import MetricsMiddleware, RequestContextMiddleware
 from ragservice.api.routers import collections, documents, feedback, jobs, openai, query, search
 from ragservice.auth.ratelimit import RateLimiter
-from ragservice.bootstrap import Runtime, open_runtime
+from ragservice.bootstrap import Runtime, open_runtime, require_unprivileged_login
 from ragservice.cache.prompt_cache import CachePurger, PromptCache
 from ragservice.config import Settings, get_settings, is_loopback
 from ragservice.db import migrate
@@ -63,6 +63,7 @@ def create_app(
         async with AsyncExitStack() as stack:
             runtime = open_runtime(resolved, embedder=embedder)
             stack.callback(runtime.close)
+            require_unprivileged_login(runtime.db, resolved)
             app.state.runtime = runtime
             runtime.models.start()  # follows `ragservice models activate` without a restart
             app.state.searcher = make_searcher(runtime)

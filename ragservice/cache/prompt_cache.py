@@ -30,7 +30,7 @@ from sqlalchemy.orm import Session
 from ragservice import store
 from ragservice.cache.guard import meaning_differs, normalize_prompt, prompt_hash
 from ragservice.config import Settings
-from ragservice.db import Database
+from ragservice.db import Database, tenancy
 from ragservice.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -198,14 +198,14 @@ class PromptCache:
     def _hit(
         self, entry: store.prompt_cache.CachedEntry, kind: CacheKind, vector: Vector | None
     ) -> Lookup:
-        self._counter.submit(self._record_hit, entry.id)
+        self._counter.submit(self._record_hit, entry.id, tenancy.current())
         self._count(f"{kind}_hit")
         info = CacheInfo(hit=True, kind=kind, similarity=entry.similarity, entry_id=entry.id)
         return Lookup(info=info, response=entry.response, vector=vector)
 
-    def _record_hit(self, entry_id: uuid.UUID) -> None:
+    def _record_hit(self, entry_id: uuid.UUID, whose: tenancy.Tenancy) -> None:
         try:
-            with self._db.write() as session:
+            with tenancy.within(whose), self._db.write() as session:
                 store.prompt_cache.cache_hit(session, entry_id)
         except Exception:  # a lost count is only a statistic
             log.warning("counting a cache hit failed", exc_info=True)
@@ -237,7 +237,7 @@ class CachePurger:
             self._thread.join(timeout)
 
     def purge_once(self) -> int:
-        with self._db.write() as session:
+        with tenancy.as_system(), self._db.write() as session:  # every tenant's entries
             return store.prompt_cache.purge_expired_cache(session)
 
     def _run(self) -> None:

@@ -42,13 +42,18 @@ def exit_on_error(code: int = 1) -> Iterator[None]:
 
 @contextmanager
 def database() -> Iterator[Database]:
-    """The service's database, on the primary, for one command (exit 1 if it cannot open)."""
-    from ragservice.db import open_database
+    """The service's database, on the primary, for one command (exit 1 if it cannot open).
+
+    Operator commands work across tenants: within, this thread's transactions see every
+    tenant's rows (`tenancy.as_system()`); a command that works for one tenant narrows that
+    with `tenancy.as_tenant(...)`."""
+    from ragservice.db import open_database, tenancy
 
     with exit_on_error():
         db = open_database(get_settings(), route_reads=False)
     try:
-        yield db
+        with tenancy.as_system():
+            yield db
     finally:
         db.dispose()
 

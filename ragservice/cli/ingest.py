@@ -26,6 +26,7 @@ from ingest.pipeline import IngestPipeline, IngestReport, ProgressCallback
 from ragservice import store
 from ragservice.bootstrap import Runtime, open_runtime
 from ragservice.config import configure_logging, get_settings
+from ragservice.db import tenancy
 from ragservice.errors import RagServiceError
 
 console = Console(stderr=True)
@@ -168,7 +169,8 @@ def _run(
             finally:
                 ctrl_c.stopping = False  # the job record and the clean-up run to the end
 
-        return _with_job_record(runtime, collection, params, report, run)
+        with tenancy.as_tenant(runtime.default_tenant_id):  # the job record is the tenant's
+            return _with_job_record(runtime, collection, params, report, run)
     finally:
         runtime.close()
 

@@ -56,11 +56,16 @@ def worker(
 ) -> None:
     """Run queued ingest jobs until SIGINT or SIGTERM; any number of workers may run at once."""
     from ingest.worker import JobWorker, run_until_signalled
-    from ragservice.bootstrap import open_runtime
+    from ragservice.bootstrap import open_runtime, require_unprivileged_login
 
     settings = get_settings()
     with exit_on_error():
         runtime = open_runtime(settings)
+        try:
+            require_unprivileged_login(runtime.db, settings)
+        except BaseException:
+            runtime.close()
+            raise
     try:
         runtime.models.start()  # each job embeds with the model active when it starts
         run_until_signalled(JobWorker(runtime, threads=threads or settings.workers or 1))

@@ -8,8 +8,13 @@ read fails in every deployment, not only in those with replicas.
 
 Every connection works as the `ragservice_service` role (migration 0007) when the connecting
 user may switch to it, so row-level security applies; every transaction starts by setting whose
-rows it may see (`tenancy`). `Database.owner()` is the connecting user itself, for the few
-operator commands that need more than the service role may do (creating analysts' logins).
+rows it may see (`tenancy`). `Database.owner()` is the owner's login (`owner_url`), for the few
+operator commands that need more than the service role may do (migrations, analysts' logins).
+
+The service's own login should be able to do nothing more than those roles: not a superuser,
+not BYPASSRLS, not the tables' owner (any of those could `RESET ROLE` out of row-level security).
+The embedded server gets such a login (`SERVICE_LOGIN`) made for it; elsewhere the operator
+makes one (docs/operators.md#tenant-isolation) and `ragservice serve` refuses a privileged one.
 """
 
 from __future__ import annotations
@@ -24,7 +29,8 @@ import psycopg
 from pgvector.psycopg import register_vector
 from psycopg import sql
 from sqlalchemy import Connection, Engine, create_engine, event, text
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import OperationalError, ProgrammingError
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import NullPool
 
@@ -42,10 +48,19 @@ _INSERT_LSN = text("SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn")
 
 SERVICE_ROLE = "ragservice_service"
 """The role the service works as: bound by row-level security (migration 0007)."""
+SERVICE_LOGIN = "ragservice_app"
+"""The login the service uses on the embedded server: a member of the two roles, nothing more."""
 
-_ROLE_USABLE = text(
-    "SELECT EXISTS (SELECT 1 FROM pg_roles r WHERE r.rolname = :role "
-    "AND pg_has_role(current_user, r.oid, 'MEMBER'))"
+_ROLES_USABLE = text(
+    "SELECT count(*) = 2 FROM pg_roles r WHERE r.rolname IN (:service, :system) "
+    "AND pg_has_role(session_user, r.oid, 'MEMBER')"
+)
+# Whether the login could leave row-level security behind (RESET ROLE, or ignore it outright).
+_LOGIN_PRIVILEGE = text(
+    "SELECT CASE WHEN r.rolsuper THEN 'a superuser' WHEN r.rolbypassrls THEN 'BYPASSRLS' "
+    "WHEN pg_has_role(session_user, c.relowner, 'MEMBER') THEN 'the tables'' owner' END "
+    "FROM pg_roles r LEFT JOIN pg_class c ON c.oid = to_regclass('public.documents') "
+    "WHERE r.rolname = session_user"
 )
 
 
@@ -54,6 +69,7 @@ class Database:
     """The service's handle on PostgreSQL: the primary's engines and the read router."""
 
     url: str
+    owner_url: str
     write_engine: Engine
     read_engine: Engine
     write_sessions: sessionmaker[Session]
@@ -61,6 +77,8 @@ class Database:
     router: ReadRouter | None = None
     role: str | None = None
     """`SERVICE_ROLE` when row-level security binds this process's sessions, else None."""
+    privileged_login: str | None = None
+    """How the service's login could leave row-level security ("a superuser", ...), or None."""
 
     @contextmanager
     def write(self) -> Iterator[Session]:
@@ -123,9 +141,9 @@ class Database:
 
     @contextmanager
     def owner_engine(self) -> Iterator[Engine]:
-        """An engine as the connecting user itself (not the service role), on the primary:
-        for operator commands only (migrations, creating roles)."""
-        engine = create_engine(self.url, poolclass=NullPool, hide_parameters=True)
+        """An engine as the owner's login (not the service role), on the primary: for
+        operator commands only (migrations, creating roles)."""
+        engine = create_engine(self.owner_url, poolclass=NullPool, hide_parameters=True)
         try:
             yield engine
         finally:
@@ -135,7 +153,8 @@ class Database:
     def owner(self) -> Iterator[Session]:
         """A session on `owner_engine()` that sees every tenant, committed on success."""
         with self.owner_engine() as engine, Session(engine) as session, session.begin():
-            tenancy.apply(session.connection(), tenancy.SYSTEM)
+            # The owner sees every row without switching (row-level security does not bind it).
+            tenancy.apply(session.connection(), tenancy.SYSTEM, switch_role=False)
             yield session
 
     def dispose(self) -> None:
@@ -165,6 +184,31 @@ def resolve_database_url(settings: Settings) -> str:
     return embedded_database_url(settings.data_dir)
 
 
+def resolve_owner_url(settings: Settings, service_url: str) -> str:
+    """The owner's login: `RAGSERVICE_OWNER_DATABASE_URL`, else the service's own URL (the
+    embedded server's administrator when none is configured)."""
+    if settings.owner_database_url:
+        return _with_psycopg_driver(settings.owner_database_url.get_secret_value())
+    return service_url
+
+
+def ensure_service_login(owner: Engine) -> None:
+    """`SERVICE_LOGIN` with the two roles, for the embedded server (local connections only: the
+    embedded server trusts those, so the login needs no password)."""
+    roles = sql.SQL(", ").join(map(sql.Identifier, (SERVICE_ROLE, tenancy.SYSTEM_ROLE)))
+    login = sql.Identifier(SERVICE_LOGIN)
+    with owner.connect() as conn:
+        conn.execute(text("SELECT pg_advisory_xact_lock(hashtext('ragservice_app login'))"))
+        exists = conn.execute(
+            text("SELECT 1 FROM pg_roles WHERE rolname = :n"), {"n": SERVICE_LOGIN}
+        )
+        if exists.first() is None:
+            raw = driver_connection_of(conn)
+            raw.execute(sql.SQL("CREATE ROLE {} LOGIN NOSUPERUSER NOBYPASSRLS").format(login))
+            raw.execute(sql.SQL("GRANT {} TO {}").format(roles, login))
+        conn.commit()
+
+
 def open_database(
     settings: Settings, *, run_migrations: bool = True, route_reads: bool = True
 ) -> Database:
@@ -173,14 +217,22 @@ def open_database(
     With `RAGSERVICE_REPLICAS` set and `route_reads`, replicas are checked once here and then
     in the background, and reads go to them."""
     url = resolve_database_url(settings)
-    bootstrap = create_engine(url, poolclass=NullPool, hide_parameters=True)
+    owner_url = resolve_owner_url(settings, url)
+    bootstrap = create_engine(owner_url, poolclass=NullPool, hide_parameters=True)
     try:
         check_pgvector(bootstrap)
         if run_migrations:
-            migrate.upgrade(bootstrap)
-        role = service_role(bootstrap, allow_missing=settings.allow_no_row_security)
+            _migrate(bootstrap)
+        if not settings.database_url:
+            ensure_service_login(bootstrap)
+            url = (
+                make_url(url)
+                .set(username=SERVICE_LOGIN, password=None)
+                .render_as_string(hide_password=False)
+            )
     finally:
         bootstrap.dispose()
+    role, privileged = _check_login(url, allow_missing=settings.allow_no_row_security)
     write_engine = make_engine(url, role=role)
     read_engine = make_engine(
         url, role=role, connect_args={"options": "-c default_transaction_read_only=on"}
@@ -191,26 +243,50 @@ def open_database(
         router.start()
     return Database(
         url=url,
+        owner_url=owner_url,
         write_engine=write_engine,
         read_engine=read_engine,
-        write_sessions=tenant_scoped(sessionmaker(write_engine, expire_on_commit=False)),
-        read_sessions=tenant_scoped(sessionmaker(read_engine, expire_on_commit=False)),
+        write_sessions=tenant_scoped(sessionmaker(write_engine, expire_on_commit=False), role=role),
+        read_sessions=tenant_scoped(sessionmaker(read_engine, expire_on_commit=False), role=role),
         router=router,
         role=role,
+        privileged_login=privileged,
     )
 
 
-def service_role(engine: Engine, *, allow_missing: bool = False) -> str | None:
-    """`SERVICE_ROLE` if the connecting user may work as it. Otherwise the database's own tenant
-    isolation would not hold (the checks in code would): ConfigurationError, unless
-    `allow_missing` (RAGSERVICE_ALLOW_NO_ROW_SECURITY), which gives None and a warning."""
-    with engine.connect() as conn:
-        usable = bool(conn.execute(_ROLE_USABLE, {"role": SERVICE_ROLE}).scalar_one())
+def _migrate(owner: Engine) -> None:
+    try:
+        migrate.upgrade(owner)
+    except ProgrammingError as exc:
+        raise ConfigurationError(
+            "the database schema needs migrating and this login may not do it: run "
+            "`ragservice db upgrade` with the owner's URL (RAGSERVICE_OWNER_DATABASE_URL)"
+        ) from exc
+
+
+def _check_login(url: str, *, allow_missing: bool) -> tuple[str | None, str | None]:
+    """The service's login on `url`: (`SERVICE_ROLE` or None, how it is privileged or None)."""
+    engine = create_engine(url, poolclass=NullPool, hide_parameters=True)
+    try:
+        with engine.connect() as conn:
+            params = {"service": SERVICE_ROLE, "system": tenancy.SYSTEM_ROLE}
+            usable = bool(conn.execute(_ROLES_USABLE, params).scalar_one())
+            privileged = conn.execute(_LOGIN_PRIVILEGE).scalar()
+    finally:
+        engine.dispose()
+    return service_role(usable, allow_missing=allow_missing), privileged
+
+
+def service_role(usable: bool, *, allow_missing: bool = False) -> str | None:
+    """`SERVICE_ROLE` if the login may work as it (and as the system role). Otherwise the
+    database's own tenant isolation would not hold (the checks in code would):
+    ConfigurationError, unless `allow_missing` (RAGSERVICE_ALLOW_NO_ROW_SECURITY), which gives
+    None and a warning."""
     if usable:
         return SERVICE_ROLE
     problem = (
-        f"row-level security is not enforced: role {SERVICE_ROLE} is missing or not granted "
-        "to the database user (see docs/operators.md#tenant-isolation)"
+        f"row-level security is not enforced: role {SERVICE_ROLE} or {tenancy.SYSTEM_ROLE} is "
+        "missing or not granted to the database user (see docs/operators.md#tenant-isolation)"
     )
     if not allow_missing:
         raise ConfigurationError(
@@ -220,14 +296,15 @@ def service_role(engine: Engine, *, allow_missing: bool = False) -> str | None:
     return None
 
 
-def tenant_scoped(sessions: sessionmaker[Session]) -> sessionmaker[Session]:
-    """Each transaction of these sessions starts by setting whose rows it may see."""
-    event.listen(sessions, "after_begin", _apply_tenancy)
+def tenant_scoped(sessions: sessionmaker[Session], *, role: str | None) -> sessionmaker[Session]:
+    """Each transaction of these sessions starts by setting whose rows it may see. `role`:
+    the role the sessions' connections work as (None: no row-level security)."""
+
+    def apply_tenancy(_session: Session, _transaction: object, connection: Connection) -> None:
+        tenancy.apply(connection, switch_role=role is not None)
+
+    event.listen(sessions, "after_begin", apply_tenancy)
     return sessions
-
-
-def _apply_tenancy(_session: Session, _transaction: object, connection: Connection) -> None:
-    tenancy.apply(connection)
 
 
 def make_router(settings: Settings, primary: Engine, *, role: str | None = None) -> ReadRouter:
@@ -244,7 +321,7 @@ def make_router(settings: Settings, primary: Engine, *, role: str | None = None)
         for name, (region, url) in zip(names, pairs, strict=True)
     ]
     for replica in replicas:
-        tenant_scoped(replica.sessions)
+        tenant_scoped(replica.sessions, role=role)
     return ReadRouter(
         primary,
         replicas,
@@ -299,6 +376,13 @@ def _with_psycopg_driver(url: str) -> str:
         if url.startswith(prefix):
             return "postgresql+psycopg://" + url[len(prefix) :]
     return url
+
+
+def driver_connection_of(conn: Connection) -> psycopg.Connection[Any]:
+    """The psycopg connection under a SQLAlchemy connection (for composed SQL)."""
+    raw = conn.connection.driver_connection
+    assert isinstance(raw, psycopg.Connection)
+    return raw
 
 
 def driver_connection(session: Session) -> psycopg.Connection[Any]:

@@ -1,12 +1,16 @@
 """Whose rows a transaction may see: the row-level security of migration 0007.
 
-Every transaction the service opens starts by telling PostgreSQL (`SET LOCAL`, through
-`set_config(..., true)`) either one tenant or "all tenants"; the policies show nothing else:
+Every transaction the service opens starts by telling PostgreSQL either one tenant (the
+setting `ragservice.tenant_id`, `SET LOCAL` through `set_config(..., true)`) or "all tenants"
+(`SET LOCAL ROLE ragservice_system`, a role only the service's login may take: migration 0010);
+the policies show nothing else:
 - within an HTTP request, the request's tenant (`RequestScope.tenant_id`, set once the API key
-  is known; before that, no tenant: such a transaction sees no tenant's rows at all);
+  is known; before that, no tenant);
 - within `as_tenant(id)`, that tenant (an ingest job runs so);
-- within `as_system()`, or outside any request, every tenant: job claiming, cache purging,
-  re-embedding, operator commands. The API key lookup is the one system read a request makes.
+- within `as_system()`, every tenant: job claiming, cache purging, re-embedding, operator
+  commands. The API key lookup is the one system read a request makes;
+- anywhere else (outside a request, no `as_*`): no tenant. Such a transaction sees no tenant's
+  rows at all, so code that forgets to say whose rows it works on fails closed.
 
 A query that forgets its tenant filter therefore returns the caller's rows only.
 """
@@ -35,12 +39,14 @@ class Tenancy:
 SYSTEM = Tenancy(system=True)
 NO_TENANT = Tenancy()
 
+SYSTEM_ROLE = "ragservice_system"
+"""The role a transaction works as to see every tenant's rows (migration 0010)."""
+
 _override: ContextVar[Tenancy | None] = ContextVar("ragservice_tenancy", default=None)
 
-# Sent as is (no SQLAlchemy compilation): it runs at the start of every transaction.
-_SET = (
-    "SELECT set_config('ragservice.tenant_id', %s, true), set_config('ragservice.system', %s, true)"
-)
+# Sent as is (no SQLAlchemy compilation): they run at the start of every transaction.
+_SET_TENANT = "SELECT set_config('ragservice.tenant_id', %s, true)"
+_AS_SYSTEM = f"SET LOCAL ROLE {SYSTEM_ROLE}"
 
 
 def current() -> Tenancy:
@@ -50,7 +56,7 @@ def current() -> Tenancy:
         return override
     scope = current_scope()
     if scope is None:
-        return SYSTEM
+        return NO_TENANT
     return Tenancy(tenant_id=scope.tenant_id)
 
 
@@ -69,6 +75,14 @@ def as_system() -> Iterator[None]:
 
 
 @contextmanager
+def within(tenancy: Tenancy) -> Iterator[None]:
+    """Transactions opened within see what `tenancy` says: to carry `current()` over to work
+    done on another thread (threads start with no tenant)."""
+    with _overridden(tenancy):
+        yield
+
+
+@contextmanager
 def _overridden(tenancy: Tenancy) -> Iterator[None]:
     reset = _override.set(tenancy)
     try:
@@ -77,8 +91,13 @@ def _overridden(tenancy: Tenancy) -> Iterator[None]:
         _override.reset(reset)
 
 
-def apply(connection: Connection, tenancy: Tenancy | None = None) -> None:
-    """Set the transaction's tenancy on `connection` (it lasts until the transaction ends)."""
+def apply(connection: Connection, tenancy: Tenancy | None = None, *, switch_role: bool) -> None:
+    """Set the transaction's tenancy on `connection` (it lasts until the transaction ends).
+
+    `switch_role`: whether the connection works as the service role, so that "all tenants"
+    means taking `SYSTEM_ROLE` (without row-level security nothing needs switching)."""
     tenancy = tenancy or current()
     tenant = "" if tenancy.tenant_id is None else str(tenancy.tenant_id)
-    connection.exec_driver_sql(_SET, (tenant, "on" if tenancy.system else "off"))
+    connection.exec_driver_sql(_SET_TENANT, (tenant,))
+    if tenancy.system and switch_role:
+        connection.exec_driver_sql(_AS_SYSTEM)

@@ -19,7 +19,7 @@ from typing import Protocol
 
 from ragservice import store
 from ragservice.config import Settings
-from ragservice.db import Database
+from ragservice.db import Database, tenancy
 from ragservice.db.models import EmbeddingModel
 from ragservice.embedding.embedder import Vectors
 from ragservice.errors import EmbeddingError
@@ -49,7 +49,7 @@ class ReembedReport:
 
 def count_missing(db: Database, model_id: int) -> int:
     """Chunks of every tenant that have no embedding of the model yet."""
-    with db.read() as session:
+    with tenancy.as_system(), db.read() as session:
         return store.models.missing_embeddings(session, model_id)
 
 
@@ -64,7 +64,21 @@ def reembed(
     missing: int | None = None,
 ) -> ReembedReport:
     """Embed every chunk that has no embedding of `model` with `embedder`, `batch_size`
-    chunks per transaction. `missing`: the count at start, when the caller already has it."""
+    chunks per transaction. `missing`: the count at start, when the caller already has it.
+    Cross-tenant: every tenant's chunks, whoever calls."""
+    with tenancy.as_system():
+        return _reembed(db, settings, model, embedder, batch_size, on_batch, missing)
+
+
+def _reembed(
+    db: Database,
+    settings: Settings,
+    model: EmbeddingModel,
+    embedder: BatchEmbedder,
+    batch_size: int,
+    on_batch: Progress | None,
+    missing: int | None,
+) -> ReembedReport:
     started = time.perf_counter()
     with db.write() as session:  # dropped by `models drop-embeddings`, perhaps: back again
         store.models.ensure_model_indexes(

@@ -25,7 +25,7 @@ from sqlalchemy.orm import Session
 
 from ragservice import store
 from ragservice.config import Settings
-from ragservice.db import Database
+from ragservice.db import Database, tenancy
 from ragservice.db.models import EmbeddingModel
 from ragservice.embedding.embedder import SentenceTransformerEmbedder, Vector, make_embedder
 from ragservice.errors import ConflictError, EmbeddingError, NotFoundError
@@ -247,15 +247,15 @@ class Switch:
 
 def activate(db: Database, ref: str, *, force: bool = False) -> Switch:
     """Make `NAME[:VERSION]` the active model. Refused while chunks lack its embeddings
-    (searches would miss them) unless `force`."""
-    with db.write() as session:
+    (searches would miss them) unless `force`. Cross-tenant: it counts every tenant's chunks."""
+    with tenancy.as_system(), db.write() as session:
         model = get_model_by_name(session, ref)
         return _switch(session, model, force=force)
 
 
 def rollback(db: Database, *, force: bool = False) -> Switch:
-    """Activate the model that was active before the latest activation."""
-    with db.write() as session:
+    """Activate the model that was active before the latest activation (see `activate`)."""
+    with tenancy.as_system(), db.write() as session:
         last = store.models.last_activation(session)
         if last is None or last.previous_model_id is None:
             raise ConflictError("nothing to roll back to: no activation replaced another model")
@@ -278,8 +278,9 @@ def _switch(session: Session, model: EmbeddingModel, *, force: bool) -> Switch:
 
 
 def drop_embeddings(db: Database, ref: str) -> tuple[EmbeddingModel, int]:
-    """Delete a model's chunk embeddings and its HNSW index; refused for the active model."""
-    with db.write() as session:
+    """Delete a model's chunk embeddings (every tenant's) and its HNSW index; refused for the
+    active model."""
+    with tenancy.as_system(), db.write() as session:
         model = get_model_by_name(session, ref)
         if model.active:
             raise ConflictError(

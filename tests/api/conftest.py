@@ -15,6 +15,7 @@ from ragservice import store
 from ragservice.api.app import create_app
 from ragservice.auth.keys import new_key
 from ragservice.config import Settings
+from ragservice.db import tenancy
 from ragservice.embedding.embedder import SentenceTransformerEmbedder
 
 
@@ -46,7 +47,7 @@ def keys(client: TestClient) -> Keys:
 
     def make(tenant: str, role: str) -> dict[str, str]:
         key = new_key()
-        with db.write() as session:
+        with tenancy.as_system(), db.write() as session:
             tenant_id = store.tenants.ensure_tenant(session, tenant)
             store.tenants.create_api_key(
                 session, tenant_id=tenant_id, role=role, prefix=key.prefix, key_hash=key.hash

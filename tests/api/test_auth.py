@@ -8,6 +8,7 @@ from fastapi.testclient import TestClient
 from ragservice import store
 from ragservice.api.app import check_auth_binding, create_app
 from ragservice.config import Settings
+from ragservice.db import tenancy
 from ragservice.embedding.embedder import SentenceTransformerEmbedder
 from ragservice.errors import ConfigurationError
 from tests.api.conftest import Keys, ok, wait_for_job
@@ -32,7 +33,7 @@ def test_x_api_key_header_works_and_revoked_keys_stop_working(
     secret = keys.reader["Authorization"].removeprefix("Bearer ")
     ok(client.get("/v1/collections", headers={"X-API-Key": secret}))
     db = client.app.state.runtime.db  # type: ignore[attr-defined]
-    with db.write() as session:
+    with tenancy.as_system(), db.write() as session:
         assert store.tenants.revoke_api_key(session, secret[:12]) == 1
     assert client.get("/v1/collections", headers={"X-API-Key": secret}).status_code == 401
 

@@ -13,6 +13,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
 from ragservice.cache.prompt_cache import PromptCache
+from ragservice.db import tenancy
 from ragservice.db.models import PromptCacheEntry, QueryLog
 from tests.api.conftest import Keys, ok, wait_for_job
 from tests.api.test_query import add_corpus, sse_events
@@ -26,7 +27,7 @@ def ask(client: TestClient, headers: dict[str, str], question: str = QUESTION, *
 
 def entries(client: TestClient) -> int:
     db = client.app.state.runtime.db  # type: ignore[attr-defined]
-    with db.read() as session:
+    with tenancy.as_system(), db.read() as session:
         return int(session.scalar(select(func.count()).select_from(PromptCacheEntry)) or 0)
 
 
@@ -55,7 +56,7 @@ def test_exact_and_reworded_questions_hit_and_are_logged(client: TestClient, key
     filler = ask(client, keys.reader, "Is it true that parents get sixteen weeks of leave?")
     assert filler["cache"]["hit"] is True
     db = client.app.state.runtime.db  # type: ignore[attr-defined]
-    with db.read() as session:
+    with tenancy.as_system(), db.read() as session:
         logged = session.scalars(select(QueryLog).order_by(QueryLog.created_at)).all()
     assert [row.cache["hit"] for row in logged] == [False, True, False, True]
     assert logged[1].cache["entry_id"] == again["cache"]["entry_id"]
@@ -203,5 +204,6 @@ def test_a_failing_cache_store_does_not_fail_the_answer(
     assert "[1]" in answer["answer"]
     assert entries(client) == 0
     runtime = client.app.state.runtime  # type: ignore[attr-defined]
-    with runtime.db.read() as session:  # the query log, written beside it, is kept
+    # the query log, written beside it, is kept
+    with tenancy.as_system(), runtime.db.read() as session:
         assert session.get(QueryLog, uuid.UUID(answer["query_id"])) is not None

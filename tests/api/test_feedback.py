@@ -11,6 +11,7 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import select
 
+from ragservice.db import tenancy
 from ragservice.db.models import Feedback, QueryLog
 from tests.api.conftest import Keys, ok
 from tests.api.test_query import add_corpus
@@ -28,13 +29,13 @@ def answer(client: TestClient, keys: Keys) -> dict[str, Any]:
 
 def stored(client: TestClient) -> list[Feedback]:
     db = client.app.state.runtime.db  # type: ignore[attr-defined]
-    with db.read() as session:
+    with tenancy.as_system(), db.read() as session:
         return list(session.scalars(select(Feedback).order_by(Feedback.created_at)))
 
 
 def retrieved(client: TestClient, query_id: str) -> list[str]:
     db = client.app.state.runtime.db  # type: ignore[attr-defined]
-    with db.read() as session:
+    with tenancy.as_system(), db.read() as session:
         logged = session.get(QueryLog, uuid.UUID(query_id))
     assert logged is not None
     return [item["chunk_id"] for item in logged.retrieved]

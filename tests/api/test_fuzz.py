@@ -33,6 +33,7 @@ from ragservice import store
 from ragservice.api.app import create_app
 from ragservice.auth.keys import new_key
 from ragservice.config import Settings
+from ragservice.db import tenancy
 from ragservice.embedding.embedder import SentenceTransformerEmbedder
 
 EXAMPLES = 5  # per operation and generation mode; the whole run stays well under a minute
@@ -79,7 +80,7 @@ def target(api_settings: Settings, embedder: SentenceTransformerEmbedder) -> Ite
 
 def _admin_headers(app: FastAPI) -> dict[str, str]:
     key = new_key()
-    with app.state.runtime.db.write() as session:
+    with tenancy.as_system(), app.state.runtime.db.write() as session:
         tenant_id = store.tenants.ensure_tenant(session, "fuzz")
         store.tenants.create_api_key(
             session, tenant_id=tenant_id, role="admin", prefix=key.prefix, key_hash=key.hash

@@ -19,6 +19,7 @@ from ragservice import store
 from ragservice.api.app import create_app
 from ragservice.bootstrap import Runtime
 from ragservice.config import Settings, get_settings
+from ragservice.db import tenancy
 from ragservice.db.models import EmbeddingModel
 from ragservice.embedding import registry
 from ragservice.embedding.embedder import SentenceTransformerEmbedder
@@ -45,7 +46,7 @@ def runtime_of(client: TestClient) -> Runtime:
 def add_tiny_model(client: TestClient, path: Path) -> EmbeddingModel:
     """The tiny model registered as `tiny` v1 and embedded over the whole corpus."""
     runtime = runtime_of(client)
-    with runtime.db.write() as session:
+    with tenancy.as_system(), runtime.db.write() as session:
         row = store.models.register_model_version(
             session,
             name="tiny",
@@ -211,6 +212,6 @@ def test_finetune_from_feedback_given_through_the_api(
     data = summary["data"]
     assert data["train_questions"] == 3 and data["held_out_questions"] == 1
     assert data["source"]["feedback"]["collection"] == "hr"
-    with runtime.db.read() as session:
+    with tenancy.as_system(), runtime.db.read() as session:
         row = store.models.get_model_by_name(session, "from-feedback")
     assert row is not None and row.active is False and row.dimension == 32

@@ -13,6 +13,7 @@ from fastapi.testclient import TestClient
 
 from ragservice.api.app import create_app
 from ragservice.config import Settings
+from ragservice.db import tenancy
 from ragservice.db.models import QueryLog
 from ragservice.embedding.embedder import SentenceTransformerEmbedder
 from tests.api.conftest import Keys, ok, wait_for_job
@@ -66,7 +67,7 @@ def test_extractive_answer_cites_the_right_chunks_and_is_logged(
     assert "sixteen weeks" in source["text"]
     assert {"embed", "search", "context", "generate", "total"} <= set(answer["timings_ms"])
     db = client.app.state.runtime.db  # type: ignore[attr-defined]
-    with db.read() as session:
+    with tenancy.as_system(), db.read() as session:
         logged = session.get(QueryLog, uuid.UUID(answer["query_id"]))
     assert logged is not None
     assert logged.question == body["question"]

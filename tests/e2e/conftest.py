@@ -9,10 +9,11 @@ import pytest
 
 
 @pytest.fixture
-def server_env(database_url: str, tmp_path: Path) -> dict[str, str]:
+def server_env(database_url: str, service_url: str, tmp_path: Path) -> dict[str, str]:
     return {
         **os.environ,
-        "RAGSERVICE_DATABASE_URL": database_url,
+        "RAGSERVICE_DATABASE_URL": service_url,
+        "RAGSERVICE_OWNER_DATABASE_URL": database_url,
         "RAGSERVICE_DATA_DIR": str(tmp_path / "data"),
         "RAGSERVICE_JOB_POLL_SECONDS": "0.2",
         "HF_HUB_OFFLINE": "1",

@@ -35,8 +35,11 @@ from typing import Any, LiteralString
 import httpx
 import psycopg
 import pytest
+from sqlalchemy import create_engine
 from sqlalchemy.engine import make_url
 
+from ragservice.db import migrate
+from ragservice.db.engine import SERVICE_LOGIN, ensure_service_login
 from ragservice.dev.cluster import DevCluster, Standby, libpq_url
 from tests.e2e.test_server import create_key, start_server, wait_for_job, wait_until_ready
 from tests.upstream import FakeOpenAI, slow
@@ -520,9 +523,18 @@ def pg_server(
     """A server on `restartable_pg` and `upstream`, with the `manuals` collection loaded; and
     the headers of a writer key to it. One server for this module's tests: each start costs
     seconds (the model loads)."""
+    owner_url = restartable_pg[0]
+    engine = create_engine(owner_url)
+    try:  # the schema and the service's own login, as an operator sets them up
+        migrate.upgrade(engine)
+        ensure_service_login(engine)
+    finally:
+        engine.dispose()
+    service_url = make_url(owner_url).set(username=SERVICE_LOGIN, password=None)
     env = {
         **os.environ,
-        "RAGSERVICE_DATABASE_URL": restartable_pg[0],
+        "RAGSERVICE_DATABASE_URL": service_url.render_as_string(hide_password=False),
+        "RAGSERVICE_OWNER_DATABASE_URL": owner_url,
         "RAGSERVICE_DATA_DIR": str(tmp_path_factory.mktemp("faults-data")),
         "RAGSERVICE_JOB_POLL_SECONDS": "0.2",
         "RAGSERVICE_JOB_STALE_SECONDS": "2",

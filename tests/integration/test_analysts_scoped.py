@@ -124,7 +124,8 @@ def test_an_analyst_creates_no_temporary_objects_and_the_service_still_bulk_load
                     "has_database_privilege('public', current_database(), 'TEMPORARY')"
                 )
             ).one()
-        assert tuple(granted) == ("ragservice_service", True, False)
+        # this test's thread works across tenants: as the system role, a service role too
+        assert tuple(granted) == ("ragservice_system", True, False)
         _write_document(db, acme, "after-restriction")
         with db.read() as session:
             stored = session.execute(
@@ -445,7 +446,7 @@ def test_migration_0008_keeps_existing_analysts_on_every_tenant_and_downgrades(
 @pytest.fixture
 def owned_by_a_plain_user(pg_admin_url: str, template_url: str) -> Iterator[str]:
     """A database whose owner, the user that migrates it and runs the service, is no superuser
-    (as on managed servers): a URL as that user. It may create roles and administer the two
+    (as on managed servers): a URL as that user. It may create roles and administer the three
     server-wide roles the session's template migration made."""
     suffix = uuid.uuid4().hex[:10]
     owner, database, password = f"rs_owner_{suffix}", f"rs_owned_{suffix}", uuid.uuid4().hex
@@ -459,9 +460,10 @@ def owned_by_a_plain_user(pg_admin_url: str, template_url: str) -> Iterator[str]
             )
         )
         conn.execute(
-            sql.SQL("GRANT ragservice_analyst, ragservice_service TO {} WITH ADMIN OPTION").format(
-                sql.Identifier(owner)
-            )
+            sql.SQL(
+                "GRANT ragservice_analyst, ragservice_service, ragservice_system TO {} "
+                "WITH ADMIN OPTION"
+            ).format(sql.Identifier(owner))
         )
         conn.execute(
             sql.SQL("CREATE DATABASE {} OWNER {}").format(

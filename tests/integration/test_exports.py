@@ -18,7 +18,7 @@ from sqlalchemy import text, update
 
 from ragservice import store
 from ragservice.config import DEFAULT_TENANT_ID, Settings
-from ragservice.db import Database, open_database
+from ragservice.db import Database, open_database, tenancy
 from ragservice.db.models import Feedback, QueryLog
 from ragservice.errors import InvalidInputError, NotFoundError
 from ragservice.feedback.collect import FeedbackInput, submit_feedback
@@ -431,8 +431,8 @@ def test_feedback_waits_briefly_for_its_answers_log_row(seeded: Seeded) -> None:
         id=late,
     )
 
-    def write_log() -> None:
-        with seeded.db.write() as session:
+    def write_log() -> None:  # a thread of its own: no tenant until it names one
+        with tenancy.as_tenant(seeded.acme), seeded.db.write() as session:
             store.query_log.log_query(session, record)
 
     timer = threading.Timer(0.3, write_log)

@@ -18,6 +18,7 @@ from sqlalchemy import text
 from ingest.worker import JobWorker, run_until_signalled
 from ragservice import store
 from ragservice.bootstrap import Runtime
+from ragservice.db import tenancy
 from ragservice.db.models import IngestJob
 from ragservice.dev.cluster import libpq_url
 
@@ -374,9 +375,10 @@ def test_worker_command_runs_until_sigterm(runtime: Runtime) -> None:
     job_id = enqueue(runtime, UPLOAD[:1])
     before = signal.getsignal(signal.SIGTERM)
 
-    def terminate_when_done() -> None:
+    def terminate_when_done() -> None:  # a thread of its own: no tenant until it names one
         try:
-            wait_for(lambda: job(runtime, job_id).status == "done")
+            with tenancy.as_system():
+                wait_for(lambda: job(runtime, job_id).status == "done")
         finally:
             os.kill(os.getpid(), signal.SIGTERM)
 

@@ -26,7 +26,7 @@ from ingest.pipeline import IngestPipeline, text_hash
 from ragservice import store
 from ragservice.bootstrap import Runtime, open_runtime
 from ragservice.config import Settings
-from ragservice.db import Database
+from ragservice.db import Database, tenancy
 from ragservice.embedding.embedder import SentenceTransformerEmbedder, Vectors
 from ragservice.retrieval.filters import parse_and_compile
 from ragservice.retrieval.search import Mode, Searcher, SearchHit, SearchOptions, SearchResult
@@ -168,20 +168,22 @@ def corpus(
     model of their own (small vectors keep the HNSW inserts fast)."""
     runtime = _open(shared_url, tmp_path_factory.mktemp("search"), embedder)
     caching = CachingEmbedder(embedder)
-    other_tenant = _create_tenant(runtime, "other")
-    ingest(runtime, caching, DOCS, collection="papers")
-    ingest(runtime, caching, DOCS, collection="papers", tenant_id=other_tenant)
-    bulk_model, bulk_vectors = _write_bulk(runtime, n=2000)
-    searcher = make_searcher(runtime, caching)
-    yield Corpus(
-        runtime=runtime,
-        searcher=searcher,
-        papers=collection_id(runtime, "papers"),
-        other=collection_id(runtime, "papers", tenant_id=other_tenant),
-        bulk=collection_id(runtime, "bulk"),
-        bulk_model=bulk_model,
-        bulk_vectors=bulk_vectors,
-    )
+    with tenancy.as_system():  # module-scoped: set up before the per-test `across_tenants`
+        other_tenant = _create_tenant(runtime, "other")
+        ingest(runtime, caching, DOCS, collection="papers")
+        ingest(runtime, caching, DOCS, collection="papers", tenant_id=other_tenant)
+        bulk_model, bulk_vectors = _write_bulk(runtime, n=2000)
+        searcher = make_searcher(runtime, caching)
+        corpus = Corpus(
+            runtime=runtime,
+            searcher=searcher,
+            papers=collection_id(runtime, "papers"),
+            other=collection_id(runtime, "papers", tenant_id=other_tenant),
+            bulk=collection_id(runtime, "bulk"),
+            bulk_model=bulk_model,
+            bulk_vectors=bulk_vectors,
+        )
+    yield corpus
     searcher.close()
     runtime.close()
 

@@ -15,7 +15,7 @@ from sqlalchemy.exc import ProgrammingError
 
 from ingest.pipeline import IngestPipeline
 from ragservice import store
-from ragservice.bootstrap import Runtime
+from ragservice.bootstrap import Runtime, require_unprivileged_login
 from ragservice.config import Settings
 from ragservice.db import open_database, tenancy
 from ragservice.db.engine import SERVICE_ROLE
@@ -23,6 +23,8 @@ from ragservice.db.scope import request_scope
 from ragservice.errors import ConfigurationError
 from ragservice.retrieval.search import Mode, SearchOptions
 from ragservice.types import LoadedDocument
+
+pytestmark = pytest.mark.default_tenancy
 
 TENANT_TABLES = (
     "tenants",
@@ -40,7 +42,7 @@ def two_tenants(runtime: Runtime) -> dict[str, tuple[uuid.UUID, uuid.UUID]]:
     """Tenants acme and globex, each with a collection `docs` of one document of its own."""
     made = {}
     for name, body in (("acme", "Aspirin lowers fever."), ("globex", "Steel corrodes in water.")):
-        with runtime.db.write() as session:
+        with tenancy.as_system(), runtime.db.write() as session:
             tenant_id = store.tenants.ensure_tenant(session, name)
         model = runtime.models.current()
         pipeline = IngestPipeline(
@@ -53,7 +55,7 @@ def two_tenants(runtime: Runtime) -> dict[str, tuple[uuid.UUID, uuid.UUID]]:
         )
         document = LoadedDocument(external_id=f"{name}-1", text=body, title=name, metadata={})
         pipeline.run([document], collection="docs")
-        with runtime.db.read() as session:
+        with tenancy.as_tenant(tenant_id), runtime.db.read() as session:
             collection_id = store.collections.find_collection_id(session, tenant_id, "docs")
         assert collection_id is not None
         made[name] = (tenant_id, collection_id)
@@ -223,3 +225,53 @@ def test_definer_functions_are_not_fooled_by_temporary_tables(runtime: Runtime) 
             "'ragservice_drop_embedding_index')"
         ).fetchall()
         assert settings == [(["search_path=pg_catalog, public, pg_temp"],)]
+
+
+def test_outside_any_scope_the_service_sees_no_tenant(
+    runtime: Runtime, two_tenants: dict[str, tuple[uuid.UUID, uuid.UUID]]
+) -> None:
+    """Code that forgets to say whose rows it works on (no request, no `as_*`) sees none;
+    cross-tenant work says so with `as_system()`."""
+    assert tenancy.current() == tenancy.NO_TENANT
+    assert _external_ids(runtime) == []
+    with tenancy.as_system():
+        assert _external_ids(runtime) == ["acme-1", "globex-1"]
+
+
+def test_no_setting_lifts_the_policies(
+    runtime: Runtime, two_tenants: dict[str, tuple[uuid.UUID, uuid.UUID]]
+) -> None:
+    """ "All tenants" is the role `ragservice_system`, not a setting a session may change."""
+    acme, _ = two_tenants["acme"]
+    with tenancy.as_tenant(acme), runtime.db.read() as session:
+        session.execute(text("SELECT set_config('ragservice.system', 'on', true)"))
+        seen = session.execute(text("SELECT external_id FROM documents")).scalars().all()
+    assert seen == ["acme-1"]
+
+
+def test_the_service_login_cannot_reset_its_way_out(
+    runtime: Runtime, two_tenants: dict[str, tuple[uuid.UUID, uuid.UUID]]
+) -> None:
+    """The service logs in as a plain role: RESET ROLE leaves it bound by the policies."""
+    assert runtime.db.privileged_login is None
+    with runtime.db.read() as session:
+        session.execute(text("RESET ROLE"))
+        who = session.execute(text("SELECT current_user, session_user")).one()
+        seen = session.execute(text("SELECT count(*) FROM documents")).scalar_one()
+    assert tuple(who) == ("ragservice_app", "ragservice_app")
+    assert seen == 0
+
+
+def test_a_privileged_login_is_refused_for_serving_unless_told(
+    database_url: str, tmp_path: Path
+) -> None:
+    settings = Settings(database_url=database_url, data_dir=tmp_path)  # the test superuser
+    db = open_database(settings, run_migrations=False)
+    try:
+        assert db.privileged_login == "a superuser"
+        with pytest.raises(ConfigurationError, match="login is a superuser"):
+            require_unprivileged_login(db, settings)
+        allowed = settings.model_copy(update={"allow_no_row_security": True})
+        require_unprivileged_login(db, allowed)  # a warning only
+    finally:
+        db.dispose()

@@ -86,8 +86,8 @@ def _depends_healthy(service: dict[str, Any], dependency: str) -> bool:
     )
 
 
-def test_three_services(services: dict[str, Any]) -> None:
-    assert set(services) == {"primary", "replica", "app"}
+def test_four_services(services: dict[str, Any]) -> None:
+    assert set(services) == {"primary", "replica", "migrate", "app"}
 
 
 def test_databases_use_pgvector_and_every_service_has_a_healthcheck(
@@ -96,6 +96,8 @@ def test_databases_use_pgvector_and_every_service_has_a_healthcheck(
     assert services["primary"]["image"] == "pgvector/pgvector:pg17"
     assert services["replica"]["image"] == "pgvector/pgvector:pg17"
     for name, service in services.items():
+        if service.get("restart") == "no":  # a one-shot task (migrate): it exits, it is not up
+            continue
         healthcheck = service.get("healthcheck") or {}
         assert healthcheck.get("test") and not healthcheck.get("disable"), name
 
@@ -114,7 +116,7 @@ def test_primary_init_script_creates_the_replication_role_and_hba_rule(
     services: dict[str, Any],
 ) -> None:
     mounts = [str(volume) for volume in services["primary"]["volumes"]]
-    init = [m for m in mounts if ":/docker-entrypoint-initdb.d/" in m]
+    init = [m for m in mounts if ":/docker-entrypoint-initdb.d/" in m and "replication" in m]
     assert len(init) == 1
     host_path, container_path = init[0].split(":")[:2]
     assert container_path.endswith(".sh")
@@ -189,3 +191,41 @@ def test_dockerfile_pins_cpu_torch_and_serves() -> None:
     )
     assert text.index("torch==2.13.0") < text.index("pip install .")
     assert re.search(r'CMD \["ragservice", "serve", "--host", "0\.0\.0\.0"\]', text)
+
+
+def test_the_owner_migrates_and_the_app_logs_in_as_a_plain_role(services: dict[str, Any]) -> None:
+    """Only `migrate` holds the owner's password; the app's login is created without any
+    privilege that could leave row-level security, and given the service's two roles."""
+    owner = _environment(services["primary"])["POSTGRES_USER"]
+    migrate = services["migrate"]
+    assert _depends_healthy(migrate, "primary")
+    assert _as_list(migrate["command"])[-2:] == ["db", "upgrade"]
+    assert urlsplit(_environment(migrate)["RAGSERVICE_DATABASE_URL"]).username == owner
+
+    app = services["app"]
+    assert (app["depends_on"]["migrate"] or {}).get("condition") == (
+        "service_completed_successfully"
+    )
+    env = _environment(app)
+    login = _environment(services["primary"])["SERVICE_USER"]
+    urls = [env["RAGSERVICE_DATABASE_URL"]] + [
+        item.split("=", 1)[1] for item in env["RAGSERVICE_REPLICAS"].split(",")
+    ]
+    assert {urlsplit(url).username for url in urls} == {login} and login != owner
+    assert "RAGSERVICE_OWNER_DATABASE_URL" not in env
+    assert not any(owner_password_in(value, services) for value in env.values())
+
+    mounts = {str(volume).split(":")[1] for volume in services["primary"]["volumes"]}
+    assert "/docker-entrypoint-initdb.d/20-service-login.sh" in mounts
+    script = (ROOT / "deploy/postgres/init-service-login.sh").read_text()
+    created = re.search(r'CREATE ROLE :"service_user" WITH (.*?);', script, re.S)
+    assert created is not None
+    attributes = created.group(1).split()
+    assert "LOGIN" in attributes
+    assert {"NOSUPERUSER", "NOBYPASSRLS", "NOCREATEROLE"} <= set(attributes)
+    assert re.search(r'GRANT ragservice_service, ragservice_system TO :"service_user"', script)
+
+
+def owner_password_in(value: str, services: dict[str, Any]) -> bool:
+    password = _environment(services["primary"])["POSTGRES_PASSWORD"]
+    return urlsplit(value).password == password if "://" in value else False
