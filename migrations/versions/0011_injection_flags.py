@@ -5,9 +5,10 @@
 `drop` (never returned, so never in a prompt). The flag itself is chunk metadata
 (`metadata.injection`, the detector's reasons) written at ingest, so chunks need no column.
 
-Chunks stored before this revision carry no flag: they read as unflagged until they are
-ingested again or rescanned (`ragservice rescan-injection`). The migration does not run the
-detector itself, which is application code a migration must not import.
+Chunks stored before this revision carry no flag: they read as unflagged until their document
+changes and is ingested again (an unchanged document is skipped by its content hash). The
+migration does not run the detector, which is application code a migration must not import;
+a rescan of stored chunks is not built yet (docs/ingest.md).
 
 Revision ID: 0011
 Revises: 0009
