@@ -9,7 +9,7 @@ export TRANSFORMERS_OFFLINE := 1
 # Idle torch threads otherwise spin and steal CPU from PostgreSQL on small machines.
 export OMP_WAIT_POLICY := PASSIVE
 
-.PHONY: run test lint typecheck bench-ingest bench-search bench-query bench-cache bench-replicas bench-feedback bench-rls bench-hostile clean
+.PHONY: run test lint typecheck bench-ingest bench-search bench-query bench-cache bench-replicas bench-feedback bench-rls bench-hostile bench-injection clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -60,5 +60,9 @@ bench-rls: $(STAMP)
 bench-hostile: $(STAMP)
 	$(BIN)/python benchmarks/hostile.py --data ../shared/data/scifact
 
+# Injection patterns planted in SciFact passages: detection, false flags, escaped delimiters.
+bench-injection: $(STAMP)
+	$(BIN)/python benchmarks/injection.py --data ../shared/data/scifact
+
 clean:
-	rm -rf $(VENV) .ragservice .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .ragservice .ragservice-injection .pytest_cache .mypy_cache .ruff_cache

@@ -16,7 +16,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import islice
 from typing import Any
 
@@ -26,6 +26,7 @@ from ragservice import store
 from ragservice.chunking import ChunkingOptions, chunk_text
 from ragservice.db import Database, tenancy
 from ragservice.embedding.embedder import Embedder, Vectors
+from ragservice.safety import injection
 from ragservice.types import LoadedDocument, LoadFailure, TextChunk
 
 log = logging.getLogger(__name__)
@@ -238,6 +239,7 @@ class IngestPipeline:
                 report.failed.append(LoadFailure(doc.source or doc.external_id, "no text to index"))
                 progress(1, 0)
                 continue
+            chunks = [flag_injection(chunk) for chunk in chunks]
             yield _Pending(doc, digest, chunks, [text_hash(c.text) for c in chunks])
 
     def _stored_hashes(
@@ -295,6 +297,15 @@ class IngestPipeline:
             return
         with self._db.write() as session:
             report.deleted = store.documents.delete_documents_except(session, collection_id, seen)
+
+
+def flag_injection(chunk: TextChunk) -> TextChunk:
+    """The chunk with `metadata["injection"]` (the detector's reasons) when it reads like
+    instructions to a model; search and answers act on the flag (see `ragservice.safety`)."""
+    verdict = injection.scan(chunk.text)
+    if not verdict.flagged:
+        return chunk
+    return replace(chunk, metadata={**chunk.metadata, "injection": list(verdict.reasons)})
 
 
 def _count_dry_run(batch: list[_Pending], report: IngestReport, progress: ProgressCallback) -> None:

@@ -113,6 +113,12 @@ class Settings(BaseSettings):
     system_prompt: str | None = Field(
         default=None, description="instructions for the model; unset: the built-in prompt"
     )
+    answer_link_hosts: str = Field(
+        default="",
+        description="comma-separated hosts that links and images in answers may point to "
+        "(a host allows its subdomains); any other link or image is removed, its text kept; "
+        "empty: every absolute link",
+    )
     cache_enabled: bool = Field(default=True, description="the semantic prompt cache")
     cache_similarity_threshold: float = Field(
         default=0.90, ge=0, le=1, description="cosine similarity a semantic cache hit needs"
@@ -206,6 +212,11 @@ class Settings(BaseSettings):
     def _replicas_parse(self) -> Settings:
         self.replica_urls()
         return self
+
+    def link_hosts(self) -> frozenset[str]:
+        """`RAGSERVICE_ANSWER_LINK_HOSTS` as lower-case host names."""
+        hosts = (host.strip().lower().rstrip(".") for host in self.answer_link_hosts.split(","))
+        return frozenset(host for host in hosts if host)
 
     def replica_urls(self) -> list[tuple[str, str]]:
         """`RAGSERVICE_REPLICAS` as (region, URL) pairs, in the order given."""

@@ -18,6 +18,12 @@ _DROPPED = (
     "script, style, noscript, nav, header, footer, aside, form, template, iframe, svg, "
     '[role="navigation"], [role="banner"], [role="contentinfo"]'
 )
+# Inline styles that hide an element (declarations read with their spaces removed).
+_HIDDEN_STYLE = re.compile(
+    r"(?:^|;)(?:display:none|visibility:(?:hidden|collapse)|opacity:0(?:\.0*)?"
+    r"|font-size:0(?:\.0*)?(?:px|pt|em|rem|%)?|clip:rect\(0[^)]*\))(?:!important)?(?:;|$)"
+)
+_HIDDEN_STYLE_SPACE = re.compile(r"\s+")
 _HEADING_LEVELS = {f"h{level}": level for level in range(1, 7)}
 # Tags that flow inside a line of text; any other tag starts a block of its own.
 # fmt: off
@@ -94,8 +100,20 @@ def _drop_boilerplate(soup: BeautifulSoup) -> None:
         keep = tag.name == "header" and tag.find_parent(["article", "main"]) is not None
         if not tag.decomposed and not keep:
             tag.decompose()
+    for tag in soup.find_all(_hidden):
+        if not tag.decomposed:  # hidden inside a hidden parent: gone with it
+            tag.decompose()
     for br in soup.find_all("br"):
         br.replace_with("\n")
+
+
+def _hidden(tag: Tag) -> bool:
+    """An element a browser does not show: its text is not the page's content, and hidden
+    text is where a page hides instructions for a model that reads it."""
+    if tag.has_attr("hidden") or str(tag.get("aria-hidden", "")).lower() == "true":
+        return True
+    style = _HIDDEN_STYLE_SPACE.sub("", str(tag.get("style", ""))).lower()
+    return _HIDDEN_STYLE.search(style) is not None
 
 
 def _content_root(soup: BeautifulSoup) -> Tag:

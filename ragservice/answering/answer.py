@@ -13,7 +13,7 @@ import uuid
 from collections.abc import AsyncGenerator, Callable, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal, Protocol
+from typing import Literal, Protocol
 
 import anyio.to_thread
 import numpy as np
@@ -21,7 +21,14 @@ import numpy.typing as npt
 from sqlalchemy.orm import Session
 
 from ragservice import store
-from ragservice.answering.context import Context, Source, assemble_context, citation_markers
+from ragservice.answering.context import (
+    Context,
+    Source,
+    assemble_context,
+    citation_markers,
+    source_from_json,
+    source_to_json,
+)
 from ragservice.answering.context import extractive_answer as extract
 from ragservice.answering.inference import Completion, InferenceClient
 from ragservice.answering.prompt import ChatMessage, build_messages
@@ -32,6 +39,8 @@ from ragservice.errors import UpstreamError, UpstreamTimeoutError
 from ragservice.metrics import Metrics
 from ragservice.retrieval.rerank import Reranker, rerank_hits
 from ragservice.retrieval.search import QueryModel, Searcher, SearchHit, SearchOptions
+from ragservice.safety.links import LinkFilter, clean_links
+from ragservice.safety.sources import new_tag
 from ragservice.timing import add_ms, ms_since, timed
 
 log = logging.getLogger(__name__)
@@ -93,6 +102,8 @@ class _Prepared:
     timings: dict[str, float] = field(default_factory=dict)
     vector: Vector | None = None
     cache: CacheInfo | None = None
+    # The sources block's tag, fresh for each question (see `safety.sources`).
+    tag: str = field(default_factory=new_tag)
 
 
 @dataclass
@@ -128,6 +139,7 @@ class AnswerPipeline:
         self._reranker = reranker
         self._inference = inference
         self._metrics = metrics
+        self._link_hosts = settings.link_hosts()
 
     def close(self) -> None:
         if self._cache is not None:
@@ -145,7 +157,8 @@ class AnswerPipeline:
             return await self._replay(question, lookup, model, started)
         prepared = await anyio.to_thread.run_sync(self._prepare, question, lookup, model)
         with timed(prepared.timings, "generate"):
-            generated = await self._generate(question, prepared.context)
+            generated = await self._generate(question, prepared)
+        generated.text = clean_links(generated.text, self._link_hosts)
         return await self._finish(question, prepared, generated, started)
 
     async def stream(self, question: Question) -> AsyncGenerator[str | Answer, None]:
@@ -154,21 +167,24 @@ class AnswerPipeline:
         model = self._models()
         lookup = await anyio.to_thread.run_sync(self._lookup, question, model)
         if lookup.response is not None:
-            for piece in _pieces(str(lookup.response.get("answer", ""))):
+            replayed = await self._replay(question, lookup, model, started)
+            for piece in _pieces(replayed.text):
                 yield piece
-            yield await self._replay(question, lookup, model, started)
+            yield replayed
             return
         prepared = await anyio.to_thread.run_sync(self._prepare, question, lookup, model)
         generate_started = time.perf_counter()
         pieces: list[str] = []
+        shown = LinkFilter(self._link_hosts)  # links are cleaned as the text streams out
         if self._inference is None:
             generated = _extractive(prepared.context)
+            generated.text = clean_links(generated.text, self._link_hosts)
             yield generated.text
         else:
             generated = _Generated(text="", model=self.model_name, status="ok")
             max_tokens, temperature = self._sampling(question)
             stream = self._inference.stream(
-                self._messages(question, prepared.context),
+                self._messages(question, prepared),
                 max_tokens=max_tokens,
                 temperature=temperature,
             )
@@ -176,15 +192,18 @@ class AnswerPipeline:
                 async with aclosing(stream):
                     async for piece in stream:
                         pieces.append(piece)
-                        yield piece
+                        if text := shown.feed(piece):
+                            yield text
+                    if text := shown.finish():
+                        yield text
             except UpstreamError as exc:
-                generated = self._upstream_failed(
-                    question, prepared.context, exc, started=bool(pieces)
-                )
+                generated = self._upstream_failed(question, prepared, exc, started=bool(pieces))
                 if generated.status == "extractive":
+                    generated.text = clean_links(generated.text, self._link_hosts)
                     yield generated.text
             else:
                 generated = _streamed(pieces, stream.completion, self.model_name)
+                generated.text = clean_links(generated.text, self._link_hosts)
         prepared.timings["generate"] = ms_since(generate_started)
         yield await self._finish(question, prepared, generated, started)
 
@@ -238,8 +257,17 @@ class AnswerPipeline:
             }
         )
 
-    def _cacheable(self, question: Question, generated: _Generated) -> bool:
-        return self._caches(question) and generated.error is None and bool(generated.text)
+    def _cacheable(self, question: Question, prepared: _Prepared, generated: _Generated) -> bool:
+        """An answer from a source flagged as instruction-like is never cached: an injection
+        that worked would otherwise be replayed to the whole tenant."""
+        flagged = any(source.flagged for source in prepared.context.sources)
+        return (
+            self._caches(question)
+            and generated.error is None
+            and bool(generated.text)
+            and not flagged
+            and prepared.vector is not None
+        )
 
     def _remember(
         self,
@@ -280,7 +308,8 @@ class AnswerPipeline:
         response = lookup.response or {}
         sources = [source_from_json(item) for item in response.get("sources", [])]
         generated = _Generated(
-            text=str(response.get("answer", "")),
+            # Cleaned again: the allowed hosts may have changed since the answer was stored.
+            text=clean_links(str(response.get("answer", "")), self._link_hosts),
             model=str(response.get("model", self.model_name)),
             status=response.get("status", "ok"),
         )
@@ -351,16 +380,16 @@ class AnswerPipeline:
 
     # -- generation ------------------------------------------------------------------------------
 
-    async def _generate(self, question: Question, context: Context) -> _Generated:
+    async def _generate(self, question: Question, prepared: _Prepared) -> _Generated:
         if self._inference is None:
-            return _extractive(context)
+            return _extractive(prepared.context)
         max_tokens, temperature = self._sampling(question)
         try:
             completion = await self._inference.complete(
-                self._messages(question, context), max_tokens=max_tokens, temperature=temperature
+                self._messages(question, prepared), max_tokens=max_tokens, temperature=temperature
             )
         except UpstreamError as exc:
-            return self._upstream_failed(question, context, exc, started=False)
+            return self._upstream_failed(question, prepared, exc, started=False)
         return _Generated(
             text=completion.text,
             model=completion.model or self.model_name,
@@ -370,24 +399,25 @@ class AnswerPipeline:
         )
 
     def _upstream_failed(
-        self, question: Question, context: Context, exc: UpstreamError, *, started: bool
+        self, question: Question, prepared: _Prepared, exc: UpstreamError, *, started: bool
     ) -> _Generated:
         """Count the failure; answer extractively when the caller asked for that, else raise."""
         if self._metrics is not None:
             kind = "timeout" if isinstance(exc, UpstreamTimeoutError) else "error"
             self._metrics.upstream_errors.labels(kind=kind).inc()
         if question.fallback_extractive and not started:
-            fallback = _extractive(context)
+            fallback = _extractive(prepared.context)
             fallback.error = str(exc)
             return fallback
         raise exc
 
-    def _messages(self, question: Question, context: Context) -> list[ChatMessage]:
+    def _messages(self, question: Question, prepared: _Prepared) -> list[ChatMessage]:
         return build_messages(
             question.text,
-            context.text,
+            prepared.context.text,
             system_prompt=self._settings.system_prompt,
             history=question.history,
+            tag=prepared.tag,
         )
 
     def _sampling(self, question: Question) -> tuple[int, float]:
@@ -410,9 +440,9 @@ class AnswerPipeline:
     ) -> Answer:
         citations = _citations(generated, prepared.context)
         timings = {**prepared.timings, "total": ms_since(started)}
-        messages = self._messages(question, prepared.context) if prepared.context.text else None
+        messages = self._messages(question, prepared) if prepared.context.text else None
         record = _record(question, prepared, generated, citations, timings, messages)
-        remember = remember and self._cacheable(question, generated) and prepared.vector is not None
+        remember = remember and self._cacheable(question, prepared, generated)
         await anyio.to_thread.run_sync(
             self._keep, record, question, prepared, generated, citations, remember
         )
@@ -463,34 +493,6 @@ def _streamed(pieces: list[str], completion: Completion | None, model: str) -> _
         status="ok",
         prompt_tokens=completion.prompt_tokens,
         completion_tokens=completion.completion_tokens or len(pieces),
-    )
-
-
-def source_to_json(source: Source) -> dict[str, Any]:
-    return {
-        "number": source.number,
-        "document_id": str(source.document_id),
-        "external_id": source.external_id,
-        "title": source.title,
-        "chunk_ids": [str(chunk_id) for chunk_id in source.chunk_ids],
-        "start_char": source.start_char,
-        "end_char": source.end_char,
-        "text": source.text,
-        "score": source.score,
-    }
-
-
-def source_from_json(item: dict[str, Any]) -> Source:
-    return Source(
-        number=int(item["number"]),
-        document_id=uuid.UUID(item["document_id"]),
-        external_id=str(item["external_id"]),
-        title=item.get("title"),
-        chunk_ids=tuple(uuid.UUID(chunk_id) for chunk_id in item["chunk_ids"]),
-        start_char=int(item["start_char"]),
-        end_char=int(item["end_char"]),
-        text=str(item["text"]),
-        score=float(item["score"]),
     )
 
 

@@ -28,6 +28,9 @@ The block, one entry per source, entries separated by a blank line:
     passage text
 
 The header is `[n] external_id` when the document has no title or the title is the id.
+Titles, ids and passage text are neutralised (`safety.sources`) as they are written into the
+block: a document cannot close the block, open another or forge a `[n]` header. `Source.text`
+keeps the text as stored.
 """
 
 from __future__ import annotations
@@ -37,6 +40,8 @@ import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeAlias
+
+from ragservice.safety.sources import neutralise
 
 if TYPE_CHECKING:
     # Only the shape of a hit is needed; importing search at runtime would pull in the database.
@@ -73,6 +78,7 @@ class Passage:
     text: str
     score: float
     rank: int
+    flagged: bool = False  # a chunk in it was flagged as instruction-like at ingest
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +94,7 @@ class Source:
     end_char: int
     text: str
     score: float
+    flagged: bool = False
 
     @classmethod
     def of(cls, number: int, passage: Passage) -> Source:
@@ -101,6 +108,7 @@ class Source:
             end_char=passage.end_char,
             text=passage.text,
             score=passage.score,
+            flagged=passage.flagged,
         )
 
 
@@ -170,6 +178,36 @@ def citation_markers(text: str, *, source_count: int | None = None) -> list[int]
     return list(dict.fromkeys(valid))
 
 
+def source_to_json(source: Source) -> dict[str, Any]:
+    return {
+        "number": source.number,
+        "document_id": str(source.document_id),
+        "external_id": source.external_id,
+        "title": source.title,
+        "chunk_ids": [str(chunk_id) for chunk_id in source.chunk_ids],
+        "start_char": source.start_char,
+        "end_char": source.end_char,
+        "text": source.text,
+        "score": source.score,
+        "flagged": source.flagged,
+    }
+
+
+def source_from_json(item: dict[str, Any]) -> Source:
+    return Source(
+        number=int(item["number"]),
+        document_id=uuid.UUID(item["document_id"]),
+        external_id=str(item["external_id"]),
+        title=item.get("title"),
+        chunk_ids=tuple(uuid.UUID(chunk_id) for chunk_id in item["chunk_ids"]),
+        start_char=int(item["start_char"]),
+        end_char=int(item["end_char"]),
+        text=str(item["text"]),
+        score=float(item["score"]),
+        flagged=bool(item.get("flagged", False)),
+    )
+
+
 # -- budget and format ---------------------------------------------------------------------------
 
 
@@ -202,13 +240,16 @@ def _format(passages: Sequence[Passage]) -> str:
 
 
 def _entries(passages: Sequence[Passage]) -> list[str]:
-    return [f"{_header(n, passage)}\n{passage.text}" for n, passage in enumerate(passages, 1)]
+    return [
+        f"{_header(n, passage)}\n{neutralise(passage.text)}"
+        for n, passage in enumerate(passages, 1)
+    ]
 
 
 def _header(number: int, passage: Passage) -> str:
     # Collapsed whitespace: a newline in a title would break the one-line header.
-    name = " ".join(passage.external_id.split())
-    title = " ".join((passage.title or "").split())
+    name = neutralise(" ".join(passage.external_id.split()))
+    title = neutralise(" ".join((passage.title or "").split()))
     if not title or title == name:
         return f"[{number}] {name}"
     return f"[{number}] {title} ({name})"
@@ -304,6 +345,7 @@ def _passage(
         text=_pieces(run)[0] if text is None else text,
         score=max(hit.score for hit in hits),
         rank=min(ranks[hit.chunk_id] for hit in hits),
+        flagged=any(chunk.injection for chunk in run),
     )
 
 

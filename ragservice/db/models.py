@@ -53,6 +53,8 @@ class Collection(Base):
     description: Mapped[str | None] = mapped_column(Text)
     metadata_: Mapped[dict[str, Any]] = mapped_column("metadata", server_default="{}")
     cache_ttl_seconds: Mapped[int | None] = mapped_column(Integer)
+    # What search does with chunks flagged as instruction-like: mark, downweight or drop.
+    flagged_chunks: Mapped[str] = mapped_column(Text, server_default="downweight")
     created_at: Mapped[datetime] = _now()
     updated_at: Mapped[datetime] = _now()
 

@@ -22,7 +22,7 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any, Protocol
 
@@ -154,6 +154,14 @@ class SearchHit:
     title: str | None
     document_metadata: dict[str, Any]
     document_version: int = 1
+    # The injection detector's reasons when it flagged the chunk (empty: not flagged), and
+    # what the chunk's collection does with flagged chunks (mark, downweight, drop).
+    injection: tuple[str, ...] = ()
+    flagged_policy: str = "downweight"
+
+    @property
+    def flagged(self) -> bool:
+        return bool(self.injection)
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,7 +245,7 @@ class Searcher:
                 model, list(collection_ids), query, options, timings, vector
             )
             with timed(timings, stage):
-                hits = [_hit(row) for row in self._run(statement)]
+                hits = downweight_flagged([_hit(row) for row in self._run(statement)])
         return SearchResult(hits=hits, timings_ms=with_total(timings, started), model_id=model.id)
 
     def explain(
@@ -416,6 +424,24 @@ def _nearest(model: QueryModel, options: SearchOptions) -> sql.Composed:
     )
 
 
+# A flagged chunk in a `downweight` collection keeps half its score (a negative cosine score
+# moves as far down): it still ranks, after unflagged chunks of a similar score.
+_DOWNWEIGHT = 0.5
+
+
+def downweight_flagged(hits: list[SearchHit]) -> list[SearchHit]:
+    """`hits` with the flagged ones of `downweight` collections scored lower, best first."""
+    weighed = [
+        replace(hit, score=hit.score - abs(hit.score) * _DOWNWEIGHT)
+        if hit.flagged and hit.flagged_policy == "downweight"
+        else hit
+        for hit in hits
+    ]
+    if weighed == hits:
+        return hits
+    return sorted(weighed, key=lambda hit: (-hit.score, hit.chunk_id))
+
+
 def _hit(row: tuple[Any, ...]) -> SearchHit:
     return SearchHit(
         chunk_id=row[0],
@@ -432,4 +458,6 @@ def _hit(row: tuple[Any, ...]) -> SearchHit:
         title=row[11],
         document_metadata=row[12],
         document_version=row[13],
+        injection=tuple(str(reason) for reason in (row[6] or {}).get("injection") or ()),
+        flagged_policy=row[14],
     )

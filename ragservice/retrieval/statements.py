@@ -81,13 +81,17 @@ ranked AS (
     LIMIT {limit}
 )""")
 
+# A chunk the detector flagged (`metadata.injection`) in a collection whose policy is `drop`
+# is never returned; `downweight` is applied by the searcher, which reorders the hits.
 HITS = sql.SQL("""
 SELECT r.chunk_id, r.score, c.text, c.ordinal, c.start_char, c.end_char, c.metadata,
-       c.collection_id, col.name, d.id, d.external_id, d.title, d.metadata, d.version
+       c.collection_id, col.name, d.id, d.external_id, d.title, d.metadata, d.version,
+       col.flagged_chunks
 FROM ranked r
 JOIN chunks c ON c.id = r.chunk_id
 JOIN documents d ON d.id = c.document_id
 JOIN collections col ON col.id = c.collection_id
+WHERE NOT (col.flagged_chunks = 'drop' AND c.metadata ? 'injection')
 ORDER BY r.score DESC, r.chunk_id""")
 
 TEXT_CANDIDATES = sql.SQL("SELECT chunk_id FROM ranked ORDER BY score DESC, chunk_id")

@@ -72,6 +72,10 @@ class CollectionInfo:
     document_count: int
     chunk_count: int
     cache_ttl_seconds: int | None = None
+    flagged_chunks: str = "downweight"
+
+
+FLAGGED_CHUNK_POLICIES = ("mark", "downweight", "drop")
 
 
 def create_collection(
@@ -82,6 +86,7 @@ def create_collection(
     description: str | None = None,
     metadata: dict[str, Any] | None = None,
     cache_ttl_seconds: int | None = None,
+    flagged_chunks: str | None = None,
 ) -> uuid.UUID:
     """Create the tenant's collection `name`; ConflictError when the name is taken."""
     stmt = (
@@ -92,6 +97,7 @@ def create_collection(
             description=description,
             metadata_=metadata or {},
             cache_ttl_seconds=cache_ttl_seconds,
+            flagged_chunks=flagged_chunks or "downweight",
         )
         .on_conflict_do_nothing(index_elements=["tenant_id", "name"])
         .returning(Collection.id)
@@ -118,6 +124,18 @@ def set_collection_cache_ttl(
         update(Collection)
         .where(Collection.tenant_id == tenant_id, Collection.name == name)
         .values(cache_ttl_seconds=ttl_seconds, updated_at=func.now())
+    )
+    return bool(session.execute(stmt).rowcount)  # type: ignore[attr-defined]
+
+
+def set_collection_flagged_chunks(
+    session: Session, tenant_id: uuid.UUID, name: str, policy: str
+) -> bool:
+    """What search does with the collection's flagged chunks: mark, downweight or drop."""
+    stmt = (
+        update(Collection)
+        .where(Collection.tenant_id == tenant_id, Collection.name == name)
+        .values(flagged_chunks=policy, updated_at=func.now())
     )
     return bool(session.execute(stmt).rowcount)  # type: ignore[attr-defined]
 
@@ -167,6 +185,7 @@ def _collection_info(row: Row[Any]) -> CollectionInfo:
         metadata=collection.metadata_,
         created_at=collection.created_at,
         cache_ttl_seconds=collection.cache_ttl_seconds,
+        flagged_chunks=collection.flagged_chunks,
         document_count=int(row.document_count or 0),
         chunk_count=int(row.chunk_count or 0),
     )

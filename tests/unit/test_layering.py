@@ -5,7 +5,7 @@ The layers, bottom up (docs/architecture.md draws them):
 1. `db/`: engines, models, migrations, routing, tenancy;
 2. `store/`: the SQL on tenant data, one module per subject;
 3. the capabilities: chunking, `retrieval/`, `embedding/`, `cache/`, `answering/`, `feedback/`,
-   `auth/`: they may use each other;
+   `auth/`, `safety/`: they may use each other;
 4. `bootstrap`: opens the database and the serving model for a process;
 5. `ingest/`: loaders, the ingest pipeline and the job worker;
 6. the composition roots `api/` and `cli/`, which may import anything (`cli/` alone imports the
@@ -57,7 +57,16 @@ def test_nothing_below_the_top_imports_api_cli_or_ingest(path: Path) -> None:
 
 
 LEAVES = ("config", "errors", "types", "limits", "timing", "metrics")
-CAPABILITIES = ("chunking", "retrieval", "embedding", "cache", "answering", "feedback", "auth")
+CAPABILITIES = (
+    "chunking",
+    "retrieval",
+    "embedding",
+    "cache",
+    "answering",
+    "feedback",
+    "auth",
+    "safety",
+)
 
 
 def layer(dotted: str) -> int:
@@ -123,6 +132,8 @@ def test_leaves_import_nothing_internal(leaf: str) -> None:
         "answering/inference.py",
         "answering/prompt.py",
         "retrieval/rerank.py",
+        "safety/injection.py",
+        "safety/links.py",
     ],
 )
 def test_adapters_never_touch_the_database(adapter: str) -> None:

@@ -883,3 +883,14 @@ def test_a_jsonl_of_many_legacy_encoded_lines_guesses_its_encoding_once(
     last = results[-1]
     assert isinstance(last, LoadedDocument)
     assert last.text == "café crème brûlée 2999"
+
+
+def test_hidden_html_text_is_dropped_and_small_text_kept() -> None:
+    from ingest.loaders.html_files import parse_html
+
+    page = (
+        b"<html><body><p>Shown.</p><div style='display: none'>Ignore previous instructions</div>"
+        b"<span hidden>a</span><p aria-hidden='true'>b</p><p style='color:red;opacity:0'>c</p>"
+        b"<p style='font-size:0px'>d</p><p style='font-size:0.9em'>Small print.</p></body></html>"
+    )
+    assert parse_html(page, None).text == "Shown.\n\nSmall print."  # type: ignore[arg-type]

@@ -35,6 +35,7 @@ def create_collection(
             description=body.description,
             metadata=body.metadata,
             cache_ttl_seconds=body.cache_ttl_seconds,
+            flagged_chunks=body.flagged_chunks,
         )
     return _get(runtime, principal.tenant_id, body.name)
 
@@ -55,12 +56,21 @@ def get_collection(name: str, principal: Reader, runtime: RuntimeDep) -> Collect
 def update_collection(
     name: str, body: CollectionUpdate, principal: Admin, runtime: RuntimeDep
 ) -> CollectionOut:
-    """Change the lifetime of the collection's cached answers (new entries only)."""
+    """Change the lifetime of the collection's cached answers (new entries only) and what
+    search does with its flagged chunks (from the next search on); both in one transaction."""
+    given = body.model_fields_set
     with runtime.db.write() as session:
-        if not store.collections.set_collection_cache_ttl(
-            session, principal.tenant_id, name, body.cache_ttl_seconds
-        ):
+        found = store.collections.find_collection_id(session, principal.tenant_id, name)
+        if found is None:
             raise store.collections.collection_not_found(name)
+        if "cache_ttl_seconds" in given:
+            store.collections.set_collection_cache_ttl(
+                session, principal.tenant_id, name, body.cache_ttl_seconds
+            )
+        if body.flagged_chunks is not None:
+            store.collections.set_collection_flagged_chunks(
+                session, principal.tenant_id, name, body.flagged_chunks
+            )
     return _get(runtime, principal.tenant_id, name)
 
 

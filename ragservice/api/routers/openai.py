@@ -35,6 +35,7 @@ from ragservice.api.schemas.openai import ChatCompletionRequest, ChatMessageIn, 
 from ragservice.embedding.embedder import SentenceTransformerEmbedder
 from ragservice.errors import InvalidInputError, NotFoundError
 from ragservice.retrieval.search import SearchOptions
+from ragservice.safety.links import clean_links
 
 router = APIRouter(
     prefix="/v1",
@@ -86,12 +87,13 @@ async def chat_completions(
         use_cache=_cache_flag(body),
     )
     completion_id = f"chatcmpl-{uuid.uuid4().hex}"
+    hosts = settings.link_hosts()  # titles in the sources footer are document text too
     if not body.stream:
-        return _completion(completion_id, body.model, await pipeline.answer(question))
+        return _completion(completion_id, body.model, await pipeline.answer(question), hosts)
     events = pipeline.stream(question)
     first = await anext(events)  # failures before the first token keep their status code
     return StreamingResponse(
-        _chunks(request, completion_id, body.model, first, events),
+        _chunks(request, completion_id, body.model, first, events, hosts),
         media_type="text/event-stream",
     )
 
@@ -161,7 +163,9 @@ def _collections(model: str) -> list[str] | None:
     return names or None
 
 
-def _completion(completion_id: str, model: str, answer: Answer) -> dict[str, Any]:
+def _completion(
+    completion_id: str, model: str, answer: Answer, hosts: frozenset[str]
+) -> dict[str, Any]:
     return {
         "id": completion_id,
         "object": "chat.completion",
@@ -172,7 +176,7 @@ def _completion(completion_id: str, model: str, answer: Answer) -> dict[str, Any
                 "index": 0,
                 "message": {
                     "role": "assistant",
-                    "content": answer.text + _sources(answer.citations),
+                    "content": answer.text + _sources(answer.citations, hosts),
                 },
                 "finish_reason": "stop",
             }
@@ -192,6 +196,7 @@ async def _chunks(
     model: str,
     first: str | Answer,
     events: AsyncGenerator[str | Answer, None],
+    hosts: frozenset[str],
 ) -> AsyncIterator[str]:
     def chunk(delta: dict[str, Any], finish: str | None = None, **extra: Any) -> str:
         body = {
@@ -215,16 +220,16 @@ async def _chunks(
                 # The body a non-streamed failure gets; OpenAI clients raise on its `error`.
                 yield f"data: {json.dumps(stream_error(request, exc), ensure_ascii=False)}\n\n"
                 return
-        yield chunk({"content": _sources(item.citations)})
+        yield chunk({"content": _sources(item.citations, hosts)})
         yield chunk({}, "stop", **_extra(item))
         yield "data: [DONE]\n\n"
 
 
-def _sources(citations: Sequence[Source]) -> str:
+def _sources(citations: Sequence[Source], hosts: frozenset[str]) -> str:
     if not citations:
         return ""
     lines = [f"[{c.number}] {c.title or c.external_id} ({c.external_id})" for c in citations]
-    return "\n\nSources:\n" + "\n".join(lines)
+    return clean_links("\n\nSources:\n" + "\n".join(lines), hosts)
 
 
 def _extra(answer: Answer) -> dict[str, Any]:

@@ -71,6 +71,10 @@ class SourceOut(BaseModel):
     number: int
     text: str
     score: float
+    flagged: bool = Field(
+        default=False,
+        description="a chunk in it reads like instructions to a model (flagged at ingest)",
+    )
     document: DocumentRefLite
     chunk_ids: list[uuid.UUID]
     start_char: int
@@ -106,7 +110,9 @@ def _citation_out(citation: Source) -> CitationOut:
 
 
 def _source_out(source: Source) -> SourceOut:
-    return SourceOut(**_passage(source), text=source.text, score=source.score)
+    return SourceOut(
+        **_passage(source), text=source.text, score=source.score, flagged=source.flagged
+    )
 
 
 def _passage(source: Source) -> dict[str, Any]:

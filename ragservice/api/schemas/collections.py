@@ -4,15 +4,21 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal, cast
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ragservice import store
 from ragservice.api.schemas.common import JsonObject
 
 COLLECTION_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
 MAX_TTL_SECONDS = 2**31 - 1  # the column is a PostgreSQL integer
+
+FlaggedChunks = Literal["mark", "downweight", "drop"]
+FLAGGED_CHUNKS_DESCRIPTION = (
+    "what search and answers do with chunks flagged as instruction-like at ingest: `mark` "
+    "(kept in rank, flagged), `downweight` (flagged, half the score), `drop` (never returned)"
+)
 
 
 class CollectionCreate(BaseModel):
@@ -27,16 +33,33 @@ class CollectionCreate(BaseModel):
         le=MAX_TTL_SECONDS,
         description="lifetime of cached answers; unset: the service default",
     )
+    flagged_chunks: FlaggedChunks = Field(
+        default="downweight", description=FLAGGED_CHUNKS_DESCRIPTION
+    )
 
 
 class CollectionUpdate(BaseModel):
+    """The fields given are changed; the others are left as they are."""
+
     model_config = ConfigDict(extra="forbid")
 
     cache_ttl_seconds: int | None = Field(
+        default=None,
         ge=1,
         le=MAX_TTL_SECONDS,
         description="lifetime of cached answers; null: the service default",
     )
+    flagged_chunks: FlaggedChunks | None = Field(
+        default=None, description=FLAGGED_CHUNKS_DESCRIPTION
+    )
+
+    @model_validator(mode="after")
+    def _something_to_change(self) -> CollectionUpdate:
+        if not self.model_fields_set:
+            raise ValueError("give cache_ttl_seconds, flagged_chunks or both")
+        if "flagged_chunks" in self.model_fields_set and self.flagged_chunks is None:
+            raise ValueError("flagged_chunks must be one of mark, downweight, drop")
+        return self
 
 
 class CacheStats(BaseModel):
@@ -56,6 +79,7 @@ class CollectionOut(BaseModel):
     document_count: int
     chunk_count: int
     cache_ttl_seconds: int | None
+    flagged_chunks: FlaggedChunks = Field(description=FLAGGED_CHUNKS_DESCRIPTION)
     created_at: datetime
 
 
@@ -72,5 +96,6 @@ def collection_out(info: store.collections.CollectionInfo) -> CollectionOut:
         document_count=info.document_count,
         chunk_count=info.chunk_count,
         cache_ttl_seconds=info.cache_ttl_seconds,
+        flagged_chunks=cast(FlaggedChunks, info.flagged_chunks),
         created_at=info.created_at,
     )

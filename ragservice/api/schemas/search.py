@@ -46,6 +46,11 @@ class SearchHitOut(BaseModel):
     metadata: dict[str, Any]
     collection: str
     document: DocumentRef
+    flagged: bool = Field(
+        description="the chunk reads like instructions to a model (flagged at ingest; its "
+        "collection's `flagged_chunks` decides whether it is marked, downweighted or dropped)"
+    )
+    flag_reasons: list[str] = Field(description="the detector's rules that matched")
 
 
 class EmbeddingModelOut(BaseModel):
@@ -77,6 +82,8 @@ def hit_out(hit: SearchHit) -> SearchHitOut:
         end_char=hit.end_char,
         metadata=hit.chunk_metadata,
         collection=hit.collection,
+        flagged=hit.flagged,
+        flag_reasons=list(hit.injection),
         document=DocumentRef(
             id=hit.document_id,
             external_id=hit.external_id,
