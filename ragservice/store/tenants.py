@@ -6,10 +6,9 @@ import uuid
 from dataclasses import dataclass
 from datetime import datetime
 from graphlib import TopologicalSorter
-from typing import Any
 
 from psycopg import sql
-from sqlalchemy import func, select, text, update
+from sqlalchemy import ScalarSelect, Select, func, select, text, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
@@ -91,7 +90,7 @@ def list_tenants(session: Session) -> list[TenantInfo]:
     return [TenantInfo(*row) for row in session.execute(stmt.order_by(Tenant.name))]
 
 
-def _count(stmt: Any) -> Any:
+def _count(stmt: Select[int]) -> ScalarSelect[int]:
     return stmt.correlate(Tenant).scalar_subquery()
 
 
