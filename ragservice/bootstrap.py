@@ -1,15 +1,18 @@
-"""Opens what a process of the service needs: the database and the embedding model it serves."""
+"""Opens what a process of the service needs: the database and the embedding model it serves,
+and runs the retention purge (the query log, job payloads) a server repeats in the background."""
 
 from __future__ import annotations
 
 import logging
+import threading
 import uuid
 from dataclasses import dataclass
+from datetime import timedelta
 
 from ragservice import store
 from ragservice.chunking import ChunkingOptions
 from ragservice.config import DEFAULT_TENANT_ID, Settings
-from ragservice.db import Database, open_database
+from ragservice.db import Database, open_database, tenancy
 from ragservice.embedding.embedder import SentenceTransformerEmbedder, make_embedder
 from ragservice.embedding.registry import (
     ModelRegistry,
@@ -124,3 +127,71 @@ def chunking_options(settings: Settings, model_max_tokens: int) -> ChunkingOptio
         return ChunkingOptions(max_tokens=size, overlap_tokens=settings.chunk_overlap_tokens)
     except ValueError as exc:
         raise ConfigurationError(f"chunking settings: {exc}") from exc
+
+
+_PURGE_BATCH = 10_000
+
+
+@dataclass(frozen=True, slots=True)
+class PurgeReport:
+    """What one retention purge deleted."""
+
+    queries: int = 0
+    feedback: int = 0
+    job_items: int = 0
+
+
+def purge_retention(
+    db: Database,
+    settings: Settings,
+    *,
+    query_log_days: int | None = None,
+    job_payload_hours: float | None = None,
+) -> PurgeReport:
+    """Delete, across tenants, logged queries (with their feedback) older than the query log
+    retention, and the items of jobs that ended longer ago than the job payload retention.
+    The arguments override the settings. Queries go in batches, each its own transaction."""
+    days = settings.query_log_retention_days if query_log_days is None else query_log_days
+    hours = settings.job_payload_retention_hours if job_payload_hours is None else job_payload_hours
+    queries = feedback = 0
+    with tenancy.as_system():
+        with db.write() as session:
+            items = store.jobs.purge_job_payloads(session, older_than=timedelta(hours=hours))
+        while days > 0:
+            with db.write() as session:
+                batch, batch_feedback = store.query_log.purge_query_log(
+                    session, older_than_days=days, limit=_PURGE_BATCH
+                )
+            queries, feedback = queries + batch, feedback + batch_feedback
+            if batch < _PURGE_BATCH:
+                break
+    return PurgeReport(queries=queries, feedback=feedback, job_items=items)
+
+
+class RetentionPurger:
+    """Runs `purge_retention` at start and then every `RAGSERVICE_RETENTION_PURGE_SECONDS`."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        self._runtime = runtime
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="retention-purger", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout: float) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    def _run(self) -> None:
+        settings = self._runtime.settings
+        while not self._stop.is_set():
+            try:
+                report = purge_retention(self._runtime.db, settings)
+            except Exception:  # the next round tries again
+                log.warning("the retention purge failed", exc_info=True)
+            else:
+                if report != PurgeReport():
+                    log.info("retention purge: %s", report)
+            self._stop.wait(settings.retention_purge_seconds)

@@ -190,6 +190,21 @@ class Settings(BaseSettings):
         default=120.0, gt=0, description="a running job without a heartbeat this long is retried"
     )
     job_max_attempts: int = Field(default=3, ge=1)
+    query_log_retention_days: int = Field(
+        default=90,
+        ge=0,
+        description="logged questions, answers and prompts older than this are deleted with "
+        "their feedback; 0 keeps them for ever",
+    )
+    job_payload_retention_hours: float = Field(
+        default=24.0,
+        ge=0,
+        description="the uploaded files and texts of a failed job are dropped this long after "
+        "it ended (a done job drops them at once); 0: at the next purge",
+    )
+    retention_purge_seconds: float = Field(
+        default=3600.0, gt=0, description="how often a server runs the retention purge"
+    )
     analyst_statement_timeout_seconds: int = Field(
         default=60,
         ge=1,

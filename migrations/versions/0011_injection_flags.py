@@ -11,7 +11,7 @@ migration does not run the detector, which is application code a migration must 
 a rescan of stored chunks is not built yet (docs/ingest.md).
 
 Revision ID: 0011
-Revises: 0009
+Revises: 0010
 Create Date: 2026-12-10
 """
 
@@ -21,7 +21,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0011"
-down_revision = "0009"
+down_revision = "0010"
 branch_labels = None
 depends_on = None
 

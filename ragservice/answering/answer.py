@@ -555,4 +555,5 @@ def _record(
         error=generated.error,
         cache=None if prepared.cache is None else prepared.cache.to_dict(),
         messages=None if messages is None else [m.to_dict() for m in messages],
+        source_document_ids=[source.document_id for source in prepared.context.sources],
     )

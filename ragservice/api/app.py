@@ -17,7 +17,12 @@ from ragservice.api.error_handlers import install_error_handlers
 from ragservice.api.middleware import MetricsMiddleware, RequestContextMiddleware
 from ragservice.api.routers import collections, documents, feedback, jobs, openai, query, search
 from ragservice.auth.ratelimit import RateLimiter
-from ragservice.bootstrap import Runtime, open_runtime, require_unprivileged_login
+from ragservice.bootstrap import (
+    RetentionPurger,
+    Runtime,
+    open_runtime,
+    require_unprivileged_login,
+)
 from ragservice.cache.prompt_cache import CachePurger, PromptCache
 from ragservice.config import Settings, get_settings, is_loopback
 from ragservice.db import migrate
@@ -105,6 +110,7 @@ def _start_services(
     parts: list[BackgroundService] = [factory(runtime) for factory in factories]
     if settings.cache_enabled:
         parts.append(CachePurger(runtime.db, interval=settings.cache_purge_seconds))
+    parts.append(RetentionPurger(runtime))
     for service in parts:
         service.start()
         stack.callback(_stop_quietly, service)

@@ -5,7 +5,17 @@ from __future__ import annotations
 
 import typer
 
-from ragservice.cli import analysts, db, feedback, keys, models, replicas, serve, training
+from ragservice.cli import (
+    analysts,
+    db,
+    feedback,
+    keys,
+    models,
+    replicas,
+    serve,
+    tenants,
+    training,
+)
 from ragservice.cli.ingest import ingest_command
 from ragservice.config import configure_logging, get_settings
 
@@ -21,6 +31,7 @@ app.command("reembed")(training.reembed)
 app.command("ingest")(ingest_command)
 app.add_typer(db.app, name="db")
 app.add_typer(keys.app, name="keys")
+app.add_typer(tenants.app, name="tenants")
 app.add_typer(replicas.app, name="replicas")
 app.add_typer(models.app, name="models")
 app.add_typer(analysts.app, name="analysts")

@@ -247,6 +247,11 @@ class QueryLog(Base):
     # The messages the answer was generated from (or would have been, for an extractive one);
     # null for answers replayed from the cache.
     messages: Mapped[Any] = mapped_column(JSONB, nullable=True)
+    # The documents retrieved or shown to the model; deleting one redacts answer and messages.
+    source_document_ids: Mapped[list[uuid.UUID]] = mapped_column(
+        ARRAY(UUID(as_uuid=True)), server_default="{}"
+    )
+    redacted_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     created_at: Mapped[datetime] = _now()
 
 

@@ -132,6 +132,7 @@ CROSS JOIN LATERAL (
     WHERE f.query_id = q.id AND f.tenant_id = q.tenant_id AND {feedback_window}
 ) fb
 WHERE q.tenant_id = :tenant
+  AND q.redacted_at IS NULL
   AND q.id IN (SELECT f.query_id FROM feedback f WHERE f.tenant_id = :tenant AND {feedback_window})
   AND fb.entries IS NOT NULL
   AND (CAST(:collection AS uuid) IS NULL OR CAST(:collection AS uuid) = ANY(q.collection_ids))
@@ -181,6 +182,7 @@ def export_rows(
     With `time_of=query` every feedback row of a chosen answer counts. With `text_depth`, chunk
     texts come along for the top `text_depth` retrieved, the cited and the judged chunks.
     `order`: "time" (answer time) or "question" (grouped by question and collections).
+    Answers redacted because a source document was deleted are left out.
     """
     by_query_time = flt.time_of == TimeOf.QUERY
     feedback_window = "TRUE" if by_query_time else _WINDOW.format(column="f.created_at")

@@ -253,8 +253,9 @@ def finish_job(
 ) -> bool:
     """Record how a job ended. With `worker`, only while that worker still owns the job.
 
-    A job that is done drops its items to free the space; a failed job keeps them, so an
-    operator can queue it again. False when nothing was updated.
+    A job that is done drops its items (the uploaded files and texts) at once; a failed job
+    keeps them until `purge_job_payloads` drops them, so an operator can queue it again
+    meanwhile. False when nothing was updated.
     """
     stmt = update(IngestJob).where(IngestJob.id == job_id)
     if worker is not None:
@@ -264,6 +265,17 @@ def finish_job(
     if finished and status == "done":
         session.execute(delete(IngestJobItem).where(IngestJobItem.job_id == job_id))
     return finished
+
+
+def purge_job_payloads(session: Session, *, older_than: timedelta) -> int:
+    """Drop the items of jobs that ended (done or failed, a worker gave up included) more than
+    `older_than` ago; returns how many items went. Queued and running jobs keep theirs."""
+    ended = select(IngestJob.id).where(
+        IngestJob.status.in_(("done", "failed")),
+        IngestJob.finished_at < func.now() - older_than,
+    )
+    stmt = delete(IngestJobItem).where(IngestJobItem.job_id.in_(ended))
+    return int(session.execute(stmt).rowcount)  # type: ignore[attr-defined]
 
 
 def get_job(session: Session, tenant_id: uuid.UUID, job_id: uuid.UUID) -> IngestJob | None:

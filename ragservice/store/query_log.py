@@ -4,6 +4,10 @@ This module owns the shape of the log's JSON columns: `retrieved` is a list of
 `RetrievedChunk` (what retrieval returned, best first) and `citations` a list of `Citation`
 (the sources the answer cites). Both are written by `log_query` and read back through
 `from_json`; the analytics views (migration 0006) and the export SQL read the same keys.
+
+`source_document_ids` names every document an answer drew on; deleting one of them redacts
+the row (`answer` and `messages` set to NULL, `redacted_at` set) in the same transaction, by
+a trigger (migration 0012). `purge_query_log` deletes rows past the retention.
 """
 
 from __future__ import annotations
@@ -13,10 +17,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import select, text
+import psycopg
+from sqlalchemy import func, select, text
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
-from ragservice.db.models import QueryLog
+from ragservice.db.models import Document, QueryLog
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,10 +87,16 @@ class QueryRecord:
     error: str | None = None
     cache: dict[str, Any] | None = None
     messages: list[dict[str, Any]] | None = None  # the prompt the answer was generated from
+    # Documents the answer drew on beyond `retrieved` and `citations` (a cached answer's sources)
+    source_document_ids: Sequence[uuid.UUID] = ()
     id: uuid.UUID = field(default_factory=uuid.uuid4)  # known before the row is written
 
 
 def log_query(session: Session, record: QueryRecord) -> uuid.UUID:
+    """Write the row. When a source document is gone (deleted while the question was being
+    answered) the answer and prompt are left out, as the delete would have redacted them."""
+    sources = source_document_ids(record)
+    redact = bool(sources) and not _sources_present(session, sources)
     entry = QueryLog(
         id=record.id,
         tenant_id=record.tenant_id,
@@ -93,18 +105,69 @@ def log_query(session: Session, record: QueryRecord) -> uuid.UUID:
         collection_ids=list(record.collection_ids),
         params=record.params,
         retrieved=[item.to_json() for item in record.retrieved],
-        answer=record.answer,
+        answer=None if redact else record.answer,
         citations=[item.to_json() for item in record.citations],
         timings=record.timings,
         upstream_model=record.upstream_model,
         status=record.status,
         error=record.error,
         cache=record.cache,
-        messages=record.messages,
+        messages=None if redact else record.messages,
+        source_document_ids=sources,
+        redacted_at=func.now() if redact else None,
     )
     session.add(entry)
     session.flush()
     return entry.id
+
+
+def source_document_ids(record: QueryRecord) -> list[uuid.UUID]:
+    """Every document the record's answer drew on, sorted."""
+    ids = {item.document_id for item in record.retrieved}
+    ids.update(item.document_id for item in record.citations)
+    ids.update(record.source_document_ids)
+    return sorted(ids)
+
+
+def _sources_present(session: Session, ids: Sequence[uuid.UUID]) -> bool:
+    """Whether every document still exists. They stay locked (FOR KEY SHARE) until the
+    transaction ends, so a delete waits for the row to be written and then redacts it."""
+    stmt = (
+        select(Document.id)
+        .where(Document.id.in_(list(ids)))
+        .order_by(Document.id)
+        .with_for_update(read=True, key_share=True)
+    )
+    try:
+        with session.begin_nested():
+            session.execute(text("SET LOCAL lock_timeout = '2s'"))
+            found = set(session.scalars(stmt))
+    except OperationalError as exc:
+        if not isinstance(exc.orig, psycopg.errors.LockNotAvailable):
+            raise
+        return False  # a delete holds a source: keep nothing of the sources' text
+    return len(found) == len(set(ids))
+
+
+_PURGE = text("""
+WITH old AS (
+    SELECT id FROM query_log
+    WHERE created_at < now() - make_interval(days => :days)
+    ORDER BY created_at LIMIT :limit
+), gone_feedback AS (
+    DELETE FROM feedback f USING old WHERE f.query_id = old.id RETURNING 1
+), gone AS (
+    DELETE FROM query_log q USING old WHERE q.id = old.id RETURNING 1
+)
+SELECT (SELECT count(*) FROM gone), (SELECT count(*) FROM gone_feedback)
+""")
+
+
+def purge_query_log(session: Session, *, older_than_days: int, limit: int) -> tuple[int, int]:
+    """Delete up to `limit` logged queries older than `older_than_days`, oldest first, with
+    their feedback; returns (queries, feedback rows) deleted."""
+    row = session.execute(_PURGE, {"days": older_than_days, "limit": limit}).one()
+    return int(row[0]), int(row[1])
 
 
 @dataclass(frozen=True, slots=True)

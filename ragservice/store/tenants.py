@@ -1,14 +1,19 @@
-"""Tenants and their API keys (only hashes are stored)."""
+"""Tenants and their API keys (only hashes are stored), and erasing a tenant."""
 
 from __future__ import annotations
 
 import uuid
+from dataclasses import dataclass
+from datetime import datetime
+from graphlib import TopologicalSorter
 
-from sqlalchemy import func, select, update
+from psycopg import sql
+from sqlalchemy import ScalarSelect, Select, func, select, text, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
-from ragservice.db.models import ApiKey, Tenant
+from ragservice.db.engine import driver_connection
+from ragservice.db.models import ApiKey, Collection, Document, Tenant
 
 
 def ensure_tenant(session: Session, name: str) -> uuid.UUID:
@@ -62,3 +67,79 @@ def revoke_api_key(session: Session, prefix: str) -> int:
 
 def find_tenant_id(session: Session, name: str) -> uuid.UUID | None:
     return session.scalar(select(Tenant.id).where(Tenant.name == name))
+
+
+@dataclass(frozen=True, slots=True)
+class TenantInfo:
+    id: uuid.UUID
+    name: str
+    created_at: datetime
+    collections: int
+    documents: int
+    active_keys: int
+
+
+def list_tenants(session: Session) -> list[TenantInfo]:
+    """Every tenant with its numbers of collections, documents and active keys, by name."""
+    collections = _count(select(func.count()).where(Collection.tenant_id == Tenant.id))
+    documents = _count(select(func.count()).where(Document.tenant_id == Tenant.id))
+    keys = _count(
+        select(func.count()).where(ApiKey.tenant_id == Tenant.id, ApiKey.revoked_at.is_(None))
+    )
+    stmt = select(Tenant.id, Tenant.name, Tenant.created_at, collections, documents, keys)
+    return [TenantInfo(*row) for row in session.execute(stmt.order_by(Tenant.name))]
+
+
+def _count(stmt: Select[int]) -> ScalarSelect[int]:
+    return stmt.correlate(Tenant).scalar_subquery()
+
+
+# Tables of the public schema with a tenant_id column that the current user may delete from.
+# Read from the catalog, so tables added later are erased too without a change here.
+_TENANT_TABLES = text("""
+SELECT c.relname FROM pg_class c JOIN pg_attribute a ON a.attrelid = c.oid
+WHERE c.relnamespace = 'public'::regnamespace AND c.relkind IN ('r', 'p')
+  AND a.attname = 'tenant_id' AND NOT a.attisdropped AND c.relname <> 'tenants'
+  AND has_table_privilege(c.oid, 'DELETE')
+""")
+
+# (referencing, referenced) pairs of the foreign keys between tables of the public schema.
+_FOREIGN_KEYS = text("""
+SELECT child.relname, parent.relname FROM pg_constraint k
+JOIN pg_class child ON child.oid = k.conrelid
+JOIN pg_class parent ON parent.oid = k.confrelid
+WHERE k.contype = 'f' AND k.connamespace = 'public'::regnamespace
+""")
+
+
+def erase_tenant(
+    session: Session, tenant_id: uuid.UUID, *, keep_tenant: bool = False
+) -> dict[str, int]:
+    """Delete every row of the tenant from every table that has a `tenant_id` column (rows
+    that reference others first), then the tenant itself unless `keep_tenant`. Rows owned
+    through a parent (BM25 postings, job items, cache sources, analyst bindings) go by
+    cascade. Returns the rows deleted per table, tables without any left out.
+
+    Run it as the whole database (`tenancy.as_system()`) in one transaction: the erase is
+    all or nothing."""
+    tables = list(session.scalars(_TENANT_TABLES))
+    conn = driver_connection(session)
+    erased: dict[str, int] = {}
+    for table in _children_first(session, tables):
+        statement = sql.SQL("DELETE FROM {} WHERE tenant_id = %s").format(sql.Identifier(table))
+        count = conn.execute(statement, (tenant_id,)).rowcount
+        if count:
+            erased[table] = count
+    if not keep_tenant:
+        erased["tenants"] = conn.execute("DELETE FROM tenants WHERE id = %s", (tenant_id,)).rowcount
+    return erased
+
+
+def _children_first(session: Session, tables: list[str]) -> list[str]:
+    """`tables` ordered so that a table comes before every table it references."""
+    wanted = set(tables)
+    referenced_by: dict[str, set[str]] = {table: set() for table in sorted(wanted)}
+    for child, parent in session.execute(_FOREIGN_KEYS):
+        if child in wanted and parent in wanted and child != parent:
+            referenced_by[parent].add(child)
+    return list(TopologicalSorter(referenced_by).static_order())

@@ -87,6 +87,15 @@ def _chunk_ids(db: Database) -> dict[str, uuid.UUID]:
         return {name: chunk_id for name, chunk_id in rows}
 
 
+def _documents_of(db: Database, chunk_ids: list[uuid.UUID]) -> dict[uuid.UUID, uuid.UUID]:
+    """chunk id → its document's id (a logged answer naming a missing document is redacted)."""
+    with db.read() as session:
+        rows = session.execute(
+            text("SELECT id, document_id FROM chunks WHERE id = ANY(:ids)"), {"ids": chunk_ids}
+        )
+        return {chunk_id: document_id for chunk_id, document_id in rows}
+
+
 def _log(
     db: Database,
     tenant: uuid.UUID,
@@ -99,6 +108,7 @@ def _log(
     messages: bool = True,
     at: datetime,
 ) -> uuid.UUID:
+    documents = _documents_of(db, [*ranked, *cited])
     record = store.query_log.QueryRecord(
         tenant_id=tenant,
         endpoint="query",
@@ -106,11 +116,11 @@ def _log(
         collection_ids=collections,
         params={},
         retrieved=[
-            store.query_log.RetrievedChunk(c, uuid.uuid4(), 1.0 - i / 10)
+            store.query_log.RetrievedChunk(c, documents[c], 1.0 - i / 10)
             for i, c in enumerate(ranked)
         ],
         answer=answer,
-        citations=[store.query_log.Citation(1, uuid.uuid4(), (c,)) for c in cited],
+        citations=[store.query_log.Citation(1, documents[c], (c,)) for c in cited],
         timings={},
         upstream_model="m",
         status="ok",

@@ -1,0 +1,64 @@
+"""`ragservice tenants`: list tenants, and erase one with everything it stored."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Annotated
+
+import typer
+
+from ragservice import store
+from ragservice.cli.common import console, database, fail
+from ragservice.config import DEFAULT_TENANT_ID
+
+app = typer.Typer(help="Tenants.", no_args_is_help=True)
+
+
+@app.command("list")
+def tenants_list() -> None:
+    """List tenants, tab-separated: name, id, created, collections, documents, active keys."""
+    with database() as db, db.owner() as session:
+        rows = store.tenants.list_tenants(session)
+    for t in rows:
+        created = t.created_at.isoformat(timespec="seconds")
+        typer.echo(f"{t.name}\t{t.id}\t{created}\t{t.collections}\t{t.documents}\t{t.active_keys}")
+
+
+@app.command("delete")
+def tenants_delete(
+    name: str = typer.Argument(..., help="The tenant's name."),
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")] = False,
+    force: Annotated[
+        bool,
+        typer.Option(
+            "--force",
+            help="Allow the default tenant: its rows are erased, the (empty) tenant stays.",
+        ),
+    ] = False,
+) -> None:
+    """Erase a tenant: every row of every table that names it (collections, documents, chunks,
+    embeddings, jobs and their uploads, API keys, the query log, feedback, cached answers,
+    analyst bindings, ...), then the tenant itself, in one transaction. Prints the rows erased
+    per table."""
+    with database() as db, db.owner() as session:
+        tenant_id = store.tenants.find_tenant_id(session, name)
+        if tenant_id is None:
+            raise fail(f"no tenant named {name!r}")
+        default = tenant_id == uuid.UUID(DEFAULT_TENANT_ID)
+        if default and not force:
+            raise fail(
+                "the default tenant serves the CLI and servers without authentication; "
+                "--force erases its rows and keeps the tenant itself"
+            )
+        if not yes and not typer.confirm(f"Erase tenant {name!r} ({tenant_id}) for good?"):
+            raise fail("nothing erased")
+        analysts = [a.name for a in store.analysts.list_analysts(session) if a.tenant == name]
+        erased = store.tenants.erase_tenant(session, tenant_id, keep_tenant=default)
+    for table, rows in sorted(erased.items()):
+        typer.echo(f"{table}\t{rows}")
+    console.print(f"erased tenant {name!r}: {sum(erased.values())} rows")
+    if analysts:
+        console.print(
+            f"analyst logins bound to it now read nothing: {', '.join(analysts)} "
+            "(ragservice analysts remove NAME drops one)"
+        )
