@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from ragservice import store
 from ragservice.chunking import ChunkingOptions
 from ragservice.config import DEFAULT_TENANT_ID, Settings
-from ragservice.db import Database, open_database
+from ragservice.db import Database, open_database, tenancy
 from ragservice.embedding.embedder import SentenceTransformerEmbedder, make_embedder
 from ragservice.embedding.registry import (
     ModelRegistry,
@@ -81,7 +81,7 @@ def _initial_model(
             active = store.models.active_model(session)
         if active is not None and loadable(active, settings):
             return serve_row(settings, active)
-        embedder = make_embedder(settings)
+        embedder = make_embedder(settings, owner=tenancy.current_tenant_id)
         embedder.warm_up()
     with db.write() as session:
         model = store.models.ensure_model(

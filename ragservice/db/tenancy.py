@@ -82,3 +82,9 @@ def apply(connection: Connection, tenancy: Tenancy | None = None) -> None:
     tenancy = tenancy or current()
     tenant = "" if tenancy.tenant_id is None else str(tenancy.tenant_id)
     connection.exec_driver_sql(_SET, (tenant, "on" if tenancy.system else "off"))
+
+
+def current_tenant_id() -> uuid.UUID | None:
+    """The one tenant whose work runs now (None: all tenants, or none yet). The shared slots
+    of upstream calls and embedding computations are divided fairly by it."""
+    return current().tenant_id
