@@ -99,7 +99,7 @@ def _initial_model(
             active = store.models.active_model(session)
         if active is not None and loadable(active, settings):
             return serve_row(settings, active)
-        embedder = make_embedder(settings)
+        embedder = make_embedder(settings, owner=tenancy.current_tenant_id)
         embedder.warm_up()
     with db.write() as session:
         model = store.models.ensure_model(

@@ -161,13 +161,17 @@ class Settings(BaseSettings):
     max_batch_items: int = Field(
         default=2048,
         ge=1,
-        description="texts in one JSON request: documents of an upload, inputs of /v1/embeddings",
+        description="texts in one JSON request: documents of an upload (for /v1/embeddings "
+        "also RAGSERVICE_MAX_EMBEDDING_INPUTS)",
     )
     rate_limit_per_second: float = Field(
-        default=20.0, ge=0, description="sustained requests per second per API key; 0: no limit"
+        default=20.0,
+        ge=0,
+        description="sustained tokens per second per API key (a request costs 1 or more, "
+        "see docs/api.md); 0: no limit",
     )
     rate_limit_burst: int = Field(
-        default=40, ge=1, description="requests a key may make at once before the rate applies"
+        default=40, ge=1, description="tokens a key may spend at once before the rate applies"
     )
     max_concurrent_embeddings: int | None = Field(
         default=None,
@@ -180,6 +184,39 @@ class Settings(BaseSettings):
         ge=1,
         description="calls to the inference layer at once per process (more wait, within "
         "the call's deadline)",
+    )
+    max_concurrent_upstream_per_tenant: int | None = Field(
+        default=None,
+        ge=1,
+        description="of those, the most one tenant holds at once; unset: all but one (one is "
+        "always left for other tenants). Free slots go to the waiting tenant holding fewest",
+    )
+    max_answer_tokens: int = Field(
+        default=2048,
+        ge=1,
+        description="largest max_tokens (max_completion_tokens) a chat request may ask; "
+        "more is refused (422)",
+    )
+    max_chat_messages: int = Field(
+        default=50,
+        ge=1,
+        description="messages in one /v1/chat/completions request (the history and the question)",
+    )
+    max_chat_chars: int = Field(
+        default=32_000,
+        ge=1,
+        description="characters of the messages forwarded upstream from one chat request",
+    )
+    max_embedding_inputs: int = Field(
+        default=256, ge=1, description="texts in one /v1/embeddings request"
+    )
+    max_embedding_input_chars: int = Field(
+        default=8_000, ge=1, description="characters of one /v1/embeddings text"
+    )
+    max_embedding_request_chars: int = Field(
+        default=500_000,
+        ge=1,
+        description="characters of all the texts of one /v1/embeddings request",
     )
     auth_disabled: bool = Field(
         default=False, description="serve without API keys; refused unless bound to loopback"

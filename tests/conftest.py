@@ -23,7 +23,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 from ragservice.config import Settings
-from ragservice.db import migrate
+from ragservice.db import migrate, tenancy
 from ragservice.db.engine import SERVICE_LOGIN, ensure_service_login
 from ragservice.dev.cluster import DevCluster
 from ragservice.embedding.embedder import SentenceTransformerEmbedder
@@ -132,7 +132,9 @@ def settings(database_url: str, service_url: str, tmp_path: Path) -> Settings:
 @pytest.fixture(scope="session")
 def embedder() -> SentenceTransformerEmbedder:
     """The bundled all-MiniLM-L6-v2, loaded once for the whole session."""
-    model = SentenceTransformerEmbedder("sentence-transformers/all-MiniLM-L6-v2", device="cpu")
+    model = SentenceTransformerEmbedder(
+        "sentence-transformers/all-MiniLM-L6-v2", device="cpu", owner=tenancy.current_tenant_id
+    )
     model.warm_up()
     return model
 

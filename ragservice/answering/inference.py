@@ -7,6 +7,9 @@ name the status and the upstream's own (trimmed) message, never the URL or the A
 Retries: connection failures, 429 and 5xx, with exponential backoff and jitter, honouring
 `Retry-After`. Every call (all attempts, waits and the whole stream) ends by one deadline.
 At most `max_concurrent` calls run at once; the others wait for a slot within that deadline.
+Slots are shared fairly between owners (tenants, told by `owner`): a freed slot goes to the
+waiting owner holding the fewest, so one tenant's burst cannot queue another's calls behind it
+(`limits.FairSlots`); `max_per_owner` caps what one owner holds at once.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import email.utils
 import json
 import logging
 import random
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Hashable, Sequence
 from contextlib import aclosing, asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -29,6 +32,7 @@ import httpx
 from ragservice.answering.prompt import ChatMessage
 from ragservice.config import Settings, is_loopback
 from ragservice.errors import ConfigurationError, UpstreamError, UpstreamTimeoutError
+from ragservice.limits import FairSlots
 
 log = logging.getLogger(__name__)
 
@@ -143,13 +147,16 @@ class InferenceClient:
         deadline_seconds: float | None = None,
         stream_usage: bool = True,
         max_concurrent: int = 16,
+        max_per_owner: int | None = None,
+        owner: Callable[[], Hashable] = lambda: None,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         self.model = model
         # Calls beyond this wait for a slot, within their deadline: a burst queues here
         # instead of opening a connection (and an upstream request) per caller.
         self._max_concurrent = max_concurrent
-        self._slots = asyncio.Semaphore(max_concurrent)
+        self.slots = FairSlots(max_concurrent, per_owner=max_per_owner)
+        self._owner = owner
         self._api_key = api_key
         self._read_timeout = read_timeout
         self._max_retries = max_retries
@@ -165,8 +172,11 @@ class InferenceClient:
         )
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> InferenceClient | None:
-        """The configured client, or None when no inference URL is set (extractive answers)."""
+    def from_settings(
+        cls, settings: Settings, *, owner: Callable[[], Hashable] = lambda: None
+    ) -> InferenceClient | None:
+        """The configured client, or None when no inference URL is set (extractive answers).
+        `owner` tells whose call is being made (the tenant), for the fair share of slots."""
         if not settings.inference_url:
             return None
         return cls(
@@ -181,6 +191,8 @@ class InferenceClient:
             read_timeout=settings.inference_read_timeout,
             max_retries=settings.inference_max_retries,
             max_concurrent=settings.max_concurrent_upstream,
+            max_per_owner=upstream_share(settings),
+            owner=owner,
         )
 
     async def aclose(self) -> None:
@@ -338,11 +350,13 @@ class InferenceClient:
 
     @asynccontextmanager
     async def _slot(self, deadline: float) -> AsyncIterator[None]:
-        """One of the `max_concurrent` calls in flight; the wait for it counts against the
-        call's deadline, so a call queued too long fails like a slow upstream (504)."""
+        """One of the `max_concurrent` calls in flight, taken for the caller's owner; the wait
+        for it counts against the call's deadline, so a call queued too long fails like a slow
+        upstream (504)."""
+        owner = self._owner()
         try:
             async with asyncio.timeout_at(deadline):
-                await self._slots.acquire()
+                await self.slots.acquire_async(owner)
         except TimeoutError as exc:
             message = (
                 f"inference upstream busy: {self._max_concurrent} calls in flight "
@@ -352,7 +366,7 @@ class InferenceClient:
         try:
             yield
         finally:
-            self._slots.release()
+            self.slots.release(owner)
 
     async def _guarded(self, pending: Awaitable[T], deadline: float) -> T:
         """Await one httpx step within the call's deadline, converting its failures to ours."""
@@ -420,6 +434,15 @@ class InferenceClient:
     def _redact(self, text: str) -> str:
         """Upstreams sometimes echo the key they were sent ("Incorrect API key: sk-...")."""
         return text.replace(self._api_key, "***") if self._api_key else text
+
+
+def upstream_share(settings: Settings) -> int:
+    """The most upstream calls one tenant holds at once: the configured share, else all the
+    slots but one (one is always left for the other tenants), and at least one."""
+    share = settings.max_concurrent_upstream_per_tenant
+    if share is None:
+        share = settings.max_concurrent_upstream - 1
+    return max(1, min(share, settings.max_concurrent_upstream))
 
 
 def _checked_base_url(base_url: str, api_key: str | None = None) -> str:

@@ -25,7 +25,7 @@ from ragservice.bootstrap import (
 )
 from ragservice.cache.prompt_cache import CachePurger, PromptCache
 from ragservice.config import Settings, get_settings, is_loopback
-from ragservice.db import migrate
+from ragservice.db import migrate, tenancy
 from ragservice.embedding.embedder import SentenceTransformerEmbedder
 from ragservice.errors import ConfigurationError
 from ragservice.metrics import Metrics
@@ -73,7 +73,7 @@ def create_app(
             runtime.models.start()  # follows `ragservice models activate` without a restart
             app.state.searcher = make_searcher(runtime)
             stack.callback(app.state.searcher.close)
-            inference = InferenceClient.from_settings(resolved)
+            inference = InferenceClient.from_settings(resolved, owner=tenancy.current_tenant_id)
             if inference is not None:
                 stack.push_async_callback(inference.aclose)
             app.state.pipeline = make_pipeline(runtime, app.state.searcher, inference, metrics)

@@ -1,10 +1,18 @@
 """Request checks more than one router makes: the limits from the settings that a field's
-schema cannot state (they are configured, not fixed), each raising the service's error."""
+schema cannot state (they are configured, not fixed), each raising the service's error; and
+the rate-limit charge of the requests that cost more than one token."""
 
 from __future__ import annotations
 
+import uuid
+from collections.abc import Sequence
+
+from fastapi import Request
+
+from ragservice.auth.ratelimit import RateLimiter
 from ragservice.config import Settings
-from ragservice.errors import InvalidInputError, PayloadTooLargeError
+from ragservice.errors import InvalidInputError, PayloadTooLargeError, RateLimitedError
+from ragservice.metrics import Metrics
 
 
 def check_query(text: str, k: int, settings: Settings, *, field: str) -> None:
@@ -31,4 +39,69 @@ def check_batch(count: int, settings: Settings, *, field: str) -> None:
         raise PayloadTooLargeError(
             f"{field}: {count} items in one request; the limit is {settings.max_batch_items} "
             "(RAGSERVICE_MAX_BATCH_ITEMS); split them over several requests"
+        )
+
+
+def check_embedding_texts(texts: Sequence[str], settings: Settings) -> None:
+    """`/v1/embeddings` input within RAGSERVICE_MAX_EMBEDDING_INPUTS (413), ..._INPUT_CHARS
+    for each text (422) and ..._REQUEST_CHARS for them all (413)."""
+    if len(texts) > settings.max_embedding_inputs:
+        raise PayloadTooLargeError(
+            f"input: {len(texts)} texts in one request; the limit is "
+            f"{settings.max_embedding_inputs} (RAGSERVICE_MAX_EMBEDDING_INPUTS); "
+            "split them over several requests"
+        )
+    for i, text in enumerate(texts):
+        if len(text) > settings.max_embedding_input_chars:
+            raise InvalidInputError(
+                f"input[{i}]: {len(text)} characters; the limit is "
+                f"{settings.max_embedding_input_chars} (RAGSERVICE_MAX_EMBEDDING_INPUT_CHARS)"
+            )
+    total = sum(len(text) for text in texts)
+    if total > settings.max_embedding_request_chars:
+        raise PayloadTooLargeError(
+            f"input: {total} characters in one request; the limit is "
+            f"{settings.max_embedding_request_chars} (RAGSERVICE_MAX_EMBEDDING_REQUEST_CHARS); "
+            "split them over several requests"
+        )
+
+
+def check_chat(messages: int, chars: int, max_tokens: int | None, settings: Settings) -> None:
+    """A chat request within RAGSERVICE_MAX_CHAT_MESSAGES, MAX_CHAT_CHARS (what is forwarded
+    upstream: the history and the question) and MAX_ANSWER_TOKENS."""
+    if messages > settings.max_chat_messages:
+        raise InvalidInputError(
+            f"messages: {messages} in one request; the limit is {settings.max_chat_messages} "
+            "(RAGSERVICE_MAX_CHAT_MESSAGES)"
+        )
+    if chars > settings.max_chat_chars:
+        raise InvalidInputError(
+            f"messages: {chars} characters of conversation; the limit is "
+            f"{settings.max_chat_chars} (RAGSERVICE_MAX_CHAT_CHARS)"
+        )
+    if max_tokens is not None and max_tokens > settings.max_answer_tokens:
+        raise InvalidInputError(
+            f"max_tokens: {max_tokens} is above the limit of {settings.max_answer_tokens} "
+            "(RAGSERVICE_MAX_ANSWER_TOKENS)"
+        )
+
+
+def charge(request: Request, key_id: uuid.UUID | None, cost: int, *, what: str) -> None:
+    """Take the rest of a request's `cost` from its key's bucket (authentication took one
+    token), or refuse with 429; a key that cannot be limited (no key) is not charged."""
+    limiter: RateLimiter | None = request.app.state.rate_limiter
+    if limiter is None or key_id is None:
+        return
+    extra = min(cost, limiter.burst) - 1  # never more than a full bucket holds
+    if extra <= 0:
+        return
+    wait = limiter.acquire(key_id, extra)
+    if wait > 0:
+        metrics: Metrics = request.app.state.metrics
+        metrics.rate_limited.inc()
+        raise RateLimitedError(
+            f"{what} costs {min(cost, limiter.burst)} rate-limit tokens; this API key is over "
+            f"its rate limit of {limiter.per_second:g} tokens per second (bursts of "
+            f"{limiter.burst}); retry after the seconds in Retry-After",
+            retry_after=wait,
         )

@@ -1,7 +1,9 @@
 """Per-key rate limits: a token bucket for each key, held in this process's memory.
 
 A bucket holds up to `burst` tokens and gains `per_second` of them each second; a request
-takes one. An empty bucket refuses the request and says how long until a token is back.
+takes what it costs: one, more for the requests that cost the service more (`ANSWER_COST`,
+`embedding_cost`; never more than `burst`, or it could never pass). A bucket short of the cost
+refuses the request and says how long until enough tokens are back.
 Buckets live in process memory, so each server process limits on its own: N processes behind
 a load balancer let a key make up to N times the configured rate.
 
@@ -11,6 +13,7 @@ completely is the same as a new one, so it is dropped.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections import OrderedDict
@@ -20,6 +23,16 @@ from dataclasses import dataclass
 from ragservice.config import Settings
 
 Clock = Callable[[], float]
+
+ANSWER_COST = 4
+"""Tokens an answer (`/v1/query`, `/v1/chat/completions`) costs: retrieval and an upstream call."""
+EMBEDDING_TEXTS_PER_TOKEN = 16
+"""`/v1/embeddings` costs a token per this many texts (or part of it)."""
+
+
+def embedding_cost(texts: int) -> int:
+    """Tokens an embeddings request of `texts` texts costs: 1 for up to 16, 2 up to 32, ..."""
+    return max(1, math.ceil(texts / EMBEDDING_TEXTS_PER_TOKEN))
 
 
 @dataclass(slots=True)
@@ -48,17 +61,18 @@ class RateLimiter:
             return None
         return cls(per_second=settings.rate_limit_per_second, burst=settings.rate_limit_burst)
 
-    def acquire(self, key: Hashable) -> float:
-        """Take a token for `key`: 0.0 when the request may go ahead, else the seconds until
-        the bucket has a token again (nothing is taken then)."""
+    def acquire(self, key: Hashable, cost: float = 1.0) -> float:
+        """Take `cost` tokens for `key` (at most `burst`): 0.0 when the request may go ahead,
+        else the seconds until the bucket has them again (nothing is taken then)."""
+        cost = min(cost, float(self.burst))
         with self._lock:
             now = self._clock()
             self._evict_idle(now)
             bucket = self._refilled(key, now)
-            if bucket.tokens >= 1:
-                bucket.tokens -= 1
+            if bucket.tokens >= cost:
+                bucket.tokens -= cost
                 return 0.0
-            return (1 - bucket.tokens) / self.per_second
+            return (cost - bucket.tokens) / self.per_second
 
     def __len__(self) -> int:
         """Buckets held now (keys seen within the last refill time)."""

@@ -101,3 +101,9 @@ def apply(connection: Connection, tenancy: Tenancy | None = None, *, switch_role
     connection.exec_driver_sql(_SET_TENANT, (tenant,))
     if tenancy.system and switch_role:
         connection.exec_driver_sql(_AS_SYSTEM)
+
+
+def current_tenant_id() -> uuid.UUID | None:
+    """The one tenant whose work runs now (None: all tenants, or none yet). The shared slots
+    of upstream calls and embedding computations are divided fairly by it."""
+    return current().tenant_id

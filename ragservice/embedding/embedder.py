@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
@@ -15,6 +15,7 @@ import numpy.typing as npt
 from ragservice.chunking import HFTokenizer
 from ragservice.config import DEFAULT_EMBEDDING_MODEL, Settings
 from ragservice.errors import EmbeddingError
+from ragservice.limits import FairSlots
 from ragservice.types import Tokenizer
 
 if TYPE_CHECKING:
@@ -89,6 +90,7 @@ class SentenceTransformerEmbedder:
         cache_dir: Path | None = None,
         onnx_threads: int | None = None,
         max_concurrent: int | None = None,
+        owner: Callable[[], Hashable] = lambda: None,
     ) -> None:
         """`cache_dir` keeps the ONNX export of the model between runs; without it the export
         is redone (to a temporary file, a few seconds) at every `warm_up`.
@@ -96,7 +98,8 @@ class SentenceTransformerEmbedder:
         `max_concurrent` bounds the model's computations running at once (queries and batches
         of `batch_size` texts together; default: the CPUs this process may use). More callers
         wait their turn, so a burst of requests queues instead of multiplying memory and
-        threads."""
+        threads. The slots are shared fairly between owners (`owner` tells whose work a call
+        is: the tenant): a freed slot goes to the waiting owner holding the fewest."""
         self._name = name
         self._device = device
         self._batch_size = batch_size
@@ -113,7 +116,8 @@ class SentenceTransformerEmbedder:
         # threads using the model at once corrupt each other's batches: one at a time.
         self._use_lock = threading.RLock()
         # Taken after `_use_lock` where both are held (`_encode`), never before it.
-        self._slots = threading.BoundedSemaphore(max_concurrent or available_cpus())
+        self._slots = FairSlots(max_concurrent or available_cpus())
+        self._owner = owner
         self._counter: Any = None
 
     @property
@@ -183,12 +187,13 @@ class SentenceTransformerEmbedder:
         """
         if not texts:
             return np.zeros((0, self.dimension), dtype=np.float32)
-        with self._use_lock:
-            order = np.argsort(-self.token_lengths(texts), kind="stable")
-            out = np.empty((len(texts), self.dimension), dtype=np.float32)
-            for start in range(0, len(order), self._batch_size):
-                rows = order[start : start + self._batch_size]
-                out[rows] = self._encode([texts[i] for i in rows])
+        order = np.argsort(-self.token_lengths(texts), kind="stable")
+        out = np.empty((len(texts), self.dimension), dtype=np.float32)
+        # The model and a slot are taken per batch, so other callers' batches and queries
+        # take turns with a long call instead of waiting for all of it.
+        for start in range(0, len(order), self._batch_size):
+            rows = order[start : start + self._batch_size]
+            out[rows] = self._encode([texts[i] for i in rows])
         return out
 
     def token_lengths(self, texts: Sequence[str]) -> npt.NDArray[np.int64]:
@@ -200,7 +205,7 @@ class SentenceTransformerEmbedder:
         return np.minimum(np.asarray(lengths, dtype=np.int64), self.max_tokens + 2)
 
     def _encode(self, texts: list[str]) -> Vectors:
-        with self._use_lock, self._slots:
+        with self._use_lock, self._slots.hold(self._owner()):
             vectors = self._loaded().encode(
                 texts,
                 batch_size=len(texts),
@@ -240,11 +245,15 @@ class SentenceTransformerEmbedder:
             return self._use(_EncodeOne(self._encode), "encode")  # `_encode` takes a slot
         if self._wants_onnx(pipeline.device.type):
             try:
-                return self._use(_Bounded(self._load_onnx(pipeline), self._slots), "onnx")
+                return self._use(
+                    _Bounded(self._load_onnx(pipeline), self._slots, self._owner), "onnx"
+                )
             except Exception as exc:
                 # Anything from a missing package to an untraceable model: queries still work.
                 log.warning("ONNX query encoder unavailable, embedding queries with torch: %r", exc)
-        return self._use(_Bounded(qe.TorchQueryEncoder(pipeline), self._slots), "torch")
+        return self._use(
+            _Bounded(qe.TorchQueryEncoder(pipeline), self._slots, self._owner), "torch"
+        )
 
     def _wants_onnx(self, device_type: str) -> bool:
         if self._query_choice == "auto":
@@ -311,12 +320,15 @@ class _LockedTokenizer:
 class _Bounded:
     """A query encoder that runs only while it holds one of the embedder's slots."""
 
-    def __init__(self, inner: QueryEncoder, slots: threading.BoundedSemaphore) -> None:
+    def __init__(
+        self, inner: QueryEncoder, slots: FairSlots, owner: Callable[[], Hashable]
+    ) -> None:
         self._inner = inner
         self._slots = slots
+        self._owner = owner
 
     def encode(self, text: str) -> Vector:
-        with self._slots:
+        with self._slots.hold(self._owner()):
             return self._inner.encode(text)
 
 
@@ -330,8 +342,11 @@ class _EncodeOne:
         return np.asarray(self._encode([text])[0], dtype=np.float32)
 
 
-def make_embedder(settings: Settings) -> SentenceTransformerEmbedder:
-    """The configured embedder, not yet loaded (call `warm_up`)."""
+def make_embedder(
+    settings: Settings, *, owner: Callable[[], Hashable] = lambda: None
+) -> SentenceTransformerEmbedder:
+    """The configured embedder, not yet loaded (call `warm_up`); `owner` tells whose work a
+    computation is, for the fair share of its slots (see `SentenceTransformerEmbedder`)."""
     if resolve_model_path(settings.embedding_model) != settings.embedding_model:
         # The bundled model is on disk: make sure nothing reaches for the hub.
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -342,6 +357,7 @@ def make_embedder(settings: Settings) -> SentenceTransformerEmbedder:
         query_encoder=settings.query_encoder,
         cache_dir=settings.data_dir / "onnx",
         max_concurrent=settings.max_concurrent_embeddings,
+        owner=owner,
     )
 
 

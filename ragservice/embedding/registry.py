@@ -178,8 +178,11 @@ def load_embedder(settings: Settings, row: EmbeddingModel) -> SentenceTransforme
     """The row's model with the configured device, batch size and query encoder, not yet
     loaded (call `warm_up`, or just `embed`)."""
     if row.name == settings.embedding_model or not (row.path and Path(row.path).exists()):
-        return make_embedder(settings.model_copy(update={"embedding_model": row.name}))
-    return make_embedder(settings.model_copy(update={"embedding_model": row.path}))
+        name = row.name
+    else:
+        name = row.path
+    settings = settings.model_copy(update={"embedding_model": name})
+    return make_embedder(settings, owner=tenancy.current_tenant_id)
 
 
 def serve_row(settings: Settings, row: EmbeddingModel) -> ServingModel:

@@ -37,7 +37,9 @@ from ragservice.limits import MAX_JSON_DEPTH, too_deep
 JSONValue = None | bool | int | float | str | list[Any] | dict[str, Any]
 
 MAX_CONDITIONS = 64
+"""Conditions in one filter, counting each operator of a field (`{"$gte": 1, "$lt": 9}`: 2)."""
 MAX_IN_VALUES = 1000
+"""`$in` and `$nin` values in one filter, all of its lists together: each is an arm of the SQL."""
 MAX_FIELD_CHARS = 256
 
 
@@ -59,6 +61,7 @@ class Op(StrEnum):
 
 
 _RANGE_SQL = {Op.GT: ">", Op.GTE: ">=", Op.LT: "<", Op.LTE: "<="}
+_LISTS = (Op.IN, Op.NIN)
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,7 +109,23 @@ def parse_filter(raw: object) -> Filter:
     for key, spec in raw.items():
         scope, name = _parse_field(key)
         conditions.extend(_parse_conditions(scope, name, key, spec))
+        _check_size(conditions)  # as it grows: a filter far over the limits is not all parsed
     return Filter(tuple(conditions))
+
+
+def _check_size(conditions: Sequence[Condition]) -> None:
+    """The filter as a whole within `MAX_CONDITIONS` and `MAX_IN_VALUES` (each list is also
+    checked on its own as it is parsed)."""
+    if len(conditions) > MAX_CONDITIONS:
+        raise InvalidInputError(
+            f"filter has {len(conditions)} conditions; the limit is {MAX_CONDITIONS}"
+        )
+    values = sum(len(c.value) for c in conditions if isinstance(c.value, list) and c.op in _LISTS)
+    if values > MAX_IN_VALUES:
+        raise InvalidInputError(
+            f"filter has {values} $in/$nin values in all; the limit is {MAX_IN_VALUES} "
+            "for the whole filter"
+        )
 
 
 def _parse_field(key: object) -> tuple[Scope, str]:

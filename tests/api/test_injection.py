@@ -16,6 +16,7 @@ from sqlalchemy import func, select
 
 from ragservice.api.app import create_app
 from ragservice.config import Settings
+from ragservice.db import tenancy
 from ragservice.db.models import PromptCacheEntry
 from ragservice.embedding.embedder import SentenceTransformerEmbedder
 from tests.api.conftest import ok, wait_for_job
@@ -77,7 +78,7 @@ def search(client: TestClient, query: str) -> list[dict[str, Any]]:
 
 def cache_entries(client: TestClient) -> int:
     db = client.app.state.runtime.db  # type: ignore[attr-defined]
-    with db.read() as session:
+    with tenancy.as_system(), db.read() as session:
         return int(session.scalar(select(func.count()).select_from(PromptCacheEntry)) or 0)
 
 

@@ -118,3 +118,16 @@ def test_batches_over_max_batch_items_are_413_naming_the_setting(
     )
     vectors = ok(client.post("/v1/embeddings", json={"input": ["a", "b"]}, headers=keys.admin))
     assert len(vectors["data"]) == 2
+
+
+def test_an_answer_costs_more_than_a_read_and_at_most_the_burst(
+    client: TestClient, keys: Keys
+) -> None:
+    ok(client.post("/v1/collections", json={"name": "kb"}, headers=keys.writer), 201)
+    question = {"question": "anything", "collections": ["kb"]}
+    ok(client.post("/v1/query", json=question, headers=keys.reader))  # 4, capped at the burst: 3
+    refused(client.get("/v1/collections", headers=keys.reader))  # nothing left
+
+    ok(client.get("/v1/collections", headers=keys.admin))  # 1 of 3: 2 left, an answer needs 3
+    body = refused(client.post("/v1/query", json=question, headers=keys.admin))
+    assert "an answer costs 3 rate-limit tokens" in str(body["detail"])

@@ -16,8 +16,9 @@ import httpx
 import numpy as np
 import pytest
 
-from ragservice.answering.inference import InferenceClient
+from ragservice.answering.inference import InferenceClient, upstream_share
 from ragservice.answering.prompt import ChatMessage
+from ragservice.config import Settings
 from ragservice.embedding import query_encoder
 from ragservice.embedding.embedder import (
     SentenceTransformerEmbedder,
@@ -218,3 +219,17 @@ async def test_a_stream_holds_its_slot_and_a_call_queued_past_its_deadline_is_50
         await stream.aclose()  # frees the slot
         answer = await client.complete(MESSAGES, **SAMPLING)
     assert answer.text == "Paris"
+
+
+@pytest.mark.parametrize(
+    ("slots", "share", "expected"), [(16, None, 15), (1, None, 1), (4, 2, 2), (4, 9, 4)]
+)
+def test_one_tenant_holds_all_upstream_slots_but_one_unless_configured(
+    slots: int, share: int | None, expected: int
+) -> None:
+    settings = Settings(max_concurrent_upstream=slots, max_concurrent_upstream_per_tenant=share)
+    assert upstream_share(settings) == expected
+    client = InferenceClient.from_settings(
+        settings.model_copy(update={"inference_url": "http://localhost:1/v1"})
+    )
+    assert client is not None and client.slots.per_owner == expected

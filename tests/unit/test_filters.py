@@ -12,6 +12,7 @@ from psycopg.types.json import Jsonb
 
 from ragservice.errors import InvalidInputError
 from ragservice.retrieval.filters import (
+    MAX_CONDITIONS,
     MAX_IN_VALUES,
     CompiledFilter,
     Condition,
@@ -128,6 +129,23 @@ def test_bad_filters_are_refused_with_a_clear_message(raw: object, message: str)
 def test_too_many_fields_are_refused() -> None:
     with pytest.raises(InvalidInputError, match="more than"):
         parse_filter({f"f{i}": i for i in range(100)})
+
+
+def test_in_values_are_limited_for_the_whole_filter_not_per_list() -> None:
+    half = list(range(MAX_IN_VALUES // 2))
+    fine = parse_filter({"a": {"$in": half}, "b": {"$nin": half}})
+    assert sum(len(c.value) for c in fine.conditions) == MAX_IN_VALUES  # type: ignore[arg-type]
+    # 64 lists of 1,000 each passed before: 64,000 arms of one SQL condition.
+    flood = {f"f{i}": {"$in": list(range(MAX_IN_VALUES))} for i in range(2)}
+    with pytest.raises(InvalidInputError, match=f"2000 .in/.nin values.*limit is {MAX_IN_VALUES}"):
+        parse_filter(flood)
+
+
+def test_conditions_are_counted_operator_by_operator() -> None:
+    ranges = {"$gt": 1, "$gte": 1, "$lt": 9, "$lte": 9, "$ne": 5, "$exists": True}
+    parse_filter({f"f{i}": ranges for i in range(MAX_CONDITIONS // 6)})
+    with pytest.raises(InvalidInputError, match=f"66 conditions; the limit is {MAX_CONDITIONS}"):
+        parse_filter({f"f{i}": ranges for i in range(11)})
 
 
 # -- compiling -------------------------------------------------------------------------------

@@ -6,7 +6,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from ragservice.auth.ratelimit import RateLimiter
+from ragservice.auth.ratelimit import RateLimiter, embedding_cost
 from ragservice.config import Settings
 from ragservice.errors import RateLimitedError
 
@@ -98,3 +98,19 @@ def test_a_limiter_without_a_rate_is_refused() -> None:
 @pytest.mark.parametrize(("seconds", "header"), [(0.001, 1), (0.5, 1), (1.0, 1), (1.2, 2)])
 def test_retry_after_is_whole_seconds_and_at_least_one(seconds: float, header: int) -> None:
     assert RateLimitedError("slow down", retry_after=seconds).retry_after == header
+
+
+def test_a_request_takes_what_it_costs_and_never_more_than_the_burst(clock: Clock) -> None:
+    limiter = RateLimiter(per_second=2, burst=10, clock=clock)
+    assert limiter.acquire("a", 4) == 0.0
+    assert limiter.acquire("a", 4) == 0.0
+    assert limiter.acquire("a", 4) == pytest.approx(1.0)  # 2 left, 2 short: a second at 2/s
+    assert limiter.acquire("a", 2) == 0.0  # the refusal took nothing
+    clock.now += 5.0  # full again
+    assert limiter.acquire("a", 100) == 0.0  # costs the whole bucket, so it can ever pass
+    assert limiter.acquire("a") == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize(("texts", "cost"), [(1, 1), (16, 1), (17, 2), (256, 16), (2048, 128)])
+def test_embeddings_cost_a_token_per_sixteen_texts(texts: int, cost: int) -> None:
+    assert embedding_cost(texts) == cost

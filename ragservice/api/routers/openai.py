@@ -26,12 +26,19 @@ from ragservice import store
 from ragservice.answering.answer import Answer, Question
 from ragservice.answering.context import Source
 from ragservice.answering.prompt import ChatMessage
-from ragservice.api.checks import check_batch, check_text
+from ragservice.api.checks import (
+    charge,
+    check_batch,
+    check_chat,
+    check_embedding_texts,
+    check_text,
+)
 from ragservice.api.deps import PipelineDep, Reader, RuntimeDep, collection_ids, replica_reads
 from ragservice.api.error_handlers import stream_error
 from ragservice.api.schemas.answers import answer_out
 from ragservice.api.schemas.common import error_responses
 from ragservice.api.schemas.openai import ChatCompletionRequest, ChatMessageIn, EmbeddingsRequest
+from ragservice.auth.ratelimit import ANSWER_COST, embedding_cost
 from ragservice.embedding.embedder import SentenceTransformerEmbedder
 from ragservice.errors import InvalidInputError, NotFoundError
 from ragservice.retrieval.search import SearchOptions
@@ -73,6 +80,10 @@ async def chat_completions(
     question_text, history = _split_messages(body.messages)
     settings = runtime.settings
     check_text(question_text, settings, field="messages")
+    max_tokens = body.max_completion_tokens or body.max_tokens
+    forwarded = len(question_text) + sum(len(turn.content) for turn in history)
+    check_chat(len(body.messages), forwarded, max_tokens, settings)
+    charge(request, principal.key_id, ANSWER_COST, what="an answer")
     question = Question(
         text=question_text,
         tenant_id=principal.tenant_id,
@@ -82,7 +93,7 @@ async def chat_completions(
         options=SearchOptions.from_settings(settings, k=8),
         history=history,
         endpoint="chat.completions",
-        max_tokens=body.max_completion_tokens or body.max_tokens,
+        max_tokens=max_tokens,
         temperature=body.temperature,
         use_cache=_cache_flag(body),
     )
@@ -99,12 +110,16 @@ async def chat_completions(
 
 
 @router.post("/embeddings")
-async def embeddings(body: EmbeddingsRequest, principal: Reader, runtime: RuntimeDep) -> Any:
+async def embeddings(
+    body: EmbeddingsRequest, principal: Reader, runtime: RuntimeDep, request: Request
+) -> Any:
     """Embed texts with the service's model (normalized vectors, cosine-ready)."""
     texts = [body.input] if isinstance(body.input, str) else body.input
     model = runtime.models.current()  # one model for the whole request
     embedder = model.embedder
     check_batch(len(texts), runtime.settings, field="input")
+    check_embedding_texts(texts, runtime.settings)
+    charge(request, principal.key_id, embedding_cost(len(texts)), what=f"{len(texts)} texts")
     _check_embedding_input(texts, body.dimensions, embedder)
     vectors = await anyio.to_thread.run_sync(_embed, embedder, texts)
     tokens = await anyio.to_thread.run_sync(_token_count, embedder, texts)

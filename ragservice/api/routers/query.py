@@ -12,11 +12,12 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import StreamingResponse
 
 from ragservice.answering.answer import Answer, Question
-from ragservice.api.checks import check_query
+from ragservice.api.checks import charge, check_query
 from ragservice.api.deps import PipelineDep, Reader, RuntimeDep, collection_ids, replica_reads
 from ragservice.api.error_handlers import stream_error
 from ragservice.api.schemas.answers import QueryRequest, answer_out
 from ragservice.api.schemas.common import error_responses
+from ragservice.auth.ratelimit import ANSWER_COST
 from ragservice.retrieval.filters import parse_and_compile
 from ragservice.retrieval.search import SearchOptions
 
@@ -46,6 +47,7 @@ async def query(
     rest of the QueryResponse: query_id, the whole answer, model, status, timings).
     """
     check_query(body.question, body.k, runtime.settings, field="question")
+    charge(request, principal.key_id, ANSWER_COST, what="an answer")
     question = Question(
         text=body.question,
         tenant_id=principal.tenant_id,

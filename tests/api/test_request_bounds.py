@@ -1,0 +1,91 @@
+"""The bounds on what one request may ask: chat history and max_tokens, /v1/embeddings input,
+filter size; and the rate-limit cost of an embeddings request. Each refusal names its limit."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+
+from ragservice.auth.ratelimit import RateLimiter
+from ragservice.config import Settings
+from tests.api.conftest import Keys, ok
+
+
+@pytest.fixture
+def api_settings(settings: Settings) -> Settings:
+    return settings.model_copy(
+        update={
+            "rate_limit_per_second": 0.0,
+            "max_chat_messages": 4,
+            "max_chat_chars": 100,
+            "max_answer_tokens": 64,
+            "max_embedding_inputs": 40,
+            "max_embedding_input_chars": 30,
+            "max_embedding_request_chars": 300,
+        }
+    )
+
+
+def refused(response: httpx.Response, status: int, *needles: str) -> None:
+    assert response.status_code == status, response.text
+    detail = response.json()["detail"]
+    for needle in needles:
+        assert needle in detail, detail
+
+
+def chat(client: TestClient, keys: Keys, messages: list[dict[str, str]], **extra: Any) -> Any:
+    body = {"model": "rag:kb", "messages": messages, **extra}
+    return client.post("/v1/chat/completions", json=body, headers=keys.reader)
+
+
+def turns(count: int, chars: int = 5) -> list[dict[str, str]]:
+    roles = ["user", "assistant"]
+    return [{"role": roles[(count - 1 - i) % 2], "content": "x" * chars} for i in range(count)]
+
+
+def test_chat_history_and_max_tokens_are_bounded(client: TestClient, keys: Keys) -> None:
+    ok(client.post("/v1/collections", json={"name": "kb"}, headers=keys.writer), 201)
+    ok(chat(client, keys, turns(4, chars=25), max_tokens=64))  # at every limit: fine
+    refused(chat(client, keys, turns(5)), 422, "5 in one request", "RAGSERVICE_MAX_CHAT_MESSAGES")
+    refused(chat(client, keys, turns(3, chars=34)), 422, "102 characters", "MAX_CHAT_CHARS")
+    refused(
+        chat(client, keys, turns(1), max_tokens=65),
+        422,
+        "max_tokens: 65 is above the limit of 64",
+        "RAGSERVICE_MAX_ANSWER_TOKENS",
+    )
+    refused(chat(client, keys, turns(1), max_completion_tokens=32768), 422, "MAX_ANSWER_TOKENS")
+
+
+def test_embeddings_input_is_bounded_by_count_and_characters(
+    client: TestClient, keys: Keys
+) -> None:
+    def embed(texts: list[str]) -> httpx.Response:
+        return client.post("/v1/embeddings", json={"input": texts}, headers=keys.reader)
+
+    assert len(ok(embed(["y" * 30] * 10))["data"]) == 10  # 300 characters: at both limits
+    refused(embed(["a"] * 41), 413, "41 texts", "RAGSERVICE_MAX_EMBEDDING_INPUTS")
+    refused(embed(["a", "b" * 31]), 422, "input[1]: 31 characters", "MAX_EMBEDDING_INPUT_CHARS")
+    refused(embed(["y" * 30] * 10 + ["z"]), 413, "301 characters", "MAX_EMBEDDING_REQUEST_CHARS")
+
+
+def test_a_filter_with_too_many_in_values_in_all_is_refused(client: TestClient, keys: Keys) -> None:
+    ok(client.post("/v1/collections", json={"name": "kb"}, headers=keys.writer), 201)
+    filters = {f"f{i}": {"$in": list(range(600))} for i in range(2)}
+    for route, field in (("/v1/search", "query"), ("/v1/query", "question")):
+        body = {field: "anything", "collections": ["kb"], "filters": filters}
+        refused(client.post(route, json=body, headers=keys.reader), 422, "1200 $in/$nin values")
+
+
+def test_embeddings_are_charged_a_token_per_sixteen_texts(client: TestClient, keys: Keys) -> None:
+    # Next to no refill during the test: the bucket is what the requests leave of it.
+    limiter = RateLimiter(per_second=0.001, burst=6)
+    client.app.state.rate_limiter = limiter  # type: ignore[attr-defined]
+    ok(client.post("/v1/embeddings", json={"input": ["a"] * 33}, headers=keys.reader))  # 3
+    ok(client.post("/v1/embeddings", json={"input": ["a"] * 17}, headers=keys.reader))  # 2
+    over = client.post("/v1/embeddings", json={"input": ["a"] * 17}, headers=keys.reader)
+    refused(over, 429, "17 texts costs 2 rate-limit tokens", "Retry-After")
+    ok(client.post("/v1/embeddings", json={"input": ["a"] * 17}, headers=keys.writer))
