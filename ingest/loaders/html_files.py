@@ -130,19 +130,39 @@ def _html_title(soup: BeautifulSoup) -> str | None:
 
 
 def _html_blocks(node: Tag) -> Iterator[str]:
-    """Yield the Markdown blocks under `node`; each run of inline content is one paragraph."""
+    """Yield the Markdown blocks under `node`; each run of inline content is one paragraph.
+
+    Plain containers (`div`, `section`, …) are walked with a stack of their own, not by
+    recursion: pages nest them hundreds deep, more than Python's recursion allows."""
     run: list[str] = []
-    for child in node.children:
-        if isinstance(child, Tag) and child.name not in _INLINE_TAGS:
+    stack = [iter(node.children)]
+    while stack:
+        child = next(stack[-1], None)
+        if child is None:  # the end of a container: its inline run is a paragraph
+            stack.pop()
             yield from _paragraph(run)
             run = []
-            yield from _html_block(child)
+        elif isinstance(child, Tag) and child.name not in _INLINE_TAGS:
+            yield from _paragraph(run)
+            run = []
+            if _is_container(child):
+                stack.append(iter(child.children))
+            else:
+                yield from _html_block(child)
         else:
             run.append(_inline_text(child))
-    yield from _paragraph(run)
+
+
+def _is_container(tag: Tag) -> bool:
+    return (
+        tag.name not in _UNRENDERED_TAGS
+        and tag.name not in _HEADING_LEVELS
+        and tag.name not in ("li", "tr", "pre")
+    )
 
 
 def _html_block(tag: Tag) -> Iterator[str]:
+    """A block that is not a plain container (see `_is_container`)."""
     level = _HEADING_LEVELS.get(tag.name)
     if tag.name in _UNRENDERED_TAGS:
         return
@@ -158,8 +178,6 @@ def _html_block(tag: Tag) -> Iterator[str]:
         code = tag.get_text().strip("\n")
         if code.strip():
             yield f"```\n{code}\n```"
-    else:
-        yield from _html_blocks(tag)
 
 
 def _inline_text(node: PageElement) -> str:

@@ -243,6 +243,15 @@ def test_html_keeps_main_content_as_markdown(tmp_path: Path) -> None:
     )
 
 
+def test_html_nested_thousands_deep_is_read(tmp_path: Path) -> None:
+    """Wrappers nested past Python's recursion limit (page builders emit such pages)."""
+    depth = 5000
+    page = "<html><body>" + "<div><section>" * depth + "<p>Deep text.</p>"
+    page += "</section></div>" * depth + "<p>After.</p></body></html>"
+    doc = loaded(write(tmp_path / "deep.html", page.encode()))
+    assert doc.text == "Deep text.\n\nAfter."
+
+
 def test_html_drops_boilerplate_text(tmp_path: Path) -> None:
     doc = loaded(write(tmp_path / "guide.htm", PAGE))
     for junk in (
