@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import typer
 
-from ragservice.cli import analysts, db, feedback, keys, models, replicas, serve, training
+from ragservice.cli import analysts, audit, db, feedback, keys, models, replicas, serve, training
 from ragservice.cli.ingest import ingest_command
 from ragservice.config import configure_logging, get_settings
 
@@ -24,6 +24,7 @@ app.add_typer(keys.app, name="keys")
 app.add_typer(replicas.app, name="replicas")
 app.add_typer(models.app, name="models")
 app.add_typer(analysts.app, name="analysts")
+app.add_typer(audit.app, name="audit")
 
 
 def main() -> None:
