@@ -11,12 +11,15 @@ for proxies listed in its `FORWARDED_ALLOW_IPS` (default 127.0.0.1).
 
 from __future__ import annotations
 
+import logging
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import partial
 
 import anyio.to_thread
+from psycopg import OperationalError as DriverOperationalError
+from sqlalchemy.exc import OperationalError
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -28,8 +31,15 @@ from ragservice.bootstrap import Runtime
 from ragservice.db import tenancy
 from ragservice.db.models import ApiKey
 from ragservice.db.scope import current_scope
-from ragservice.errors import AuthenticationError, RagServiceError, RateLimitedError
+from ragservice.errors import (
+    AuthenticationError,
+    DatabaseUnavailableError,
+    RagServiceError,
+    RateLimitedError,
+)
 from ragservice.metrics import Metrics
+
+log = logging.getLogger(__name__)
 
 AUTHENTICATED_PREFIX = "/v1/"
 LAST_USED_EVERY_SECONDS = 60
@@ -73,6 +83,12 @@ class AuthMiddleware:
             principal = await self._authenticate(scope)
         except RagServiceError as exc:
             await _refusal(scope, exc)(scope, receive, send)
+            return
+        except (OperationalError, DriverOperationalError) as exc:
+            # Outside the app's error handlers: the same answer they give (`error_handlers`).
+            log.error("request %s: database unavailable: %s", _request_id(scope), exc)
+            unavailable = DatabaseUnavailableError("the database is unavailable")
+            await _refusal(scope, unavailable)(scope, receive, send)
             return
         scope.setdefault("state", {})["principal"] = principal
         db_scope = current_scope()
@@ -161,7 +177,7 @@ def _client_address(scope: Scope) -> str:
 
 def _refusal(scope: Scope, exc: RagServiceError) -> JSONResponse:
     """The error body every other error has (`error_handlers`), with its headers."""
-    request_id = str(scope.get("state", {}).get("request_id", "-"))
+    request_id = _request_id(scope)
     headers = {REQUEST_ID_HEADER: request_id}
     if isinstance(exc, AuthenticationError):
         headers["WWW-Authenticate"] = "Bearer"
@@ -173,3 +189,7 @@ def _refusal(scope: Scope, exc: RagServiceError) -> JSONResponse:
         "request_id": request_id,
     }
     return JSONResponse(body, status_code=exc.status_code, headers=headers)
+
+
+def _request_id(scope: Scope) -> str:
+    return str(scope.get("state", {}).get("request_id", "-"))

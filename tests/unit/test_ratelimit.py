@@ -98,3 +98,15 @@ def test_a_limiter_without_a_rate_is_refused() -> None:
 @pytest.mark.parametrize(("seconds", "header"), [(0.001, 1), (0.5, 1), (1.0, 1), (1.2, 2)])
 def test_retry_after_is_whole_seconds_and_at_least_one(seconds: float, header: int) -> None:
     assert RateLimitedError("slow down", retry_after=seconds).retry_after == header
+
+
+def test_waiting_says_when_a_token_is_back_and_takes_none(clock: Clock) -> None:
+    limiter = RateLimiter(per_second=0.5, burst=2, clock=clock)
+    assert limiter.waiting("addr") == 0.0  # never seen: a full bucket
+    limiter.acquire("addr")
+    limiter.acquire("addr")
+    assert limiter.waiting("addr") == pytest.approx(2.0)
+    assert limiter.waiting("addr") == pytest.approx(2.0)  # asking took nothing
+    clock.now += 2.0
+    assert limiter.waiting("addr") == 0.0
+    assert limiter.acquire("addr") == 0.0
