@@ -174,8 +174,6 @@ class ReadRouter:
         The connection is taken at once: a replica that cannot be reached is marked down and
         the next one is tried, so a stopped replica costs one failed connect, not a failed read.
         """
-        if min_lsn is not None and not self._issued(min_lsn):
-            min_lsn = None
         deadline = time.monotonic() + self.wait_seconds
         for replica in self._candidates():
             session = replica.sessions()
@@ -214,10 +212,11 @@ class ReadRouter:
 
     def _issued(self, lsn: int) -> bool:
         """Whether the primary has reached `lsn`, so a token for it may be one it issued. A
-        token ahead of the primary is ignored: no replica could ever catch up with it, and
-        honouring it would hold a connection and a thread for `wait_seconds`. Asks the primary
-        only for tokens past the last check's position (a write since, or a forgery); when
-        the primary cannot say, the token stands."""
+        token ahead of the primary is ignored (the replica serves the read at once): no
+        replica could ever catch up with it, and honouring it would hold a connection and a
+        thread for `wait_seconds`. Asked only before a wait, and of the primary only for
+        positions past the last check's (a write since, or a forgery); when the primary
+        cannot say, the token stands."""
         known = self._checks.primary.lsn
         if known is not None and lsn <= known:
             return True
@@ -236,9 +235,14 @@ class ReadRouter:
         if replica.known_replayed(lsn):
             return True
         pause = 0.001
+        checked = False
         while True:
             if connection.execute(_REPLAYED, {"lsn": lsn}).scalar_one():
                 return True
+            if not checked:  # about to wait: only for a position the primary has reached
+                checked = True
+                if not self._issued(lsn):
+                    return True
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return False
