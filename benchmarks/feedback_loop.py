@@ -101,7 +101,7 @@ def _parse_args() -> argparse.Namespace:
 
 
 def _serving_model(client: httpx.Client) -> dict[str, Any]:
-    model: dict[str, Any] = ok(client.get("/readyz"))["model"]
+    model: dict[str, Any] = ok(client.get("/v1/admin/health"))["model"]
     return model
 
 

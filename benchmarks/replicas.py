@@ -150,7 +150,7 @@ class _Monitor:
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
-            nodes = ok(self.client.get("/readyz")).get("nodes", [])
+            nodes = ok(self.client.get("/v1/admin/health")).get("nodes", [])
             self.samples.append({node["name"]: node for node in nodes})
 
     def summary(self, name: str) -> dict[str, Any]:

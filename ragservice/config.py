@@ -221,6 +221,26 @@ class Settings(BaseSettings):
     auth_disabled: bool = Field(
         default=False, description="serve without API keys; refused unless bound to loopback"
     )
+    auth_failures_per_minute: int = Field(
+        default=30,
+        ge=0,
+        description="requests with a wrong, revoked or expired API key a client address may "
+        "make per minute (bursts of as many); beyond, 429 without a database read; 0: no limit",
+    )
+    metrics_token: SecretStr | None = Field(
+        default=None,
+        description="when set, GET /metrics needs `Authorization: Bearer <this token>`",
+    )
+    metrics_port: int | None = Field(
+        default=None,
+        ge=1,
+        le=65535,
+        description="serve /metrics on this port of RAGSERVICE_METRICS_HOST instead of the API's",
+    )
+    metrics_host: str = Field(
+        default="127.0.0.1",
+        description="bind address of the metrics port (RAGSERVICE_METRICS_PORT)",
+    )
     workers: int = Field(default=1, ge=0, le=64, description="ingest job threads per server")
     job_poll_seconds: float = Field(default=1.0, gt=0)
     job_stale_seconds: float = Field(

@@ -46,6 +46,13 @@ class Metrics:
             "Requests refused with 429 because their API key was over its rate limit.",
             registry=self.registry,
         )
+        self.auth_refused = Counter(
+            "ragservice_auth_refused_requests",
+            "Requests refused before their route ran, by reason (missing, unknown, expired, "
+            "locked_out: the client address made too many failed attempts).",
+            ["reason"],
+            registry=self.registry,
+        )
         self.tokens_generated = Counter(
             "ragservice_tokens_generated",
             "Completion tokens the inference layer generated.",

@@ -3,19 +3,31 @@
 from __future__ import annotations
 
 import logging
+import secrets
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Protocol
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST
+from prometheus_client import CONTENT_TYPE_LATEST, start_http_server
+from pydantic import SecretStr
 
 from ragservice.answering.answer import AnswerPipeline
 from ragservice.answering.inference import InferenceClient
+from ragservice.api.authn import AuthMiddleware, failure_limiter
 from ragservice.api.error_handlers import install_error_handlers
 from ragservice.api.middleware import MetricsMiddleware, RequestContextMiddleware
-from ragservice.api.routers import collections, documents, feedback, jobs, openai, query, search
+from ragservice.api.routers import (
+    admin,
+    collections,
+    documents,
+    feedback,
+    jobs,
+    openai,
+    query,
+    search,
+)
 from ragservice.auth.ratelimit import RateLimiter
 from ragservice.bootstrap import (
     RetentionPurger,
@@ -25,9 +37,9 @@ from ragservice.bootstrap import (
 )
 from ragservice.cache.prompt_cache import CachePurger, PromptCache
 from ragservice.config import Settings, get_settings, is_loopback
-from ragservice.db import migrate, tenancy
+from ragservice.db import tenancy
 from ragservice.embedding.embedder import SentenceTransformerEmbedder
-from ragservice.errors import ConfigurationError
+from ragservice.errors import AuthenticationError, ConfigurationError
 from ragservice.metrics import Metrics
 from ragservice.retrieval.rerank import make_reranker
 from ragservice.retrieval.search import Searcher
@@ -79,6 +91,8 @@ def create_app(
             app.state.pipeline = make_pipeline(runtime, app.state.searcher, inference, metrics)
             stack.callback(app.state.pipeline.close)
             app.state.services = _start_services(stack, runtime, services, resolved)
+            if resolved.metrics_port is not None:
+                _serve_metrics(stack, metrics, resolved.metrics_host, resolved.metrics_port)
             if resolved.auth_disabled:
                 log.warning("authentication is OFF: every request is the default tenant's admin")
             yield
@@ -92,11 +106,15 @@ def create_app(
     app.state.metrics = metrics
     app.state.rate_limiter = RateLimiter.from_settings(resolved)  # see deps.rate_limit
     install_error_handlers(app)
+    # Innermost first: the key is checked within the request's scope, before the body is read.
+    app.add_middleware(AuthMiddleware, failures=failure_limiter(resolved.auth_failures_per_minute))
     app.add_middleware(RequestContextMiddleware, max_body_bytes=resolved.max_body_bytes)
     app.add_middleware(MetricsMiddleware, metrics=metrics)
-    for module in (collections, documents, jobs, search, query, openai, feedback):
+    for module in (collections, documents, jobs, search, query, openai, feedback, admin):
         app.include_router(module.router)
-    _add_health_routes(app, metrics)
+    _add_health_routes(app)
+    if resolved.metrics_port is None:
+        _add_metrics_route(app, metrics, resolved.metrics_token)
     return app
 
 
@@ -161,12 +179,38 @@ def check_auth_binding(settings: Settings, host: str) -> None:
         )
 
 
-def _add_health_routes(app: FastAPI, metrics: Metrics) -> None:
+def _serve_metrics(stack: AsyncExitStack, metrics: Metrics, host: str, port: int) -> None:
+    """`/metrics` on a bind of its own (RAGSERVICE_METRICS_PORT), for the app's lifetime."""
+    server, thread = start_http_server(port, addr=host, registry=metrics.registry)
+    log.info("serving metrics on %s:%d", host, port)
+
+    def stop() -> None:
+        server.shutdown()
+        server.server_close()
+        thread.join(5.0)
+
+    stack.callback(stop)
+
+
+def _add_metrics_route(app: FastAPI, metrics: Metrics, token: SecretStr | None) -> None:
     @app.get("/metrics", tags=["health"], response_class=Response)
-    def prometheus_metrics() -> Response:
-        """Prometheus metrics: requests, latencies per route and pipeline stage, upstream errors."""
+    def prometheus_metrics(request: Request) -> Response:
+        """Prometheus metrics: requests, latencies per route and pipeline stage, upstream
+        errors. With RAGSERVICE_METRICS_TOKEN set, only for `Authorization: Bearer <token>`."""
+        if token is not None and not _bearer_matches(request, token):
+            raise AuthenticationError(
+                "/metrics needs `Authorization: Bearer <RAGSERVICE_METRICS_TOKEN>`"
+            )
         return Response(metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 
+
+def _bearer_matches(request: Request, token: SecretStr) -> bool:
+    scheme, _, sent = request.headers.get("authorization", "").partition(" ")
+    expected = token.get_secret_value().encode()
+    return scheme.lower() == "bearer" and secrets.compare_digest(sent.strip().encode(), expected)
+
+
+def _add_health_routes(app: FastAPI) -> None:
     @app.get("/healthz", tags=["health"])
     def healthz() -> dict[str, str]:
         """Liveness: the process answers."""
@@ -174,21 +218,10 @@ def _add_health_routes(app: FastAPI, metrics: Metrics) -> None:
 
     @app.get("/readyz", tags=["health"])
     def readyz(request: Request) -> JSONResponse:
-        """Readiness: primary reachable, schema current, model loaded. `model` is the embedding
-        model being served (it changes within RAGSERVICE_MODEL_CHECK_SECONDS of an activation,
-        plus its load). Each replica's role, health and lag are listed too (from the background
-        checks); a replica that is down does not make the server unready, since reads go
-        elsewhere meanwhile."""
-        runtime: Runtime = request.app.state.runtime
-        model = runtime.models.current()
-        checks = {"database": False, "migrations": False, "model": model.embedder.dimension > 0}
-        try:
-            checks["migrations"] = migrate.is_current(runtime.db.write_engine)
-            checks["database"] = True
-        except Exception:  # reported as not ready, never as a 500
-            pass
-        ready = all(checks.values())
-        body: dict[str, object] = {"ready": ready, "checks": checks, "model": model.describe()}
-        if runtime.db.router is not None:
-            body["nodes"] = runtime.db.router.status()
-        return JSONResponse(body, status_code=200 if ready else 503)
+        """Readiness: primary reachable, schema current, model loaded: 200 `{"status": "ok"}`,
+        else 503 `{"status": "unavailable"}`. The details (checks, model, replicas) are for
+        admin keys: `GET /v1/admin/health`."""
+        ready, _ = admin.readiness(request.app.state.runtime)
+        return JSONResponse(
+            {"status": "ok" if ready else "unavailable"}, status_code=200 if ready else 503
+        )

@@ -4,18 +4,18 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import Depends, Request
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
+from sqlalchemy.orm import Session
 
 from ragservice import store
 from ragservice.answering.answer import AnswerPipeline
-from ragservice.auth.keys import Role, hash_key
+from ragservice.api.authn import Principal as Principal  # routers name the caller's type here
+from ragservice.auth.keys import Role
 from ragservice.auth.ratelimit import RateLimiter
 from ragservice.bootstrap import Runtime
-from ragservice.db import tenancy
 from ragservice.db.scope import current_scope
 from ragservice.errors import (
     AuthenticationError,
@@ -27,15 +27,6 @@ from ragservice.retrieval.search import Searcher
 
 _bearer = HTTPBearer(auto_error=False, description="`Authorization: Bearer <API key>`")
 _api_key_header = APIKeyHeader(name="X-API-Key", auto_error=False)
-
-
-@dataclass(frozen=True, slots=True)
-class Principal:
-    """Who is calling: every query the request makes is scoped to `tenant_id`."""
-
-    tenant_id: uuid.UUID
-    role: Role
-    key_id: uuid.UUID | None
 
 
 def get_runtime(request: Request) -> Runtime:
@@ -68,30 +59,16 @@ async def replica_reads() -> None:
 
 
 def authenticate(
-    runtime: RuntimeDep,
-    bearer: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
-    header_key: Annotated[str | None, Depends(_api_key_header)],
+    request: Request,
+    _bearer_key: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+    _header_key: Annotated[str | None, Depends(_api_key_header)],
 ) -> Principal:
-    principal = _principal(runtime, bearer.credentials if bearer is not None else header_key)
-    scope = current_scope()
-    if scope is not None:
-        # From here on the request's transactions see this tenant's rows only (`tenancy`).
-        scope.tenant_id = principal.tenant_id
-    return principal
-
-
-def _principal(runtime: Runtime, secret: str | None) -> Principal:
-    if runtime.settings.auth_disabled:
-        return Principal(tenant_id=runtime.default_tenant_id, role=Role.ADMIN, key_id=None)
-    if not secret:
+    """The caller, as `authn.AuthMiddleware` resolved it before the body was read. (The two
+    security dependencies only document the ways to send a key in the OpenAPI schema.)"""
+    principal = request.scope.get("state", {}).get("principal")
+    if not isinstance(principal, Principal):
         raise AuthenticationError("missing API key: send `Authorization: Bearer <key>`")
-    # The key decides the tenant, so finding it is the one read of a request across tenants.
-    # On the primary: a revoked key must not live on for as long as a replica lags.
-    with tenancy.as_system(), runtime.db.read(primary=True) as session:
-        key = store.tenants.get_api_key(session, hash_key(secret))
-    if key is None:
-        raise AuthenticationError("unknown or revoked API key")
-    return Principal(tenant_id=key.tenant_id, role=Role(key.role), key_id=key.id)
+    return principal
 
 
 def require(role: Role) -> Callable[[Request, Principal], Principal]:
@@ -140,3 +117,23 @@ def collection_ids(
     """Ids of the tenant's collections by name (all of them for None); 404 for a missing one."""
     with runtime.db.read() as session:
         return store.collections.require_collection_ids(session, tenant_id, names)
+
+
+def audit(
+    session: Session,
+    principal: Principal,
+    action: str,
+    target: str,
+    details: dict[str, Any] | None = None,
+) -> None:
+    """Record an admin action of the caller in its tenant's audit log, in `session`'s
+    transaction: the action and its entry commit together or not at all."""
+    store.audit.record(
+        session,
+        tenant_id=principal.tenant_id,
+        key_id=principal.key_id,
+        actor=principal.actor,
+        action=action,
+        target=target,
+        details=details,
+    )

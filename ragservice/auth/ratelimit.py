@@ -74,6 +74,18 @@ class RateLimiter:
                 return 0.0
             return (cost - bucket.tokens) / self.per_second
 
+    def waiting(self, key: Hashable) -> float:
+        """The seconds until `key`'s bucket has a token (0.0: it has one); takes nothing."""
+        with self._lock:
+            bucket = self._buckets.get(key)
+            if bucket is None:
+                return 0.0
+            now = self._clock()
+            tokens = min(
+                float(self.burst), bucket.tokens + max(now - bucket.updated, 0) * self.per_second
+            )
+            return 0.0 if tokens >= 1 else (1 - tokens) / self.per_second
+
     def __len__(self) -> int:
         """Buckets held now (keys seen within the last refill time)."""
         return len(self._buckets)

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from ragservice import store
-from ragservice.cli.common import console, database, exit_on_error, fail
+from ragservice.cli.common import cli_actor, console, database, exit_on_error, fail
 from ragservice.config import Settings, get_settings
 
 if TYPE_CHECKING:
@@ -54,13 +54,15 @@ def analysts_add(
     with database() as db:
         # CREATE ROLE: beyond what the service role may do
         with db.owner() as session, exit_on_error():
+            bound = _tenant_id(session, tenant)
             store.analysts.create_analyst(
                 session,
                 name,
                 password,
-                tenant_id=_tenant_id(session, tenant),
+                tenant_id=bound,
                 timeout_seconds=settings.analyst_statement_timeout_seconds,
             )
+            _audit(session, "analyst.add", name, bound)
             _warn_if_temporary(session)
         url = analyst_url(settings, db.url, name, None if password_stdin else password)
     scope = "every tenant" if tenant is None else f"tenant {tenant!r}"
@@ -84,9 +86,11 @@ def analysts_update(
     _one_scope(tenant, all_tenants)
     seconds = get_settings().analyst_statement_timeout_seconds
     with database() as db, db.owner() as session, exit_on_error():
-        store.analysts.bind_analyst(session, name, tenant_id=_tenant_id(session, tenant))
+        bound = _tenant_id(session, tenant)
+        store.analysts.bind_analyst(session, name, tenant_id=bound)
         store.analysts.set_timeouts(session, name, seconds)
         store.analysts.restrict_temporary(session)
+        _audit(session, "analyst.update", name, bound)
         _warn_if_temporary(session)
     scope = "every tenant" if tenant is None else f"tenant {tenant!r}"
     console.print(f"analyst {name!r} now reads {scope}, statement timeout {seconds}s")
@@ -130,6 +134,8 @@ def analysts_remove(name: str = typer.Argument(..., help="The analyst's role nam
     dropped)."""
     with database() as db, db.owner() as session, exit_on_error():
         removed = store.analysts.remove_analyst(session, name)
+        if removed:
+            _audit(session, "analyst.remove", name, None)
     if not removed:
         raise fail(f"no analyst named {name!r}")
     console.print(f"removed analyst {name!r}")
@@ -152,6 +158,19 @@ def _tenant_id(session: Session, tenant: str | None) -> uuid.UUID | None:
     if found is None:
         raise fail(f"no tenant named {tenant!r} (`ragservice keys create --tenant` creates one)")
     return found
+
+
+def _audit(session: Session, action: str, name: str, tenant_id: uuid.UUID | None) -> None:
+    """An audit entry in the command's transaction; `tenant_id` None (every tenant, or a
+    removal) is seen by operators only."""
+    store.audit.record(
+        session,
+        tenant_id=tenant_id,
+        actor=cli_actor(),
+        action=action,
+        target=name,
+        details={"all_tenants": tenant_id is None and action != "analyst.remove"},
+    )
 
 
 def _warn_if_temporary(session: Session) -> None:

@@ -58,6 +58,18 @@ def database() -> Iterator[Database]:
         db.dispose()
 
 
+def cli_actor() -> str:
+    """Who runs this command, as the audit log names operators: `cli:<OS user>`."""
+    import getpass
+
+    try:
+        return f"cli:{getpass.getuser()}"
+    except (KeyError, OSError):  # no name for this uid (a bare container)
+        import os
+
+        return f"cli:uid-{os.getuid()}"
+
+
 def tenant_id(session: Session, name: str | None) -> uuid.UUID:
     """The tenant named `name`, or the default tenant's id for None (exit 1 if none)."""
     if name is None:

@@ -1,16 +1,50 @@
-"""`ragservice keys`: create, list and revoke API keys."""
+"""`ragservice keys`: create, list and revoke API keys (each creation and revocation is in the
+audit log)."""
 
 from __future__ import annotations
 
+import re
+from datetime import UTC, datetime, timedelta
 from typing import Annotated
 
 import typer
 
 from ragservice import store
 from ragservice.auth.keys import Role
-from ragservice.cli.common import console, database, fail
+from ragservice.cli.common import cli_actor, console, database, fail, iso_time
+from ragservice.db import tenancy
 
 app = typer.Typer(help="API keys.", no_args_is_help=True)
+
+_DURATION = re.compile(r"^(\d+)([smhd])$")
+_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_duration(value: str) -> timedelta:
+    """`90s`, `15m`, `12h`, `30d` → a timedelta; BadParameter for anything else."""
+    match = _DURATION.match(value.strip())
+    if match is None or int(match.group(1)) == 0:
+        raise typer.BadParameter(
+            f"{value!r} is not a duration such as 90s, 15m, 12h or 30d", param_hint="--expires-in"
+        )
+    return timedelta(seconds=int(match.group(1)) * _UNIT_SECONDS[match.group(2)])
+
+
+def expiry(expires_in: str | None, expires_at: str | None) -> datetime | None:
+    """When a new key stops working: at most one of --expires-in and --expires-at; none: never."""
+    if expires_in is not None and expires_at is not None:
+        raise typer.BadParameter(
+            "give --expires-in or --expires-at, not both", param_hint="--expires-in"
+        )
+    if expires_in is not None:
+        return datetime.now(UTC) + parse_duration(expires_in)
+    at = iso_time(expires_at, "--expires-at")
+    if at is None:
+        return None
+    at = at if at.tzinfo is not None else at.replace(tzinfo=UTC)
+    if at <= datetime.now(UTC):
+        raise typer.BadParameter(f"{expires_at!r} is in the past", param_hint="--expires-at")
+    return at
 
 
 @app.command("create")
@@ -18,28 +52,59 @@ def keys_create(
     tenant: Annotated[str, typer.Option("--tenant", help="Tenant name; created if new.")],
     role: Annotated[Role, typer.Option("--role", help="reader, writer or admin.")],
     name: Annotated[str | None, typer.Option("--name", help="A label for the key.")] = None,
+    expires_in: Annotated[
+        str | None,
+        typer.Option("--expires-in", help="Lifetime, e.g. 12h or 90d (default: no expiry)."),
+    ] = None,
+    expires_at: Annotated[
+        str | None,
+        typer.Option("--expires-at", help="End of life as an ISO time (UTC unless it says)."),
+    ] = None,
 ) -> None:
     """Create an API key and print it once; only its hash is stored."""
     from ragservice.auth.keys import new_key
 
+    ends = expiry(expires_in, expires_at)
     key = new_key()
-    with database() as db, db.write() as session:
+    with database() as db, tenancy.as_system(), db.write() as session:
         tenant_id = store.tenants.ensure_tenant(session, tenant)
         store.tenants.create_api_key(
-            session, tenant_id=tenant_id, role=role, prefix=key.prefix, key_hash=key.hash, name=name
+            session,
+            tenant_id=tenant_id,
+            role=role,
+            prefix=key.prefix,
+            key_hash=key.hash,
+            name=name,
+            expires_at=ends,
         )
-    console.print(f"created a {role} key for tenant {tenant!r}; it is shown only this once:")
+        store.audit.record(
+            session,
+            tenant_id=tenant_id,
+            actor=cli_actor(),
+            action="key.create",
+            target=key.prefix,
+            details={"role": str(role), "name": name, "expires_at": _iso(ends)},
+        )
+    until = "" if ends is None else f", valid until {_iso(ends)}"
+    console.print(f"created a {role} key for tenant {tenant!r}{until}; it is shown only this once:")
     typer.echo(key.secret)
 
 
 @app.command("list")
 def keys_list() -> None:
-    """List keys (prefix, tenant, role, state); secrets are never shown again."""
-    with database() as db, db.read() as session:
+    """List keys, tab-separated: prefix, tenant, role, state (active, expired, revoked), name,
+    expires at, last used (to the minute); secrets are never shown again."""
+    with database() as db, tenancy.as_system(), db.read() as session:
         rows = store.tenants.list_api_keys(session)
+    now = datetime.now(UTC)
     for key, tenant in rows:
-        state = "revoked" if key.revoked_at else "active"
-        typer.echo(f"{key.prefix}\t{tenant}\t{key.role}\t{state}\t{key.name or ''}")
+        state = "active"
+        if key.revoked_at:
+            state = "revoked"
+        elif key.expires_at is not None and key.expires_at <= now:
+            state = "expired"
+        fields = (key.prefix, tenant, key.role, state, key.name or "")
+        typer.echo("\t".join((*fields, _iso(key.expires_at) or "-", _iso(key.last_used_at) or "-")))
 
 
 @app.command("revoke")
@@ -47,8 +112,21 @@ def keys_revoke(
     prefix: str = typer.Argument(..., help="The key's prefix, as `keys list` shows."),
 ) -> None:
     """Revoke a key; requests with it get 401 from then on."""
-    with database() as db, db.write() as session:
+    with database() as db, tenancy.as_system(), db.write() as session:
         revoked = store.tenants.revoke_api_key(session, prefix)
+        for key in revoked:
+            store.audit.record(
+                session,
+                tenant_id=key.tenant_id,
+                actor=cli_actor(),
+                action="key.revoke",
+                target=key.prefix,
+                details={"role": key.role, "name": key.name},
+            )
     if not revoked:
         raise fail(f"no active key with prefix {prefix!r}")
-    console.print(f"revoked {revoked} key(s)")
+    console.print(f"revoked {len(revoked)} key(s)")
+
+
+def _iso(at: datetime | None) -> str | None:
+    return None if at is None else at.astimezone(UTC).isoformat(timespec="seconds")

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.console import Console
 
-from ragservice.cli.common import console, database, exit_on_error
+from ragservice.cli.common import cli_actor, console, database, exit_on_error
 from ragservice.config import get_settings
 
 if TYPE_CHECKING:
@@ -93,7 +93,7 @@ def models_activate(
     from ragservice.embedding import registry
 
     with database() as db, exit_on_error():
-        switch = registry.activate(db, model, force=force)
+        switch = registry.activate(db, model, force=force, actor=cli_actor())
     _print_switch(switch)
 
 
@@ -107,7 +107,7 @@ def models_rollback(
     from ragservice.embedding import registry
 
     with database() as db, exit_on_error():
-        switch = registry.rollback(db, force=force)
+        switch = registry.rollback(db, force=force, actor=cli_actor())
     _print_switch(switch)
 
 
@@ -120,7 +120,7 @@ def models_drop_embeddings(
     from ragservice.embedding import registry
 
     with database() as db, exit_on_error():
-        row, deleted = registry.drop_embeddings(db, model)
+        row, deleted = registry.drop_embeddings(db, model, actor=cli_actor())
     console.print(f"deleted {deleted} embeddings of {row.name}:{row.version} and its index")
 
 

@@ -7,6 +7,7 @@ import typer
 
 from ragservice.cli import (
     analysts,
+    audit,
     db,
     feedback,
     keys,
@@ -35,6 +36,7 @@ app.add_typer(tenants.app, name="tenants")
 app.add_typer(replicas.app, name="replicas")
 app.add_typer(models.app, name="models")
 app.add_typer(analysts.app, name="analysts")
+app.add_typer(audit.app, name="audit")
 
 
 def main() -> None:

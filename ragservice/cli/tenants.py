@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from ragservice import store
-from ragservice.cli.common import console, database, fail
+from ragservice.cli.common import cli_actor, console, database, fail
 from ragservice.config import DEFAULT_TENANT_ID
 
 app = typer.Typer(help="Tenants.", no_args_is_help=True)
@@ -54,6 +54,15 @@ def tenants_delete(
             raise fail("nothing erased")
         analysts = [a.name for a in store.analysts.list_analysts(session) if a.tenant == name]
         erased = store.tenants.erase_tenant(session, tenant_id, keep_tenant=default)
+        # No tenant id on the entry (it would survive the erase): operators only see it.
+        store.audit.record(
+            session,
+            tenant_id=None,
+            actor=cli_actor(),
+            action="tenant.delete",
+            target=name,
+            details={"rows": sum(erased.values()), "kept_tenant": default},
+        )
     for table, rows in sorted(erased.items()):
         typer.echo(f"{table}\t{rows}")
     console.print(f"erased tenant {name!r}: {sum(erased.values())} rows")

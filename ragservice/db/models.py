@@ -13,6 +13,7 @@ from sqlalchemy import (
     Computed,
     DateTime,
     ForeignKey,
+    Identity,
     Integer,
     LargeBinary,
     SmallInteger,
@@ -205,6 +206,7 @@ class ApiKey(Base):
     created_at: Mapped[datetime] = _now()
     last_used_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
 
 class IngestJobItem(Base):
@@ -323,3 +325,21 @@ class AnalystTenant(Base):
         ForeignKey("tenants.id", ondelete="CASCADE"), nullable=True
     )
     created_at: Mapped[datetime] = _now()
+
+
+class AuditEntry(Base):
+    """One administrative action: who (`actor`, and `key_id` for an API key) did `action` to
+    `target`. Append-only for the service role; no tenant for deployment-wide actions."""
+
+    __tablename__ = "audit_log"
+
+    id: Mapped[int] = mapped_column(BigInteger, Identity(always=True), primary_key=True)
+    at: Mapped[datetime] = _now()
+    tenant_id: Mapped[uuid.UUID | None] = mapped_column(
+        ForeignKey("tenants.id", ondelete="CASCADE"), nullable=True
+    )
+    key_id: Mapped[uuid.UUID | None] = mapped_column(UUID(as_uuid=True))
+    actor: Mapped[str] = mapped_column(Text)
+    action: Mapped[str] = mapped_column(Text)
+    target: Mapped[str] = mapped_column(Text)
+    details: Mapped[dict[str, Any]] = mapped_column(server_default="{}")

@@ -14,7 +14,7 @@ checker has seen falls back to `now() - pg_last_xact_replay_timestamp()` on the 
 
 Read-your-writes: a read carrying a consistency token (a WAL position) is served by a replica
 only once that replica has replayed it, waiting at most `replica_wait_seconds`, else by the
-primary.
+primary. A token ahead of the primary's own position was not issued by it and is ignored.
 """
 
 from __future__ import annotations
@@ -42,6 +42,8 @@ log = logging.getLogger(__name__)
 PRIMARY = "primary"
 
 _PRIMARY_LSN = text("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn")
+# Tokens are insert positions (`engine.Database.write`), at or past the write position.
+_PRIMARY_INSERT_LSN = text("SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn")
 _REPLICA_STATE = text(
     """
     SELECT pg_is_in_recovery(),
@@ -208,14 +210,39 @@ class ReadRouter:
         serving = [r for r in self.replicas if r.serves(self.max_lag_seconds)]
         return sorted(serving, key=lambda r: (r.region != self.region, random.random()))
 
+    def _issued(self, lsn: int) -> bool:
+        """Whether the primary has reached `lsn`, so a token for it may be one it issued. A
+        token ahead of the primary is ignored (the replica serves the read at once): no
+        replica could ever catch up with it, and honouring it would hold a connection and a
+        thread for `wait_seconds`. Asked only before a wait, and of the primary only for
+        positions past the last check's (a write since, or a forgery); when the primary
+        cannot say, the token stands."""
+        known = self._checks.primary.lsn
+        if known is not None and lsn <= known:
+            return True
+        try:
+            with self._primary.connect() as conn:
+                current = int(conn.execute(_PRIMARY_INSERT_LSN).scalar_one())
+        except DBAPIError:
+            return True
+        if lsn > current:
+            log.info("ignored a consistency token ahead of the primary: %s", format_lsn(lsn))
+            return False
+        return True
+
     def _caught_up(self, replica: Replica, connection: Any, lsn: int, deadline: float) -> bool:
         """Whether `replica` has replayed `lsn`, waiting for it until `deadline`."""
         if replica.known_replayed(lsn):
             return True
         pause = 0.001
+        checked = False
         while True:
             if connection.execute(_REPLAYED, {"lsn": lsn}).scalar_one():
                 return True
+            if not checked:  # about to wait: only for a position the primary has reached
+                checked = True
+                if not self._issued(lsn):
+                    return True
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return False

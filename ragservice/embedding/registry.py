@@ -29,6 +29,7 @@ from ragservice.db import Database, tenancy
 from ragservice.db.models import EmbeddingModel
 from ragservice.embedding.embedder import SentenceTransformerEmbedder, Vector, make_embedder
 from ragservice.errors import ConflictError, EmbeddingError, NotFoundError
+from ragservice.store.audit import SYSTEM_ACTOR
 
 log = logging.getLogger(__name__)
 
@@ -248,15 +249,18 @@ class Switch:
     changed: bool
 
 
-def activate(db: Database, ref: str, *, force: bool = False) -> Switch:
+def activate(db: Database, ref: str, *, force: bool = False, actor: str = SYSTEM_ACTOR) -> Switch:
     """Make `NAME[:VERSION]` the active model. Refused while chunks lack its embeddings
-    (searches would miss them) unless `force`. Cross-tenant: it counts every tenant's chunks."""
+    (searches would miss them) unless `force`. Cross-tenant: it counts every tenant's chunks.
+    Recorded in the audit log as `actor`'s."""
     with tenancy.as_system(), db.write() as session:
         model = get_model_by_name(session, ref)
-        return _switch(session, model, force=force)
+        switch = _switch(session, model, force=force)
+        _audit(session, actor, "model.activate", switch, force=force)
+        return switch
 
 
-def rollback(db: Database, *, force: bool = False) -> Switch:
+def rollback(db: Database, *, force: bool = False, actor: str = SYSTEM_ACTOR) -> Switch:
     """Activate the model that was active before the latest activation (see `activate`)."""
     with tenancy.as_system(), db.write() as session:
         last = store.models.last_activation(session)
@@ -264,7 +268,21 @@ def rollback(db: Database, *, force: bool = False) -> Switch:
             raise ConflictError("nothing to roll back to: no activation replaced another model")
         model = store.models.get_model(session, last.previous_model_id)
         assert model is not None  # the foreign key sets it null when the row goes
-        return _switch(session, model, force=force)
+        switch = _switch(session, model, force=force)
+        _audit(session, actor, "model.rollback", switch, force=force)
+        return switch
+
+
+def _audit(session: Session, actor: str, action: str, switch: Switch, *, force: bool) -> None:
+    """Model changes concern every tenant: their entries have none (operators read them)."""
+    store.audit.record(
+        session,
+        tenant_id=None,
+        actor=actor,
+        action=action,
+        target=f"{switch.model.name}:{switch.model.version}",
+        details={"previous_id": switch.previous_id, "changed": switch.changed, "force": force},
+    )
 
 
 def _switch(session: Session, model: EmbeddingModel, *, force: bool) -> Switch:
@@ -280,7 +298,9 @@ def _switch(session: Session, model: EmbeddingModel, *, force: bool) -> Switch:
     return Switch(model=model, previous_id=previous, changed=previous != model.id)
 
 
-def drop_embeddings(db: Database, ref: str) -> tuple[EmbeddingModel, int]:
+def drop_embeddings(
+    db: Database, ref: str, *, actor: str = SYSTEM_ACTOR
+) -> tuple[EmbeddingModel, int]:
     """Delete a model's chunk embeddings (every tenant's) and its HNSW index; refused for the
     active model."""
     with tenancy.as_system(), db.write() as session:
@@ -289,4 +309,13 @@ def drop_embeddings(db: Database, ref: str) -> tuple[EmbeddingModel, int]:
             raise ConflictError(
                 f"{model.name}:{model.version} is the active model; activate another first"
             )
-        return model, store.models.drop_model_embeddings(session, model.id)
+        deleted = store.models.drop_model_embeddings(session, model.id)
+        store.audit.record(
+            session,
+            tenant_id=None,
+            actor=actor,
+            action="model.drop_embeddings",
+            target=f"{model.name}:{model.version}",
+            details={"deleted": deleted},
+        )
+        return model, deleted

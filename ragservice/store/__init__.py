@@ -12,6 +12,7 @@ See docs/architecture.md for when SQL is typed SQLAlchemy, `text()` or composed 
 
 from ragservice.store import (
     analysts,
+    audit,
     bulk,
     collections,
     documents,
@@ -25,6 +26,7 @@ from ragservice.store import (
 
 __all__ = [
     "analysts",
+    "audit",
     "bulk",
     "collections",
     "documents",

@@ -34,7 +34,7 @@ def test_x_api_key_header_works_and_revoked_keys_stop_working(
     ok(client.get("/v1/collections", headers={"X-API-Key": secret}))
     db = client.app.state.runtime.db  # type: ignore[attr-defined]
     with tenancy.as_system(), db.write() as session:
-        assert store.tenants.revoke_api_key(session, secret[:12]) == 1
+        assert len(store.tenants.revoke_api_key(session, secret[:12])) == 1
     assert client.get("/v1/collections", headers={"X-API-Key": secret}).status_code == 401
 
 

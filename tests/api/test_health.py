@@ -1,39 +1,83 @@
-"""Health endpoints through HTTP (in-process ASGI) against a real database."""
+"""Health endpoints through HTTP (in-process ASGI) against a real database: the public answers
+are bare, the details are for admin keys, and /metrics may need a token or move to a port of
+its own."""
 
 from __future__ import annotations
 
+import socket
 from dataclasses import replace
 
+import httpx
+import pytest
 from fastapi.testclient import TestClient
+from pydantic import SecretStr
 from sqlalchemy import create_engine
 
 from ragservice.api.app import create_app
 from ragservice.config import Settings
 from ragservice.embedding.embedder import SentenceTransformerEmbedder
+from tests.api.conftest import Keys, ok
 
 
-def test_healthz_and_readyz(settings: Settings, embedder: SentenceTransformerEmbedder) -> None:
-    with TestClient(create_app(settings, embedder=embedder)) as client:
-        assert client.get("/healthz").json() == {"status": "ok"}
-        ready = client.get("/readyz")
-        assert ready.status_code == 200
-        assert ready.json() == {
-            "ready": True,
-            "checks": {"database": True, "migrations": True, "model": True},
-            "model": {"id": 1, "name": embedder.name, "version": 1, "dimension": 384},
-        }
-        assert "/readyz" in client.get("/openapi.json").json()["paths"]
+def test_public_health_answers_are_bare_and_details_need_an_admin_key(
+    client: TestClient, keys: Keys, embedder: SentenceTransformerEmbedder
+) -> None:
+    assert ok(client.get("/healthz")) == {"status": "ok"}
+    assert ok(client.get("/readyz")) == {"status": "ok"}
+    assert client.get("/v1/admin/health").status_code == 401
+    assert client.get("/v1/admin/health", headers=keys.writer).status_code == 403
+    assert ok(client.get("/v1/admin/health", headers=keys.admin)) == {
+        "ready": True,
+        "checks": {"database": True, "migrations": True, "model": True},
+        "model": {"id": 1, "name": embedder.name, "version": 1, "dimension": 384},
+    }
+    paths = client.get("/openapi.json").json()["paths"]
+    assert "/readyz" in paths and "/v1/admin/health" in paths
 
 
-def test_readyz_reports_a_lost_database(
+def test_readiness_reports_a_lost_database(client: TestClient, keys: Keys) -> None:
+    state = client.app.state  # type: ignore[attr-defined]
+    unreachable = create_engine("postgresql+psycopg://x@127.0.0.1:1/none")
+    state.runtime = replace(state.runtime, db=replace(state.runtime.db, write_engine=unreachable))
+    response = client.get("/readyz")
+    assert response.status_code == 503
+    assert response.json() == {"status": "unavailable"}
+    details = client.get("/v1/admin/health", headers=keys.admin)
+    assert details.status_code == 503
+    assert details.json()["checks"]["database"] is False
+
+
+def test_metrics_behind_a_token(settings: Settings, embedder: SentenceTransformerEmbedder) -> None:
+    guarded = settings.model_copy(update={"metrics_token": SecretStr("s3cret-scrape")})
+    with TestClient(create_app(guarded, embedder=embedder)) as client:
+        refused = client.get("/metrics")
+        assert refused.status_code == 401
+        assert "RAGSERVICE_METRICS_TOKEN" in refused.json()["detail"]
+        wrong = client.get("/metrics", headers={"Authorization": "Bearer s3cret-scrap"})
+        assert wrong.status_code == 401
+        scraped = client.get("/metrics", headers={"Authorization": "Bearer s3cret-scrape"})
+        assert scraped.status_code == 200
+        assert "ragservice_http_requests_total" in scraped.text
+
+
+def test_metrics_on_a_port_of_their_own(
     settings: Settings, embedder: SentenceTransformerEmbedder
 ) -> None:
-    with TestClient(create_app(settings, embedder=embedder)) as client:
-        state = client.app.state  # type: ignore[attr-defined]
-        unreachable = create_engine("postgresql+psycopg://x@127.0.0.1:1/none")
-        state.runtime = replace(
-            state.runtime, db=replace(state.runtime.db, write_engine=unreachable)
+    port = _free_port()
+    separate = settings.model_copy(update={"metrics_port": port})
+    with TestClient(create_app(separate, embedder=embedder)) as client:
+        assert client.get("/healthz").status_code == 200
+        assert client.get("/metrics").status_code == 404
+        scraped = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5)
+        assert scraped.status_code == 200
+        assert 'ragservice_http_requests_total{method="GET",route="/healthz",status="200"}' in (
+            scraped.text
         )
-        response = client.get("/readyz")
-    assert response.status_code == 503
-    assert response.json()["checks"]["database"] is False
+    with pytest.raises(httpx.ConnectError):  # stopped with the app
+        httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5)
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])

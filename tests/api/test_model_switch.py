@@ -63,14 +63,15 @@ def add_tiny_model(client: TestClient, path: Path) -> EmbeddingModel:
     return row
 
 
-def serving(client: TestClient) -> dict[str, Any]:
-    model: dict[str, Any] = ok(client.get("/readyz"))["model"]
+def serving(client: TestClient, admin: dict[str, str]) -> dict[str, Any]:
+    """The model the server says it serves (the details of readiness are for admin keys)."""
+    model: dict[str, Any] = ok(client.get("/v1/admin/health", headers=admin))["model"]
     return model
 
 
-def wait_for_model(client: TestClient, model_id: int) -> None:
+def wait_for_model(client: TestClient, admin: dict[str, str], model_id: int) -> None:
     deadline = time.monotonic() + 30
-    while serving(client)["id"] != model_id:
+    while serving(client, admin)["id"] != model_id:
         assert time.monotonic() < deadline, f"the server did not switch to model {model_id}"
         time.sleep(0.05)
 
@@ -115,17 +116,17 @@ def test_activation_and_rollback_while_searching(
 ) -> None:
     add_corpus(client, keys.writer)
     runtime = runtime_of(client)
-    base = serving(client)
+    base = serving(client, keys.admin)
     assert base["name"] == "sentence-transformers/all-MiniLM-L6-v2"
     tiny = add_tiny_model(client, tiny_path)
     with Searching(client, keys.reader) as searching:
         time.sleep(0.3)
         registry.activate(runtime.db, "tiny")
-        wait_for_model(client, tiny.id)
+        wait_for_model(client, keys.admin, tiny.id)
         switched = len(searching.outcomes)
         time.sleep(0.3)
         registry.rollback(runtime.db)
-        wait_for_model(client, base["id"])
+        wait_for_model(client, keys.admin, base["id"])
         rolled_back = len(searching.outcomes)
         time.sleep(0.3)
     statuses = {status for status, _, _ in searching.outcomes}
@@ -146,7 +147,7 @@ def test_activation_changes_the_cache_scope(
 ) -> None:
     add_corpus(client, keys.writer)
     runtime = runtime_of(client)
-    base = serving(client)["id"]
+    base = serving(client, keys.admin)["id"]
     tiny = add_tiny_model(client, tiny_path)
 
     def ask() -> dict[str, Any]:
@@ -162,11 +163,11 @@ def test_activation_changes_the_cache_scope(
     assert ask()["cache"]["hit"] is False
     assert hits() is True
     registry.activate(runtime.db, "tiny")
-    wait_for_model(client, tiny.id)
+    wait_for_model(client, keys.admin, tiny.id)
     assert hits() is False  # the old model's entries are out of scope now
     assert hits() is True  # and the new model caches its own
     registry.rollback(runtime.db)
-    wait_for_model(client, base)
+    wait_for_model(client, keys.admin, base)
     assert hits() is True  # the first model's entry serves again
 
 

@@ -114,3 +114,15 @@ def test_a_request_takes_what_it_costs_and_never_more_than_the_burst(clock: Cloc
 @pytest.mark.parametrize(("texts", "cost"), [(1, 1), (16, 1), (17, 2), (256, 16), (2048, 128)])
 def test_embeddings_cost_a_token_per_sixteen_texts(texts: int, cost: int) -> None:
     assert embedding_cost(texts) == cost
+
+
+def test_waiting_says_when_a_token_is_back_and_takes_none(clock: Clock) -> None:
+    limiter = RateLimiter(per_second=0.5, burst=2, clock=clock)
+    assert limiter.waiting("addr") == 0.0  # never seen: a full bucket
+    limiter.acquire("addr")
+    limiter.acquire("addr")
+    assert limiter.waiting("addr") == pytest.approx(2.0)
+    assert limiter.waiting("addr") == pytest.approx(2.0)  # asking took nothing
+    clock.now += 2.0
+    assert limiter.waiting("addr") == 0.0
+    assert limiter.acquire("addr") == 0.0

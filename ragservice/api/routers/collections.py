@@ -7,7 +7,7 @@ import uuid
 from fastapi import APIRouter, Response, status
 
 from ragservice import store
-from ragservice.api.deps import Admin, Reader, RuntimeDep, Writer, collection_id
+from ragservice.api.deps import Admin, Reader, RuntimeDep, Writer, audit, collection_id
 from ragservice.api.schemas.collections import (
     CacheStats,
     CollectionCreate,
@@ -71,6 +71,13 @@ def update_collection(
             store.collections.set_collection_flagged_chunks(
                 session, principal.tenant_id, name, body.flagged_chunks
             )
+        audit(
+            session,
+            principal,
+            "collection.update",
+            name,
+            {field: getattr(body, field) for field in sorted(given)},
+        )
     return _get(runtime, principal.tenant_id, name)
 
 
@@ -87,7 +94,9 @@ def purge_cache(name: str, principal: Admin, runtime: RuntimeDep) -> dict[str, i
     """Delete every cached answer that covers this collection."""
     cid = collection_id(runtime, principal.tenant_id, name)
     with runtime.db.write() as session:
-        return {"purged": store.prompt_cache.purge_cache(session, principal.tenant_id, cid)}
+        purged = store.prompt_cache.purge_cache(session, principal.tenant_id, cid)
+        audit(session, principal, "cache.purge", name, {"purged": purged})
+    return {"purged": purged}
 
 
 @router.delete("/{name}", status_code=status.HTTP_204_NO_CONTENT)
@@ -96,6 +105,7 @@ def delete_collection(name: str, principal: Admin, runtime: RuntimeDep) -> Respo
     with runtime.db.write() as session:
         if not store.collections.delete_collection(session, principal.tenant_id, name):
             raise store.collections.collection_not_found(name)
+        audit(session, principal, "collection.delete", name)
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 

@@ -16,7 +16,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query, status
 from fastapi.responses import StreamingResponse
 
-from ragservice.api.deps import Admin, Principal, Reader, RuntimeDep
+from ragservice.api.deps import Admin, Principal, Reader, RuntimeDep, audit
 from ragservice.api.schemas.common import error_responses
 from ragservice.api.schemas.feedback import (
     FeedbackBody,
@@ -89,6 +89,15 @@ def export_feedback(
     # Resolved before the first byte, so that a bad filter still gets its status code.
     with runtime.db.read() as session:
         flt = exports.resolve_filter(session, flt)
+    details = {
+        "collection": collection,
+        "since": None if since is None else since.isoformat(),
+        "until": None if until is None else until.isoformat(),
+    }
+    # A read-only request: the entry is written after the response, on the primary.
+    runtime.db.write_later(
+        lambda session: audit(session, principal, "feedback.export", fmt.value, details)
+    )
     body = exports.ndjson(runtime.db, fmt, flt, negatives_per_positive=negatives_per_positive)
     disposition = f'attachment; filename="feedback-{fmt.value}.jsonl"'
     return StreamingResponse(body, media_type=NDJSON, headers={"content-disposition": disposition})

@@ -1,0 +1,195 @@
+"""Authentication before anything else of a request: the API key is resolved from the headers
+before the body is read or parsed, and before any read that a consistency token could make
+wait on a replica.
+
+Every path under `/v1/` needs a key; the health and metrics paths do not (see `app`). A client
+address that sends too many wrong, revoked or expired keys is refused with 429 for a while,
+without a database read (`RAGSERVICE_AUTH_FAILURES_PER_MINUTE`). The address is the socket's
+peer as the ASGI server reports it: uvicorn replaces it with the `X-Forwarded-For` client only
+for proxies listed in its `FORWARDED_ALLOW_IPS` (default 127.0.0.1).
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from functools import partial
+
+import anyio.to_thread
+from psycopg import OperationalError as DriverOperationalError
+from sqlalchemy.exc import OperationalError
+from starlette.responses import JSONResponse
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from ragservice import store
+from ragservice.api.middleware import REQUEST_ID_HEADER
+from ragservice.auth.keys import Role, hash_key
+from ragservice.auth.ratelimit import RateLimiter
+from ragservice.bootstrap import Runtime
+from ragservice.db import tenancy
+from ragservice.db.models import ApiKey
+from ragservice.db.scope import current_scope
+from ragservice.errors import (
+    AuthenticationError,
+    DatabaseUnavailableError,
+    RagServiceError,
+    RateLimitedError,
+)
+from ragservice.metrics import Metrics
+
+log = logging.getLogger(__name__)
+
+AUTHENTICATED_PREFIX = "/v1/"
+LAST_USED_EVERY_SECONDS = 60
+"""`api_keys.last_used_at` is kept to this precision: at most one write per key this often."""
+
+AUTH_DISABLED_ACTOR = "auth-disabled"
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """Who is calling: every query the request makes is scoped to `tenant_id`. `actor` names
+    the caller in the audit log (`key:<prefix>`)."""
+
+    tenant_id: uuid.UUID
+    role: Role
+    key_id: uuid.UUID | None
+    actor: str = AUTH_DISABLED_ACTOR
+
+
+def failure_limiter(per_minute: int) -> RateLimiter | None:
+    """Failed authentications per client address: `per_minute`, in bursts of as many."""
+    if per_minute == 0:
+        return None
+    return RateLimiter(per_second=per_minute / 60, burst=per_minute)
+
+
+class AuthMiddleware:
+    """Resolves the caller of every `/v1/` request into `scope["state"]["principal"]` (and the
+    request's tenant), or answers 401 (no key, unknown, revoked, expired) or 429 (this client
+    address failed too often) before the application sees the request."""
+
+    def __init__(self, app: ASGIApp, *, failures: RateLimiter | None) -> None:
+        self.app = app
+        self.failures = failures
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not scope["path"].startswith(AUTHENTICATED_PREFIX):
+            await self.app(scope, receive, send)
+            return
+        try:
+            principal = await self._authenticate(scope)
+        except RagServiceError as exc:
+            await _refusal(scope, exc)(scope, receive, send)
+            return
+        except (OperationalError, DriverOperationalError) as exc:
+            # Outside the app's error handlers: the same answer they give (`error_handlers`).
+            log.error("request %s: database unavailable: %s", _request_id(scope), exc)
+            unavailable = DatabaseUnavailableError("the database is unavailable")
+            await _refusal(scope, unavailable)(scope, receive, send)
+            return
+        scope.setdefault("state", {})["principal"] = principal
+        db_scope = current_scope()
+        if db_scope is not None:
+            # From here on the request's transactions see this tenant's rows only (`tenancy`).
+            db_scope.tenant_id = principal.tenant_id
+        await self.app(scope, receive, send)
+
+    async def _authenticate(self, scope: Scope) -> Principal:
+        runtime: Runtime = scope["app"].state.runtime
+        if runtime.settings.auth_disabled:
+            return Principal(tenant_id=runtime.default_tenant_id, role=Role.ADMIN, key_id=None)
+        metrics: Metrics = scope["app"].state.metrics
+        secret = _secret(scope)
+        if not secret:
+            metrics.auth_refused.labels(reason="missing").inc()
+            raise AuthenticationError("missing API key: send `Authorization: Bearer <key>`")
+        address = _client_address(scope)
+        self._check_lockout(address, metrics)
+        key = await anyio.to_thread.run_sync(_lookup, runtime, hash_key(secret))
+        try:
+            return _principal(runtime, key, metrics)
+        except AuthenticationError:
+            if self.failures is not None:
+                self.failures.acquire(address)
+            raise
+
+    def _check_lockout(self, address: str, metrics: Metrics) -> None:
+        if self.failures is None:
+            return
+        wait = self.failures.waiting(address)
+        if wait > 0:
+            metrics.auth_refused.labels(reason="locked_out").inc()
+            raise RateLimitedError(
+                f"too many failed authentications from {address}: at most "
+                f"{self.failures.burst} a minute (RAGSERVICE_AUTH_FAILURES_PER_MINUTE); "
+                "retry after the seconds in Retry-After",
+                retry_after=wait,
+            )
+
+
+def _lookup(runtime: Runtime, key_hash: str) -> ApiKey | None:
+    # The key decides the tenant, so finding it is the one read of a request across tenants.
+    # On the primary: a revoked key must not live on for as long as a replica lags.
+    with tenancy.as_system(), runtime.db.read(primary=True) as session:
+        return store.tenants.get_api_key(session, key_hash)
+
+
+def _principal(runtime: Runtime, key: ApiKey | None, metrics: Metrics) -> Principal:
+    if key is None:
+        metrics.auth_refused.labels(reason="unknown").inc()
+        raise AuthenticationError("unknown or revoked API key")
+    now = datetime.now(UTC)
+    if key.expires_at is not None and key.expires_at <= now:
+        metrics.auth_refused.labels(reason="expired").inc()
+        raise AuthenticationError(
+            f"API key expired at {key.expires_at.isoformat(timespec='seconds')}"
+        )
+    last_used = key.last_used_at
+    if last_used is None or (now - last_used).total_seconds() >= LAST_USED_EVERY_SECONDS:
+        runtime.db.write_later(
+            partial(
+                store.tenants.touch_api_key, key_id=key.id, every_seconds=LAST_USED_EVERY_SECONDS
+            )
+        )
+    return Principal(
+        tenant_id=key.tenant_id, role=Role(key.role), key_id=key.id, actor=f"key:{key.prefix}"
+    )
+
+
+def _secret(scope: Scope) -> str | None:
+    """The key from `Authorization: Bearer <key>`, else from `X-API-Key`."""
+    headers = {
+        bytes(name).decode("latin-1"): bytes(v).decode("latin-1") for name, v in scope["headers"]
+    }
+    scheme, _, credentials = headers.get("authorization", "").partition(" ")
+    if scheme.lower() == "bearer" and credentials.strip():
+        return credentials.strip()
+    return headers.get("x-api-key") or None
+
+
+def _client_address(scope: Scope) -> str:
+    client = scope.get("client")
+    return str(client[0]) if client else "unknown"
+
+
+def _refusal(scope: Scope, exc: RagServiceError) -> JSONResponse:
+    """The error body every other error has (`error_handlers`), with its headers."""
+    request_id = _request_id(scope)
+    headers = {REQUEST_ID_HEADER: request_id}
+    if isinstance(exc, AuthenticationError):
+        headers["WWW-Authenticate"] = "Bearer"
+    if isinstance(exc, RateLimitedError):
+        headers["Retry-After"] = str(exc.retry_after)
+    body = {
+        "error": type(exc).__name__.removesuffix("Error"),
+        "detail": str(exc),
+        "request_id": request_id,
+    }
+    return JSONResponse(body, status_code=exc.status_code, headers=headers)
+
+
+def _request_id(scope: Scope) -> str:
+    return str(scope.get("state", {}).get("request_id", "-"))

@@ -1,0 +1,58 @@
+"""Admin endpoints: the tenant's audit log, and the service's health in detail."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query
+from fastapi.responses import JSONResponse
+
+from ragservice import store
+from ragservice.api.deps import Admin, RuntimeDep
+from ragservice.api.schemas.audit import MAX_AUDIT_PAGE, AuditPage, audit_page
+from ragservice.api.schemas.common import error_responses
+from ragservice.bootstrap import Runtime
+from ragservice.db import migrate
+
+router = APIRouter(prefix="/v1", tags=["admin"], responses=error_responses())
+
+
+@router.get("/audit")
+def list_audit(
+    principal: Admin,
+    runtime: RuntimeDep,
+    limit: Annotated[int, Query(ge=1, le=MAX_AUDIT_PAGE)] = 100,
+    before: Annotated[int | None, Query(ge=1)] = None,
+) -> AuditPage:
+    """Your tenant's audit log, newest first: collection deletes and updates, cache purges,
+    feedback exports, key creations and revocations. Page with `before=next_before`."""
+    with runtime.db.read() as session:
+        entries = store.audit.list_entries(session, principal.tenant_id, limit=limit, before=before)
+    return audit_page(entries, limit)
+
+
+@router.get("/admin/health")
+def health(_principal: Admin, runtime: RuntimeDep) -> JSONResponse:
+    """Readiness in detail: each check, the embedding model being served (it changes within
+    RAGSERVICE_MODEL_CHECK_SECONDS of an activation, plus its load), and each replica's role,
+    health, lag and last error (from the background checks). 503 when not ready, like
+    `/readyz`; a replica that is down does not make the server unready."""
+    ready, body = readiness(runtime)
+    return JSONResponse(body, status_code=200 if ready else 503)
+
+
+def readiness(runtime: Runtime) -> tuple[bool, dict[str, Any]]:
+    """Whether the server is ready (primary reachable, schema current, model loaded), and
+    the details: the checks, the model and the nodes."""
+    model = runtime.models.current()
+    checks = {"database": False, "migrations": False, "model": model.embedder.dimension > 0}
+    try:
+        checks["migrations"] = migrate.is_current(runtime.db.write_engine)
+        checks["database"] = True
+    except Exception:  # reported as not ready, never as a 500
+        pass
+    ready = all(checks.values())
+    body: dict[str, Any] = {"ready": ready, "checks": checks, "model": model.describe()}
+    if runtime.db.router is not None:
+        body["nodes"] = runtime.db.router.status()
+    return ready, body

@@ -1,0 +1,51 @@
+"""`ragservice audit list`: the audit log of administrative actions, of every tenant or one."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+import typer
+
+from ragservice import store
+from ragservice.cli.common import database, fail
+from ragservice.db import tenancy
+
+app = typer.Typer(help="The audit log of administrative actions.", no_args_is_help=True)
+
+
+@app.command("list")
+def audit_list(
+    tenant: Annotated[
+        str | None, typer.Option("--tenant", help="Only this tenant's entries (by name).")
+    ] = None,
+    limit: Annotated[int, typer.Option("--limit", min=1, max=10_000)] = 100,
+    before: Annotated[
+        int | None, typer.Option("--before", min=1, help="Entries older than this id.")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object per line.")] = False,
+) -> None:
+    """Entries newest first, tab-separated: id, time, tenant id ("-": deployment-wide, e.g.
+    model activations), actor, action, target, details."""
+    with database() as db, tenancy.as_system(), db.read() as session:
+        tenant_id = None
+        if tenant is not None:
+            tenant_id = store.tenants.find_tenant_id(session, tenant)
+            if tenant_id is None:
+                raise fail(f"no tenant named {tenant!r}")
+        entries = store.audit.list_entries(session, tenant_id, limit=limit, before=before)
+    for entry in entries:
+        row = {
+            "id": entry.id,
+            "at": entry.at.isoformat(timespec="seconds"),
+            "tenant_id": None if entry.tenant_id is None else str(entry.tenant_id),
+            "actor": entry.actor,
+            "action": entry.action,
+            "target": entry.target,
+            "details": entry.details,
+        }
+        if as_json:
+            typer.echo(json.dumps(row))
+        else:
+            cells = [str(v) if v is not None else "-" for k, v in row.items() if k != "details"]
+            typer.echo("\t".join([*cells, json.dumps(entry.details)]))
