@@ -172,6 +172,13 @@ def test_tenants_delete_leaves_nothing_of_the_tenant(
     assert hits(database_url, MARKER) == {}
     assert hits(database_url, str(acme)) == {}
     assert [line.split("\t")[0] for line in listed.stdout.splitlines()] == ["default", "globex"]
+    # The erase itself is on record for operators, under no tenant.
+    owner = make_url(database_url).set(drivername="postgresql").render_as_string(False)
+    with psycopg.connect(owner) as conn:
+        entries = conn.execute(
+            "SELECT tenant_id, target FROM audit_log WHERE action = 'tenant.delete'"
+        ).fetchall()
+    assert entries == [(None, "acme")]
     # globex is untouched and still served.
     assert logged(client, globex_answer["query_id"]).answer == globex_answer["answer"]
     assert {"tenants", "documents", "query_log"} <= set(hits(database_url, str(globex)))
