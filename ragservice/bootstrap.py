@@ -4,7 +4,6 @@ and runs the retention purge (the query log, job payloads) a server repeats in t
 from __future__ import annotations
 
 import logging
-import threading
 import uuid
 from dataclasses import dataclass
 from datetime import timedelta
@@ -22,6 +21,7 @@ from ragservice.embedding.registry import (
     serve_row,
 )
 from ragservice.errors import ConfigurationError
+from ragservice.periodic import Periodic
 
 log = logging.getLogger(__name__)
 
@@ -173,25 +173,22 @@ class RetentionPurger:
 
     def __init__(self, runtime: Runtime) -> None:
         self._runtime = runtime
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="retention-purger", daemon=True)
+        self._rounds = Periodic(
+            "retention-purger",
+            self.purge_once,
+            runtime.settings.retention_purge_seconds,
+            what="the retention purge",
+            at_start=True,
+        )
 
     def start(self) -> None:
-        self._thread.start()
+        self._rounds.start()
 
     def stop(self, timeout: float) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout)
+        self._rounds.stop(timeout)
 
-    def _run(self) -> None:
-        settings = self._runtime.settings
-        while not self._stop.is_set():
-            try:
-                report = purge_retention(self._runtime.db, settings)
-            except Exception:  # the next round tries again
-                log.warning("the retention purge failed", exc_info=True)
-            else:
-                if report != PurgeReport():
-                    log.info("retention purge: %s", report)
-            self._stop.wait(settings.retention_purge_seconds)
+    def purge_once(self) -> PurgeReport:
+        report = purge_retention(self._runtime.db, self._runtime.settings)
+        if report != PurgeReport():
+            log.info("retention purge: %s", report)
+        return report

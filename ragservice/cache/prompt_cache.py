@@ -15,7 +15,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -32,6 +31,7 @@ from ragservice.cache.guard import meaning_differs, normalize_prompt, prompt_has
 from ragservice.config import Settings
 from ragservice.db import Database, tenancy
 from ragservice.metrics import Metrics
+from ragservice.periodic import Periodic
 
 log = logging.getLogger(__name__)
 
@@ -224,28 +224,20 @@ class CachePurger:
 
     def __init__(self, db: Database, *, interval: float) -> None:
         self._db = db
-        self._interval = interval
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="cache-purger", daemon=True)
+        # A lost round costs only disk: the next one deletes what it left.
+        self._rounds = Periodic(
+            "cache-purger", self.purge_once, interval, what="purging expired cache entries"
+        )
 
     def start(self) -> None:
-        self._thread.start()
+        self._rounds.start()
 
     def stop(self, timeout: float) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout)
+        self._rounds.stop(timeout)
 
     def purge_once(self) -> int:
         with tenancy.as_system(), self._db.write() as session:  # every tenant's entries
-            return store.prompt_cache.purge_expired_cache(session)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self._interval):
-            try:
-                purged = self.purge_once()
-            except Exception:  # the next round tries again; a lost round costs only disk
-                log.warning("purging expired cache entries failed", exc_info=True)
-                continue
-            if purged:
-                log.info("purged %d expired cache entries", purged)
+            purged = store.prompt_cache.purge_expired_cache(session)
+        if purged:
+            log.info("purged %d expired cache entries", purged)
+        return purged

@@ -12,7 +12,7 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
-from ragservice.cache.prompt_cache import PromptCache
+from ragservice.cache.prompt_cache import CachePurger, PromptCache
 from ragservice.db import tenancy
 from ragservice.db.models import PromptCacheEntry, QueryLog
 from tests.api.conftest import Keys, ok, wait_for_job
@@ -145,7 +145,7 @@ def test_entries_expire_a_fixed_time_after_creation(client: TestClient, keys: Ke
     time.sleep(2.0)
     assert ask(client, keys.reader)["cache"]["hit"] is False  # expired: answered afresh
     services = client.app.state.services  # type: ignore[attr-defined]
-    purger = next(s for s in services if hasattr(s, "purge_once"))
+    purger = next(s for s in services if isinstance(s, CachePurger))
     assert entries(client) == 1  # the expired entry was replaced by the fresh answer
     time.sleep(3.5)
     assert purger.purge_once() == 1

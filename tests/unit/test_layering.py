@@ -1,7 +1,7 @@
 """The dependency direction of the layout: leaves stay leaves, nothing imports the top layers.
 
 The layers, bottom up (docs/architecture.md draws them):
-0. leaves: config, errors, types, limits, timing, metrics: import nothing internal;
+0. leaves: config, errors, types, limits, timing, metrics, periodic: import nothing internal;
 1. `db/`: engines, models, migrations, routing, tenancy;
 2. `store/`: the SQL on tenant data, one module per subject;
 3. the capabilities: chunking, `retrieval/`, `embedding/`, `cache/`, `answering/`, `feedback/`,
@@ -56,7 +56,7 @@ def test_nothing_below_the_top_imports_api_cli_or_ingest(path: Path) -> None:
     assert top == set()
 
 
-LEAVES = ("config", "errors", "types", "limits", "timing", "metrics")
+LEAVES = ("config", "errors", "types", "limits", "timing", "metrics", "periodic")
 CAPABILITIES = (
     "chunking",
     "retrieval",
