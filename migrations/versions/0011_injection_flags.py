@@ -7,8 +7,8 @@
 
 Chunks stored before this revision carry no flag: they read as unflagged until their document
 changes and is ingested again (an unchanged document is skipped by its content hash). The
-migration does not run the detector, which is application code a migration must not import;
-a rescan of stored chunks is not built yet (docs/ingest.md).
+migration does not run the detector, which is application code a migration must not import:
+`ragservice db rescan` flags them (docs/ingest.md).
 
 Revision ID: 0011
 Revises: 0010

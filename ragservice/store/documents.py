@@ -11,7 +11,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 import psycopg
-from sqlalchemy import delete, select
+from sqlalchemy import delete, func, select
+from sqlalchemy import text as sql_text
 from sqlalchemy.orm import Session
 
 from ragservice.db.engine import driver_connection
@@ -249,3 +250,48 @@ def get_document(session: Session, collection_id: uuid.UUID, external_id: str) -
 def document_chunks(session: Session, document_id: uuid.UUID) -> list[Chunk]:
     stmt = select(Chunk).where(Chunk.document_id == document_id).order_by(Chunk.ordinal)
     return list(session.scalars(stmt))
+
+
+# -- injection flags (`chunks.metadata.injection`, set at ingest; `ragservice db rescan`) --
+
+
+@dataclass(frozen=True, slots=True)
+class ScannedChunk:
+    id: uuid.UUID
+    text: str
+    flags: list[str] | None
+    """The detector's reasons stored with the chunk, or None when it is not flagged."""
+
+
+def count_chunks(session: Session) -> int:
+    """Chunks of the tenants the transaction sees."""
+    return int(session.scalar(select(func.count()).select_from(Chunk)) or 0)
+
+
+def chunks_page(session: Session, *, after: uuid.UUID | None, limit: int) -> list[ScannedChunk]:
+    """Up to `limit` chunks (of the tenants the transaction sees) after `after`, by id."""
+    stmt = select(Chunk.id, Chunk.text, Chunk.metadata_["injection"]).order_by(Chunk.id)
+    if after is not None:
+        stmt = stmt.where(Chunk.id > after)
+    return [ScannedChunk(*row) for row in session.execute(stmt.limit(limit))]
+
+
+_FLAG = sql_text(
+    "UPDATE chunks SET metadata = metadata || jsonb_build_object('injection', "
+    "CAST(:reasons AS jsonb)) WHERE id = :id"
+)
+_UNFLAG = sql_text("UPDATE chunks SET metadata = metadata - 'injection' WHERE id = :id")
+
+
+def set_injection_flags(session: Session, flags: dict[uuid.UUID, list[str] | None]) -> None:
+    """Store each chunk's reasons (a flag), or remove its flag (None)."""
+    flagged = [
+        {"id": chunk_id, "reasons": json.dumps(reasons)}
+        for chunk_id, reasons in flags.items()
+        if reasons is not None
+    ]
+    cleared = [{"id": chunk_id} for chunk_id, reasons in flags.items() if reasons is None]
+    if flagged:
+        session.execute(_FLAG, flagged)
+    if cleared:
+        session.execute(_UNFLAG, cleared)
