@@ -258,6 +258,8 @@ def _migrate(owner: Engine) -> None:
     try:
         migrate.upgrade(owner)
     except ProgrammingError as exc:
+        if not isinstance(exc.orig, psycopg.errors.InsufficientPrivilege):
+            raise
         raise ConfigurationError(
             "the database schema needs migrating and this login may not do it: run "
             "`ragservice db upgrade` with the owner's URL (RAGSERVICE_OWNER_DATABASE_URL)"

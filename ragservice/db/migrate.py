@@ -31,6 +31,9 @@ def upgrade(engine: Engine, revision: str = "head") -> None:
             config.attributes["connection"] = conn
             command.upgrade(config, revision)
             conn.commit()
+        except BaseException:
+            conn.rollback()  # the failed migration's transaction, so the unlock can run
+            raise
         finally:
             conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": _MIGRATION_LOCK_KEY})
             conn.commit()

@@ -275,3 +275,25 @@ def test_a_privileged_login_is_refused_for_serving_unless_told(
         require_unprivileged_login(db, allowed)  # a warning only
     finally:
         db.dispose()
+
+
+def test_the_service_login_alone_serves_a_current_schema_and_cannot_migrate(
+    service_url: str, database_url: str, tmp_path: Path
+) -> None:
+    """As in docker-compose: the owner migrates, the service starts with its own login only."""
+    settings = Settings(database_url=service_url, data_dir=tmp_path)
+    db = open_database(settings, route_reads=False)  # at head: nothing to migrate
+    try:
+        assert (db.role, db.privileged_login) == (SERVICE_ROLE, None)
+    finally:
+        db.dispose()
+    owner = make_url(database_url).set(drivername="postgresql").render_as_string(False)
+    with psycopg.connect(owner, autocommit=True) as conn:
+        head = conn.execute("SELECT version_num FROM alembic_version").fetchone()
+        conn.execute("UPDATE alembic_version SET version_num = '0012'")
+    try:
+        with pytest.raises(ConfigurationError, match="run `ragservice db upgrade` with the owner"):
+            open_database(settings, route_reads=False)
+    finally:
+        with psycopg.connect(owner, autocommit=True) as conn:
+            conn.execute("UPDATE alembic_version SET version_num = %s", head)
