@@ -225,13 +225,11 @@ def test_a_stopped_replica_is_avoided_at_once_and_used_again_after_it_starts(
 def test_a_token_ahead_of_the_primary_is_ignored(replica_client: TestClient) -> None:
     wait_until(lambda: serving(replica_client) == {"eu-1", "us-1"})
     forged = format_lsn(parse_lsn("FFFF/0"))  # well formed, but no primary got there
-    started = time.monotonic()
     response = replica_client.get("/v1/collections", headers={TOKEN: forged})
-    waited = time.monotonic() - started
     ok(response)
-    # Honoured, it would have held a replica connection for WAIT s, then gone to the primary.
+    # Honoured, it would have held a replica connection for WAIT s and then, no replica ever
+    # getting there, gone to the primary: served by the replica, it was not waited for.
     assert response.headers[NODE] == "eu-1"
-    assert waited < WAIT
 
 
 def test_a_bad_token_is_a_400(replica_client: TestClient) -> None:
