@@ -13,16 +13,14 @@ from sqlalchemy.orm import Session
 from ragservice import store
 from ragservice.answering.answer import AnswerPipeline
 from ragservice.api.authn import Principal as Principal  # routers name the caller's type here
+from ragservice.api.checks import spend
 from ragservice.auth.keys import Role
-from ragservice.auth.ratelimit import RateLimiter
 from ragservice.bootstrap import Runtime
 from ragservice.db.scope import current_scope
 from ragservice.errors import (
     AuthenticationError,
     PermissionDeniedError,
-    RateLimitedError,
 )
-from ragservice.metrics import Metrics
 from ragservice.retrieval.search import Searcher
 
 _bearer = HTTPBearer(auto_error=False, description="`Authorization: Bearer <API key>`")
@@ -86,18 +84,15 @@ def require(role: Role) -> Callable[[Request, Principal], Principal]:
 def rate_limit(request: Request, principal: Principal) -> None:
     """Take one of the key's tokens, or refuse with 429. Without authentication there is no
     key to limit (such a server listens on loopback only), so nothing is limited then."""
-    limiter: RateLimiter | None = request.app.state.rate_limiter
-    if limiter is None or principal.key_id is None:
-        return
-    wait = limiter.acquire(principal.key_id)
-    if wait > 0:
-        metrics: Metrics = request.app.state.metrics
-        metrics.rate_limited.inc()
-        raise RateLimitedError(
-            f"this API key is over its rate limit of {limiter.per_second:g} requests per "
-            f"second (bursts of {limiter.burst}); retry after the seconds in Retry-After",
-            retry_after=wait,
-        )
+    spend(
+        request,
+        principal.key_id,
+        1,
+        lambda limits: (
+            f"this API key is over its rate limit of {limits.per_second:g} requests "
+            f"per second (bursts of {limits.burst})"
+        ),
+    )
 
 
 Reader = Annotated[Principal, Depends(require(Role.READER))]

@@ -390,6 +390,4 @@ def driver_connection_of(conn: Connection) -> psycopg.Connection[Any]:
 def driver_connection(session: Session) -> psycopg.Connection[Any]:
     """The psycopg connection under `session`, inside the session's transaction: for COPY,
     composed SQL and statements that must not be prepared."""
-    conn = session.connection().connection.driver_connection
-    assert isinstance(conn, psycopg.Connection)
-    return conn
+    return driver_connection_of(session.connection())

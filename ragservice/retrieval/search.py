@@ -431,15 +431,17 @@ _DOWNWEIGHT = 0.5
 
 def downweight_flagged(hits: list[SearchHit]) -> list[SearchHit]:
     """`hits` with the flagged ones of `downweight` collections scored lower, best first."""
+    if not any(_downweighted(hit) for hit in hits):
+        return hits  # the common case: nothing to rescore, the order stands
     weighed = [
-        replace(hit, score=hit.score - abs(hit.score) * _DOWNWEIGHT)
-        if hit.flagged and hit.flagged_policy == "downweight"
-        else hit
+        replace(hit, score=hit.score - abs(hit.score) * _DOWNWEIGHT) if _downweighted(hit) else hit
         for hit in hits
     ]
-    if weighed == hits:
-        return hits
     return sorted(weighed, key=lambda hit: (-hit.score, hit.chunk_id))
+
+
+def _downweighted(hit: SearchHit) -> bool:
+    return hit.flagged and hit.flagged_policy == "downweight"
 
 
 def _hit(row: tuple[Any, ...]) -> SearchHit:
