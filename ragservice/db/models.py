@@ -10,10 +10,10 @@ from pgvector.sqlalchemy import Vector
 from sqlalchemy import (
     BigInteger,
     Boolean,
-    Computed,
     DateTime,
     ForeignKey,
     Identity,
+    Index,
     Integer,
     LargeBinary,
     SmallInteger,
@@ -21,7 +21,7 @@ from sqlalchemy import (
     UniqueConstraint,
     func,
 )
-from sqlalchemy.dialects.postgresql import ARRAY, JSONB, TSVECTOR, UUID
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB, UUID
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -83,9 +83,14 @@ class Document(Base):
 
 class Chunk(Base):
     __tablename__ = "chunks"
-    __table_args__ = (UniqueConstraint("document_id", "ordinal"),)
+    __table_args__ = (
+        UniqueConstraint("document_id", "ordinal"),
+        Index("chunks_seq_key", "seq", unique=True),
+    )
 
     id: Mapped[uuid.UUID] = mapped_column(primary_key=True)
+    # The compact key the BM25 postings carry (8 bytes, not the uuid's 16).
+    seq: Mapped[int] = mapped_column(BigInteger, Identity(always=False))
     tenant_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
     collection_id: Mapped[uuid.UUID] = mapped_column(
         ForeignKey("collections.id", ondelete="CASCADE")
@@ -98,9 +103,6 @@ class Chunk(Base):
     start_char: Mapped[int] = mapped_column(Integer)
     end_char: Mapped[int] = mapped_column(Integer)
     metadata_: Mapped[dict[str, Any]] = mapped_column("metadata", server_default="{}")
-    tsv: Mapped[Any] = mapped_column(
-        TSVECTOR, Computed("to_tsvector('english'::regconfig, text)", persisted=True)
-    )
 
 
 class EmbeddingModel(Base):
@@ -168,18 +170,23 @@ class IngestJob(Base):
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
 
-class ChunkTerm(Base):
-    """A posting of the BM25 inverted index; triggers on `chunks` keep it current."""
+class ChunkPosting(Base):
+    """A block of BM25 postings of one (collection, lexeme, impact tier): up to 128 chunks'
+    `seq`s with their term frequencies and lengths. Triggers on `chunks` keep it current."""
 
-    __tablename__ = "chunk_terms"
+    __tablename__ = "chunk_postings"
 
     collection_id: Mapped[uuid.UUID] = mapped_column(
         ForeignKey("collections.id", ondelete="CASCADE"), primary_key=True
     )
     lexeme: Mapped[str] = mapped_column(Text, primary_key=True)
-    chunk_id: Mapped[uuid.UUID] = mapped_column(primary_key=True)
-    tf: Mapped[int] = mapped_column(SmallInteger)
-    chunk_length: Mapped[int] = mapped_column(Integer)
+    tier: Mapped[int] = mapped_column(SmallInteger, primary_key=True)
+    first_seq: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    last_seq: Mapped[int] = mapped_column(BigInteger)
+    n: Mapped[int] = mapped_column(Integer)
+    seqs: Mapped[list[int]] = mapped_column(ARRAY(BigInteger))
+    tfs: Mapped[list[int]] = mapped_column(ARRAY(SmallInteger))
+    lengths: Mapped[list[int]] = mapped_column(ARRAY(Integer))
 
 
 class CollectionTextStats(Base):

@@ -2,8 +2,10 @@
 
 - dense: the model's partial HNSW index (`embedding::vector(DIM)`, `WHERE model_id = ID`);
   score = cosine similarity (1 - cosine distance).
-- fulltext: BM25 over the `chunk_terms` postings, OR over the query's lexemes, with N, average
+- fulltext: BM25 over the `chunk_postings` blocks, OR over the query's lexemes, with N, average
   length and document frequencies taken over the searched collections; score = the BM25 sum.
+  Each term's postings are read by impact, highest first, up to `bm25_postings_per_term`: exact
+  for terms in fewer chunks, the low-impact postings of more frequent terms skipped.
 - hybrid: reciprocal rank fusion, sum of 1 / (rrf_k + rank), of the dense and the full-text
   candidates. The full-text side runs on its own connection while the query is embedded; one
   statement then does the dense side and the fusion. Score = the RRF score.
@@ -97,11 +99,20 @@ class SearchOptions:
     text_candidates: int = 100
     bm25_k1: float = 0.9
     bm25_b: float = 0.4
+    # Postings read per query term, highest impact first (see `statements.BM25`).
+    bm25_postings_per_term: int = 20_000
 
     def __post_init__(self) -> None:
         # Accept the plain strings an API layer may pass; compare as the enum from here on.
         object.__setattr__(self, "mode", _mode(self.mode))
-        for name in ("k", "ef_search", "rrf_k", "dense_candidates", "text_candidates"):
+        for name in (
+            "k",
+            "ef_search",
+            "rrf_k",
+            "dense_candidates",
+            "text_candidates",
+            "bm25_postings_per_term",
+        ):
             if getattr(self, name) < 1:
                 raise InvalidInputError(f"{name} must be at least 1")
         if self.bm25_k1 < 0 or not 0 <= self.bm25_b <= 1:
@@ -126,6 +137,7 @@ class SearchOptions:
             text_candidates=settings.search_text_candidates,
             bm25_k1=settings.bm25_k1,
             bm25_b=settings.bm25_b,
+            bm25_postings_per_term=settings.bm25_postings_per_term,
         )
 
     @property
@@ -371,7 +383,7 @@ class Searcher:
     @staticmethod
     def _bm25(options: SearchOptions) -> sql.Composed:
         return statements.BM25.format(
-            filter_join=statements.bm25_filter_join(options.filters),
+            filter_join=statements.bm25_filter_join(options.filters, options.text_limit),
             limit=sql.Literal(options.text_limit),
         )
 
@@ -387,7 +399,12 @@ class Searcher:
         if vector is not None:
             params["vector"] = vector
         if query is not None:
-            params |= {"query": query, "k1": options.bm25_k1, "b": options.bm25_b}
+            params |= {
+                "query": query,
+                "k1": options.bm25_k1,
+                "b": options.bm25_b,
+                "budget": options.bm25_postings_per_term,
+            }
         if options.filters is not None:
             params |= options.filters.params
         return params

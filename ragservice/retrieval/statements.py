@@ -30,38 +30,58 @@ nearest AS MATERIALIZED (
     LIMIT {limit}
 )""")
 
-# BM25, Lucene flavour. N and avgdl over the searched collections; df counted from the same
-# posting scan, so both follow the collection set. k1 and b are bound parameters.
+# BM25, Lucene flavour, over the postings' blocks (`chunk_postings`, migration 0014). N and
+# avgdl over the searched collections; df is the sum of the term's block sizes (from the index
+# alone), so it is exact and follows the collection set. Each term's blocks are read from the
+# highest impact tier down until %(budget)s postings: exact for a term in at most that many
+# chunks, while a more frequent term (low idf) has its lowest-impact postings skipped. k1 and b
+# are bound parameters. Chunks are named by `seq` until the end, where the few best are joined
+# to `chunks` for their ids (ties at the cut all come along, so the order by id stays exact).
 BM25 = sql.SQL("""
 stats AS (
     SELECT sum(chunk_count)::float8 AS n,
            sum(token_count)::float8 / greatest(sum(chunk_count), 1) AS avgdl
     FROM collection_text_stats WHERE collection_id = ANY(%(collections)s::uuid[])
 ),
-postings AS MATERIALIZED (
-    SELECT t.lexeme, t.chunk_id, t.tf, t.chunk_length
-    FROM chunk_terms t
-    WHERE t.collection_id = ANY(%(collections)s::uuid[])
-      AND t.lexeme = ANY(tsvector_to_array(to_tsvector('english'::regconfig, %(query)s)))
+blocks AS MATERIALIZED (
+    SELECT p.collection_id, p.lexeme, p.tier, p.first_seq,
+           sum(p.n) OVER (PARTITION BY p.lexeme) AS df,
+           sum(p.n) OVER (PARTITION BY p.lexeme ORDER BY p.tier DESC, p.collection_id, p.first_seq
+                          ROWS UNBOUNDED PRECEDING) - p.n AS before
+    FROM chunk_postings p
+    WHERE p.collection_id = ANY(%(collections)s::uuid[])
+      AND p.lexeme = ANY(tsvector_to_array(to_tsvector('english'::regconfig, %(query)s)))
 ),
 idf AS (
-    SELECT p.lexeme, ln(1 + (s.n - count(*) + 0.5) / (count(*) + 0.5)) AS idf
-    FROM postings p CROSS JOIN stats s
-    GROUP BY p.lexeme, s.n
+    SELECT DISTINCT b.lexeme, ln(1 + (s.n - b.df + 0.5) / (b.df + 0.5)) AS idf
+    FROM blocks b CROSS JOIN stats s
 ),
-bm25 AS (
-    SELECT p.chunk_id,
+postings AS (
+    SELECT b.lexeme, u.seq, u.tf, u.len
+    FROM blocks b
+    JOIN chunk_postings p USING (collection_id, lexeme, tier, first_seq)
+    CROSS JOIN LATERAL unnest(p.seqs, p.tfs, p.lengths) AS u(seq, tf, len)
+    WHERE b.before < %(budget)s
+),
+bm25 AS MATERIALIZED (
+    SELECT p.seq,
            sum(i.idf * p.tf * (%(k1)s + 1)
-               / (p.tf + %(k1)s * (1 - %(b)s + %(b)s * p.chunk_length / s.avgdl))) AS score
+               / (p.tf + %(k1)s * (1 - %(b)s + %(b)s * p.len / s.avgdl))) AS score
     FROM postings p JOIN idf i USING (lexeme) CROSS JOIN stats s
-    GROUP BY p.chunk_id
+    GROUP BY p.seq
 ),
 ranked AS (
-    SELECT b.chunk_id, b.score
-    FROM bm25 b {filter_join}
-    ORDER BY b.score DESC, b.chunk_id
+    SELECT c.id AS chunk_id, b.score
+    FROM bm25 b JOIN chunks c ON c.seq = b.seq {filter_join}
+    ORDER BY b.score DESC, c.id
     LIMIT {limit}
 )""")
+
+# Unfiltered, only the chunks scoring at least the limit-th best score are looked up.
+BM25_CUT = sql.SQL(
+    "WHERE b.score >= (SELECT min(t.score) FROM "
+    "(SELECT score FROM bm25 ORDER BY score DESC LIMIT {limit}) AS t)"
+)
 
 DENSE_RANKED = sql.SQL("""
 ranked AS (SELECT chunk_id, 1 - distance AS score FROM nearest)""")
@@ -123,10 +143,8 @@ def document_join(filters: CompiledFilter | None) -> sql.Composable:
     return JOIN_DOCUMENTS if filters is not None and filters.needs_document else sql.SQL("")
 
 
-def bm25_filter_join(filters: CompiledFilter | None) -> sql.Composable:
+def bm25_filter_join(filters: CompiledFilter | None, limit: int) -> sql.Composable:
     """Filters apply before the LIMIT, so a filtered full-text search still returns k rows."""
     if filters is None:
-        return sql.SQL("")
-    return sql.SQL("JOIN chunks c ON c.id = b.chunk_id {docs} WHERE {where}").format(
-        docs=document_join(filters), where=filters.where
-    )
+        return BM25_CUT.format(limit=sql.Literal(limit))
+    return sql.SQL("{docs} WHERE {where}").format(docs=document_join(filters), where=filters.where)

@@ -92,7 +92,7 @@ def test_deleting_a_document_removes_its_text_from_log_cache_and_exports(
 ) -> None:
     before = hits(database_url, MARKER)
     # The scan sees the text where it was: chunks, postings, the log, the cache.
-    assert {"chunks", "chunk_terms", "query_log", "prompt_cache"} <= set(before)
+    assert {"chunks", "chunk_postings", "query_log", "prompt_cache"} <= set(before)
     export = "/v1/feedback/export?format=openai-sft&min_rating=1"
     assert MARKER in client.get(export, headers=keys.admin).text
 

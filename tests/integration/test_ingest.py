@@ -105,7 +105,10 @@ def test_ingest_writes_documents_chunks_and_embeddings(runtime: Runtime) -> None
     assert int(chunks) > 3  # type: ignore[call-overload]  # the long document is split
     assert scalar(runtime, "SELECT count(*) FROM chunk_embeddings") == chunks
     assert scalar(runtime, "SELECT bool_and(vector_dims(embedding) = 384) FROM chunk_embeddings")
-    assert scalar(runtime, "SELECT bool_and(tsv <> ''::tsvector) FROM chunks")
+    assert scalar(runtime, "SELECT count(DISTINCT seq) FROM chunks") == chunks
+    assert scalar(runtime, "SELECT sum(n) FROM chunk_postings") == scalar(
+        runtime, "SELECT sum(length(to_tsvector('english', text))) FROM chunks"
+    )
     assert scalar(runtime, "SELECT sum(chunk_count) FROM documents") == chunks
     assert (
         scalar(runtime, "SELECT metadata->>'year' FROM documents WHERE external_id = 'b'") == "2021"

@@ -135,7 +135,7 @@ def test_upload_job_ingests_texts_and_files(runtime: Runtime) -> None:
     found = scalar(
         runtime,
         "SELECT d.external_id FROM chunks c JOIN documents d ON d.id = c.document_id "
-        "WHERE c.tsv @@ plainto_tsquery('english', 'fractures')",
+        "WHERE to_tsvector('english', c.text) @@ plainto_tsquery('english', 'fractures')",
     )
     assert found == "notes.txt"
     query = runtime.embedder.embed(["Does aspirin prevent heart attacks?"])[0]

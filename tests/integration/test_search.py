@@ -329,7 +329,8 @@ def reference_bm25(
         rows = session.execute(
             text(
                 "SELECT c.id, t.lexeme, coalesce(array_length(t.positions, 1), 1) "
-                "FROM chunks c CROSS JOIN LATERAL unnest(c.tsv) AS t WHERE c.collection_id = :c"
+                "FROM chunks c CROSS JOIN LATERAL unnest(to_tsvector('english', c.text)) AS t "
+                "WHERE c.collection_id = :c"
             ),
             {"c": collection},
         ).all()
@@ -588,17 +589,28 @@ def test_fulltext_filters_apply_before_the_limit(corpus: Corpus) -> None:
 # -- postings kept by the triggers -----------------------------------------------------------
 
 
+_LEXEMES = (
+    "SELECT c.collection_id, c.seq, t.lexeme, coalesce(array_length(t.positions, 1), 1) AS tf, "
+    "ragservice_tsv_length(v.tsv) AS len FROM chunks c "
+    "CROSS JOIN LATERAL (SELECT to_tsvector('english', c.text)) AS v(tsv) "
+    "CROSS JOIN LATERAL unnest(v.tsv) AS t"
+)
+
+
 def postings_mismatches(runtime: Runtime) -> list[Any]:
-    """Rows in chunk_terms or collection_text_stats that the chunks themselves do not imply."""
+    """Postings, blocks or collection_text_stats rows that the chunks themselves do not imply."""
     with runtime.db.read() as session:
         expected_terms = (
-            "SELECT c.collection_id, t.lexeme, c.id, coalesce(array_length(t.positions, 1), 1), "
-            "ragservice_tsv_length(c.tsv) FROM chunks c CROSS JOIN LATERAL unnest(c.tsv) AS t"
+            "SELECT collection_id, lexeme, ragservice_bm25_tier(tf, len), seq, tf, len "
+            f"FROM ({_LEXEMES}) AS x"
         )
-        actual_terms = "SELECT collection_id, lexeme, chunk_id, tf, chunk_length FROM chunk_terms"
+        actual_terms = (
+            "SELECT p.collection_id, p.lexeme, p.tier, u.seq, u.tf, u.len FROM chunk_postings p "
+            "CROSS JOIN LATERAL unnest(p.seqs, p.tfs, p.lengths) AS u(seq, tf, len)"
+        )
         expected_stats = (
-            "SELECT collection_id, count(*), sum(ragservice_tsv_length(tsv)) "
-            "FROM chunks GROUP BY collection_id"
+            f"SELECT collection_id, count(DISTINCT seq), sum(len) FROM (SELECT DISTINCT "
+            f"collection_id, seq, len FROM ({_LEXEMES}) AS x) AS y GROUP BY collection_id"
         )
         actual_stats = (
             "SELECT collection_id, chunk_count, token_count FROM collection_text_stats "
@@ -609,6 +621,15 @@ def postings_mismatches(runtime: Runtime) -> list[Any]:
             rows += session.execute(
                 text(f"({left} EXCEPT ALL {right}) UNION ALL ({right} EXCEPT ALL {left})")
             ).all()
+        # Each block: non-empty, at most 128 postings, its bounds and count true to its arrays.
+        rows += session.execute(
+            text(
+                "SELECT * FROM chunk_postings WHERE n <> cardinality(seqs) OR n < 1 OR n > 128 "
+                "OR cardinality(tfs) <> n OR cardinality(lengths) <> n "
+                "OR first_seq <> (SELECT min(s) FROM unnest(seqs) s) "
+                "OR last_seq <> (SELECT max(s) FROM unnest(seqs) s)"
+            )
+        ).all()
     return rows
 
 

@@ -32,7 +32,7 @@ TENANT_TABLES = (
     "documents",
     "chunks",
     "chunk_embeddings",
-    "chunk_terms",
+    "chunk_postings",
     "collection_text_stats",
 )
 
