@@ -50,7 +50,8 @@ _LOCK_TOTALS = """
 """
 
 # `{source}`: the statement's new chunks (trigger) or every chunk (backfill). Fresh postings and
-# those of the keys' open blocks are pooled, ordered by seq and cut into blocks of 128.
+# those of the keys' open blocks are pooled, ordered by seq and cut into blocks of 128 (one
+# sort: the aggregates share their order, and lexemes compare bytewise, COLLATE "C").
 _ADD_POSTINGS = """
     WITH sized AS MATERIALIZED (
         SELECT s.seq, s.collection_id, v.tsv, ragservice_tsv_length(v.tsv) AS len
@@ -78,17 +79,18 @@ _ADD_POSTINGS = """
         UNION ALL
         SELECT o.collection_id, o.lexeme, o.tier, u.seq, u.tf, u.len
         FROM opened o CROSS JOIN LATERAL unnest(o.seqs, o.tfs, o.lengths) AS u(seq, tf, len)
-    ), numbered AS (
-        SELECT *, (row_number() OVER (PARTITION BY collection_id, lexeme, tier ORDER BY seq) - 1)
-                  / 128 AS block
-        FROM pooled
+    ), keyed AS (
+        SELECT collection_id, lexeme, tier, count(*)::integer AS n,
+               array_agg(seq ORDER BY seq) AS seqs, array_agg(tf::smallint ORDER BY seq) AS tfs,
+               array_agg(len ORDER BY seq) AS lengths
+        FROM pooled GROUP BY collection_id, lexeme, tier
     )
     INSERT INTO chunk_postings
         (collection_id, lexeme, tier, first_seq, last_seq, n, seqs, tfs, lengths)
-    SELECT collection_id, lexeme, tier, min(seq), max(seq), count(*),
-           array_agg(seq ORDER BY seq), array_agg(tf::smallint ORDER BY seq),
-           array_agg(len ORDER BY seq)
-    FROM numbered GROUP BY collection_id, lexeme, tier, block;
+    SELECT k.collection_id, k.lexeme, k.tier, k.seqs[b.lo], k.seqs[h.hi], h.hi - b.lo + 1,
+           k.seqs[b.lo:h.hi], k.tfs[b.lo:h.hi], k.lengths[b.lo:h.hi]
+    FROM keyed k CROSS JOIN LATERAL generate_series(1, k.n, 128) AS b(lo)
+    CROSS JOIN LATERAL (SELECT least(b.lo + 127, k.n)) AS h(hi);
 """
 
 # work_mem: a bulk statement of 20,000 chunks pools about a million postings; sorting them
@@ -206,7 +208,7 @@ def _create_postings() -> None:
             sa.ForeignKey("collections.id", ondelete="CASCADE"),
             nullable=False,
         ),
-        sa.Column("lexeme", sa.Text, nullable=False),
+        sa.Column("lexeme", sa.Text(collation="C"), nullable=False),
         sa.Column("tier", sa.SmallInteger, nullable=False),
         sa.Column("first_seq", sa.BigInteger, nullable=False),
         sa.Column("last_seq", sa.BigInteger, nullable=False),

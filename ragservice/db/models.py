@@ -179,7 +179,7 @@ class ChunkPosting(Base):
     collection_id: Mapped[uuid.UUID] = mapped_column(
         ForeignKey("collections.id", ondelete="CASCADE"), primary_key=True
     )
-    lexeme: Mapped[str] = mapped_column(Text, primary_key=True)
+    lexeme: Mapped[str] = mapped_column(Text(collation="C"), primary_key=True)
     tier: Mapped[int] = mapped_column(SmallInteger, primary_key=True)
     first_seq: Mapped[int] = mapped_column(BigInteger, primary_key=True)
     last_seq: Mapped[int] = mapped_column(BigInteger)

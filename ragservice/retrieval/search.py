@@ -100,7 +100,7 @@ class SearchOptions:
     bm25_k1: float = 0.9
     bm25_b: float = 0.4
     # Postings read per query term, highest impact first (see `statements.BM25`).
-    bm25_postings_per_term: int = 20_000
+    bm25_postings_per_term: int = 10_000
 
     def __post_init__(self) -> None:
         # Accept the plain strings an API layer may pass; compare as the enum from here on.
