@@ -1,0 +1,660 @@
+"""A million chunks on one machine: an N-chunk collection built through the bulk import, measured.
+
+    python benchmarks/scale.py --chunks 1000000 [--data ../shared/data/scifact] [--data-dir DIR]
+
+1. The real corpus: SciFact is ingested into `--collection` (default `scale`) the ordinary way
+   (chunked and embedded by the serving model), so its test queries keep judged answers.
+2. Distractors, N minus SciFact's chunks: text that is synthetic but shaped like SciFact's
+   (words drawn from a Zipf law over SciFact's own vocabulary, ranked by frequency, extended with
+   made-up words for a long tail; sentence and chunk lengths drawn from SciFact's), vectors
+   derived from the real chunk embeddings (a random real vector plus Gaussian noise of norm
+   `--noise`, normalised). Written as Parquet files (cached in DIR/parts between runs).
+3. The bulk import (`ragservice ingest DIR/parts --model ... --index deferred`): chunks per
+   second, BM25 postings included, then the HNSW build, timed on its own.
+4. Bytes per chunk (whole database; chunks, embeddings, HNSW, postings), PostgreSQL's resident
+   memory (proportional set size of its processes, so shared buffers count once).
+5. Over HTTP (a `ragservice serve` on the same store): p50 / p95 per mode at 1 and 4 clients,
+   query embedding included; SciFact nDCG@10 per mode with the distractors present.
+6. In SQL (the service's own `Searcher`, query vectors computed up front): full-text p95 for the
+   SciFact test queries and for queries made of the most frequent terms; per storage option
+   (float32, then halfvec, then binary, each converted with `ragservice models convert`): bytes
+   per chunk, HNSW build time, dense recall@10 against exact search over the same float32
+   vectors (numpy), dense p95.
+
+Prints progress on stderr, a table, and a final JSON line with the keys the scaling docs use.
+`--keep` leaves the store (for `benchmarks/soak.py`); by default it is kept too, since building
+it is the slow part: delete DIR to start over.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+_HERE = Path(__file__).resolve().parent
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE] + [str(_HERE)]
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import httpx  # noqa: E402
+import numpy as np  # noqa: E402
+import numpy.typing as npt  # noqa: E402
+import psutil  # noqa: E402
+from harness import free_port, ok, percentile, wait_ready  # noqa: E402
+
+from ragservice import store  # noqa: E402
+from ragservice.bootstrap import Runtime, open_runtime  # noqa: E402
+from ragservice.config import Settings  # noqa: E402
+from ragservice.db import tenancy  # noqa: E402
+from ragservice.db.engine import driver_connection  # noqa: E402
+from ragservice.embedding.evaluation import (  # noqa: E402
+    BeirQueries,
+    load_beir_queries,
+    mean,
+    ndcg_at_k,
+    rank_documents,
+)
+from ragservice.retrieval.search import Mode, Searcher, SearchOptions  # noqa: E402
+
+Vector = npt.NDArray[np.float32]
+MODES = ("dense", "fulltext", "hybrid")
+STORAGES = ("float32", "halfvec", "binary")
+_PART_CHUNKS = 50_000
+_WORD = re.compile(r"[A-Za-z][A-Za-z\-]{1,20}")
+
+
+def main() -> None:
+    args = _parse_args()
+    started = time.perf_counter()
+    settings = Settings(data_dir=args.data_dir)
+    queries = load_beir_queries(args.data, args.split)
+    report: dict[str, Any] = {"chunks_requested": args.chunks}
+    _log(f"real corpus into {args.collection!r}")
+    _cli(args, "ingest", str(args.data / "corpus.jsonl"), "-c", args.collection)
+    runtime = open_runtime(settings)
+    try:
+        with tenancy.as_system():
+            _build(args, runtime, report)
+            vectors = _query_vectors(runtime, queries)
+            report["sizes"] = _sizes(runtime)
+            report["postgres_pss_mb"] = _postgres_memory_mb(args.data_dir)
+        report["http"] = _http(args, queries)
+        with tenancy.as_system():
+            report["sql"] = _sql(args, runtime, queries, vectors)
+            report["storage"] = _storages(args, runtime, vectors)
+    finally:
+        runtime.close()
+    report["seconds"] = round(time.perf_counter() - started, 1)
+    _print(report)
+
+
+def _parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--chunks", type=int, default=100_000, help="chunks in all (N)")
+    parser.add_argument("--data", type=Path, default=Path("../shared/data/scifact"))
+    parser.add_argument("--split", default="test")
+    parser.add_argument("--data-dir", type=Path, default=Path(".ragservice-scale"))
+    parser.add_argument("--collection", default="scale")
+    parser.add_argument("--noise", type=float, default=1.0, help="norm of a distractor's noise")
+    parser.add_argument("--storages", type=lambda s: s.split(","), default=list(STORAGES))
+    parser.add_argument("--frequent-queries", type=int, default=50)
+    parser.add_argument("--depth", type=int, default=100, help="chunks fetched for nDCG")
+    parser.add_argument("--seed", type=int, default=16)
+    return parser.parse_args()
+
+
+def _log(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def _cli(args: argparse.Namespace, *argv: str) -> float:
+    """Run `ragservice ARGV` on the benchmark's store; its wall-clock seconds."""
+    env = {**os.environ, "RAGSERVICE_DATA_DIR": str(args.data_dir)}
+    env.pop("RAGSERVICE_DATABASE_URL", None)
+    command = [str(Path(sys.executable).parent / "ragservice"), *argv]
+    started = time.perf_counter()
+    subprocess.run(command, env=env, check=True)
+    return time.perf_counter() - started
+
+
+# -- the collection --------------------------------------------------------------------------
+
+
+def _build(args: argparse.Namespace, runtime: Runtime, report: dict[str, Any]) -> None:
+    collection = _collection_id(runtime, args.collection)
+    model = _model(runtime)
+    present = _chunk_count(runtime, collection)
+    report["model"] = f"{model.name}:{model.version}"
+    if present >= args.chunks:
+        _log(f"{present} chunks already stored: reusing them (delete {args.data_dir} to rebuild)")
+        report["chunks"] = present
+        report["load"] = json.loads((args.data_dir / "load.json").read_text())
+        return
+    real = _real_chunks(runtime, collection, model.id)
+    parts = _write_parts(args, real, args.chunks - present)
+    _log(f"bulk import of {args.chunks - present} chunks from {parts}")
+    import_s = _cli(
+        args,
+        "ingest",
+        str(parts),
+        "-c",
+        args.collection,
+        "--model",
+        report["model"],
+        "--index",
+        "deferred-manual",
+    )
+    _log("HNSW build")
+    build_s = _cli(args, "models", "reindex", report["model"])
+    report["chunks"] = _chunk_count(runtime, collection)
+    loaded = report["chunks"] - present
+    report["load"] = {
+        "chunks": loaded,
+        "import_s": round(import_s, 1),
+        "load_chunks_per_s": round(loaded / import_s, 1),
+        "hnsw_build_s": round(build_s, 1),
+    }
+    (args.data_dir / "load.json").write_text(json.dumps(report["load"]))
+
+
+class _RealChunks:
+    """What the distractors imitate: the real chunks' vectors, word counts and vocabulary."""
+
+    def __init__(self, texts: list[str], vectors: Vector, doc_chunks: list[int]) -> None:
+        self.vectors = vectors
+        self.chunk_words = np.array([len(t.split()) for t in texts])
+        self.doc_chunks = np.array(doc_chunks)
+        sentences = [s for t in texts for s in re.split(r"(?<=[.!?])\s+", t) if s.strip()]
+        self.sentence_words = np.array([max(3, len(s.split())) for s in sentences])
+        counts = Counter(w.lower() for t in texts for w in _WORD.findall(t))
+        self.vocabulary = [w for w, _ in counts.most_common()]
+
+
+def _real_chunks(runtime: Runtime, collection: uuid.UUID, model_id: int) -> _RealChunks:
+    with runtime.db.read() as session:
+        rows = (
+            driver_connection(session)
+            .execute(
+                "SELECT c.text, e.embedding::vector, c.document_id FROM chunks c "
+                "JOIN chunk_embeddings e ON e.chunk_id = c.id AND e.model_id = %s "
+                "WHERE c.collection_id = %s ORDER BY c.document_id, c.ordinal",
+                (model_id, collection),
+            )
+            .fetchall()
+        )
+    texts = [row[0] for row in rows]
+    vectors = np.stack([row[1].to_numpy() for row in rows]).astype(np.float32)
+    per_doc = Counter(row[2] for row in rows)
+    return _RealChunks(texts, vectors, list(per_doc.values()))
+
+
+def _write_parts(args: argparse.Namespace, real: _RealChunks, chunks: int) -> Path:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    folder = args.data_dir / f"parts-{chunks}-{args.seed}"
+    done = folder / "complete"
+    if done.exists():
+        return folder
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(args.seed)
+    words = _Words(real.vocabulary, rng)
+    written, part = 0, 0
+    _log(f"writing {chunks} synthetic chunks to {folder}")
+    while written < chunks:
+        size = min(_PART_CHUNKS, chunks - written)
+        table = pa.table(_part(rng, words, real, part, size, args.noise))
+        pq.write_table(table, folder / f"part-{part:04d}.parquet")
+        written += size
+        part += 1
+        _log(f"  {written}/{chunks}")
+    done.touch()
+    return folder
+
+
+class _Words:
+    """Zipf-distributed words: SciFact's vocabulary by frequency, then a made-up long tail."""
+
+    def __init__(self, vocabulary: list[str], rng: np.random.Generator, size: int = 200_000):
+        tail = ["".join(rng.choice(list("bcdfghklmnprstvz"), 3)) + str(i) for i in range(size)]
+        self.words = np.array((vocabulary + tail)[:size])
+        weights = 1.0 / np.arange(1, size + 1) ** 1.07
+        self.cdf = np.cumsum(weights / weights.sum())
+        self.rng = rng
+
+    def draw(self, count: int) -> npt.NDArray[np.str_]:
+        return self.words[np.searchsorted(self.cdf, self.rng.random(count))]
+
+
+def _part(
+    rng: np.random.Generator, words: _Words, real: _RealChunks, part: int, size: int, noise: float
+) -> dict[str, Any]:
+    lengths = rng.choice(real.chunk_words, size)
+    drawn = words.draw(int(lengths.sum()))
+    texts, cursor = [], 0
+    for length in lengths:
+        texts.append(_sentences(rng, real, drawn[cursor : cursor + length]))
+        cursor += length
+    doc_ids, ordinals = _documents(rng, real, part, size)
+    base = real.vectors[rng.integers(0, len(real.vectors), size)]
+    jitter = rng.standard_normal(base.shape).astype(np.float32) * (noise / np.sqrt(base.shape[1]))
+    vectors = base + jitter
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    titles = [" ".join(words.draw(6)).capitalize() for _ in range(size)]
+    return {
+        "doc_id": doc_ids,
+        "title": titles,
+        "ordinal": ordinals,
+        "text": texts,
+        "embedding": list(vectors),
+    }
+
+
+def _sentences(rng: np.random.Generator, real: _RealChunks, drawn: Sequence[str]) -> str:
+    out, cursor = [], 0
+    while cursor < len(drawn):
+        n = int(rng.choice(real.sentence_words))
+        sentence = " ".join(drawn[cursor : cursor + n])
+        out.append(sentence[:1].upper() + sentence[1:] + ".")
+        cursor += n
+    return " ".join(out)
+
+
+def _documents(
+    rng: np.random.Generator, real: _RealChunks, part: int, size: int
+) -> tuple[list[str], list[int]]:
+    doc_ids: list[str] = []
+    ordinals: list[int] = []
+    doc = 0
+    while len(doc_ids) < size:
+        count = min(int(rng.choice(real.doc_chunks)), size - len(doc_ids))
+        doc_ids += [f"synthetic-{part:04d}-{doc:06d}"] * count
+        ordinals += list(range(count))
+        doc += 1
+    return doc_ids, ordinals
+
+
+# -- what it costs ---------------------------------------------------------------------------
+
+
+def _sizes(runtime: Runtime) -> dict[str, Any]:
+    with runtime.db.read() as session:
+        conn = driver_connection(session)
+        chunks = int(conn.execute("SELECT count(*) FROM chunks").fetchone()[0])  # type: ignore[index]
+        database = int(conn.execute("SELECT pg_database_size(current_database())").fetchone()[0])  # type: ignore[index]
+        rows = conn.execute(
+            "SELECT c.relname, pg_table_size(c.oid), pg_indexes_size(c.oid) FROM pg_class c "
+            "JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE n.nspname = 'public' AND c.relkind = 'r' "
+            "ORDER BY pg_total_relation_size(c.oid) DESC"
+        ).fetchall()
+        indexes = conn.execute(
+            "SELECT indexrelid::regclass::text, pg_relation_size(indexrelid) FROM pg_index i "
+            "JOIN pg_class c ON c.oid = i.indrelid WHERE c.relname = 'chunk_embeddings'"
+        ).fetchall()
+    per = max(chunks, 1)
+    return {
+        "chunks": chunks,
+        "db_bytes": database,
+        "db_bytes_per_chunk": round(database / per),
+        "tables_bytes_per_chunk": {
+            name: {"table": round(t / per), "indexes": round(i / per)}
+            for name, t, i in rows
+            if t + i > 1_000_000
+        },
+        "embedding_indexes_bytes_per_chunk": {name: round(size / per) for name, size in indexes},
+    }
+
+
+def _postgres_memory_mb(data_dir: Path) -> float:
+    """Proportional set size of the PostgreSQL processes of this store, in MiB."""
+    pgdata = str((data_dir / "pgdata").resolve())
+    total = 0
+    for process in psutil.process_iter(["name", "cmdline"]):
+        try:
+            if process.info["name"] != "postgres":
+                continue
+            if not _serves(process, pgdata):
+                continue
+            total += process.memory_full_info().pss
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return round(total / 2**20, 1)
+
+
+def _serves(process: psutil.Process, pgdata: str) -> bool:
+    root = process
+    while root.parent() is not None and root.parent().name() == "postgres":
+        root = root.parent()
+    return pgdata in " ".join(root.cmdline())
+
+
+# -- over HTTP -------------------------------------------------------------------------------
+
+
+def _http(args: argparse.Namespace, queries: BeirQueries) -> dict[str, Any]:
+    texts = list(queries.texts.values())
+    env = {
+        **os.environ,
+        "RAGSERVICE_DATA_DIR": str(args.data_dir),
+        "RAGSERVICE_AUTH_DISABLED": "1",
+        "RAGSERVICE_HOST": "127.0.0.1",
+    }
+    env.pop("RAGSERVICE_DATABASE_URL", None)
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    command = [str(Path(sys.executable).parent / "ragservice"), "serve", "--port", str(port)]
+    log = (args.data_dir / "serve.log").open("w+")
+    process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        wait_ready(base, process, log)
+        _log("over HTTP: quality and latency per mode")
+        with httpx.Client(base_url=base, timeout=120) as client:
+            quality = {mode: _ndcg(client, args, queries, mode) for mode in MODES}
+        latency = {
+            f"{mode}@{clients}": _latency(base, args.collection, texts, mode, clients)
+            for mode in MODES
+            for clients in (1, 4)
+        }
+        rss = psutil.Process(process.pid).memory_info().rss / 2**20
+    finally:
+        process.terminate()
+        process.wait(timeout=60)
+        log.close()
+    return {"ndcg@10": quality, "latency_ms": latency, "server_rss_mb": round(rss, 1)}
+
+
+def _search(client: httpx.Client, collection: str, query: str, mode: str, k: int) -> Any:
+    body = {"query": query, "collections": [collection], "mode": mode, "k": k}
+    return ok(client.post("/v1/search", json=body))
+
+
+def _ndcg(client: httpx.Client, args: argparse.Namespace, queries: BeirQueries, mode: str) -> float:
+    scores = []
+    for query_id, text in queries.texts.items():
+        hits = _search(client, args.collection, text, mode, args.depth)["results"]
+        ranked = rank_documents(hit["document"]["external_id"] for hit in hits)
+        scores.append(ndcg_at_k(ranked, queries.qrels[query_id], 10))
+    return round(mean(scores), 4)
+
+
+def _latency(base: str, collection: str, texts: list[str], mode: str, clients: int) -> Any:
+    def worker(share: list[str]) -> list[float]:
+        timings = []
+        with httpx.Client(base_url=base, timeout=120) as client:
+            for text in share[:5]:
+                _search(client, collection, text, mode, 10)
+            for text in share:
+                started = time.perf_counter()
+                _search(client, collection, text, mode, 10)
+                timings.append((time.perf_counter() - started) * 1000)
+        return timings
+
+    started = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=clients) as pool:
+        shares = [texts[i::clients] for i in range(clients)]
+        measured = [t for ts in pool.map(worker, shares) for t in ts]
+    seconds = time.perf_counter() - started
+    return {**_summary(measured), "qps": round(len(measured) / seconds, 1)}
+
+
+def _summary(timings: list[float]) -> dict[str, float]:
+    return {
+        "p50": round(statistics.median(timings), 2),
+        "p95": round(percentile(timings, 0.95), 2),
+        "n": len(timings),
+    }
+
+
+# -- in SQL ----------------------------------------------------------------------------------
+
+
+def _query_vectors(runtime: Runtime, queries: BeirQueries) -> dict[str, Vector]:
+    texts = list(queries.texts.values())
+    return dict(zip(texts, runtime.embedder.embed(texts), strict=True))
+
+
+def _searcher(runtime: Runtime, vectors: dict[str, Vector]) -> Searcher:
+    """A searcher on the model as it is stored now (its storage read afresh each search)."""
+    return Searcher(runtime.db, models=lambda: _query_model(runtime, vectors.__getitem__))
+
+
+def _query_model(runtime: Runtime, embed: Callable[[str], Vector]) -> Any:
+    from ragservice.retrieval.search import FixedModel
+
+    model = _model(runtime)
+    return FixedModel(
+        id=model.id,
+        dimension=model.dimension,
+        embed=embed,
+        storage=getattr(model, "storage", "float32"),
+    )
+
+
+def _sql(
+    args: argparse.Namespace, runtime: Runtime, queries: BeirQueries, vectors: dict[str, Vector]
+) -> dict[str, Any]:
+    collection = _collection_id(runtime, args.collection)
+    frequent = _frequent_queries(runtime, args)
+    options = SearchOptions.from_settings(runtime.settings, mode=Mode.FULLTEXT, k=10)
+    texts = list(queries.texts.values())
+    with _searcher(runtime, vectors) as searcher:
+        scifact = _timed_searches(searcher, collection, texts, options)
+        common = _timed_searches(searcher, collection, frequent, options)
+    return {
+        "fulltext_scifact_ms": scifact,
+        "fulltext_frequent_ms": common,
+        "frequent_queries_sample": frequent[:5],
+    }
+
+
+def _frequent_queries(runtime: Runtime, args: argparse.Namespace) -> list[str]:
+    """Queries of 3 to 5 lexemes drawn from the 30 most frequent ones (df in a 1% sample)."""
+    with runtime.db.read() as session:
+        rows = (
+            driver_connection(session)
+            .execute(
+                "SELECT word FROM ts_stat($$SELECT to_tsvector('english', text) FROM chunks "
+                "TABLESAMPLE SYSTEM (1)$$) ORDER BY ndoc DESC LIMIT 30"
+            )
+            .fetchall()
+        )
+    top = [row[0] for row in rows]
+    rng = np.random.default_rng(args.seed)
+    return [
+        " ".join(rng.choice(top, int(rng.integers(3, 6)), replace=False))
+        for _ in range(args.frequent_queries)
+    ]
+
+
+def _timed_searches(
+    searcher: Searcher, collection: uuid.UUID, texts: list[str], options: SearchOptions
+) -> dict[str, float]:
+    for text in texts[:10]:
+        searcher.search(collection_ids=[collection], query=text, options=options)
+    timings = []
+    for text in texts:
+        started = time.perf_counter()
+        searcher.search(collection_ids=[collection], query=text, options=options)
+        timings.append((time.perf_counter() - started) * 1000)
+    return _summary(timings)
+
+
+def _storages(
+    args: argparse.Namespace, runtime: Runtime, vectors: dict[str, Vector]
+) -> dict[str, Any]:
+    collection = _collection_id(runtime, args.collection)
+    ids, matrix = _all_vectors(runtime)
+    texts = list(vectors)
+    exact = _exact_top10(matrix, np.stack([vectors[t] for t in texts]), ids)
+    results: dict[str, Any] = {}
+    model = _model(runtime)
+    name = f"{model.name}:{model.version}"
+    for storage in args.storages:
+        build_s = None
+        if getattr(_model(runtime), "storage", "float32") != storage:
+            _log(f"converting to {storage}")
+            build_s = round(_cli(args, "models", "convert", name, "--storage", storage), 1)
+        results[storage] = _storage_figures(runtime, collection, vectors, texts, exact, build_s)
+        _log(f"{storage}: {results[storage]}")
+    return results
+
+
+def _storage_figures(
+    runtime: Runtime,
+    collection: uuid.UUID,
+    vectors: dict[str, Vector],
+    texts: list[str],
+    exact: list[set[uuid.UUID]],
+    build_s: float | None,
+) -> dict[str, Any]:
+    options = SearchOptions.from_settings(runtime.settings, mode=Mode.DENSE, k=10)
+    recalls, timings = [], []
+    with _searcher(runtime, vectors) as searcher:
+        for text in texts[:10]:
+            searcher.search(collection_ids=[collection], query=text, options=options)
+        for text, truth in zip(texts, exact, strict=True):
+            started = time.perf_counter()
+            hits = searcher.search(collection_ids=[collection], query=text, options=options).hits
+            timings.append((time.perf_counter() - started) * 1000)
+            recalls.append(len({h.chunk_id for h in hits} & truth) / 10)
+    sizes = _embedding_bytes(runtime)
+    return {
+        "bytes_per_chunk": sizes["table"] + sizes["index"],
+        "table_bytes_per_chunk": sizes["table"],
+        "index_bytes_per_chunk": sizes["index"],
+        "recall@10": round(mean(recalls), 4),
+        "dense_p50_sql_ms": _summary(timings)["p50"],
+        "dense_p95_sql_ms": _summary(timings)["p95"],
+        "convert_and_build_s": build_s,
+    }
+
+
+def _embedding_bytes(runtime: Runtime) -> dict[str, int]:
+    """The model's vectors as stored (live tuples, with the 24-byte header and 4-byte line
+    pointer each; a conversion leaves dead tuples behind until vacuum, which `pg_table_size`
+    would count) and its HNSW index, per chunk."""
+    model = _model(runtime)
+    with runtime.db.read() as session:
+        conn = driver_connection(session)
+        rows, table = conn.execute(
+            "SELECT count(*), coalesce(sum(pg_column_size(e.*) + 28), 0) "
+            "FROM chunk_embeddings e WHERE model_id = %s",
+            (model.id,),
+        ).fetchone()  # type: ignore[misc]
+        index = conn.execute(
+            "SELECT coalesce(sum(pg_relation_size(indexrelid)), 0) FROM pg_index i "
+            "JOIN pg_class c ON c.oid = i.indexrelid "
+            "WHERE i.indrelid = 'chunk_embeddings'::regclass AND c.relname LIKE %s",
+            (f"%model_{model.id}",),
+        ).fetchone()[0]  # type: ignore[index]
+    per = max(int(rows), 1)
+    return {"table": round(int(table) / per), "index": round(int(index) / per)}
+
+
+def _all_vectors(runtime: Runtime) -> tuple[list[uuid.UUID], Vector]:
+    model = _model(runtime)
+    ids: list[uuid.UUID] = []
+    rows: list[Vector] = []
+    with runtime.db.read() as session:
+        conn = driver_connection(session)
+        with conn.cursor(name="vectors") as cursor:
+            cursor.itersize = 20_000
+            cursor.execute(
+                "SELECT chunk_id, coalesce(embedding, embedding_half::vector) "
+                "FROM chunk_embeddings WHERE model_id = %s",
+                (model.id,),
+            )
+            for chunk_id, vector in cursor:
+                ids.append(chunk_id)
+                rows.append(vector.to_numpy())
+    return ids, np.stack(rows).astype(np.float32)
+
+
+def _exact_top10(matrix: Vector, queries: Vector, ids: list[uuid.UUID]) -> list[set[uuid.UUID]]:
+    norms = np.linalg.norm(matrix, axis=1)
+    norms[norms == 0] = 1
+    unit = queries / np.linalg.norm(queries, axis=1, keepdims=True)
+    scores = np.zeros((len(queries), len(matrix)), dtype=np.float32)
+    for start in range(0, len(matrix), 200_000):
+        block = matrix[start : start + 200_000]
+        scores[:, start : start + 200_000] = (unit @ block.T) / norms[start : start + 200_000]
+    top = np.argpartition(-scores, 10, axis=1)[:, :10]
+    return [{ids[i] for i in row} for row in top]
+
+
+# -- lookups ---------------------------------------------------------------------------------
+
+
+def _model(runtime: Runtime) -> Any:
+    with runtime.db.read() as session:
+        model = store.models.active_model(session)
+        if model is None:
+            raise SystemExit("no active embedding model")
+        session.expunge(model)
+        return model
+
+
+def _collection_id(runtime: Runtime, name: str) -> uuid.UUID:
+    with runtime.db.read() as session:
+        found = store.collections.find_collection_id(session, runtime.default_tenant_id, name)
+    if found is None:
+        raise SystemExit(f"collection {name!r} not found")
+    return found
+
+
+def _chunk_count(runtime: Runtime, collection: uuid.UUID) -> int:
+    with runtime.db.read() as session:
+        row = (
+            driver_connection(session)
+            .execute("SELECT count(*) FROM chunks WHERE collection_id = %s", (collection,))
+            .fetchone()
+        )
+    return int(row[0]) if row else 0
+
+
+# -- report ----------------------------------------------------------------------------------
+
+
+def _print(report: dict[str, Any]) -> None:
+    print(json.dumps(report, indent=1), file=sys.stderr)
+    http = report["http"]["latency_ms"]
+    storage = report["storage"]
+    summary = {
+        "chunks": report["sizes"]["chunks"],
+        "load_chunks_per_s": report["load"]["load_chunks_per_s"],
+        "hnsw_build_s": report["load"]["hnsw_build_s"],
+        "db_bytes_per_chunk": report["sizes"]["db_bytes_per_chunk"],
+        "hybrid_p95_http_ms": http["hybrid@1"]["p95"],
+        "fulltext_p95_sql_ms": report["sql"]["fulltext_scifact_ms"]["p95"],
+        "fulltext_frequent_p95_sql_ms": report["sql"]["fulltext_frequent_ms"]["p95"],
+        "scifact_hybrid_ndcg@10": report["http"]["ndcg@10"]["hybrid"],
+        "storage": {
+            name: {
+                "bytes_per_chunk": figures["bytes_per_chunk"],
+                "recall@10": figures["recall@10"],
+                "dense_p95_sql_ms": figures["dense_p95_sql_ms"],
+            }
+            for name, figures in storage.items()
+        },
+        "postgres_pss_mb": report["postgres_pss_mb"],
+        "seconds": report["seconds"],
+    }
+    print(json.dumps(summary))
+
+
+if __name__ == "__main__":
+    main()
