@@ -13,9 +13,11 @@ mix (`--mix`, default search=60,ask=20,feedback=10,ingest=10) until `--minutes` 
 - feedback: `POST /v1/feedback` on an answer received earlier: thumbs or stars, and half the
   time chunks judged relevant / irrelevant among those it was given;
 - ingest: `POST /v1/collections/{scratch}/documents` with a few small texts into a scratch
-  collection this script creates (and deletes at the end unless `--keep-scratch`), then the job
-  polled until it is done. A job that fails, reports per-document errors or does not finish
-  within `--job-timeout` is an error of the route `ingest/job`.
+  collection this script creates (and deletes at the end unless `--keep-scratch`). The client
+  goes on with other operations while the job runs, polling it every `--poll-seconds` (1)
+  between them; it has one job at a time (a second upload waits for the first job to end), so
+  the queue stays bounded. A job that fails, reports per-document errors or is not over within
+  `--job-timeout` is an error of the route `ingest/job`, whose latency is upload to done.
 
 Every response is recorded by route (search/hybrid, search/dense, search/fulltext, query,
 query/stream, feedback, ingest/upload, ingest/poll, ingest/job). A 429 is a deliberate refusal
@@ -156,6 +158,14 @@ class Answered:
 
 
 @dataclass
+class Job:
+    id: str
+    started: float  # perf_counter() before its upload
+    limit: float  # monotonic(): an error if not over by then
+    next_poll: float  # monotonic()
+
+
+@dataclass
 class Route:
     latencies_ms: list[float] = field(default_factory=list)
     errors: collections.Counter[str] = field(default_factory=collections.Counter)
@@ -235,9 +245,11 @@ class Client:
         self.shared, self.http, self.number = shared, http, number
         self.rng = random.Random(shared.args.seed * 1000 + number)
         self.uploads = 0
+        self.job: Job | None = None  # its upload being processed
 
     def run(self) -> None:
         while not self.shared.stop.is_set() and time.monotonic() < self.shared.deadline:
+            self._poll_job()
             operation = draw(self.shared.weights, self.rng)
             if operation == "search":
                 self.search()
@@ -247,6 +259,8 @@ class Client:
                 self.feedback()
             else:
                 self.ingest()
+        while self.job is not None:  # the last upload is judged too
+            self._poll_job(wait=True)
 
     def search(self) -> None:
         mode = self.rng.choice(MODES)
@@ -273,13 +287,16 @@ class Client:
         self._call("feedback", "POST", "/v1/feedback", json=feedback_body(answer, self.rng))
 
     def ingest(self) -> None:
+        while self.job is not None:  # one job of its own at a time: the queue stays bounded
+            self._poll_job(wait=True)
         self.uploads += 1
         docs = [self._document(j) for j in range(self.shared.args.ingest_docs)]
         path = f"/v1/collections/{self.shared.scratch}/documents"
         started = time.perf_counter()
         queued = self._call("ingest/upload", "POST", path, json={"documents": docs})
         if queued is not None:
-            self._wait_job(queued.json()["id"], started)
+            limit = time.monotonic() + self.shared.args.job_timeout
+            self.job = Job(queued.json()["id"], started, limit, time.monotonic())
 
     # -- helpers of the operations
 
@@ -295,20 +312,26 @@ class Client:
             "metadata": {"soak": True, "client": self.number},
         }
 
-    def _wait_job(self, job_id: str, started: float) -> None:
-        limit = time.monotonic() + self.shared.args.job_timeout
-        while time.monotonic() < limit:
-            found = self._call("ingest/poll", "GET", f"/v1/jobs/{job_id}")
-            job = None if found is None else found.json()
-            if job is not None and job["status"] in ("done", "failed"):
-                if job["status"] == "failed" or job["errors"]:
-                    problem = "job-failed" if job["status"] == "failed" else "job-errors"
-                    self.shared.recorder.error("ingest/job", problem, json.dumps(job))
-                else:
-                    self.shared.recorder.ok("ingest/job", (time.perf_counter() - started) * 1000)
-                return
-            time.sleep(self.shared.args.poll_seconds)
-        self.shared.recorder.error("ingest/job", "job-timeout", f"job {job_id} not done in time")
+    def _poll_job(self, wait: bool = False) -> None:
+        """Poll the client's job when its time has come (or wait for it); judge it when over."""
+        job = self.job
+        if job is None or (not wait and time.monotonic() < job.next_poll):
+            return
+        time.sleep(max(0.0, job.next_poll - time.monotonic()))
+        found = self._call("ingest/poll", "GET", f"/v1/jobs/{job.id}")
+        state = None if found is None else found.json()
+        if state is not None and state["status"] in ("done", "failed"):
+            self.job = None
+            if state["status"] == "failed" or state["errors"]:
+                problem = "job-failed" if state["status"] == "failed" else "job-errors"
+                self.shared.recorder.error("ingest/job", problem, json.dumps(state))
+            else:
+                self.shared.recorder.ok("ingest/job", (time.perf_counter() - job.started) * 1000)
+        elif time.monotonic() > job.limit:
+            self.job = None
+            self.shared.recorder.error("ingest/job", "job-timeout", f"job {job.id} not done")
+        else:
+            job.next_poll = time.monotonic() + self.shared.args.poll_seconds
 
     def _call(self, route: str, method: str, path: str, **kwargs: Any) -> httpx.Response | None:
         """The response when it is 2xx; None after recording a refusal or an error."""
@@ -437,7 +460,7 @@ def _parse_args() -> argparse.Namespace:
     parser.add_argument("--keep-scratch", action="store_true", help="do not delete it at the end")
     parser.add_argument("--ingest-docs", type=int, default=3, help="documents per ingest job")
     parser.add_argument("--job-timeout", type=float, default=300.0, help="seconds")
-    parser.add_argument("--poll-seconds", type=float, default=0.25)
+    parser.add_argument("--poll-seconds", type=float, default=1.0, help="between job polls")
     parser.add_argument("--timeout", type=float, default=120.0, help="per request, seconds")
     parser.add_argument("--server-pid", type=int, default=None)
     parser.add_argument("--start-server", action="store_true")
