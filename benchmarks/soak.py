@@ -15,9 +15,11 @@ mix (`--mix`, default search=60,ask=20,feedback=10,ingest=10) until `--minutes` 
 - ingest: `POST /v1/collections/{scratch}/documents` with a few small texts into a scratch
   collection this script creates (and deletes at the end unless `--keep-scratch`). The client
   goes on with other operations while the job runs, polling it every `--poll-seconds` (1)
-  between them; it has one job at a time (a second upload waits for the first job to end), so
-  the queue stays bounded. A job that fails, reports per-document errors or is not over within
-  `--job-timeout` is an error of the route `ingest/job`, whose latency is upload to done.
+  between them. It has one job at a time, so the queue stays bounded: an ingest drawn while
+  its job runs is replaced by another operation drawn from the rest of the mix (so ingest gets
+  at most its weight, less when jobs take longer than the client's other work). A job that
+  fails, reports per-document errors or is not over within `--job-timeout` is an error of the
+  route `ingest/job`, whose latency is upload to done.
 
 Every response is recorded by route (search/hybrid, search/dense, search/fulltext, query,
 query/stream, feedback, ingest/upload, ingest/poll, ingest/job). A 429 is a deliberate refusal
@@ -250,7 +252,7 @@ class Client:
     def run(self) -> None:
         while not self.shared.stop.is_set() and time.monotonic() < self.shared.deadline:
             self._poll_job()
-            operation = draw(self.shared.weights, self.rng)
+            operation = self._next_operation()
             if operation == "search":
                 self.search()
             elif operation == "ask" or not self.shared.answers:
@@ -261,6 +263,14 @@ class Client:
                 self.ingest()
         while self.job is not None:  # the last upload is judged too
             self._poll_job(wait=True)
+
+    def _next_operation(self) -> str:
+        """Drawn from the mix; while the client's job runs, from the other operations."""
+        operation = draw(self.shared.weights, self.rng)
+        others = {k: w for k, w in self.shared.weights.items() if k != "ingest"}
+        if operation == "ingest" and self.job is not None and sum(others.values()) > 0:
+            return draw(others, self.rng)
+        return operation
 
     def search(self) -> None:
         mode = self.rng.choice(MODES)

@@ -175,3 +175,11 @@ def test_an_upload_is_judged_by_its_job_polled_between_other_operations() -> Non
     assert summary["ingest/job"]["errors"] == {"job-errors": 1}
     assert summary["ingest/poll"]["count"] == 3
     assert summary["ingest/upload"]["count"] == 1
+
+
+def test_no_second_upload_is_drawn_while_the_clients_job_runs() -> None:
+    client = _client(lambda request: httpx.Response(200))
+    client.shared.weights = soak.parse_mix("search=1,ingest=9")
+    assert "ingest" in {client._next_operation() for _ in range(50)}
+    client.job = soak.Job("j1", 0.0, time.monotonic() + 60, time.monotonic() + 60)
+    assert {client._next_operation() for _ in range(200)} == {"search"}
