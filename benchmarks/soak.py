@@ -2,47 +2,19 @@
 
     python benchmarks/soak.py --collection scifact [--clients 16] [--minutes 30] [--url URL]
 
-Each of `--clients` threads, on its own kept-alive connection, draws operations from a weighted
-mix (`--mix`, default search=60,ask=20,feedback=10,ingest=10) until `--minutes` have passed:
-
-- search: `POST /v1/search` in `--collection`, k = 10, the mode drawn from hybrid, dense and
-  fulltext, the query from `--queries` (BEIR `queries.jsonl`);
-- ask: `POST /v1/query` with such a question, half of them streamed (server-sent events; an
-  `error` event or a stream without `done` is an error). Without an inference layer configured
-  the service answers extractively;
-- feedback: `POST /v1/feedback` on an answer received earlier: thumbs or stars, and half the
-  time chunks judged relevant / irrelevant among those it was given;
-- ingest: `POST /v1/collections/{scratch}/documents` with a few small texts into a scratch
-  collection this script creates (and deletes at the end unless `--keep-scratch`). The client
-  goes on with other operations while the job runs, polling it every `--poll-seconds` (1)
-  between them. It has one job at a time, so the queue stays bounded: an ingest drawn while
-  its job runs is replaced by another operation drawn from the rest of the mix (so ingest gets
-  at most its weight, less when jobs take longer than the client's other work). A job that
-  fails, reports per-document errors or is not over within `--job-timeout` is an error of the
-  route `ingest/job`, whose latency is upload to done.
-
-Every response is recorded by route (search/hybrid, search/dense, search/fulltext, query,
-query/stream, feedback, ingest/upload, ingest/poll, ingest/job). A 429 is a deliberate refusal
-(rate limits): counted apart, not an error, and the client waits its `Retry-After`. Anything
-else that is not 2xx, and any exception, is an error; the first few are printed with their
-bodies. Latency percentiles are over the successful responses.
-
-The same traffic runs for `--warmup-seconds` (60) first, recorded apart (its requests and errors
-are reported under `warmup`): a fresh server loads models and fills caches then, which is not
-growth. The server's resident memory (the process listening on the URL's port, found with
-psutil, or `--server-pid`, with its child processes; the embedded PostgreSQL is not one) is
-sampled before the warm-up (`rss_cold_mb`), at the start of the measured period, every
-`--sample-seconds` (30) with a progress line, and at the end. `--start-server` runs
-`ragservice serve` itself on the URL's host and port, with this environment, and stops it at
-the end.
-
-With authentication on, `--api-key` (or RAGSERVICE_API_KEY) must be a writer key to create and
-fill the scratch collection, an admin key to delete it; each key is rate limited, so a soak
-meant to measure the service rather than its limits sets RAGSERVICE_RATE_LIMIT_PER_SECOND=0.
-
-Prints the figures and a final JSON line with `clients`, `minutes`, `requests`, `errors`,
-`deliberate_429`, `routes` (route -> count, p50_ms, p95_ms, p99_ms, errors by status,
-deliberate_429), `rss_start_mb`, `rss_end_mb`, `rss_growth_pct` and `rss_series_mb`.
+Each client thread, on its own kept-alive connection, draws operations from a weighted mix
+(`--mix`, default search=60,ask=20,feedback=10,ingest=10): searches of `--collection` in each
+mode, answers (`/v1/query`, half of them streamed), feedback on answers received, and small
+uploads to a scratch collection made for the run (deleted at the end unless `--keep-scratch`),
+whose jobs the client polls between its other operations (one job at a time). Responses are
+recorded by route; a 429 is deliberate (counted apart; the client waits its `Retry-After`),
+any other non-2xx status or exception is an error. After `--warmup-seconds` of the same traffic
+(recorded apart), the server's resident memory (the process on the URL's port, or
+`--server-pid`, and its children) is sampled every `--sample-seconds` with a progress line.
+`--start-server` runs `ragservice serve` itself on the URL's address. With authentication on
+the key must be a writer's (an admin's to delete the scratch collection). docs/benchmarks.md
+says more. Prints a table and a final JSON line (`clients`, `minutes`, `requests`, `errors`,
+`deliberate_429`, `routes`, `rss_start_mb`, `rss_end_mb`, `rss_growth_pct`, …).
 """
 
 from __future__ import annotations
@@ -70,8 +42,7 @@ _HERE = Path(__file__).resolve().parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE] + [str(_HERE)]
 
 import httpx  # noqa: E402
-import psutil  # noqa: E402
-from harness import percentile, wait_ready  # noqa: E402
+from harness import percentile, resident_mb, server_pid, wait_ready  # noqa: E402
 
 OPERATIONS = ("search", "ask", "feedback", "ingest")
 DEFAULT_MIX = "search=60,ask=20,feedback=10,ingest=10"
@@ -393,30 +364,6 @@ class Client:
 
 
 # -- the server and its memory ---------------------------------------------------------------
-
-
-def server_pid(url: str) -> int:
-    """The process listening on the URL's port, else the one running `ragservice serve`."""
-    port = urlsplit(url).port or (443 if url.startswith("https") else 80)
-    for conn in psutil.net_connections(kind="tcp"):
-        listening = conn.status == psutil.CONN_LISTEN and conn.laddr
-        if listening and conn.laddr.port == port and conn.pid is not None:
-            return int(conn.pid)
-    for process in psutil.process_iter(["cmdline"]):
-        cmdline = process.info["cmdline"] or []
-        if any(part.endswith("ragservice") for part in cmdline) and "serve" in cmdline:
-            return int(process.pid)
-    raise SystemExit(f"no process found serving {url}: pass --server-pid")
-
-
-def resident_mb(pid: int) -> float:
-    """Resident memory of the process and its children (embedded PostgreSQL is not one)."""
-    process = psutil.Process(pid)
-    total = process.memory_info().rss
-    for child in process.children(recursive=True):
-        with contextlib.suppress(psutil.Error):
-            total += child.memory_info().rss
-    return round(float(total) / 2**20, 1)
 
 
 @contextlib.contextmanager
