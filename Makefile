@@ -9,7 +9,7 @@ export TRANSFORMERS_OFFLINE := 1
 # Idle torch threads otherwise spin and steal CPU from PostgreSQL on small machines.
 export OMP_WAIT_POLICY := PASSIVE
 
-.PHONY: run test lint typecheck bench-ingest bench-search bench-query bench-cache bench-replicas bench-feedback bench-rls bench-hostile bench-injection clean
+.PHONY: run test lint typecheck bench-ingest bench-search bench-query bench-cache bench-replicas bench-feedback bench-rls bench-hostile bench-injection bench-soak clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -63,6 +63,12 @@ bench-hostile: $(STAMP)
 # Injection patterns planted in SciFact passages: detection, false flags, escaped delimiters.
 bench-injection: $(STAMP)
 	$(BIN)/python benchmarks/injection.py --data ../shared/data/scifact
+
+# Mixed traffic for 30 minutes against a server already running (`make run`; `--url` for another)
+# that holds the collection SOAK_COLLECTION; e.g. SOAK_ARGS='--minutes 2 --api-key KEY'.
+SOAK_COLLECTION ?= scifact
+bench-soak: $(STAMP)
+	$(BIN)/python benchmarks/soak.py --collection $(SOAK_COLLECTION) $(SOAK_ARGS)
 
 clean:
 	rm -rf $(VENV) .ragservice .ragservice-injection .pytest_cache .mypy_cache .ruff_cache

@@ -2,6 +2,7 @@
 
 `server(args)` yields the base URL and auth headers of `--url`, or of a `ragservice serve` it
 starts on a free loopback port with its own data directory (`--data-dir`, authentication off).
+`server_pid` finds the process serving a URL and `resident_mb` its memory (with children).
 `ensure_corpus` uploads `corpus.jsonl` as ingest jobs unless the collection already holds it.
 """
 
@@ -19,8 +20,10 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
+import psutil
 
 _UPLOAD_PART_BYTES = 24 * 2**20  # below the default per-file limit of 32 MiB
 
@@ -94,6 +97,30 @@ def wait_ready(base: str, process: subprocess.Popen[bytes], log: Any) -> None:
         time.sleep(0.5)
     log.seek(0)
     raise SystemExit(f"the server did not become ready:\n{log.read()[-4000:]}")
+
+
+def server_pid(url: str) -> int:
+    """The process listening on the URL's port, else the one running `ragservice serve`."""
+    port = urlsplit(url).port or (443 if url.startswith("https") else 80)
+    for conn in psutil.net_connections(kind="tcp"):
+        listening = conn.status == psutil.CONN_LISTEN and conn.laddr
+        if listening and conn.laddr.port == port and conn.pid is not None:
+            return int(conn.pid)
+    for process in psutil.process_iter(["cmdline"]):
+        cmdline = process.info["cmdline"] or []
+        if any(part.endswith("ragservice") for part in cmdline) and "serve" in cmdline:
+            return int(process.pid)
+    raise SystemExit(f"no process found serving {url}: pass --server-pid")
+
+
+def resident_mb(pid: int) -> float:
+    """Resident memory of the process and its children (embedded PostgreSQL is not one)."""
+    process = psutil.Process(pid)
+    total = process.memory_info().rss
+    for child in process.children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            total += child.memory_info().rss
+    return round(float(total) / 2**20, 1)
 
 
 # -- the corpus ------------------------------------------------------------------------------
