@@ -152,7 +152,7 @@ def stored_as(corpus: Corpus) -> tuple[str, int, int]:
                 "WHERE m.id = :id GROUP BY m.storage"
             ),
             {"id": corpus.model.id},
-        ).one()  # type: ignore[return-value]
+        ).one()
 
 
 def plan(corpus: Corpus, vector: npt.NDArray[np.float32]) -> str:
