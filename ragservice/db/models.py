@@ -297,10 +297,7 @@ class PromptCacheEntry(Base):
     collection_ids: Mapped[list[uuid.UUID]] = mapped_column(ARRAY(UUID(as_uuid=True)))
     prompt_hash: Mapped[str] = mapped_column(Text)
     prompt: Mapped[str] = mapped_column(Text)
-    # partial HNSW index over `embedding::vector(dim)` (see migration 0001). A model stored as
-    # halfvec keeps its vectors in `embedding_half` instead (exactly one is set; migration 0015).
-    embedding: Mapped[Any] = mapped_column(Vector(), nullable=True)
-    embedding_half: Mapped[Any] = mapped_column(HALFVEC(), nullable=True)
+    embedding: Mapped[Any] = mapped_column(Vector())
     answer: Mapped[str] = mapped_column(Text)
     response: Mapped[Any] = mapped_column(JSONB)
     created_at: Mapped[datetime] = _now()
