@@ -294,3 +294,26 @@ def test_cli_convert_reindex_and_list_show_the_storage(cli: CliRunner, corpus: C
     wrong = cli.invoke(app, ["models", "convert", "random-32d:1", "--storage", "int8"])
     assert wrong.exit_code == 1
     assert "vector storage must be one of" in wrong.output
+
+
+def test_downgrade_keeps_halfvec_rows_as_float32_and_upgrade_comes_back(
+    corpus: Corpus, settings: Settings
+) -> None:
+    from alembic import command
+
+    from ragservice.db import migrate
+
+    convert(corpus, "halfvec")
+    corpus.db.dispose()
+    engine = create_engine(settings.owner_database_url.get_secret_value())  # type: ignore[union-attr]
+    config = migrate.alembic_config()
+    with engine.connect() as conn:
+        config.attributes["connection"] = conn
+        command.downgrade(config, "0013")
+        conn.commit()
+        kept = conn.execute(text("SELECT count(embedding) FROM chunk_embeddings")).scalar()
+        command.upgrade(config, "head")
+        conn.commit()
+        storage = conn.execute(text("SELECT storage FROM embedding_models")).scalar()
+    engine.dispose()
+    assert (kept, storage) == (N, "float32")
