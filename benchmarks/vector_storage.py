@@ -47,7 +47,8 @@ def vectors(n: int, dimension: int, seed: int) -> Vectors:
     centres = rng.standard_normal((1000, dimension)).astype(np.float32)
     picked = centres[rng.integers(0, len(centres), n)]
     out = picked + 0.8 * rng.standard_normal((n, dimension)).astype(np.float32)
-    return (out / np.linalg.norm(out, axis=1, keepdims=True)).astype(np.float32)
+    normed: Vectors = (out / np.linalg.norm(out, axis=1, keepdims=True)).astype(np.float32)
+    return normed
 
 
 def load(db: Database, model: EmbeddingModel, data: Vectors, batch: int = 5000) -> float:
