@@ -109,6 +109,7 @@ def _initial_model(
             path=embedder.path,
             hnsw_m=settings.hnsw_m,
             hnsw_ef_construction=settings.hnsw_ef_construction,
+            storage=settings.vector_storage,
         )
     if not model.active:
         log.warning("embedding model %s is registered but another model is active", embedder.name)

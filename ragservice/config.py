@@ -76,6 +76,31 @@ class Settings(BaseSettings):
     hnsw_ef_search: int = Field(
         default=100, ge=1, le=1000, description="HNSW candidate list per query (raised to k)"
     )
+    vector_storage: Literal["float32", "halfvec", "binary"] = Field(
+        default="float32",
+        description="how a newly registered model version keeps its chunk vectors: float32 "
+        "(vector), halfvec (float16, half the bytes) or binary (float32 kept, a bit index, "
+        "candidates re-scored); `ragservice models convert` changes a version's",
+    )
+    binary_rescore_factor: int = Field(
+        default=4,
+        ge=1,
+        le=100,
+        description="binary storage: candidates read from the bit index per result asked, "
+        "then re-scored by the full vectors' cosine",
+    )
+    index_build_memory_mb: int = Field(
+        default=0,
+        ge=0,
+        description="maintenance_work_mem of an HNSW index build; 0: a quarter of the "
+        "memory available on this machine, at most 16 GB",
+    )
+    index_build_workers: int | None = Field(
+        default=None,
+        ge=0,
+        le=64,
+        description="parallel maintenance workers of an HNSW index build; unset: cores - 1",
+    )
     search_rrf_k: int = Field(default=30, ge=1, description="reciprocal rank fusion constant")
     search_dense_candidates: int = Field(
         default=100, ge=1, le=1000, description="dense candidates fused by hybrid search"

@@ -18,9 +18,11 @@ from ragservice.errors import RagServiceError
 from ragservice.feedback.exports import ExportFilter, TimeOf
 
 if TYPE_CHECKING:
+    from rich.progress import Progress, TaskID
     from sqlalchemy.orm import Session
 
     from ragservice.db import Database
+    from ragservice.store.indexes import BuildProgress
 
 console = Console(stderr=True)
 
@@ -56,6 +58,28 @@ def database() -> Iterator[Database]:
             yield db
     finally:
         db.dispose()
+
+
+class IndexBar:
+    """An HNSW index build's progress (`indexing.Progress`) as a task of a rich Progress
+    whose first column shows `{task.description}`: the phase, and tuples (or blocks) done."""
+
+    def __init__(self, progress: Progress, label: str) -> None:
+        self._progress, self._label = progress, label
+        self._task: TaskID | None = None
+
+    def __call__(self, seen: BuildProgress) -> None:
+        done, total = (
+            (seen.tuples_done, seen.tuples_total)
+            if seen.tuples_total
+            else (seen.blocks_done, seen.blocks_total)
+        )
+        description = f"indexing {self._label}: {seen.phase}"
+        if self._task is None:
+            self._task = self._progress.add_task(description, total=total or None)
+        self._progress.update(
+            self._task, description=description, completed=done, total=total or None
+        )
 
 
 def cli_actor() -> str:

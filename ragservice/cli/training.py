@@ -11,7 +11,14 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from ragservice.cli.common import console, database, exit_on_error, fail, feedback_filter
+from ragservice.cli.common import (
+    IndexBar,
+    console,
+    database,
+    exit_on_error,
+    fail,
+    feedback_filter,
+)
 from ragservice.config import Settings, get_settings
 
 if TYPE_CHECKING:
@@ -185,7 +192,7 @@ def _reembed_with_progress(
     with console.status(f"loading {label}"):
         _ = embedder.model  # loaded before the clock starts: the rate is the embedding's
     columns = (
-        TextColumn(f"embedding with {label}"),
+        TextColumn("{task.description}"),
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
@@ -193,7 +200,7 @@ def _reembed_with_progress(
     )
     try:
         with Progress(*columns, console=console) as progress:
-            task = progress.add_task("reembed", total=missing)
+            task = progress.add_task(f"embedding with {label}", total=missing)
             report = reembed(
                 db,
                 settings,
@@ -202,6 +209,7 @@ def _reembed_with_progress(
                 batch_size=size,
                 missing=missing,
                 on_batch=lambda n: progress.advance(task, n),
+                on_index=IndexBar(progress, label),
             )
     except KeyboardInterrupt:
         left = count_missing(db, row.id)
@@ -213,3 +221,7 @@ def _reembed_with_progress(
         f"({report.chunks_per_second:.1f} chunks/s); {left} missing"
         + (" (written meanwhile: run again)" if left else f"; next: models activate {label}")
     )
+    if report.index is not None:
+        console.print(
+            f"built its {report.index.storage} HNSW index in {report.index.seconds:.1f} s"
+        )

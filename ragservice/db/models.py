@@ -6,7 +6,7 @@ import uuid
 from datetime import datetime
 from typing import Any, ClassVar
 
-from pgvector.sqlalchemy import Vector
+from pgvector.sqlalchemy import HALFVEC, Vector
 from sqlalchemy import (
     BigInteger,
     Boolean,
@@ -119,6 +119,8 @@ class EmbeddingModel(Base):
     base_model_id: Mapped[int | None] = mapped_column(ForeignKey("embedding_models.id"))
     # What made it: training data, held-out evaluation before and after, timings.
     details: Mapped[dict[str, Any]] = mapped_column(JSONB, server_default="{}")
+    # How its chunk vectors are kept and indexed: float32, halfvec or binary (migration 0015).
+    storage: Mapped[str] = mapped_column(Text, server_default="float32")
 
 
 class ModelActivation(Base):
@@ -145,8 +147,10 @@ class ChunkEmbedding(Base):
     )
     tenant_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
     # No fixed dimension: models of different sizes live side by side, each with its own
-    # partial HNSW index over `embedding::vector(dim)` (see migration 0001).
-    embedding: Mapped[Any] = mapped_column(Vector())
+    # partial HNSW index over `embedding::vector(dim)` (see migration 0001). A model stored as
+    # halfvec keeps its vectors in `embedding_half` instead (exactly one is set; migration 0015).
+    embedding: Mapped[Any] = mapped_column(Vector(), nullable=True)
+    embedding_half: Mapped[Any] = mapped_column(HALFVEC(), nullable=True)
 
 
 class IngestJob(Base):

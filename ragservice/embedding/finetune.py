@@ -415,6 +415,7 @@ def _register(
                 details=details,
                 hnsw_m=settings.hnsw_m,
                 hnsw_ef_construction=settings.hnsw_ef_construction,
+                storage=settings.vector_storage,
             )
     except BaseException:
         if moved is not None:

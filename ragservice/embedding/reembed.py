@@ -6,10 +6,15 @@ on its own. An interrupted run leaves whole batches only, and a second run does 
 missing, so resuming is just running again. Serving goes on with the active model meanwhile:
 its rows and index are never touched. The texts are the chunks' stored texts, exactly what
 ingest embedded for the active model.
+
+A model that is not active serves no searches, so its HNSW index is dropped while its vectors
+load and built once at the end (`indexing.build_embedding_index`: far faster than keeping it
+up row by row). The active model's index is kept up as rows arrive.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 import uuid
@@ -21,6 +26,7 @@ from ragservice import store
 from ragservice.config import Settings
 from ragservice.db import Database, tenancy
 from ragservice.db.models import EmbeddingModel
+from ragservice.embedding import indexing
 from ragservice.embedding.embedder import Vectors
 from ragservice.errors import EmbeddingError
 
@@ -41,6 +47,8 @@ class ReembedReport:
     embedded: int
     batches: int
     seconds: float
+    index: indexing.IndexBuild | None = None
+    """The index build at the end (a model that is not active), or None."""
 
     @property
     def chunks_per_second(self) -> float:
@@ -62,12 +70,24 @@ def reembed(
     batch_size: int,
     on_batch: Progress | None = None,
     missing: int | None = None,
+    on_index: indexing.Progress | None = None,
 ) -> ReembedReport:
     """Embed every chunk that has no embedding of `model` with `embedder`, `batch_size`
     chunks per transaction. `missing`: the count at start, when the caller already has it.
+    `on_index`: the progress of the index build at the end (a model that is not active).
     Cross-tenant: every tenant's chunks, whoever calls."""
     with tenancy.as_system():
-        return _reembed(db, settings, model, embedder, batch_size, on_batch, missing)
+        report = _reembed(db, settings, model, embedder, batch_size, on_batch, missing)
+        if report.index is None and not _is_active(db, model):
+            build = indexing.build_embedding_index(db, model, progress=on_index, settings=settings)
+            report = dataclasses.replace(report, index=build)
+        return report
+
+
+def _is_active(db: Database, model: EmbeddingModel) -> bool:
+    with db.read(primary=True) as session:
+        row = store.models.get_model(session, model.id)
+        return row is not None and row.active
 
 
 def _reembed(
@@ -80,15 +100,17 @@ def _reembed(
     missing: int | None,
 ) -> ReembedReport:
     started = time.perf_counter()
-    with db.write() as session:  # dropped by `models drop-embeddings`, perhaps: back again
-        store.models.ensure_model_indexes(
-            session,
-            model.id,
-            model.dimension,
-            hnsw_m=settings.hnsw_m,
-            hnsw_ef_construction=settings.hnsw_ef_construction,
-        )
     total = count_missing(db, model.id) if missing is None else missing
+    if _is_active(db, model):
+        with db.write() as session:  # dropped by `models drop-embeddings`, perhaps: back again
+            store.models.ensure_model_indexes(
+                session,
+                model,
+                hnsw_m=settings.hnsw_m,
+                hnsw_ef_construction=settings.hnsw_ef_construction,
+            )
+    elif total:
+        indexing.drop_embedding_index(db, model)  # built once at the end (see `reembed`)
     embedded = batches = 0
     after: uuid.UUID | None = None
     while chunks := _next_batch(db, model.id, after, batch_size):

@@ -17,7 +17,7 @@ import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +45,8 @@ class ServingModel:
     version: int
     dimension: int
     embedder: SentenceTransformerEmbedder
+    storage: str = "float32"
+    """How its chunk vectors are stored (float32, halfvec, binary): how search reads them."""
 
     def embed_query(self, text: str) -> Vector:
         return self.embedder.embed_query(text)
@@ -58,6 +60,7 @@ class ServingModel:
             "name": self.name,
             "version": self.version,
             "dimension": self.dimension,
+            "storage": self.storage,
         }
 
 
@@ -95,13 +98,24 @@ class ModelRegistry:
         with self._refresh_lock:
             with self._db.read() as session:
                 row = store.models.active_model(session)
-            if row is None or row.id == self._current.id or row.id in self._failed:
+            if row is not None and row.id == self._current.id:
+                return self._follow_storage(row)
+            if row is None or row.id in self._failed:
                 return False
             model = self._loaded.get(row.id) or self._load_row(row)
             if model is None:
                 return False
             self._use(model)
             return True
+
+    def _follow_storage(self, row: EmbeddingModel) -> bool:
+        """The serving model's storage was converted (`ragservice models convert`): search it
+        the new way from now on (the loaded model stays)."""
+        if row.storage == self._current.storage:
+            return False
+        log.info("embedding model %s v%d is now stored as %s", row.name, row.version, row.storage)
+        self._use(replace(self._current, storage=row.storage))
+        return True
 
     def start(self) -> None:
         """Follow the active model in a background thread (a no-op while it runs)."""
@@ -162,7 +176,12 @@ class ModelRegistry:
 
 def _serving(row: EmbeddingModel, embedder: SentenceTransformerEmbedder) -> ServingModel:
     return ServingModel(
-        id=row.id, name=row.name, version=row.version, dimension=row.dimension, embedder=embedder
+        id=row.id,
+        name=row.name,
+        version=row.version,
+        dimension=row.dimension,
+        embedder=embedder,
+        storage=row.storage,
     )
 
 

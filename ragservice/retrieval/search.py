@@ -1,6 +1,8 @@
 """Retrieval over chunks: dense (HNSW, cosine), full-text (BM25) and hybrid (RRF), all in SQL.
 
-- dense: the model's partial HNSW index (`embedding::vector(DIM)`, `WHERE model_id = ID`);
+- dense: the model's partial HNSW index (`embedding::vector(DIM)`, `WHERE model_id = ID`;
+  over `embedding_half::halfvec(DIM)` for a model stored as halfvec; over the vectors' binary
+  quantization for one stored as binary, its candidates re-scored by the full vectors);
   score = cosine similarity (1 - cosine distance).
 - fulltext: BM25 over the `chunk_postings` blocks, OR over the query's lexemes, with N, average
   length and document frequencies taken over the searched collections; score = the BM25 sum.
@@ -45,13 +47,17 @@ QueryEmbedder = Callable[[str], npt.NDArray[np.float32]]
 
 class QueryModel(Protocol):
     """The embedding model one search runs with: its row id (the partial HNSW index), its
-    dimension and its query encoder, resolved once when the search starts."""
+    dimension, how its vectors are stored (float32, halfvec or binary) and its query encoder,
+    resolved once when the search starts."""
 
     @property
     def id(self) -> int: ...
 
     @property
     def dimension(self) -> int: ...
+
+    @property
+    def storage(self) -> str: ...
 
     def embed_query(self, text: str) -> npt.NDArray[np.float32]: ...
 
@@ -63,6 +69,7 @@ class FixedModel:
     id: int
     dimension: int
     embed: QueryEmbedder
+    storage: str = "float32"
 
     def embed_query(self, text: str) -> npt.NDArray[np.float32]:
         return self.embed(text)
@@ -101,6 +108,8 @@ class SearchOptions:
     bm25_b: float = 0.4
     # Postings read per query term, highest impact first (see `statements.BM25`).
     bm25_postings_per_term: int = 10_000
+    # Binary storage: candidates read from the bit index per dense row, then re-scored.
+    rescore_factor: int = 4
 
     def __post_init__(self) -> None:
         # Accept the plain strings an API layer may pass; compare as the enum from here on.
@@ -112,6 +121,7 @@ class SearchOptions:
             "dense_candidates",
             "text_candidates",
             "bm25_postings_per_term",
+            "rescore_factor",
         ):
             if getattr(self, name) < 1:
                 raise InvalidInputError(f"{name} must be at least 1")
@@ -138,12 +148,20 @@ class SearchOptions:
             bm25_k1=settings.bm25_k1,
             bm25_b=settings.bm25_b,
             bm25_postings_per_term=settings.bm25_postings_per_term,
+            rescore_factor=settings.binary_rescore_factor,
         )
 
     @property
     def dense_limit(self) -> int:
         """Rows the dense side returns: k alone, or the hybrid candidate list."""
         return self.k if self.mode is Mode.DENSE else max(self.dense_candidates, self.k)
+
+    def index_limit(self, storage: str) -> int:
+        """Rows the dense side reads from the HNSW index: binary storage reads
+        `rescore_factor` times as many candidates, re-scored by the full vectors."""
+        if storage == "binary":
+            return min(self.dense_limit * self.rescore_factor, _MAX_EF_SEARCH)
+        return self.dense_limit
 
     @property
     def text_limit(self) -> int:
@@ -308,7 +326,7 @@ class Searcher:
             dense = statements.with_ctes(
                 _nearest(model, options), statements.DENSE_RANKED, select=statements.HITS
             )
-            return self._dense_statement(dense, collections, options, vector), "dense"
+            return self._dense_statement(dense, model, collections, options, vector), "dense"
         return self._hybrid(model, collections, query, options, timings, given), "fuse"
 
     def _hybrid(
@@ -331,6 +349,7 @@ class Searcher:
         fused = statements.FUSED.format(limit=sql.Literal(options.k))
         statement = self._dense_statement(
             statements.with_ctes(_nearest(model, options), fused, select=statements.HITS),
+            model,
             collections,
             options,
             vector,
@@ -355,13 +374,15 @@ class Searcher:
     def _dense_statement(
         self,
         query: sql.Composed,
+        model: QueryModel,
         collections: list[uuid.UUID],
         options: SearchOptions,
         vector: npt.NDArray[np.float32],
     ) -> _Statement:
         # The HNSW candidate list must hold at least the rows asked for: pgvector's default of
         # 40 silently caps LIMIT 100 at 40 rows.
-        ef_search = min(max(options.ef_search, options.dense_limit), _MAX_EF_SEARCH)
+        wanted = options.index_limit(model.storage)
+        ef_search = min(max(options.ef_search, wanted), _MAX_EF_SEARCH)
         params = self._params(collections, options, vector=vector)
         return _Statement(query, params, ef_search)
 
@@ -431,13 +452,22 @@ def _vector(
     return vector
 
 
+_NEAREST = {
+    "float32": statements.NEAREST,
+    "halfvec": statements.NEAREST_HALFVEC,
+    "binary": statements.NEAREST_BINARY,
+}
+
+
 def _nearest(model: QueryModel, options: SearchOptions) -> sql.Composed:
-    return statements.NEAREST.format(
+    """The dense candidates, read as the model's storage says."""
+    return _NEAREST[model.storage].format(
         dim=sql.Literal(int(model.dimension)),
         model_id=sql.Literal(int(model.id)),
         document_join=statements.document_join(options.filters),
         filter=statements.filter_and(options.filters),
         limit=sql.Literal(options.dense_limit),
+        candidates=sql.Literal(options.index_limit(model.storage)),
     )
 
 

@@ -30,6 +30,39 @@ nearest AS MATERIALIZED (
     LIMIT {limit}
 )""")
 
+# A model stored as halfvec: the same over `embedding_half` (its index is over that column).
+NEAREST_HALFVEC = sql.SQL("""
+nearest AS MATERIALIZED (
+    SELECT e.chunk_id,
+           e.embedding_half::halfvec({dim}) <=> %(vector)s::vector({dim})::halfvec({dim})
+               AS distance
+    FROM chunk_embeddings e
+    JOIN chunks c ON c.id = e.chunk_id {document_join}
+    WHERE e.model_id = {model_id} AND c.collection_id = ANY(%(collections)s::uuid[]) {filter}
+    ORDER BY distance
+    LIMIT {limit}
+)""")
+
+# A model stored as binary: {candidates} rows nearest by Hamming distance of the quantized
+# vectors (the bit index), re-scored by the exact cosine distance of the full vectors. The
+# expression matches the index's (migration 0015) so the planner uses it.
+NEAREST_BINARY = sql.SQL("""
+coarse AS MATERIALIZED (
+    SELECT e.chunk_id, e.embedding
+    FROM chunk_embeddings e
+    JOIN chunks c ON c.id = e.chunk_id {document_join}
+    WHERE e.model_id = {model_id} AND c.collection_id = ANY(%(collections)s::uuid[]) {filter}
+    ORDER BY binary_quantize(e.embedding::vector({dim}))::bit({dim})
+             <~> binary_quantize(%(vector)s::vector({dim}))::bit({dim})
+    LIMIT {candidates}
+),
+nearest AS MATERIALIZED (
+    SELECT chunk_id, embedding::vector({dim}) <=> %(vector)s::vector({dim}) AS distance
+    FROM coarse
+    ORDER BY distance, chunk_id
+    LIMIT {limit}
+)""")
+
 # BM25, Lucene flavour, over the postings' blocks (`chunk_postings`, migration 0014). N and
 # avgdl over the searched collections; df is the sum of the term's block sizes (from the index
 # alone), so it is exact and follows the collection set. Each term's blocks are read from the

@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 
 from ragservice.db.engine import driver_connection
 from ragservice.db.models import Chunk, Document
-from ragservice.store import bulk
+from ragservice.store import bulk, indexes
 from ragservice.types import TextChunk
 
 _CHUNK_COLUMNS = (
@@ -197,14 +197,22 @@ def _copy_chunks(
             )
             embedding_rows.append((chunk_id, model_id, tenant_id, vector))
     bulk.insert_rows(conn, "chunks", _CHUNK_COLUMNS, _CHUNK_TYPES, chunk_rows)
-    bulk.insert_rows(
-        conn,
-        "chunk_embeddings",
-        ("chunk_id", "model_id", "tenant_id", "embedding"),
-        ("uuid", "int4", "uuid", "vector"),
-        embedding_rows,
-    )
+    _copy_embeddings(conn, embedding_rows)
     return len(chunk_rows)
+
+
+def _copy_embeddings(conn: psycopg.Connection[Any], rows: Sequence[tuple[Any, ...]]) -> None:
+    """Vectors staged as float32, then stored as their model's storage says."""
+    if not rows:
+        return
+    conn.execute("DROP TABLE IF EXISTS pg_temp.copy_chunk_embeddings")
+    conn.execute(
+        "CREATE TEMP TABLE copy_chunk_embeddings "
+        "(chunk_id uuid, model_id int4, tenant_id uuid, embedding vector) ON COMMIT DROP"
+    )
+    types = ("uuid", "int4", "uuid", "vector")
+    bulk.copy_rows(conn, "copy_chunk_embeddings", indexes.STAGED_COLUMNS, types, rows)
+    indexes.insert_staged(conn, "copy_chunk_embeddings", existing_chunks=False)
 
 
 def _chunk_row(

@@ -21,7 +21,7 @@ from ragservice.db.models import (
     PromptCacheEntry,
 )
 from ragservice.errors import ConfigurationError
-from ragservice.store import bulk
+from ragservice.store import bulk, indexes
 
 
 def stored_embeddings(
@@ -32,7 +32,8 @@ def stored_embeddings(
         return {}
     rows = session.execute(
         text(
-            "SELECT DISTINCT ON (c.content_hash) c.content_hash, e.embedding "
+            "SELECT DISTINCT ON (c.content_hash) c.content_hash, "
+            f"{indexes.FULL_VECTOR} "
             "FROM chunks c JOIN chunk_embeddings e ON e.chunk_id = c.id AND e.model_id = :model "
             "WHERE c.tenant_id = :tenant AND c.content_hash = ANY(:hashes)"
         ),
@@ -49,10 +50,11 @@ def ensure_model(
     path: str | None,
     hnsw_m: int,
     hnsw_ef_construction: int,
+    storage: str = "float32",
 ) -> EmbeddingModel:
-    """The latest version of the model `name`, registered as version 1 when the name is new,
-    with its HNSW index; activated when no model is active yet. A model with the same name but
-    another dimension is refused."""
+    """The latest version of the model `name`, registered as version 1 (with `storage`) when
+    the name is new, with its HNSW index; activated when no model is active yet. A model with
+    the same name but another dimension is refused."""
     _lock_name(session, name)
     model = get_model_by_name(session, name)
     if model is None:
@@ -66,6 +68,7 @@ def ensure_model(
             details={},
             hnsw_m=hnsw_m,
             hnsw_ef_construction=hnsw_ef_construction,
+            storage=storage,
         )
     elif model.dimension != dimension:
         raise ConfigurationError(
@@ -74,7 +77,7 @@ def ensure_model(
         )
     else:
         ensure_model_indexes(
-            session, model.id, dimension, hnsw_m=hnsw_m, hnsw_ef_construction=hnsw_ef_construction
+            session, model, hnsw_m=hnsw_m, hnsw_ef_construction=hnsw_ef_construction
         )
     if session.scalar(select(EmbeddingModel.id).where(EmbeddingModel.active)) is None:
         session.execute(
@@ -85,16 +88,32 @@ def ensure_model(
 
 
 def ensure_model_indexes(
-    session: Session, model_id: int, dimension: int, *, hnsw_m: int, hnsw_ef_construction: int
+    session: Session, model: EmbeddingModel, *, hnsw_m: int, hnsw_ef_construction: int
 ) -> None:
-    """The model's partial HNSW indexes on chunk embeddings and on the prompt cache."""
-    session.execute(
-        text("SELECT ragservice_ensure_embedding_index(:id, :dim, :m, :ef)"),
-        {"id": model_id, "dim": dimension, "m": hnsw_m, "ef": hnsw_ef_construction},
+    """The model's partial HNSW indexes on chunk embeddings (for its storage) and on the
+    prompt cache (float32 always)."""
+    indexes.ensure_index(
+        session,
+        model.id,
+        model.dimension,
+        model.storage,
+        m=hnsw_m,
+        ef_construction=hnsw_ef_construction,
     )
     session.execute(
-        text("SELECT ragservice_ensure_cache_index(:id, :dim)"), {"id": model_id, "dim": dimension}
+        text("SELECT ragservice_ensure_cache_index(:id, :dim)"),
+        {"id": model.id, "dim": model.dimension},
     )
+
+
+def set_storage(session: Session, model_id: int, storage: indexes.Storage) -> int:
+    """Record the model's storage and move its rows into that storage's column (with the
+    caller's transaction: a failure leaves both as they were). Returns the rows rewritten."""
+    rewritten = indexes.rewrite_rows(session, model_id, storage)
+    session.execute(
+        update(EmbeddingModel).where(EmbeddingModel.id == model_id).values(storage=storage)
+    )
+    return rewritten
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +154,12 @@ def embedded_counts(session: Session) -> dict[int, int]:
     return {int(row[0]): int(row[1]) for row in rows}
 
 
+def embedded_count(session: Session, model_id: int) -> int:
+    """Chunk embeddings of the model (of the tenants the transaction sees)."""
+    stmt = select(func.count()).select_from(ChunkEmbedding)
+    return int(session.scalar(stmt.where(ChunkEmbedding.model_id == model_id)) or 0)
+
+
 def chunk_total(session: Session) -> int:
     return int(session.scalar(select(func.count()).select_from(Chunk)) or 0)
 
@@ -170,23 +195,18 @@ def add_embeddings(
     chunks: Sequence[ChunkToEmbed],
     vectors: npt.NDArray[np.float32],
 ) -> int:
-    """Store the chunks' vectors of the model (one COPY); chunks deleted meanwhile and
-    embeddings another writer stored first are skipped. Returns the rows inserted."""
+    """Store the chunks' vectors of the model (one COPY), in its storage's column; chunks
+    deleted meanwhile and embeddings another writer stored first are skipped. Returns the
+    rows inserted."""
     conn = driver_connection(session)
     conn.execute(
-        "CREATE TEMP TABLE new_embeddings (chunk_id uuid, tenant_id uuid, embedding vector) "
-        "ON COMMIT DROP"
+        "CREATE TEMP TABLE new_embeddings "
+        "(chunk_id uuid, model_id int4, tenant_id uuid, embedding vector) ON COMMIT DROP"
     )
-    rows = [(c.id, c.tenant_id, v) for c, v in zip(chunks, vectors, strict=True)]
-    columns = ("chunk_id", "tenant_id", "embedding")
-    bulk.copy_rows(conn, "new_embeddings", columns, ("uuid", "uuid", "vector"), rows)
-    inserted = conn.execute(
-        "INSERT INTO chunk_embeddings (chunk_id, model_id, tenant_id, embedding) "
-        "SELECT n.chunk_id, %s, n.tenant_id, n.embedding FROM new_embeddings n "
-        "JOIN chunks c ON c.id = n.chunk_id ON CONFLICT DO NOTHING",
-        (model_id,),
-    )
-    return inserted.rowcount
+    rows = [(c.id, model_id, c.tenant_id, v) for c, v in zip(chunks, vectors, strict=True)]
+    types = ("uuid", "int4", "uuid", "vector")
+    bulk.copy_rows(conn, "new_embeddings", indexes.STAGED_COLUMNS, types, rows)
+    return indexes.insert_staged(conn, "new_embeddings", existing_chunks=True)
 
 
 def next_model_version(session: Session, name: str) -> int:
@@ -215,10 +235,13 @@ def register_model_version(
     details: dict[str, Any],
     hnsw_m: int,
     hnsw_ef_construction: int,
+    storage: str = "float32",
 ) -> EmbeddingModel:
-    """Record a model version (see `next_model_version`), inactive, with its HNSW index. The
-    one way a model row is made: `ensure_model` registers a new name through it too."""
+    """Record a model version (see `next_model_version`), inactive, kept in `storage`, with
+    its HNSW index. The one way a model row is made: `ensure_model` registers a new name
+    through it too."""
     model = EmbeddingModel(
+        storage=indexes.storage_of(storage),
         name=name,
         version=version,
         dimension=dimension,
@@ -229,9 +252,7 @@ def register_model_version(
     )
     session.add(model)
     session.flush()
-    ensure_model_indexes(
-        session, model.id, dimension, hnsw_m=hnsw_m, hnsw_ef_construction=hnsw_ef_construction
-    )
+    ensure_model_indexes(session, model, hnsw_m=hnsw_m, hnsw_ef_construction=hnsw_ef_construction)
     return model
 
 
@@ -261,6 +282,5 @@ def drop_model_embeddings(session: Session, model_id: int) -> int:
         delete(ChunkEmbedding).where(ChunkEmbedding.model_id == model_id)
     ).rowcount  # type: ignore[attr-defined]
     session.execute(delete(PromptCacheEntry).where(PromptCacheEntry.model_id == model_id))
-    # DDL needs the table's owner: the function runs with its rights (migration 0007).
-    session.execute(text("SELECT ragservice_drop_embedding_index(:id)"), {"id": model_id})
+    indexes.drop_index(session, model_id)
     return int(deleted)

@@ -200,7 +200,13 @@ def test_the_registry_switches_after_loading_and_keeps_the_previous_model_loaded
     assert models.current() is base  # a switch happens at the next check, not before
     assert models.refresh() is True
     serving = models.current()
-    assert serving.describe() == {"id": tiny.id, "name": "tiny", "version": 1, "dimension": 32}
+    assert serving.describe() == {
+        "id": tiny.id,
+        "name": "tiny",
+        "version": 1,
+        "dimension": 32,
+        "storage": "float32",
+    }
     assert serving.embed_query("a river").shape == (32,)
     assert runtime.model_id == tiny.id and runtime.embedder is serving.embedder
     registry.rollback(runtime.db)
@@ -374,3 +380,33 @@ def test_cli_finetune_needs_one_source_and_names_a_missing_base(cli: CliRunner) 
     assert missing.exit_code == 1 and "unknown base model 'nowhere'" in missing.output
     empty = invoke(cli, "finetune", "--from-feedback", "--out", "x")
     assert empty.exit_code == 1 and "no training triplets" in empty.output
+
+
+def test_reembed_of_an_inactive_model_builds_its_index_once_at_the_end(
+    runtime: Runtime, tiny_path: Path
+) -> None:
+    tiny = register_tiny(runtime, tiny_path)
+    seen: list[Any] = []
+    loaded = registry.load_embedder(runtime.settings, tiny)
+    report = reembed(runtime.db, runtime.settings, tiny, loaded, batch_size=3, on_index=seen.append)
+    assert report.index is not None
+    assert report.index.rows == report.embedded == len(TOPICS)
+    assert seen[-1].phase == "done" and seen[-1].tuples_done == len(TOPICS)
+    with runtime.db.read() as session:
+        assert store.indexes.has_index(session, tiny.id)
+
+
+def test_the_registry_follows_a_storage_conversion_of_the_serving_model(
+    runtime: Runtime,
+) -> None:
+    from ragservice.embedding import indexing
+
+    models = runtime.models
+    with runtime.db.read() as session:
+        row = store.models.get_model(session, models.current().id)
+    assert row is not None and models.current().storage == "float32"
+    indexing.convert_storage(runtime.db, row, "halfvec")
+    assert models.refresh() is True
+    assert models.current().storage == "halfvec"
+    assert models.current().embedder is not None
+    assert models.refresh() is False
