@@ -74,10 +74,15 @@ class ParquetColumns:
 def _pyarrow() -> Any:
     try:
         import pyarrow.parquet as pq
-    except ImportError:
+    except ModuleNotFoundError:
         raise ParseError(
             "reading Parquet needs pyarrow, which is not installed "
             "(pip install 'ragservice[parquet]')"
+        ) from None
+    except ImportError as exc:  # its libraries would not load: in the sandbox, short of memory
+        raise ParseError(
+            f"pyarrow could not be loaded ({describe(exc)}); it needs more address space "
+            "than RAGSERVICE_PARSE_MEMORY_MIB allows"
         ) from None
     return pq
 
@@ -111,17 +116,28 @@ def parquet_batches(
     try:
         reader = pq.ParquetFile(source)
         names = _columns(reader.schema_arrow.names, columns)
-        batches = reader.iter_batches(batch_size=ROWS_PER_BATCH, columns=names)
+        # No reader threads: each reserves address space the sandbox's limit counts.
+        batches = reader.iter_batches(batch_size=ROWS_PER_BATCH, columns=names, use_threads=False)
     except ParseError:
         raise
     except Exception as exc:
         raise ParseError(f"not a readable Parquet file: {describe(exc)}") from exc
     grouper = _Grouper(columns, set(names), limits)
     row = 1
-    for batch in batches:
+    while (batch := _next_batch(batches)) is not None:
         yield grouper.feed(batch, row)
         row += batch.num_rows
     yield grouper.finish()
+
+
+def _next_batch(batches: Iterator[Any]) -> Any:
+    """The next record batch, None at the end; a damaged page is a ParseError."""
+    try:
+        return next(batches, None)
+    except MemoryError:
+        raise
+    except Exception as exc:
+        raise ParseError(f"not a readable Parquet file: {describe(exc)}") from exc
 
 
 def _columns(present: list[str], columns: ParquetColumns) -> list[str]:
