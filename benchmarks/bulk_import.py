@@ -2,6 +2,7 @@
 
     python benchmarks/bulk_import.py [--chunks 50000] [--format parquet|jsonl]
                                      [--chunks-per-doc 5] [--batch-chunks N] [--database-url URL]
+                                     [--without-hnsw]
 
 Writes N synthetic chunks (short texts from a small Zipf vocabulary, 384-d random unit vectors)
 as Parquet or JSONL, then imports them into a fresh database by the path `ragservice ingest`
@@ -9,7 +10,8 @@ takes (`open_runtime(warm=False)`, `ingest.targets.ingest_pipeline`, `load_docum
 pipeline with its writer thread) and reports chunks/s with a split of the time: reading the
 file alone (a separate pass), the binary COPY into the staging tables, the INSERTs that fire
 the BM25 postings trigger and keep the chunks' indexes (chunks), the INSERT that keeps the HNSW
-index (chunk_embeddings), and the rest of the write transactions (document upserts, commits).
+index (chunk_embeddings), the rest of the write transactions (document upserts, commits), and
+the injection detector on the main thread (which overlaps the writes).
 Final line: JSON.
 
 `write_parquet(path, rows)` and `write_jsonl(path, rows)` are the reusable writers: `rows` are
@@ -36,7 +38,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import numpy as np  # noqa: E402
 import numpy.typing as npt  # noqa: E402
+from sqlalchemy import text  # noqa: E402
 
+from ingest import pipeline as pipeline_module  # noqa: E402
 from ingest.loaders import load_documents  # noqa: E402
 from ingest.targets import ingest_pipeline  # noqa: E402
 from ragservice.bootstrap import open_runtime  # noqa: E402
@@ -126,19 +130,31 @@ def _groups(rows: Iterable[ChunkRow], size: int) -> Iterator[list[ChunkRow]]:
 
 
 class _Timer:
-    """Wraps the COPY and INSERT helpers of `store.bulk` to add up their time per table."""
+    """Wraps the COPY and INSERT helpers of `store.bulk` to add up their time per table, and
+    the pipeline's injection detector."""
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = {}
         self._copy, self._insert = bulk.copy_rows, bulk.insert_rows
+        self._flag = pipeline_module.flag_injection
 
     def __enter__(self) -> _Timer:
         bulk.copy_rows = self._wrap(self._copy, "copy")  # type: ignore[assignment]
         bulk.insert_rows = self._wrap(self._insert, "insert")  # type: ignore[assignment]
+        pipeline_module.flag_injection = self._flagging  # type: ignore[assignment]
         return self
 
     def __exit__(self, *_exc: object) -> None:
         bulk.copy_rows, bulk.insert_rows = self._copy, self._insert  # type: ignore[assignment]
+        pipeline_module.flag_injection = self._flag  # type: ignore[assignment]
+
+    def _flagging(self, chunk: Any) -> Any:
+        started = time.perf_counter()
+        flagged = self._flag(chunk)
+        self.seconds["injection_scan"] = (
+            self.seconds.get("injection_scan", 0.0) + time.perf_counter() - started
+        )
+        return flagged
 
     def _wrap(self, inner: Callable[..., None], kind: str) -> Callable[..., None]:
         def timed(conn: Any, table: str, *args: Any) -> None:
@@ -177,10 +193,16 @@ def _import(path: Path, tmp: Path, args: argparse.Namespace) -> dict[str, Any]:
         parsed = sum(1 for _ in load_documents([path]))
         parse_s = time.perf_counter() - started
         pipeline = ingest_pipeline(runtime, tenant_id=runtime.default_tenant_id)
+        if args.without_hnsw:
+            _hnsw(runtime, "SELECT ragservice_drop_embedding_index(:id)")
         with tenancy.as_tenant(runtime.default_tenant_id), _Timer() as timer:
             started = time.perf_counter()
             report = pipeline.run(load_documents([path]), collection="bulk")
             total_s = time.perf_counter() - started
+        started = time.perf_counter()
+        if args.without_hnsw:  # built after the load, as the server would (default settings)
+            _hnsw(runtime, "SELECT ragservice_ensure_embedding_index(:id, 384, 16, 64)")
+        build_s = time.perf_counter() - started
     finally:
         runtime.close()
     if report.failed or report.chunks_written != args.chunks:
@@ -206,9 +228,16 @@ def _import(path: Path, tmp: Path, args: argparse.Namespace) -> dict[str, Any]:
             - timer.seconds.get("copy:chunk_embeddings", 0.0),
             2,
         ),
+        "injection_scan_s (main thread)": round(timer.seconds.get("injection_scan", 0.0), 2),
+        "hnsw_built_after_s": round(build_s, 2) if args.without_hnsw else None,
         "split_s": split,
         "model_loaded": runtime.models.current().embedder._model is not None,
     }
+
+
+def _hnsw(runtime: Any, statement: str) -> None:
+    with tenancy.as_system(), runtime.db.write() as session:
+        session.execute(text(statement), {"id": runtime.models.current().id})
 
 
 def _parse_args() -> argparse.Namespace:
@@ -218,6 +247,11 @@ def _parse_args() -> argparse.Namespace:
     parser.add_argument("--format", choices=("parquet", "jsonl"), default="parquet")
     parser.add_argument("--batch-chunks", type=int, default=2048)
     parser.add_argument("--database-url", default=None)
+    parser.add_argument(
+        "--without-hnsw",
+        action="store_true",
+        help="drop the model's HNSW index before the import and build it after (timed apart)",
+    )
     return parser.parse_args()
 
 
