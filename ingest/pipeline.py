@@ -3,6 +3,11 @@
 The model works on batch N+1 while a writer thread commits batch N, so PostgreSQL never keeps
 the model waiting. Each batch is one transaction: a crash or Ctrl-C leaves whole batches only,
 and a rerun skips what is already stored (by content hash) and finishes the job.
+
+A document that brings its own chunks and vectors (`LoadedDocument.precomputed`, a bulk
+import) skips chunking and embedding: its vectors are checked against the model version's
+dimension and written as they are. The model is loaded only when a document needs embedding,
+so an import of vectors alone never loads it.
 """
 
 from __future__ import annotations
@@ -26,8 +31,16 @@ from ragservice import store
 from ragservice.chunking import ChunkingOptions, chunk_text
 from ragservice.db import Database, tenancy
 from ragservice.embedding.embedder import Embedder, Vectors
+from ragservice.errors import NotFoundError
 from ragservice.safety import injection
-from ragservice.types import LoadedDocument, LoadFailure, TextChunk
+from ragservice.types import (
+    CHUNK_SEPARATOR,
+    LoadedDocument,
+    LoadFailure,
+    PrecomputedChunks,
+    TextChunk,
+    Tokenizer,
+)
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +60,11 @@ class IngestReport:
     chunks_written: int = 0
     chunks_embedded: int = 0
     chunks_reused: int = 0
+    chunks_imported: int = 0
+    """Chunks that came with their vectors (counted as they are prepared for writing)."""
     seconds: float = 0.0
+    write_seconds: float = 0.0
+    """Time the writer spent in write transactions (COPY, triggers, commit)."""
     dry_run: bool = False
 
     @property
@@ -64,6 +81,7 @@ class IngestReport:
             "chunks_written": self.chunks_written,
             "chunks_embedded": self.chunks_embedded,
             "chunks_reused": self.chunks_reused,
+            "chunks_imported": self.chunks_imported,
         }
 
 
@@ -75,15 +93,34 @@ class _Pending:
     content_hash: str
     chunks: list[TextChunk]
     chunk_hashes: list[str]
+    vectors: Vectors | None = None
+    """The document's own vectors (imported), one row per chunk; None: embed the chunks."""
 
 
-def document_hash(doc: LoadedDocument) -> str:
+NO_EMBEDDER = (
+    "this document has text to embed, but the import has no embedding model to embed it "
+    "with (it writes vectors for a model version this process does not serve); send its "
+    "chunks with their vectors"
+)
+
+
+def document_hash(doc: LoadedDocument, model_id: int | None = None) -> str:
     """Hash of a document's content: a change in title, text or metadata makes a new version.
 
     The source path is left out so that the same files ingested from another folder are unchanged.
+    An imported document's hash covers its chunks (texts, metadata, vector bytes) and the model
+    version they are for as well.
     """
-    payload = json.dumps([doc.title, doc.text, doc.metadata], sort_keys=True, ensure_ascii=False)
-    return hashlib.sha256(payload.encode()).hexdigest()
+    pre = doc.precomputed
+    payload: list[object]
+    if pre is None:
+        payload = [doc.title, doc.text, doc.metadata]
+    else:
+        payload = [doc.title, doc.metadata, pre.texts, pre.metadata, model_id]
+    digest = hashlib.sha256(json.dumps(payload, sort_keys=True, ensure_ascii=False).encode())
+    if pre is not None:
+        digest.update(np.ascontiguousarray(pre.vectors, dtype="<f4").tobytes())
+    return digest.hexdigest()
 
 
 def text_hash(text: str) -> str:
@@ -96,20 +133,48 @@ class IngestPipeline:
     def __init__(
         self,
         db: Database,
-        embedder: Embedder,
+        embedder: Embedder | None,
         *,
         model_id: int,
         tenant_id: uuid.UUID,
-        chunking: ChunkingOptions,
+        chunking: ChunkingOptions | Callable[[], ChunkingOptions],
         batch_chunks: int = 2048,
     ) -> None:
+        """`embedder` None: only documents with their own vectors can be ingested. `chunking`
+        may be a function, called when the first text document needs chunking (the options
+        depend on the model, which need not be loaded for an import of vectors)."""
         self._db = db
         self._embedder = embedder
         self._model_id = model_id
         self._tenant_id = tenant_id
-        self._chunking = chunking
+        self._chunking_source = chunking
         self._batch_chunks = batch_chunks
-        self._tokenizer = embedder.tokenizer
+        self._text_tools: tuple[Tokenizer, ChunkingOptions] | None = None
+        self._dimension: int | None = None
+
+    @property
+    def model_id(self) -> int:
+        """The model version the pipeline writes vectors for."""
+        return self._model_id
+
+    def _chunk(self, doc: LoadedDocument) -> list[TextChunk]:
+        """Chunk a text document; loads the model on first use."""
+        if self._text_tools is None:
+            assert self._embedder is not None
+            source = self._chunking_source
+            options = source if isinstance(source, ChunkingOptions) else source()
+            self._text_tools = (self._embedder.tokenizer, options)
+        tokenizer, options = self._text_tools
+        return chunk_text(doc.text, tokenizer=tokenizer, options=options, format=doc.format)
+
+    def _model_dimension(self) -> int:
+        if self._dimension is None:
+            with self._db.read() as session:
+                model = store.models.get_model(session, self._model_id)
+            if model is None:
+                raise NotFoundError(f"no embedding model with id {self._model_id}")
+            self._dimension = model.dimension
+        return self._dimension
 
     def run(
         self,
@@ -227,20 +292,42 @@ class IngestPipeline:
     ) -> Iterator[_Pending]:
         stored = self._stored_hashes(collection_id, [d.external_id for d in docs])
         for doc in docs:
-            digest = document_hash(doc)
+            digest = document_hash(doc, self._model_id)
             if stored.get(doc.external_id) == digest:
                 report.unchanged.append(doc.external_id)
                 progress(1, 0)
                 continue
-            chunks = chunk_text(
-                doc.text, tokenizer=self._tokenizer, options=self._chunking, format=doc.format
-            )
-            if not chunks:
-                report.failed.append(LoadFailure(doc.source or doc.external_id, "no text to index"))
+            pending = self._prepare(doc, digest)
+            if isinstance(pending, LoadFailure):
+                report.failed.append(pending)
                 progress(1, 0)
                 continue
-            chunks = [flag_injection(chunk) for chunk in chunks]
-            yield _Pending(doc, digest, chunks, [text_hash(c.text) for c in chunks])
+            yield pending
+
+    def _prepare(self, doc: LoadedDocument, digest: str) -> _Pending | LoadFailure:
+        """The document's chunks (its own, or cut from its text), or why it cannot be taken."""
+        if doc.precomputed is not None:
+            return self._imported(doc, doc.precomputed, digest)
+        if self._embedder is None:
+            return LoadFailure(doc.source or doc.external_id, NO_EMBEDDER)
+        chunks = self._chunk(doc)
+        if not chunks:
+            return LoadFailure(doc.source or doc.external_id, "no text to index")
+        chunks = [flag_injection(chunk) for chunk in chunks]
+        return _Pending(doc, digest, chunks, [text_hash(c.text) for c in chunks])
+
+    def _imported(
+        self, doc: LoadedDocument, pre: PrecomputedChunks, digest: str
+    ) -> _Pending | LoadFailure:
+        expected, given = self._model_dimension(), int(pre.vectors.shape[1])
+        if given != expected:
+            reason = (
+                f"document {doc.external_id!r}: its vectors have {given} dimensions; the "
+                f"model version they are imported for has {expected}"
+            )
+            return LoadFailure(pre.where, reason)
+        chunks = [flag_injection(chunk) for chunk in imported_chunks(pre)]
+        return _Pending(doc, digest, chunks, [text_hash(c.text) for c in chunks], pre.vectors)
 
     def _stored_hashes(
         self, collection_id: uuid.UUID | None, external_ids: list[str]
@@ -253,7 +340,8 @@ class IngestPipeline:
     def _embed_and_submit(
         self, batch: list[_Pending], writer: _BatchWriter, report: IngestReport
     ) -> None:
-        vectors = self._vectors_for(batch, report)
+        vectors = self._vectors_for([p for p in batch if p.vectors is None], report)
+        report.chunks_imported += sum(len(p.chunks) for p in batch if p.vectors is not None)
         writes = [
             store.documents.DocumentWrite(
                 external_id=p.doc.external_id,
@@ -264,7 +352,11 @@ class IngestPipeline:
                 char_count=len(p.doc.text),
                 chunks=p.chunks,
                 chunk_hashes=p.chunk_hashes,
-                embeddings=np.stack([vectors[h] for h in p.chunk_hashes]),
+                embeddings=(
+                    p.vectors
+                    if p.vectors is not None
+                    else np.stack([vectors[h] for h in p.chunk_hashes])
+                ),
             )
             for p in batch
         ]
@@ -273,6 +365,9 @@ class IngestPipeline:
     def _vectors_for(self, batch: list[_Pending], report: IngestReport) -> dict[str, Any]:
         """One vector per distinct chunk text: stored ones reused, the rest embedded now."""
         wanted = list(dict.fromkeys(h for p in batch for h in p.chunk_hashes))
+        if not wanted:
+            return {}
+        assert self._embedder is not None  # `_prepare` let no text document in without one
         with self._db.read() as session:
             vectors: dict[str, Any] = store.models.stored_embeddings(
                 session, tenant_id=self._tenant_id, model_id=self._model_id, hashes=wanted
@@ -308,6 +403,19 @@ def flag_injection(chunk: TextChunk) -> TextChunk:
     return replace(chunk, metadata={**chunk.metadata, "injection": list(verdict.reasons)})
 
 
+def imported_chunks(pre: PrecomputedChunks) -> list[TextChunk]:
+    """The chunks of an imported document, with their offsets in the document's text (the
+    chunks joined by `CHUNK_SEPARATOR`). Their token count is a word count (whitespace
+    separated): cheap, and no model needs loading for it."""
+    chunks: list[TextChunk] = []
+    start = 0
+    for ordinal, (text, metadata) in enumerate(zip(pre.texts, pre.metadata, strict=True)):
+        end = start + len(text)
+        chunks.append(TextChunk(ordinal, text, start, end, len(text.split()), dict(metadata)))
+        start = end + len(CHUNK_SEPARATOR)
+    return chunks
+
+
 def _count_dry_run(batch: list[_Pending], report: IngestReport, progress: ProgressCallback) -> None:
     for pending in batch:
         report.new.append(pending.doc.external_id)
@@ -338,7 +446,7 @@ class _BatchWriter:
         self._inbox: queue.Queue[list[store.documents.DocumentWrite] | None] = queue.Queue(
             maxsize=1
         )
-        self._results: queue.Queue[store.documents.BatchWriteResult] = queue.Queue()
+        self._results: queue.Queue[tuple[store.documents.BatchWriteResult, float]] = queue.Queue()
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="ingest-writer", daemon=True)
         self._thread.start()
@@ -360,7 +468,7 @@ class _BatchWriter:
     def collect(self, report: IngestReport, progress: ProgressCallback) -> None:
         """Account for the batches committed so far; re-raise a writer failure here."""
         while not self._results.empty():
-            _account(self._results.get_nowait(), report, progress)
+            _account(*self._results.get_nowait(), report, progress)
         self._raise_if_failed()
 
     def close(self, report: IngestReport, progress: ProgressCallback) -> None:
@@ -378,7 +486,7 @@ class _BatchWriter:
             self._inbox.put_nowait(None)
         self._thread.join(timeout=60)
         while not self._results.empty():
-            _account(self._results.get_nowait(), report, lambda _docs, _chunks: None)
+            _account(*self._results.get_nowait(), report, lambda _docs, _chunks: None)
 
     def _raise_if_failed(self) -> None:
         if self._error is not None:
@@ -386,6 +494,7 @@ class _BatchWriter:
 
     def _loop(self) -> None:
         while (writes := self._inbox.get()) is not None:
+            started = time.perf_counter()
             try:
                 with self._db.write() as session:
                     result = store.documents.write_documents(
@@ -398,12 +507,16 @@ class _BatchWriter:
             except BaseException as exc:  # handed to the main thread, which re-raises it
                 self._error = exc
                 return
-            self._results.put(result)
+            self._results.put((result, time.perf_counter() - started))
 
 
 def _account(
-    result: store.documents.BatchWriteResult, report: IngestReport, progress: ProgressCallback
+    result: store.documents.BatchWriteResult,
+    seconds: float,
+    report: IngestReport,
+    progress: ProgressCallback,
 ) -> None:
+    report.write_seconds += seconds
     for doc in result.written:
         (report.new if doc.version == 1 else report.updated).append(doc.external_id)
     report.unchanged.extend(result.unchanged)

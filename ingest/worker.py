@@ -25,12 +25,20 @@ from types import FrameType
 import psycopg
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
-from ingest.loaders import DocumentLimits, JsonlFields, LoadResult, load_bytes, load_text
+from ingest.loaders import (
+    DocumentLimits,
+    JsonlFields,
+    LoadResult,
+    ParquetColumns,
+    load_bytes,
+    load_text,
+)
 from ingest.pipeline import IngestPipeline, IngestReport
+from ingest.targets import ingest_pipeline, resolve_model
 from ragservice import store
 from ragservice.bootstrap import Runtime
 from ragservice.db import tenancy
-from ragservice.errors import RagServiceError
+from ragservice.errors import NotFoundError, RagServiceError
 
 log = logging.getLogger(__name__)
 
@@ -184,33 +192,32 @@ class JobWorker:
     ) -> None:
         if job.collection is None:
             raise JobFailure("the job's collection no longer exists")
-        items = self._results(job, _jsonl_fields(job), progress)
+        pipeline = self._pipeline(job)
+        items = self._results(job, _formats(job), progress)
         with contextlib.closing(items):
-            self._pipeline(job.tenant_id).run(
-                items, collection=job.collection, on_progress=progress, report=report
-            )
+            pipeline.run(items, collection=job.collection, on_progress=progress, report=report)
 
     def _results(
-        self, job: store.jobs.ClaimedJob, fields: JsonlFields, progress: _Progress
+        self,
+        job: store.jobs.ClaimedJob,
+        formats: tuple[JsonlFields, ParquetColumns],
+        progress: _Progress,
     ) -> Generator[LoadResult, None, None]:
         limits = DocumentLimits.from_settings(self._runtime.settings)
         with self._runtime.db.read() as session:
             for item in store.jobs.job_items(session, job.id):
                 progress.tick()
-                yield from _load_item(item, fields, limits)
+                yield from _load_item(item, formats, limits)
 
-    def _pipeline(self, tenant_id: uuid.UUID) -> IngestPipeline:
-        """The whole job embeds with the model active when it starts, even across a switch."""
-        runtime = self._runtime
-        model = runtime.models.current()
-        return IngestPipeline(
-            runtime.db,
-            model.embedder,
-            model_id=model.id,
-            tenant_id=tenant_id,
-            chunking=runtime.chunking_options(model),
-            batch_chunks=runtime.settings.ingest_batch_chunks,
-        )
+    def _pipeline(self, job: store.jobs.ClaimedJob) -> IngestPipeline:
+        """The whole job embeds with the model active when it starts, even across a switch;
+        vectors it imports are for the version the upload named (`model`), if any."""
+        ref = job.params.get("model")
+        try:
+            model = resolve_model(self._runtime, str(ref) if ref else None)
+        except NotFoundError as exc:  # the version was deleted since the upload
+            raise JobFailure(str(exc)) from exc
+        return ingest_pipeline(self._runtime, tenant_id=job.tenant_id, model=model)
 
     def _finish(self, job: store.jobs.ClaimedJob, report: IngestReport, error: str = "") -> str:
         status = "failed" if error else "done"
@@ -291,23 +298,33 @@ class _Progress:
 
 
 def _load_item(
-    item: store.jobs.JobItem, fields: JsonlFields, limits: DocumentLimits
+    item: store.jobs.JobItem,
+    formats: tuple[JsonlFields, ParquetColumns],
+    limits: DocumentLimits,
 ) -> Iterator[LoadResult]:
     if item.kind == "text":
         text = item.body.decode("utf-8", errors="replace")
         yield load_text(item.name, text, title=item.title, metadata=item.metadata, limits=limits)
     else:
+        fields, columns = formats
         yield from load_bytes(
-            item.name, item.body, jsonl_fields=fields, metadata=item.metadata, limits=limits
+            item.name,
+            item.body,
+            jsonl_fields=fields,
+            parquet_columns=columns,
+            metadata=item.metadata,
+            limits=limits,
         )
 
 
-def _jsonl_fields(job: store.jobs.ClaimedJob) -> JsonlFields:
-    spec = job.params.get("jsonl_fields")
-    if not spec:
-        return JsonlFields()
+def _formats(job: store.jobs.ClaimedJob) -> tuple[JsonlFields, ParquetColumns]:
+    """The JSONL keys and Parquet columns the upload named (the API checked them)."""
+    fields, columns = job.params.get("jsonl_fields"), job.params.get("parquet_columns")
     try:
-        return JsonlFields.parse(str(spec))
+        return (
+            JsonlFields.parse(str(fields)) if fields else JsonlFields(),
+            ParquetColumns.parse(str(columns)) if columns else ParquetColumns(),
+        )
     except ValueError as exc:
         raise JobFailure(str(exc)) from exc
 

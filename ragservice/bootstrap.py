@@ -16,6 +16,7 @@ from ragservice.embedding.embedder import SentenceTransformerEmbedder, make_embe
 from ragservice.embedding.registry import (
     ModelRegistry,
     ServingModel,
+    load_embedder,
     loadable,
     serve_embedder,
     serve_row,
@@ -58,7 +59,7 @@ class Runtime:
 
 
 def open_runtime(
-    settings: Settings, *, embedder: SentenceTransformerEmbedder | None = None
+    settings: Settings, *, embedder: SentenceTransformerEmbedder | None = None, warm: bool = True
 ) -> Runtime:
     """Start or join PostgreSQL, migrate, and load the embedding model to serve: the active
     one when this process can load it (a fine-tuned version, say), else the configured one,
@@ -66,10 +67,13 @@ def open_runtime(
 
     Pass an `embedder` that is already loaded to share one model between runtimes (tests); it
     is registered and served first. `runtime.models.start()` then follows activations.
+
+    `warm=False` leaves the active model unloaded until something embeds or tokenizes with it
+    (a bulk import of vectors never does); a model that must first be registered still loads.
     """
     db = open_database(settings)
     try:
-        initial = _initial_model(db, settings, embedder)
+        initial = _initial_model(db, settings, embedder, warm=warm)
     except BaseException:
         db.dispose()
         raise
@@ -92,12 +96,14 @@ def require_unprivileged_login(db: Database, settings: Settings) -> None:
 
 
 def _initial_model(
-    db: Database, settings: Settings, embedder: SentenceTransformerEmbedder | None
+    db: Database, settings: Settings, embedder: SentenceTransformerEmbedder | None, *, warm: bool
 ) -> ServingModel:
     if embedder is None:
         with db.read() as session:
             active = store.models.active_model(session)
         if active is not None and loadable(active, settings):
+            if not warm:
+                return serve_embedder(active, load_embedder(settings, active))
             return serve_row(settings, active)
         embedder = make_embedder(settings, owner=tenancy.current_tenant_id)
         embedder.warm_up()

@@ -5,6 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
+import numpy as np
+import numpy.typing as npt
+
 SUPPORTED_SUFFIXES: tuple[str, ...] = (
     ".txt",
     ".md",
@@ -14,6 +17,7 @@ SUPPORTED_SUFFIXES: tuple[str, ...] = (
     ".pdf",
     ".docx",
     ".jsonl",
+    ".parquet",
 )
 """File types the loaders read; the API refuses other uploads with 415 before queueing them."""
 
@@ -22,6 +26,24 @@ Scale = Literal["thumbs", "stars"]
 
 TextFormat = Literal["text", "markdown"]
 """How a loaded text is structured: `markdown` texts carry `#` headings the chunker follows."""
+
+
+CHUNK_SEPARATOR = "\n\n"
+"""What joins a document's precomputed chunks into its text (and so sets their offsets)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PrecomputedChunks:
+    """A document's own chunks with their vectors, embedded elsewhere (a bulk import).
+
+    `vectors` has one float32 row per text; `where` names the input (`file:line`, `file rows
+    a-b`) so that a refusal (a dimension the model does not have) can point at it.
+    """
+
+    texts: tuple[str, ...]
+    metadata: tuple[dict[str, Any], ...]
+    vectors: npt.NDArray[np.float32]
+    where: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +60,8 @@ class LoadedDocument:
     metadata: dict[str, Any] = field(default_factory=dict)
     source: str = ""
     format: TextFormat = "text"
+    precomputed: PrecomputedChunks | None = None
+    """The chunks and vectors the document came with; None: chunk and embed `text` here."""
 
 
 @dataclass(frozen=True, slots=True)

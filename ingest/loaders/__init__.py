@@ -5,15 +5,16 @@ with a short reason, so one broken file does not stop a batch. Every text, title
 metadata value passes through `clean_text`: PostgreSQL rejects NUL bytes and invalid UTF-8, and
 one such value would fail a whole COPY batch.
 
-One module per format (`text_files`, `html_files`, `pdf_files`, `docx_files`, `jsonl_files`);
-`loading` picks the format by suffix, `walking` selects files under folders, `cleaning` makes
-text safe to store and `limits` bounds each document.
+One module per format (`text_files`, `html_files`, `pdf_files`, `docx_files`, `jsonl_files`,
+`parquet_files`); `loading` picks the format by suffix, `walking` selects files under folders,
+`cleaning` makes text safe to store and `limits` bounds each document.
 """
 
 from ingest.loaders.cleaning import clean_text, decode_bytes
 from ingest.loaders.jsonl_files import JsonlFields
 from ingest.loaders.limits import NO_TEXT, DocumentLimits
 from ingest.loaders.loading import load_bytes, load_documents, load_file, load_text, upload_name
+from ingest.loaders.parquet_files import ParquetColumns
 from ingest.loaders.parsing import LoadResult
 from ingest.loaders.walking import iter_files
 from ragservice.types import SUPPORTED_SUFFIXES
@@ -24,6 +25,7 @@ __all__ = [
     "DocumentLimits",
     "JsonlFields",
     "LoadResult",
+    "ParquetColumns",
     "clean_text",
     "decode_bytes",
     "iter_files",

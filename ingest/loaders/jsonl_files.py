@@ -1,5 +1,9 @@
 """JSONL: one document per line, its id, title, text and metadata read from the keys that
-`JsonlFields` names (BEIR `corpus.jsonl` by default); a bad line fails alone."""
+`JsonlFields` names (BEIR `corpus.jsonl` by default); a bad line fails alone.
+
+A line with a `chunks` array brings its own chunks and vectors (a bulk import): each chunk is
+`{"text": ..., "embedding": [floats], "metadata": {...}}`, and the line needs no text field.
+"""
 
 from __future__ import annotations
 
@@ -12,8 +16,14 @@ from typing import Any
 from ingest.loaders.cleaning import clean_json, clean_text, clean_title, guess_encoding
 from ingest.loaders.limits import ID_TOO_LONG, NO_TEXT, TOO_DEEP, DocumentLimits, too_long
 from ingest.loaders.parsing import LoadResult, ParseError, describe
+from ingest.loaders.vectors import (
+    chunk_metadata,
+    chunk_texts,
+    precomputed_document,
+    vector_matrix,
+)
 from ragservice.limits import external_id_too_long, too_deep
-from ragservice.types import LoadedDocument, LoadFailure
+from ragservice.types import LoadedDocument, LoadFailure, PrecomputedChunks
 
 
 @dataclass(frozen=True)
@@ -28,6 +38,7 @@ class JsonlFields:
     title: str = "title"
     text: str = "text"
     metadata: tuple[str, ...] = ()
+    chunks: str = "chunks"
 
     @classmethod
     def parse(cls, spec: str) -> JsonlFields:
@@ -43,10 +54,11 @@ class JsonlFields:
             title=values.get("title", default.title),
             text=values.get("text", default.text),
             metadata=metadata,
+            chunks=values.get("chunks", default.chunks),
         )
 
 
-_SPEC_KEYS = ("id", "title", "text", "metadata")
+_SPEC_KEYS = ("id", "title", "text", "metadata", "chunks")
 
 
 def _parse_spec(spec: str) -> dict[str, str]:
@@ -67,7 +79,7 @@ def _spec_part_problem(part: str, key: str, sep: str, value: str, seen: Mapping[
     if not sep:
         return f"{part!r} is not key=value"
     if key not in _SPEC_KEYS:
-        return f"unknown key {key!r} (expected id, title, text or metadata)"
+        return f"unknown key {key!r} (expected id, title, text, metadata or chunks)"
     if key in seen:
         return f"key {key!r} is given twice"
     if not value.strip("|").strip():
@@ -116,8 +128,11 @@ def _jsonl_row(
     provenance = {"source_path": file_id, "file_type": "jsonl"}
     try:
         row = _parse_row(decode(raw))
-        external_id, text = _row_id(row, fields), _row_text(row, fields, limits)
+        external_id = _row_id(row, fields)
         metadata = _row_metadata(row, fields, {**provenance, **extra})
+        if fields.chunks in row:
+            return _precomputed_row(row, fields, (external_id, metadata), where, limits)
+        text = _row_text(row, fields, limits)
     except ParseError as exc:
         return LoadFailure(line, str(exc))
     title = clean_title(row.get(fields.title))
@@ -128,6 +143,35 @@ def _jsonl_row(
         title=title,
         metadata=metadata,
         source=source,
+    )
+
+
+def _precomputed_row(
+    row: dict[str, Any],
+    fields: JsonlFields,
+    document: tuple[str, dict[str, Any]],
+    where: tuple[str, int],
+    limits: DocumentLimits,
+) -> LoadedDocument:
+    chunks = row[fields.chunks]
+    if not isinstance(chunks, list) or not chunks:
+        raise ParseError(f"{fields.chunks!r} must be a non-empty array of chunks")
+    if not all(isinstance(chunk, dict) for chunk in chunks):
+        raise ParseError(f"every item of {fields.chunks!r} must be a JSON object")
+    precomputed = PrecomputedChunks(
+        texts=chunk_texts([chunk.get("text") for chunk in chunks]),
+        metadata=chunk_metadata([chunk.get("metadata") for chunk in chunks]),
+        vectors=vector_matrix([chunk.get("embedding") for chunk in chunks]),
+        where=f"{where[0]}:{where[1]}",
+    )
+    external_id, metadata = document
+    return precomputed_document(
+        external_id=external_id,
+        title=clean_title(row.get(fields.title)),
+        metadata=metadata,
+        chunks=precomputed,
+        source=where[0],
+        limits=limits,
     )
 
 

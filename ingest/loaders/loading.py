@@ -1,6 +1,7 @@
 """Loading: files, uploads and sent text become `LoadedDocument`s or `LoadFailure`s.
 
-The parser is chosen by the file's suffix; JSONL yields one result per line.
+The parser is chosen by the file's suffix; JSONL yields one result per line, Parquet one per
+document (its rows grouped by document id).
 """
 
 from __future__ import annotations
@@ -21,14 +22,16 @@ from ingest.loaders.limits import (
     resolve_limits,
     too_long,
 )
+from ingest.loaders.parquet_files import ParquetColumns, batch_documents
 from ingest.loaders.parsing import LoadResult, ParseError
-from ingest.loaders.sandbox import PARSERS, parse_isolated
+from ingest.loaders.sandbox import PARSERS, parse_isolated, stream_isolated
 from ingest.loaders.walking import iter_files
 from ragservice.limits import external_id_too_long, too_deep
 from ragservice.types import LoadedDocument, LoadFailure
 
 # The defaults read BEIR `corpus.jsonl`; frozen, so one shared instance is safe.
 _BEIR_FIELDS = JsonlFields()
+_PARQUET_COLUMNS = ParquetColumns()
 
 
 def load_documents(
@@ -37,6 +40,7 @@ def load_documents(
     exclude: Sequence[str] = (),
     jsonl_fields: JsonlFields = _BEIR_FIELDS,
     limits: DocumentLimits | None = None,
+    parquet_columns: ParquetColumns = _PARQUET_COLUMNS,
 ) -> Iterator[LoadResult]:
     """Load every file `iter_files` selects; raises FileNotFoundError at once for a bad path."""
     files = iter_files(paths, include, exclude)
@@ -44,7 +48,13 @@ def load_documents(
     return (
         result
         for path, external_id in files
-        for result in load_file(path, external_id, jsonl_fields=jsonl_fields, limits=resolved)
+        for result in load_file(
+            path,
+            external_id,
+            jsonl_fields=jsonl_fields,
+            parquet_columns=parquet_columns,
+            limits=resolved,
+        )
     )
 
 
@@ -53,9 +63,11 @@ def load_file(
     external_id: str,
     *,
     jsonl_fields: JsonlFields = _BEIR_FIELDS,
+    parquet_columns: ParquetColumns = _PARQUET_COLUMNS,
     limits: DocumentLimits | None = None,
 ) -> Iterator[LoadResult]:
-    """Load one file: one document (or failure), or one per line for JSONL.
+    """Load one file: one document (or failure), or one per line for JSONL, one per document
+    for Parquet (read by the sandbox from the file's path).
 
     File documents get `source=str(path)` and metadata `source_path` (= `external_id`) and
     `file_type`. JSONL rows take their external id from the row's id field. `limits`
@@ -64,6 +76,9 @@ def load_file(
     suffix = path.suffix.lower()
     if suffix == ".jsonl":
         return load_jsonl(path, external_id, jsonl_fields, resolve_limits(limits))
+    if suffix == ".parquet":
+        where = (str(path), external_id)
+        return _parquet(path, where, parquet_columns, {}, resolve_limits(limits))
     return iter((_load_single(path, external_id, suffix, resolve_limits(limits)),))
 
 
@@ -72,6 +87,7 @@ def load_bytes(
     data: bytes,
     *,
     jsonl_fields: JsonlFields = _BEIR_FIELDS,
+    parquet_columns: ParquetColumns = _PARQUET_COLUMNS,
     metadata: Mapping[str, Any] | None = None,
     limits: DocumentLimits | None = None,
 ) -> Iterator[LoadResult]:
@@ -92,6 +108,8 @@ def load_bytes(
         return jsonl_results(
             io.BytesIO(data), external_id, external_id, jsonl_fields, extra, resolved
         )
+    if suffix == ".parquet":
+        return _parquet(data, (external_id, external_id), parquet_columns, extra, resolved)
     return iter((_parse_single(data, suffix, external_id, external_id, extra, resolved),))
 
 
@@ -188,6 +206,25 @@ def _parse_single(
         source=source,
         format=parsed.format,
     )
+
+
+def _parquet(
+    data: bytes | Path,
+    where: tuple[str, str],
+    columns: ParquetColumns,
+    extra: dict[str, Any],
+    limits: DocumentLimits,
+) -> Iterator[LoadResult]:
+    """The documents of a Parquet file; a file the sandbox cannot read fails whole (after the
+    documents of the batches read before the problem)."""
+    source, file_id = where
+    try:
+        for frame in stream_isolated(data, columns, limits):
+            yield from batch_documents(
+                frame, source=source, file_id=file_id, extra=extra, limits=limits
+            )
+    except ParseError as exc:
+        yield LoadFailure(source, str(exc))
 
 
 def _unsupported(source: str, suffix: str) -> LoadFailure:

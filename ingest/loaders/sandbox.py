@@ -12,11 +12,17 @@ used plus the file's allowance (`RLIMIT_CPU`: the kernel stops it with SIGXCPU, 
 it is in). The parent waits for the answer no longer than the wall-clock limit; a child that is
 stopped, dies or runs late is replaced. Messages are length-prefixed frames: the file's bytes
 one way, JSON the other (the parent never unpickles what a parser's process sends).
+
+A file of many documents (Parquet) is streamed: the child answers with a frame pair (JSON and
+raw bytes: vectors) per record batch, each batch under the CPU and wall-clock limits of one
+file, until an `end` frame; a local file is then read by the child from its path.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import io
 import json
 import math
 import os
@@ -29,13 +35,14 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
 from ingest.loaders.docx_files import parse_docx
 from ingest.loaders.html_files import parse_html
 from ingest.loaders.limits import DocumentLimits
+from ingest.loaders.parquet_files import Frame, ParquetColumns, parquet_batches
 from ingest.loaders.parsing import Parsed, ParseError
 from ingest.loaders.pdf_files import parse_pdf
 from ingest.loaders.text_files import parse_markdown, parse_text
@@ -65,6 +72,17 @@ def parse_isolated(suffix: str, data: bytes, limits: DocumentLimits) -> Parsed:
     if sandbox is None:
         sandbox = _local.sandbox = _Sandbox()
     return sandbox.parse(suffix, data, limits)
+
+
+def stream_isolated(
+    source: bytes | Path, columns: ParquetColumns, limits: DocumentLimits
+) -> Iterator[Frame]:
+    """Read a Parquet file (its bytes, or its path) in this thread's sandbox, one frame per
+    record batch; ParseError for bad content and for a batch over the limits."""
+    sandbox: _Sandbox | None = getattr(_local, "sandbox", None)
+    if sandbox is None:
+        sandbox = _local.sandbox = _Sandbox()
+    return sandbox.stream(source, columns, limits)
 
 
 def sandbox_pid() -> int | None:
@@ -105,9 +123,45 @@ class _Sandbox:
     def parse(self, suffix: str, data: bytes, limits: DocumentLimits) -> Parsed:
         child = self._start(limits.parse_memory_mib)
         request = {"suffix": suffix, "limits": dataclasses.asdict(limits)}
-        try:
+        with self._failures(limits):
             _send(child, json.dumps(request).encode(), data)
             reply = _receive(child, time.monotonic() + limits.parse_seconds)
+        return self._outcome(json.loads(reply), limits)
+
+    def stream(
+        self, source: bytes | Path, columns: ParquetColumns, limits: DocumentLimits
+    ) -> Iterator[Frame]:
+        child = self._start(limits.parse_memory_mib)
+        path = str(source.resolve()) if isinstance(source, Path) else None
+        request = {
+            "suffix": ".parquet",
+            "limits": dataclasses.asdict(limits),
+            "columns": columns.as_dict(),
+            "path": path,
+        }
+        finished = False
+        try:
+            with self._failures(limits):
+                data = source if isinstance(source, bytes) else b""
+                _send(child, json.dumps(request).encode(), data)
+            while True:
+                with self._failures(limits):
+                    reply = json.loads(_receive(child, time.monotonic() + limits.parse_seconds))
+                    if reply["kind"] != "batch":
+                        finished = True
+                        self._outcome(reply, limits)  # raises, unless the stream ended
+                        return
+                    payload = _receive(child, time.monotonic() + limits.parse_seconds)
+                yield reply["frame"], payload
+        finally:
+            if not finished:  # stopped part-way: the child is still sending
+                self._stop()
+
+    @contextlib.contextmanager
+    def _failures(self, limits: DocumentLimits) -> Iterator[None]:
+        """The child's death or delay as a ParseError (and the child replaced)."""
+        try:
+            yield
         except _Late:
             self._stop()
             raise ParseError(took_too_long(limits)) from None
@@ -118,11 +172,12 @@ class _Sandbox:
             # Anything else that kills a parser (an allocation C code could not survive, an
             # abort) is a file it could not handle within its memory.
             raise ParseError(used_too_much(limits)) from None
-        return self._outcome(json.loads(reply), limits)
 
     def _outcome(self, reply: dict[str, Any], limits: DocumentLimits) -> Parsed:
         if reply["kind"] == "ok":
             return Parsed(reply["text"], reply["title"], reply["format"], reply["metadata"])
+        if reply["kind"] == "end":
+            return Parsed("", None, "text")
         if reply["kind"] == "memory":
             self._stop()  # a MemoryError may leave the child's heap in a poor state
             raise ParseError(used_too_much(limits))
@@ -217,7 +272,28 @@ def serve() -> None:
         data = _read_frame(source)
         limits = DocumentLimits(**request["limits"])
         _limit_cpu(limits.parse_seconds)
-        _write(sink, json.dumps(_parse(request["suffix"], data, limits)).encode())
+        if "columns" in request:
+            _stream(sink, request, data, limits)
+        else:
+            _write(sink, json.dumps(_parse(request["suffix"], data, limits)).encode())
+
+
+def _stream(sink: BinaryIO, request: dict[str, Any], data: bytes, limits: DocumentLimits) -> None:
+    """Frame pairs, one per record batch, then an `end` (or `error`, `memory`) frame."""
+    columns = ParquetColumns(**request["columns"])
+    source = request["path"] or io.BytesIO(data)
+    try:
+        for header, payload in parquet_batches(source, columns, limits):
+            _write(sink, json.dumps({"kind": "batch", "frame": header}).encode())
+            _write(sink, payload)
+            _limit_cpu(limits.parse_seconds)
+    except ParseError as exc:
+        _write(sink, json.dumps({"kind": "error", "reason": str(exc)}).encode())
+        return
+    except MemoryError:
+        _write(sink, json.dumps({"kind": "memory"}).encode())
+        return
+    _write(sink, json.dumps({"kind": "end"}).encode())
 
 
 def _read_frame(source: BinaryIO) -> bytes:

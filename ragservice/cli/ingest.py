@@ -12,6 +12,7 @@ import signal
 import socket
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 from typing import Annotated
@@ -21,8 +22,9 @@ from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from ingest.loaders import JsonlFields, load_documents
-from ingest.pipeline import IngestPipeline, IngestReport, ProgressCallback
+from ingest.loaders import JsonlFields, ParquetColumns, load_documents
+from ingest.pipeline import IngestReport, ProgressCallback
+from ingest.targets import ingest_pipeline, resolve_model
 from ragservice import store
 from ragservice.bootstrap import Runtime, open_runtime
 from ragservice.config import configure_logging, get_settings
@@ -84,12 +86,33 @@ def ingest_command(
         bool,
         typer.Option("--prune", help="Delete documents of the collection that are not in PATHs."),
     ] = False,
+    parquet_columns: Annotated[
+        str | None,
+        typer.Option(
+            "--parquet-columns",
+            help="Parquet column mapping, e.g. 'id=doc,text=passage,embedding=vec'. Default: "
+            "id/title/text/embedding/ordinal/metadata/document_metadata.",
+        ),
+    ] = None,
+    model: Annotated[
+        str | None,
+        typer.Option(
+            "--model",
+            help="NAME[:VERSION] the imported vectors are for (their dimension is checked). "
+            "Default: the active model.",
+        ),
+    ] = None,
 ) -> None:
-    """Load, chunk, embed and store documents. Unchanged documents are skipped."""
+    """Load, chunk, embed and store documents, or import chunks with their vectors (JSONL
+    lines with `chunks`, Parquet). Unchanged documents are skipped."""
     try:
         fields = JsonlFields.parse(jsonl_fields) if jsonl_fields else JsonlFields()
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--jsonl-fields") from exc
+    try:
+        columns = ParquetColumns.parse(parquet_columns) if parquet_columns else ParquetColumns()
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--parquet-columns") from exc
     if not collection.strip():
         raise typer.BadParameter("must not be empty", param_hint="--collection")
     for path in paths:
@@ -102,11 +125,7 @@ def ingest_command(
             _run(
                 paths,
                 collection,
-                include or [],
-                exclude or [],
-                fields,
-                dry_run,
-                prune,
+                _Options(include or [], exclude or [], fields, columns, model, dry_run, prune),
                 report,
                 ctrl_c,
             )
@@ -125,46 +144,62 @@ def ingest_command(
     raise typer.Exit(EXIT_INTERRUPTED if ctrl_c.received else 0 if report.ok else 1)
 
 
+@dataclass(frozen=True)
+class _Options:
+    include: list[str]
+    exclude: list[str]
+    fields: JsonlFields
+    columns: ParquetColumns
+    model: str | None
+    dry_run: bool
+    prune: bool
+
+
 def _run(
     paths: list[Path],
     collection: str,
-    include: list[str],
-    exclude: list[str],
-    fields: JsonlFields,
-    dry_run: bool,
-    prune: bool,
+    options: _Options,
     report: IngestReport,
     ctrl_c: _CtrlC,
 ) -> IngestReport:
     """Ingest into `report`, which keeps the counts of what committed if Ctrl-C stops the run."""
-    with console.status("starting database and loading the embedding model"):
-        runtime = open_runtime(get_settings())
+    # The model is loaded only once a document needs embedding: an import of vectors never does.
+    with console.status("starting the database"):
+        runtime = open_runtime(get_settings(), warm=False)
     try:
-        model = runtime.models.current()  # the model active when the run starts, throughout
-        pipeline = IngestPipeline(
-            runtime.db,
-            model.embedder,
-            model_id=model.id,
-            tenant_id=runtime.default_tenant_id,
-            chunking=runtime.chunking_options(model),
-            batch_chunks=runtime.settings.ingest_batch_chunks,
+        target = resolve_model(runtime, options.model)
+        # The model active when the run starts (or the one named), throughout.
+        pipeline = ingest_pipeline(
+            runtime, tenant_id=runtime.default_tenant_id, model=target, load_other=True
         )
-        items = load_documents(paths, include=include, exclude=exclude, jsonl_fields=fields)
+        items = load_documents(
+            paths,
+            include=options.include,
+            exclude=options.exclude,
+            jsonl_fields=options.fields,
+            parquet_columns=options.columns,
+        )
         params: dict[str, object] = {
             "paths": [str(p) for p in paths],
-            "include": include,
-            "exclude": exclude,
+            "include": options.include,
+            "exclude": options.exclude,
         }
+        if options.model:
+            params["model"] = options.model
 
         def run(on_progress: ProgressCallback, report: IngestReport) -> IngestReport:
             try:
-                return pipeline.run(
-                    items,
-                    collection=collection,
-                    dry_run=dry_run,
-                    prune=prune,
-                    on_progress=on_progress,
-                    report=report,
+                return with_index_upkeep(
+                    runtime,
+                    pipeline.model_id,
+                    lambda: pipeline.run(
+                        items,
+                        collection=collection,
+                        dry_run=options.dry_run,
+                        prune=options.prune,
+                        on_progress=on_progress,
+                        report=report,
+                    ),
                 )
             finally:
                 ctrl_c.stopping = False  # the job record and the clean-up run to the end
@@ -173,6 +208,16 @@ def _run(
             return _with_job_record(runtime, collection, params, report, run)
     finally:
         runtime.close()
+
+
+def with_index_upkeep(
+    runtime: Runtime, model_id: int, load: Callable[[], IngestReport]
+) -> IngestReport:
+    """Run the load itself. This is where the model's HNSW index is dropped before a big
+    import and built again after it (a build after the load is far faster than keeping the
+    index up to date row by row)."""
+    del runtime, model_id  # what the index upkeep will need
+    return load()
 
 
 def _with_job_record(
@@ -251,7 +296,8 @@ def _print_summary(report: IngestReport) -> None:
     console.print(table)
     console.print(
         f"chunks written {report.chunks_written:,} (embedded {report.chunks_embedded:,}, "
-        f"reused {report.chunks_reused:,}) in {report.seconds:.1f} s"
+        f"reused {report.chunks_reused:,}, imported with vectors {report.chunks_imported:,}) "
+        f"in {report.seconds:.1f} s, {report.write_seconds:.1f} s of it in write transactions"
     )
     for failure in report.failed[:_MAX_FAILURES_SHOWN]:
         console.print(f"[red]failed[/red] {failure.source}: {failure.reason}")

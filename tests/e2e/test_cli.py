@@ -109,6 +109,36 @@ def test_ingest_cli_dry_run_and_bad_arguments(
     assert "does not exist" in missing.stderr
 
 
+def test_ingest_cli_imports_parquet_vectors_without_loading_the_model(
+    database_url: str, corpus: Path, tmp_path: Path
+) -> None:
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    ragservice = str(BIN / "ragservice")
+    first = run([ragservice, "ingest", str(corpus), "-c", "docs"], database_url, tmp_path)
+    assert first.returncode == 0, first.stderr
+    assert "loaded embedding model" in first.stderr  # registered (and loaded) once
+    vectors = np.random.default_rng(0).standard_normal((3, 384)).astype(np.float32)
+    path = tmp_path / "chunks.parquet"
+    embedding = pa.FixedSizeListArray.from_arrays(pa.array(vectors.ravel()), 384)
+    table = {"id": ["v1", "v1", "v2"], "text": ["a b", "c", "d e f"], "embedding": embedding}
+    pq.write_table(pa.table(table), path)
+    imported = run([ragservice, "ingest", str(path), "-c", "docs"], database_url, tmp_path)
+    assert imported.returncode == 0, imported.stderr
+    assert "imported with vectors 3" in imported.stderr
+    assert "loaded embedding model" not in imported.stderr
+    again = run([ragservice, "ingest", str(path), "-c", "docs"], database_url, tmp_path)
+    assert again.returncode == 0 and "chunks written 0" in again.stderr, again.stderr
+    wrong = run(
+        [ragservice, "ingest", str(path), "-c", "docs", "--model", "no-such-model"],
+        database_url,
+        tmp_path,
+    )
+    assert wrong.returncode == 1 and "no embedding model 'no-such-model'" in wrong.stderr
+
+
 def test_db_upgrade_command(database_url: str, tmp_path: Path) -> None:
     result = run([str(BIN / "ragservice"), "db", "upgrade"], database_url, tmp_path)
     assert result.returncode == 0, result.stderr

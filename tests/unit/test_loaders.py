@@ -588,6 +588,7 @@ def test_supported_suffixes() -> None:
         ".pdf",
         ".docx",
         ".jsonl",
+        ".parquet",
     )
 
 

@@ -25,6 +25,7 @@ from ragservice.api.schemas.documents import (
 from ragservice.api.schemas.jobs import JobOut, job_out
 from ragservice.bootstrap import Runtime
 from ragservice.config import Settings
+from ragservice.embedding.registry import get_model_by_name
 from ragservice.errors import (
     BadRequestError,
     InvalidInputError,
@@ -70,7 +71,9 @@ def add_documents(
 @router.post("/files", status_code=status.HTTP_202_ACCEPTED)
 async def upload_files(
     collection: str,
-    files: Annotated[list[UploadFile], File(description="txt, md, html, pdf, docx or jsonl")],
+    files: Annotated[
+        list[UploadFile], File(description="txt, md, html, pdf, docx, jsonl or parquet")
+    ],
     principal: Writer,
     runtime: RuntimeDep,
     request: Request,
@@ -81,9 +84,21 @@ async def upload_files(
     jsonl_fields: Annotated[
         str | None, Form(description='JSONL keys, e.g. "id=doc_id,title=name,text=body"')
     ] = None,
+    parquet_columns: Annotated[
+        str | None, Form(description='Parquet columns, e.g. "id=doc,text=passage,embedding=vec"')
+    ] = None,
+    model: Annotated[
+        str | None,
+        Form(
+            description="NAME[:VERSION] the uploaded vectors are for (default: the serving model)"
+        ),
+    ] = None,
 ) -> JobOut:
     """Queue uploaded files for ingestion; one job covers the whole upload."""
     settings = runtime.settings
+    params = _format_params(jsonl_fields, parquet_columns)
+    if model and model.strip():
+        params["model"] = _model_ref(runtime, model.strip())
     if len(files) > settings.max_files_per_upload:
         raise PayloadTooLargeError(
             f"{len(files)} files in one upload; the limit is {settings.max_files_per_upload} "
@@ -102,7 +117,6 @@ async def upload_files(
         )
         for name, upload in zip(names, files, strict=True)
     ]
-    params = {"jsonl_fields": jsonl_fields} if jsonl_fields else {}
     # Writing the files into PostgreSQL is blocking work: off the event loop.
     return await anyio.to_thread.run_sync(
         _enqueue, runtime, request, response, principal.tenant_id, collection, items, params
@@ -186,6 +200,22 @@ def _enqueue(
     assert job is not None
     response.headers["Location"] = f"/v1/jobs/{job_id}"
     return job_out(job)
+
+
+def _format_params(jsonl_fields: str | None, parquet_columns: str | None) -> dict[str, Any]:
+    """The JSONL keys and Parquet columns named; a bad spec fails the job, with its reason."""
+    named = {"jsonl_fields": jsonl_fields, "parquet_columns": parquet_columns}
+    return {key: value for key, value in named.items() if value}
+
+
+def _model_ref(runtime: Runtime, ref: str) -> str:
+    """`ref` as `NAME:VERSION` of a registered version (422 naming the known ones otherwise)."""
+    with runtime.db.read() as session:
+        try:
+            row = get_model_by_name(session, ref)
+        except NotFoundError as exc:
+            raise InvalidInputError(f"model: {exc}") from exc
+    return f"{row.name}:{row.version}"
 
 
 def _document_not_found(collection: str, external_id: str) -> NotFoundError:
