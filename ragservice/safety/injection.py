@@ -47,8 +47,30 @@ class Verdict:
     reasons: tuple[str, ...] = ()
 
 
-def _rules(*pairs: tuple[str, str]) -> tuple[tuple[str, re.Pattern[str]], ...]:
-    return tuple((name, re.compile(pattern, re.MULTILINE)) for name, pattern in pairs)
+@dataclass(frozen=True, slots=True)
+class Rule:
+    """A named pattern, and the strings it cannot match without (one of them at least): a
+    view holding none of them is passed over without running the pattern. Substring tests
+    cost microseconds where each pattern costs a tenth of a millisecond on a page of text,
+    and most passages hold the needles of a few rules only. `tests/unit/test_safety.py`
+    checks every rule's needles against its pattern."""
+
+    name: str
+    pattern: re.Pattern[str]
+    needles: tuple[str, ...] = ()
+
+    def search(self, view: str) -> bool:
+        if self.needles and not any(needle in view for needle in self.needles):
+            return False
+        return self.pattern.search(view) is not None
+
+
+def _rules(*rules: tuple[str, str, str]) -> tuple[Rule, ...]:
+    """(name, pattern, needles separated by `|`; empty: always run)."""
+    return tuple(
+        Rule(name, re.compile(pattern, re.MULTILINE), tuple(n for n in needles.split("|") if n))
+        for name, pattern, needles in rules
+    )
 
 
 def _any(words: str) -> str:
@@ -71,32 +93,45 @@ _REPLY = _any("respond reply answer say output write")
 _NEAR = r"[^.\n]{0,40}"
 
 STRONG = _rules(
-    ("ignore_instructions", rf"\b{_IGNORE}\b{_NEAR}\b{_PRIOR}\b[^.\n]{{0,30}}\b{_ORDERS}\b"),
+    (
+        "ignore_instructions",
+        rf"\b{_IGNORE}\b{_NEAR}\b{_PRIOR}\b[^.\n]{{0,30}}\b{_ORDERS}\b",
+        "ignore|disregard|forget|override|bypass|neglect|discard|drop|abandon",
+    ),
     (
         "new_instructions",
         r"\b" + _any("new updated revised real actual true secret hidden") + r"\s+(?:system\s+)?"
         r"(?:instructions?|directives?|task|orders|rules)\s*(?:are|is|follow)?\s*:",
+        ":",
     ),
     (
         "from_now_on",
         _any("from_now_on henceforth starting_now for_the_rest_of_(?:this|the)_conversation")
         + rf"[^.\n]{{0,30}}\b(?:you|your|{_MODEL})\b",
+        "from now on|henceforth|starting now|for the rest of",
     ),
     (
         "you_are_now",
         r"\byou are (?:now|no longer|actually|henceforth)\b"
         r"|\byour (?:new |real )?(?:role|persona|identity|name) is\b",
+        "you are |your ",
     ),
-    ("pretend", r"\b(?:pretend|imagine|role-?play)\s+(?:to be|you are|that you|as|being)\b"),
+    (
+        "pretend",
+        r"\b(?:pretend|imagine|role-?play)\s+(?:to be|you are|that you|as|being)\b",
+        "pretend|imagine|role",
+    ),
     (
         "chat_markup",
         r"<\|?\s*(?:im_start|im_end|endoftext|eot_id|start_header_id|system|assistant|user)"
         r"\s*\|?>|\[/?(?:inst|sys)\]|<</?sys>>",
+        "<|[",
     ),
-    ("fake_turn", rf"^\s*(?:#+\s*)?{_ROLE}\s*(?:message|prompt|turn|override)?\s*:\s*\S"),
+    ("fake_turn", rf"^\s*(?:#+\s*)?{_ROLE}\s*(?:message|prompt|turn|override)?\s*:\s*\S", ":"),
     (
         "fake_tag",
         rf"</?\s*(?:{_ROLE}|sources?|context|instructions?|documents?|prompt)(?:[-_][\w-]*)?\s*>",
+        "<",
     ),
     (
         "jailbreak",
@@ -106,6 +141,8 @@ STRONG = _rules(
             "unfiltered_mode no_restrictions"
         )
         + r"\b",
+        "do anything now|dan mode|developer mode|god mode|jailbreak|unfiltered mode"
+        "|no restrictions",
     ),
     (
         "reveal_secrets",
@@ -117,56 +154,72 @@ STRONG = _rules(
             "conversation_history chat_history your_instructions"
         )
         + r"\b",
+        "system prompt|initial prompt|hidden prompt|api key|password|credentials"
+        "|conversation history|chat history|your instructions",
     ),
     (
         "exfiltrate",
         r"\b"
         + _any("send post upload forward leak exfiltrate transmit")
         + r"\b[^.\n]{0,60}\b(?:https?://|www\.)",
+        "http|www.",
     ),
-    ("markdown_image", r"!\[[^\]\n]*\]\(\s*(?:https?:)?//"),
+    ("markdown_image", r"!\[[^\]\n]*\]\(\s*(?:https?:)?//", "!["),
     (
         "answer_override",
         rf"\b(?:instead|regardless)\b[^.\n]{{0,30}}\b{_REPLY}\b[^.\n]{{0,20}}"
         r"\b(?:only|with|exactly)\b",
+        "instead|regardless",
     ),
     (
         "address_model",
         r"\b"
         + _any("attention note_to message_to dear hey hello important_for instructions?_for")
         + rf"\s*(?:the\s+)?{_MODEL}\b",
+        "attention|note to|message to|dear|hey|hello|important for|instruction",
     ),
     # French, German, Spanish / Italian / Portuguese, Dutch, Russian, Chinese and Japanese.
     (
         "ignore_fr",
         r"\b(?:ignore[rz]?|oublie[rz]?|ne tiens pas compte d)\b[^.\n]{0,30}"
         r"\b(?:instructions?|consignes|directives|règles)\b",
+        "ignore|oublie|ne tiens pas compte d",
     ),
     (
         "ignore_de",
         r"\b(?:ignorier(?:e|en)?|vergiss|vergessen sie|missachte)\b[^.\n]{0,30}"
         r"\b(?:anweisungen|instruktionen|befehle|regeln|vorgaben)\b",
+        "ignorier|vergiss|vergessen sie|missachte",
     ),
     (
         "ignore_es_it_pt",
         r"\b(?:ignora(?:r)?|olvida(?:r)?|ignore|dimentica|esquece|desconsidera)\b[^.\n]{0,30}"
         r"\b(?:instrucciones|istruzioni|instruções|instrucoes|reglas|regole|regras)\b",
+        "ignora|olvida|ignore|dimentica|esquece|desconsidera",
     ),
-    ("ignore_nl", r"\b(?:negeer|vergeet)\b[^.\n]{0,30}\b(?:instructies|regels|opdrachten)\b"),
+    (
+        "ignore_nl",
+        r"\b(?:negeer|vergeet)\b[^.\n]{0,30}\b(?:instructies|regels|opdrachten)\b",
+        "negeer|vergeet",
+    ),
     (
         "ignore_ru",
         r"(?:игнорируй|игнорируйте|забудь|забудьте|не обращай)[^.\n]{0,30}"
         r"(?:инструкци|указани|правил)",
+        "игнорируй|забудь|не обращай",
     ),
     (
         "ignore_zh_ja",
         r"(?:忽略|忽视|无视|忘记|忘掉|不要理会|無視|忘れ)[^。\n]{0,12}"
         r"(?:指令|指示|说明|說明|规则|規則|命令|提示)|(?:指令|指示|命令)[^。\n]{0,8}(?:を)?(?:無視|忽略)",
+        "忽略|忽视|无视|忘记|忘掉|不要理会|無視|忘れ",
     ),
     (
         "you_are_now_intl",
         r"\b(?:tu es maintenant|vous êtes maintenant|du bist jetzt|sie sind jetzt|ahora eres"
         r"|ora sei|agora você é)\b|你现在是|你現在是|あなたは今",
+        "tu es maintenant|vous êtes maintenant|du bist jetzt|sie sind jetzt|ahora eres"
+        "|ora sei|agora você é|你现在是|你現在是|あなたは今",
     ),
 )
 
@@ -181,22 +234,26 @@ WEAK = _rules(
             "mention use print ignore follow obey"
         )
         + r"\b",
+        "must|should|shall|will|need to|have to|are required to",
     ),
     (
         "imperative_reply",
         r"(?:^|[.!?:]\s+)(?:please\s+)?"
         + _any("respond reply answer say output print write state tell_the_user recommend")
         + r"\s+(?:only|with|that|exactly|in|the following)\b",
+        "respond|reply|answer|say|output|print|write|state|tell the user|recommend",
     ),
     (
         "do_not_reveal",
         r"\b(?:do not|don't|never)\s+"
         + _any("mention reveal tell cite disclose say refer_to acknowledge")
         + r"\b",
+        "do not|don't|never",
     ),
     (
         "mentions_model",
         rf"\b(?:the|this|an?)\s+{_MODEL}\b|\b(?:language model|chatbot|chatgpt|the assistant)\b",
+        " ai|\nai|assistant|language model|llm|chatbot|chat|gpt|claude|gemini|bot",
     ),
     (
         "mentions_prompt",
@@ -207,15 +264,19 @@ WEAK = _rules(
             "the_user"
         )
         + r"\b",
+        "system prompt|the prompt|these instructions|this instruction|the instructions above"
+        "|your instructions|your answer|your response|your reply|the user",
     ),
     (
         "link_request",
         r"\b(?:include|append|insert|embed|add|render)\b[^.\n]{0,50}"
         r"\b(?:link|url|image|markdown|hyperlink)\b",
+        "link|url|image|markdown",
     ),
     (
         "urgency",
         r"\b(?:important|urgent|attention|warning|override|admin(?:istrator)?|priority)\s*[:!]",
+        ":|!",
     ),
 )
 
@@ -226,8 +287,9 @@ SQUASHED = _rules(
         "ignore_instructions",
         r"(?:ignore|disregard|forget)(?:all|the|any|your)?(?:previous|prior|above|earlier)"
         r"(?:instructions|prompts?|rules|context)",
+        "",
     ),
-    ("you_are_now", r"youarenow|fromnowonyou"),
+    ("you_are_now", r"youarenow|fromnowonyou", ""),
 )
 
 
@@ -235,12 +297,12 @@ def scan(text: str) -> Verdict:
     """Whether `text` reads like instructions to a model: a strong rule, or two weak ones."""
     reasons: set[str] = set()
     for view in _views(text):
-        reasons.update(name for name, rule in STRONG if rule.search(view))
-        reasons.update(f"weak:{name}" for name, rule in WEAK if rule.search(view))
+        reasons.update(rule.name for rule in STRONG if rule.search(view))
+        reasons.update(f"weak:{rule.name}" for rule in WEAK if rule.search(view))
     plain = normalise(text)
     for run in _SPACED.finditer(plain):  # with the words next to the run
         letters = _NOT_LETTERS.sub("", plain[max(run.start() - 20, 0) : run.end() + 20])
-        reasons.update(name for name, rule in SQUASHED if rule.search(letters))
+        reasons.update(rule.name for rule in SQUASHED if rule.search(letters))
     strong = [reason for reason in reasons if not reason.startswith("weak:")]
     flagged = bool(strong) or len(reasons) >= 2
     return Verdict(flagged, tuple(sorted(reasons)) if flagged else ())
@@ -249,7 +311,9 @@ def scan(text: str) -> Verdict:
 def normalise(text: str) -> str:
     """NFKC, invisible characters removed, look-alikes mapped, lower case, spaces collapsed."""
     text = unicodedata.normalize("NFKC", text)
-    text = _WORD.sub(_unmix, _INVISIBLE.sub("", text).lower())
+    text = _INVISIBLE.sub("", text).lower()
+    if not text.isascii():  # look-alikes hide only in words that are not all ASCII
+        text = _WORD.sub(_unmix, text)
     return "\n".join(_WHITESPACE.sub(" ", line).strip() for line in text.splitlines())
 
 
