@@ -60,6 +60,7 @@ from ragservice.bootstrap import Runtime, open_runtime  # noqa: E402
 from ragservice.config import Settings  # noqa: E402
 from ragservice.db import tenancy  # noqa: E402
 from ragservice.db.engine import driver_connection  # noqa: E402
+from ragservice.embedding import indexing  # noqa: E402
 from ragservice.embedding.evaluation import (  # noqa: E402
     BeirQueries,
     load_beir_queries,
@@ -146,6 +147,7 @@ def _build(args: argparse.Namespace, runtime: Runtime, report: dict[str, Any]) -
     real = _real_chunks(runtime, collection, model.id)
     parts = _write_parts(args, real, args.chunks - present)
     _log(f"bulk import of {args.chunks - present} chunks from {parts}")
+    indexing.drop_embedding_index(runtime.db, model)  # built once after the load, below
     import_s = _cli(
         args,
         "ingest",
@@ -155,7 +157,7 @@ def _build(args: argparse.Namespace, runtime: Runtime, report: dict[str, Any]) -
         "--model",
         report["model"],
         "--index",
-        "deferred-manual",
+        "kept",
     )
     _log("HNSW build")
     build_s = _cli(args, "models", "reindex", report["model"])
@@ -255,7 +257,7 @@ def _part(
     vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
     titles = [" ".join(words.draw(6)).capitalize() for _ in range(size)]
     return {
-        "doc_id": doc_ids,
+        "id": doc_ids,
         "title": titles,
         "ordinal": ordinals,
         "text": texts,
@@ -428,8 +430,9 @@ def _query_vectors(runtime: Runtime, queries: BeirQueries) -> dict[str, Vector]:
 
 
 def _searcher(runtime: Runtime, vectors: dict[str, Vector]) -> Searcher:
-    """A searcher on the model as it is stored now (its storage read afresh each search)."""
-    return Searcher(runtime.db, models=lambda: _query_model(runtime, vectors.__getitem__))
+    """A searcher on the model as it is stored now, with the query vectors computed up front."""
+    model = _query_model(runtime, vectors.__getitem__)
+    return Searcher(runtime.db, models=lambda: model)
 
 
 def _query_model(runtime: Runtime, embed: Callable[[str], Vector]) -> Any:
@@ -507,7 +510,9 @@ def _storages(
         build_s = None
         if getattr(_model(runtime), "storage", "float32") != storage:
             _log(f"converting to {storage}")
-            build_s = round(_cli(args, "models", "convert", name, "--storage", storage), 1)
+            build_s = round(
+                _cli(args, "models", "convert", name, "--storage", storage, "--force"), 1
+            )
         results[storage] = _storage_figures(runtime, collection, vectors, texts, exact, build_s)
         _log(f"{storage}: {results[storage]}")
     return results

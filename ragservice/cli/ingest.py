@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
@@ -30,6 +30,10 @@ from ragservice.bootstrap import Runtime, open_runtime
 from ragservice.config import configure_logging, get_settings
 from ragservice.db import tenancy
 from ragservice.errors import RagServiceError
+
+if TYPE_CHECKING:
+    from ragservice.db.models import EmbeddingModel
+    from ragservice.embedding.indexing import IndexBuild
 
 console = Console(stderr=True)
 log = logging.getLogger(__name__)
@@ -102,9 +106,21 @@ def ingest_command(
             "Default: the active model.",
         ),
     ] = None,
+    index: Annotated[
+        str,
+        typer.Option(
+            "--index",
+            help="The model's HNSW index during the load: 'kept' (updated row by row; searches "
+            "stay fast), 'deferred' (dropped before the load and built once after it: far "
+            "faster for a large load, but searches of that model scan meanwhile) or 'auto' "
+            "(deferred when the model is not the one serving, or has no vectors yet).",
+        ),
+    ] = "auto",
 ) -> None:
     """Load, chunk, embed and store documents, or import chunks with their vectors (JSONL
     lines with `chunks`, Parquet). Unchanged documents are skipped."""
+    if index not in _INDEX_MODES:
+        raise typer.BadParameter("must be auto, kept or deferred", param_hint="--index")
     try:
         fields = JsonlFields.parse(jsonl_fields) if jsonl_fields else JsonlFields()
     except ValueError as exc:
@@ -125,7 +141,9 @@ def ingest_command(
             _run(
                 paths,
                 collection,
-                _Options(include or [], exclude or [], fields, columns, model, dry_run, prune),
+                _Options(
+                    include or [], exclude or [], fields, columns, model, dry_run, prune, index
+                ),
                 report,
                 ctrl_c,
             )
@@ -153,6 +171,7 @@ class _Options:
     model: str | None
     dry_run: bool
     prune: bool
+    index: str = "auto"
 
 
 def _run(
@@ -192,6 +211,7 @@ def _run(
                 return with_index_upkeep(
                     runtime,
                     pipeline.model_id,
+                    "kept" if options.dry_run else options.index,
                     lambda: pipeline.run(
                         items,
                         collection=collection,
@@ -210,14 +230,47 @@ def _run(
         runtime.close()
 
 
+_INDEX_MODES = ("auto", "kept", "deferred")
+
+
 def with_index_upkeep(
-    runtime: Runtime, model_id: int, load: Callable[[], IngestReport]
+    runtime: Runtime, model_id: int, mode: str, load: Callable[[], IngestReport]
 ) -> IngestReport:
-    """Run the load itself. This is where the model's HNSW index is dropped before a big
-    import and built again after it (a build after the load is far faster than keeping the
-    index up to date row by row)."""
-    del runtime, model_id  # what the index upkeep will need
-    return load()
+    """Run the load, with the model's HNSW index kept up to date row by row, or dropped
+    before it and built once after it (`mode`, see `--index`). The build runs whether the load
+    ends well or not, so the model is never left without its index."""
+    from ragservice.embedding import indexing
+
+    with runtime.db.read() as session:
+        model = store.models.get_model(session, model_id)
+        embedded = store.models.embedded_counts(session).get(model_id, 0) if model else 0
+    if model is None:
+        return load()
+    deferred = mode == "deferred" or (mode == "auto" and (not model.active or embedded == 0))
+    if not deferred:
+        return load()
+    label = f"{model.name}:{model.version}"
+    console.print(f"HNSW index of {label}: dropped for the load, built after it")
+    indexing.drop_embedding_index(runtime.db, model)
+    try:
+        return load()
+    finally:
+        build = _build_index(runtime, model, label)
+        console.print(
+            f"built the {build.storage} HNSW index of {label} over {build.rows} rows in "
+            f"{build.seconds:.1f} s"
+        )
+
+
+def _build_index(runtime: Runtime, model: EmbeddingModel, label: str) -> IndexBuild:
+    from rich.progress import BarColumn, MofNCompleteColumn
+
+    from ragservice.cli.common import IndexBar
+    from ragservice.embedding import indexing
+
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn())
+    with Progress(*columns, TimeElapsedColumn(), console=console) as progress:
+        return indexing.build_embedding_index(runtime.db, model, progress=IndexBar(progress, label))
 
 
 def _with_job_record(
