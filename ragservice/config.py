@@ -111,7 +111,7 @@ class Settings(BaseSettings):
     bm25_k1: float = Field(default=0.9, ge=0)
     bm25_b: float = Field(default=0.4, ge=0, le=1)
     bm25_postings_per_term: int = Field(
-        default=10_000,
+        default=2_000,
         ge=1,
         description="BM25 postings read per query term, highest impact first (exact below it)",
     )

@@ -107,7 +107,7 @@ class SearchOptions:
     bm25_k1: float = 0.9
     bm25_b: float = 0.4
     # Postings read per query term, highest impact first (see `statements.BM25`).
-    bm25_postings_per_term: int = 10_000
+    bm25_postings_per_term: int = 2_000
     # Binary storage: candidates read from the bit index per dense row, then re-scored.
     rescore_factor: int = 4
 
