@@ -264,3 +264,28 @@ def test_imported_chunks_are_checked_for_injection(runtime: Runtime, tmp_path: P
     run(pipeline(runtime, NoModel()), path)
     stored = stored_chunks(runtime, "i")
     assert stored[0].metadata.get("injection") and "injection" not in stored[1].metadata
+
+
+def test_a_deferred_index_is_dropped_for_the_load_and_built_after_it(
+    runtime: Runtime, tmp_path: Path
+) -> None:
+    from ragservice.cli.ingest import with_index_upkeep
+
+    def has_index() -> bool:
+        with runtime.db.read() as session:
+            return store.indexes.has_index(session, runtime.model_id)
+
+    path = write_jsonl(tmp_path / "v.jsonl", [vector_line("d1", ["One.", "Two."], unit_vectors(2))])
+    seen: list[bool] = []
+
+    def load() -> IngestReport:
+        seen.append(has_index())
+        return run(pipeline(runtime, NoModel()), path)
+
+    assert has_index()
+    report = with_index_upkeep(runtime, runtime.model_id, "deferred", load)
+    assert report.ok and seen == [False]  # no index while the rows went in
+    assert has_index()  # built again after the load
+    seen.clear()
+    with_index_upkeep(runtime, runtime.model_id, "auto", load)  # the serving model, with rows
+    assert seen == [True]
