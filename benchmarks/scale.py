@@ -272,7 +272,7 @@ def _write_parts(args: argparse.Namespace, real: _RealChunks, chunks: int) -> Pa
     _log(f"writing {chunks} synthetic chunks to {folder}")
     while written < chunks:
         size = min(_PART_CHUNKS, chunks - written)
-        table = pa.table(_part(rng, words, real, part, size, args.noise))
+        table = pa.table(_part(rng, words, real, f"{chunks}-{part:04d}", size, args.noise))
         pq.write_table(table, folder / f"part-{part:04d}.parquet")
         written += size
         part += 1
@@ -296,7 +296,7 @@ class _Words:
 
 
 def _part(
-    rng: np.random.Generator, words: _Words, real: _RealChunks, part: int, size: int, noise: float
+    rng: np.random.Generator, words: _Words, real: _RealChunks, part: str, size: int, noise: float
 ) -> dict[str, Any]:
     lengths = rng.choice(real.chunk_words, size)
     drawn = words.draw(int(lengths.sum()))
@@ -330,14 +330,14 @@ def _sentences(rng: np.random.Generator, real: _RealChunks, drawn: Sequence[str]
 
 
 def _documents(
-    rng: np.random.Generator, real: _RealChunks, part: int, size: int
+    rng: np.random.Generator, real: _RealChunks, part: str, size: int
 ) -> tuple[list[str], list[int]]:
     doc_ids: list[str] = []
     ordinals: list[int] = []
     doc = 0
     while len(doc_ids) < size:
         count = min(int(rng.choice(real.doc_chunks)), size - len(doc_ids))
-        doc_ids += [f"synthetic-{part:04d}-{doc:06d}"] * count
+        doc_ids += [f"synthetic-{part}-{doc:06d}"] * count
         ordinals += list(range(count))
         doc += 1
     return doc_ids, ordinals
