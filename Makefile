@@ -9,7 +9,7 @@ export TRANSFORMERS_OFFLINE := 1
 # Idle torch threads otherwise spin and steal CPU from PostgreSQL on small machines.
 export OMP_WAIT_POLICY := PASSIVE
 
-.PHONY: run test lint typecheck bench-ingest bench-search bench-query bench-cache bench-replicas bench-feedback bench-rls bench-hostile bench-injection bench-soak clean
+.PHONY: run test lint typecheck bench-ingest bench-search bench-query bench-cache bench-replicas bench-feedback bench-rls bench-hostile bench-injection bench-scale bench-soak clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +32,9 @@ lint: $(STAMP)
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
+
+bench-scale: $(STAMP)
+	$(BIN)/python benchmarks/scale.py --chunks 1000000 --data ../shared/data/scifact
 
 bench-ingest: $(STAMP)
 	$(BIN)/python benchmarks/ingest.py --corpus ../shared/data/scifact

@@ -17,7 +17,8 @@
    query embedding included; SciFact nDCG@10 per mode with the distractors present.
 6. In SQL (the service's own `Searcher`, query vectors computed up front): full-text p95 for the
    SciFact test queries and for queries made of the most frequent terms; per storage option
-   (float32, then halfvec, then binary, each converted with `ragservice models convert`): bytes
+   (float32; binary, the same rows with a bit index; then halfvec, the rows rewritten; each
+   converted with `ragservice models convert`, so the store ends as halfvec): bytes
    per chunk, HNSW build time, dense recall@10 against exact search over the same float32
    vectors (numpy), dense p95.
 
@@ -74,7 +75,7 @@ from ragservice.retrieval.search import Mode, Searcher, SearchOptions  # noqa: E
 
 Vector = npt.NDArray[np.float32]
 MODES = ("dense", "fulltext", "hybrid")
-STORAGES = ("float32", "halfvec", "binary")
+STORAGES = ("float32", "binary", "halfvec")
 _PART_CHUNKS = 50_000
 _WORD = re.compile(r"[A-Za-z][A-Za-z\-]{1,20}")
 
