@@ -29,7 +29,13 @@ def test_public_health_answers_are_bare_and_details_need_an_admin_key(
     assert ok(client.get("/v1/admin/health", headers=keys.admin)) == {
         "ready": True,
         "checks": {"database": True, "migrations": True, "model": True},
-        "model": {"id": 1, "name": embedder.name, "version": 1, "dimension": 384},
+        "model": {
+            "id": 1,
+            "name": embedder.name,
+            "version": 1,
+            "dimension": 384,
+            "storage": "float32",
+        },
     }
     paths = client.get("/openapi.json").json()["paths"]
     assert "/readyz" in paths and "/v1/admin/health" in paths

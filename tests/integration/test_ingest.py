@@ -285,18 +285,18 @@ def test_failure_mid_batch_leaves_nothing_half_written(
     runtime: Runtime, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     docs = [doc(f"d{i}", f"Document {i} is about topic {i}.") for i in range(6)]
-    real_copy = store.bulk.insert_rows
+    real_copy = store.bulk.copy_rows
     calls = {"n": 0}
 
     def failing_copy(conn, table, columns, types, rows):  # type: ignore[no-untyped-def]
         calls["n"] += 1
-        # Batches of two documents: calls 1-2 are batch one; call 4 is batch two's
-        # embeddings, after its documents and chunks were already sent.
+        # Batches of two documents: COPY calls 1-2 (chunks, then embeddings) are batch one;
+        # call 4 is batch two's embeddings, after its documents and chunks were already sent.
         if calls["n"] == 4:
             raise RuntimeError("disk full")
         real_copy(conn, table, columns, types, rows)
 
-    monkeypatch.setattr(store.bulk, "insert_rows", failing_copy)
+    monkeypatch.setattr(store.bulk, "copy_rows", failing_copy)
     with pytest.raises(RuntimeError, match="disk full"):
         ingest(runtime, docs, batch_chunks=2)
 
@@ -307,7 +307,7 @@ def test_failure_mid_batch_leaves_nothing_half_written(
     assert scalar(runtime, "SELECT count(*) FROM chunks") == 2
     assert scalar(runtime, "SELECT count(*) FROM chunk_embeddings") == 2
 
-    monkeypatch.setattr(store.bulk, "insert_rows", real_copy)
+    monkeypatch.setattr(store.bulk, "copy_rows", real_copy)
     report = ingest(runtime, docs, batch_chunks=2)
     assert sorted(report.unchanged) == ["d0", "d1"]
     assert sorted(report.new) == ["d2", "d3", "d4", "d5"]

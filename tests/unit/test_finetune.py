@@ -176,8 +176,8 @@ def serving(model_id: int, dimension: int = 4) -> registry.ServingModel:
 def test_a_switch_loads_first_and_never_makes_the_serving_model_wait(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    row = SimpleNamespace(id=2, name="m2", version=1, dimension=8, path="/m2")
-    active: list[Any] = [SimpleNamespace(id=1)]
+    row = SimpleNamespace(id=2, name="m2", version=1, dimension=8, path="/m2", storage="float32")
+    active: list[Any] = [SimpleNamespace(id=1, storage="float32")]
     monkeypatch.setattr(registry.store.models, "active_model", lambda _session: active[0])
     loading, release = threading.Event(), threading.Event()
 
@@ -202,7 +202,7 @@ def test_a_switch_loads_first_and_never_makes_the_serving_model_wait(
     release.set()
     switch.join(10)
     assert (models.current().id, models.current().dimension) == (2, 8)
-    active[0] = SimpleNamespace(id=1)
+    active[0] = SimpleNamespace(id=1, storage="float32")
     assert models.refresh() is True and models.current() is first  # kept loaded
 
 
