@@ -452,23 +452,22 @@ def _vector(
     return vector
 
 
-_NEAREST = {
-    "float32": statements.NEAREST,
-    "halfvec": statements.NEAREST_HALFVEC,
-    "binary": statements.NEAREST_BINARY,
-}
-
-
 def _nearest(model: QueryModel, options: SearchOptions) -> sql.Composed:
     """The dense candidates, read as the model's storage says."""
-    return _NEAREST[model.storage].format(
-        dim=sql.Literal(int(model.dimension)),
-        model_id=sql.Literal(int(model.id)),
-        document_join=statements.document_join(options.filters),
-        filter=statements.filter_and(options.filters),
-        limit=sql.Literal(options.dense_limit),
-        candidates=sql.Literal(options.index_limit(model.storage)),
-    )
+    dim = sql.Literal(int(model.dimension))
+    pieces = {
+        "dim": dim,
+        "model_id": sql.Literal(int(model.id)),
+        "document_join": statements.document_join(options.filters),
+        "filter": statements.filter_and(options.filters),
+        "limit": sql.Literal(options.dense_limit),
+    }
+    if model.storage == "binary":
+        candidates = sql.Literal(options.index_limit(model.storage))
+        return statements.NEAREST_BINARY.format(candidates=candidates, **pieces)
+    halfvec = model.storage == "halfvec"
+    distance = (statements.DISTANCE_HALFVEC if halfvec else statements.DISTANCE).format(dim=dim)
+    return statements.NEAREST.format(distance=distance, **pieces)
 
 
 # A flagged chunk in a `downweight` collection keeps half its score (a negative cosine score

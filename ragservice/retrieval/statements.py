@@ -22,7 +22,7 @@ SET_DENSE = sql.SQL(
 
 NEAREST = sql.SQL("""
 nearest AS MATERIALIZED (
-    SELECT e.chunk_id, e.embedding::vector({dim}) <=> %(vector)s::vector({dim}) AS distance
+    SELECT e.chunk_id, {distance} AS distance
     FROM chunk_embeddings e
     JOIN chunks c ON c.id = e.chunk_id {document_join}
     WHERE e.model_id = {model_id} AND c.collection_id = ANY(%(collections)s::uuid[]) {filter}
@@ -30,18 +30,12 @@ nearest AS MATERIALIZED (
     LIMIT {limit}
 )""")
 
-# A model stored as halfvec: the same over `embedding_half` (its index is over that column).
-NEAREST_HALFVEC = sql.SQL("""
-nearest AS MATERIALIZED (
-    SELECT e.chunk_id,
-           e.embedding_half::halfvec({dim}) <=> %(vector)s::vector({dim})::halfvec({dim})
-               AS distance
-    FROM chunk_embeddings e
-    JOIN chunks c ON c.id = e.chunk_id {document_join}
-    WHERE e.model_id = {model_id} AND c.collection_id = ANY(%(collections)s::uuid[]) {filter}
-    ORDER BY distance
-    LIMIT {limit}
-)""")
+# The cosine distance a model's HNSW index orders by: over `embedding` (float32), or over
+# `embedding_half` for a model stored as halfvec (its index is over that column).
+DISTANCE = sql.SQL("e.embedding::vector({dim}) <=> %(vector)s::vector({dim})")
+DISTANCE_HALFVEC = sql.SQL(
+    "e.embedding_half::halfvec({dim}) <=> %(vector)s::vector({dim})::halfvec({dim})"
+)
 
 # A model stored as binary: {candidates} rows nearest by Hamming distance of the quantized
 # vectors (the bit index), re-scored by the exact cosine distance of the full vectors. The
