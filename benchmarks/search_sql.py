@@ -46,6 +46,7 @@ import numpy.typing as npt  # noqa: E402
 from ragservice import store  # noqa: E402
 from ragservice.bootstrap import Runtime, open_runtime  # noqa: E402
 from ragservice.config import Settings  # noqa: E402
+from ragservice.db import tenancy  # noqa: E402
 from ragservice.embedding.evaluation import (  # noqa: E402
     BeirQueries,
     load_beir_queries,
@@ -84,13 +85,16 @@ def main() -> None:
     queries = load_beir_queries(args.data, args.split)
     settings = Settings(database_url=args.database_url, data_dir=args.data_dir)
     runtime = open_runtime(settings)
+    # Outside a request no tenant is set and row-level security hides every row: read as the
+    # system (all tenants), as the operator commands do.
     try:
-        collection = _collection(runtime, args.collection)
-        vectors = _query_vectors(runtime, queries)
-        figures = [
-            _measure(runtime, row, collection, queries, vectors, args)
-            for row in _rows(settings, args.depth)
-        ]
+        with tenancy.as_system():
+            collection = _collection(runtime, args.collection)
+            vectors = _query_vectors(runtime, queries)
+            figures = [
+                _measure(runtime, row, collection, queries, vectors, args)
+                for row in _rows(settings, args.depth)
+            ]
     finally:
         runtime.close()
     _print(figures, len(queries.texts), args)
