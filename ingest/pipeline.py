@@ -1,8 +1,12 @@
 """The ingest pipeline: classify → chunk → embed (reusing stored vectors) → write in batches.
 
-The model works on batch N+1 while a writer thread commits batch N, so PostgreSQL never keeps
-the model waiting. Each batch is one transaction: a crash or Ctrl-C leaves whole batches only,
-and a rerun skips what is already stored (by content hash) and finishes the job.
+Three threads overlap (see `ingest.stages`): a preparation thread loads, classifies, tokenizes
+and chunks batch N+2; the calling thread embeds batch N+1; a writer thread commits batch N. So
+neither Python nor PostgreSQL keeps the model waiting. Each group of documents is tokenized in
+one call, and each chunk's model input is cut from its document's tokens
+(`ragservice.embedding.tokens`): a text is tokenized once. Each batch is one transaction: a
+crash or Ctrl-C leaves whole batches only, and a rerun skips what is already stored (by content
+hash) and finishes the job.
 
 A document that brings its own chunks and vectors (`LoadedDocument.precomputed`, a bulk
 import) skips chunking and embedding: its vectors are checked against the model version's
@@ -12,12 +16,9 @@ so an import of vectors alone never loads it.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import logging
-import queue
-import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -27,10 +28,13 @@ from typing import Any
 
 import numpy as np
 
+from ingest.report import IngestReport, ProgressCallback
+from ingest.stages import BatchWriter, Prefetch
 from ragservice import store
 from ragservice.chunking import ChunkingOptions, chunk_text
 from ragservice.db import Database, tenancy
 from ragservice.embedding.embedder import Embedder, Vectors
+from ragservice.embedding.tokens import DocumentTokens, TokenIds
 from ragservice.errors import NotFoundError
 from ragservice.safety import injection
 from ragservice.types import (
@@ -42,47 +46,12 @@ from ragservice.types import (
     Tokenizer,
 )
 
+__all__ = ["NO_EMBEDDER", "IngestPipeline", "IngestReport", "ProgressCallback"]
+
 log = logging.getLogger(__name__)
 
-ProgressCallback = Callable[[int, int], None]
-"""Called with (documents done, chunks written) increments as the run advances."""
-
 _LOOKUP_BATCH = 256  # documents per round trip when checking stored content hashes
-
-
-@dataclass
-class IngestReport:
-    new: list[str] = field(default_factory=list)
-    updated: list[str] = field(default_factory=list)
-    unchanged: list[str] = field(default_factory=list)
-    deleted: list[str] = field(default_factory=list)
-    failed: list[LoadFailure] = field(default_factory=list)
-    chunks_written: int = 0
-    chunks_embedded: int = 0
-    chunks_reused: int = 0
-    chunks_imported: int = 0
-    """Chunks that came with their vectors (counted as they are prepared for writing)."""
-    seconds: float = 0.0
-    write_seconds: float = 0.0
-    """Time the writer spent in write transactions (COPY, triggers, commit)."""
-    dry_run: bool = False
-
-    @property
-    def ok(self) -> bool:
-        return not self.failed
-
-    def counts(self) -> dict[str, int]:
-        return {
-            "new": len(self.new),
-            "updated": len(self.updated),
-            "unchanged": len(self.unchanged),
-            "deleted": len(self.deleted),
-            "failed": len(self.failed),
-            "chunks_written": self.chunks_written,
-            "chunks_embedded": self.chunks_embedded,
-            "chunks_reused": self.chunks_reused,
-            "chunks_imported": self.chunks_imported,
-        }
+_PREPARED_AHEAD = 2  # batches the preparation thread may have ready before the model takes them
 
 
 @dataclass(frozen=True)
@@ -95,6 +64,18 @@ class _Pending:
     chunk_hashes: list[str]
     vectors: Vectors | None = None
     """The document's own vectors (imported), one row per chunk; None: embed the chunks."""
+    inputs: list[TokenIds] | None = None
+    """The chunks' model inputs, already tokenized (None: the model tokenizes their texts)."""
+
+
+@dataclass
+class _Prepared:
+    """What the preparation thread hands on: a batch to embed (maybe empty), and the documents
+    it settled meanwhile (unchanged, failed), for the calling thread to account for."""
+
+    batch: list[_Pending] = field(default_factory=list)
+    unchanged: list[str] = field(default_factory=list)
+    failed: list[LoadFailure] = field(default_factory=list)
 
 
 NO_EMBEDDER = (
@@ -157,15 +138,20 @@ class IngestPipeline:
         """The model version the pipeline writes vectors for."""
         return self._model_id
 
-    def _chunk(self, doc: LoadedDocument) -> list[TextChunk]:
-        """Chunk a text document; loads the model on first use."""
+    def _chunk(self, doc: LoadedDocument, tokens: DocumentTokens | None) -> list[TextChunk]:
+        """Chunk a text document (by its tokens when they were made in a batch already)."""
+        tokenizer, options = self._text_tools_loaded()
+        spans = tokenizer if tokens is None else tokens
+        return chunk_text(doc.text, tokenizer=spans, options=options, format=doc.format)
+
+    def _text_tools_loaded(self) -> tuple[Tokenizer, ChunkingOptions]:
+        """The tokenizer and chunking options; loads the model on first use."""
         if self._text_tools is None:
             assert self._embedder is not None
             source = self._chunking_source
             options = source if isinstance(source, ChunkingOptions) else source()
             self._text_tools = (self._embedder.tokenizer, options)
-        tokenizer, options = self._text_tools
-        return chunk_text(doc.text, tokenizer=tokenizer, options=options, format=doc.format)
+        return self._text_tools
 
     def _model_dimension(self) -> int:
         if self._dimension is None:
@@ -212,14 +198,22 @@ class IngestPipeline:
         writer = (
             None
             if dry_run
-            else _BatchWriter(self._db, self._tenant_id, collection_id, self._model_id)
+            else BatchWriter(self._db, self._tenant_id, collection_id, self._model_id)
+        )
+        prepared = Prefetch(
+            self._prepared(items, collection_id, seen),
+            depth=_PREPARED_AHEAD,
+            name="ingest-prepare",
         )
         try:
-            for batch in self._pending_batches(items, collection_id, seen, report, progress):
-                if writer is None:
-                    _count_dry_run(batch, report, progress)
+            for unit in prepared:
+                _account_settled(unit, report, progress)
+                if not unit.batch:
                     continue
-                self._embed_and_submit(batch, writer, report)
+                if writer is None:
+                    _count_dry_run(unit.batch, report, progress)
+                    continue
+                self._embed_and_submit(unit.batch, writer, report)
                 writer.collect(report, progress)
             if writer is not None:
                 writer.close(report, progress)
@@ -227,6 +221,7 @@ class IngestPipeline:
             if prune:
                 self._prune(collection_id, seen, report, dry_run)
         finally:
+            prepared.close()
             if writer is not None:
                 writer.abort(report)
             report.seconds = time.perf_counter() - started
@@ -241,80 +236,100 @@ class IngestPipeline:
         with self._db.write() as session:
             return store.collections.ensure_collection(session, self._tenant_id, name)
 
-    def _pending_batches(
+    def _prepared(
         self,
         items: Iterable[LoadedDocument | LoadFailure],
         collection_id: uuid.UUID | None,
         seen: set[str],
-        report: IngestReport,
-        progress: ProgressCallback,
-    ) -> Iterator[list[_Pending]]:
-        """Group new and changed documents into batches of about `batch_chunks` chunks."""
-        batch: list[_Pending] = []
-        size = 0
-        for group in _groups(self._documents(items, seen, report, progress), _LOOKUP_BATCH):
-            for pending in self._classify(group, collection_id, report, progress):
-                batch.append(pending)
+    ) -> Iterator[_Prepared]:
+        """New and changed documents in batches of about `batch_chunks` chunks, chunked and
+        tokenized; and, after each group of documents, those it found unchanged or failed.
+        Runs on the preparation thread: it touches no report and calls no callback."""
+        unit, size = _Prepared(), 0
+        load_failures: list[LoadFailure] = []  # filled as `_documents` reads the items
+        for group in _groups(self._documents(items, seen, load_failures), _LOOKUP_BATCH):
+            unit.failed.extend(load_failures)
+            load_failures.clear()
+            unchanged, prepared = self._classify(group, collection_id)
+            unit.unchanged.extend(unchanged)
+            for pending in prepared:
+                if isinstance(pending, LoadFailure):
+                    unit.failed.append(pending)
+                    continue
+                unit.batch.append(pending)
                 size += len(pending.chunks)
                 if size >= self._batch_chunks:
-                    yield batch
-                    batch, size = [], 0
-        if batch:
-            yield batch
+                    yield unit
+                    unit, size = _Prepared(), 0
+            if unit.unchanged or unit.failed:
+                yield _Prepared(unchanged=unit.unchanged, failed=unit.failed)
+                unit.unchanged, unit.failed = [], []
+        unit.failed.extend(load_failures)
+        if unit.batch or unit.unchanged or unit.failed:
+            yield unit
 
     def _documents(
         self,
         items: Iterable[LoadedDocument | LoadFailure],
         seen: set[str],
-        report: IngestReport,
-        progress: ProgressCallback,
+        failed: list[LoadFailure],
     ) -> Iterator[LoadedDocument]:
         for item in items:
             if isinstance(item, LoadFailure):
-                report.failed.append(item)
-                progress(1, 0)
+                failed.append(item)
             elif item.external_id in seen:
                 reason = f"duplicate external id {item.external_id!r} in this ingest"
-                report.failed.append(
-                    LoadFailure(source=item.source or item.external_id, reason=reason)
-                )
-                progress(1, 0)
+                failed.append(LoadFailure(source=item.source or item.external_id, reason=reason))
             else:
                 seen.add(item.external_id)
                 yield item
 
     def _classify(
-        self,
-        docs: Sequence[LoadedDocument],
-        collection_id: uuid.UUID | None,
-        report: IngestReport,
-        progress: ProgressCallback,
-    ) -> Iterator[_Pending]:
+        self, docs: Sequence[LoadedDocument], collection_id: uuid.UUID | None
+    ) -> tuple[list[str], list[_Pending | LoadFailure]]:
+        """The external ids of unchanged documents, and the others prepared (or failed)."""
         stored = self._stored_hashes(collection_id, [d.external_id for d in docs])
+        unchanged: list[str] = []
+        changed: list[tuple[LoadedDocument, str]] = []
         for doc in docs:
             digest = document_hash(doc, self._model_id)
             if stored.get(doc.external_id) == digest:
-                report.unchanged.append(doc.external_id)
-                progress(1, 0)
-                continue
-            pending = self._prepare(doc, digest)
-            if isinstance(pending, LoadFailure):
-                report.failed.append(pending)
-                progress(1, 0)
-                continue
-            yield pending
+                unchanged.append(doc.external_id)
+            else:
+                changed.append((doc, digest))
+        return unchanged, list(self._prepare(changed))
 
-    def _prepare(self, doc: LoadedDocument, digest: str) -> _Pending | LoadFailure:
-        """The document's chunks (its own, or cut from its text), or why it cannot be taken."""
-        if doc.precomputed is not None:
-            return self._imported(doc, doc.precomputed, digest)
-        if self._embedder is None:
-            return LoadFailure(doc.source or doc.external_id, NO_EMBEDDER)
-        chunks = self._chunk(doc)
+    def _prepare(
+        self, docs: Sequence[tuple[LoadedDocument, str]]
+    ) -> Iterator[_Pending | LoadFailure]:
+        """Each document's chunks (its own, or cut from its text), or why it cannot be taken.
+        The texts are tokenized in one batch where the model takes token ids."""
+        texts = [doc for doc, _ in docs if doc.precomputed is None]
+        batch_tokenizer = self._embedder.batch_tokenizer if self._embedder and texts else None
+        tokens = iter(batch_tokenizer.documents([d.text for d in texts]) if batch_tokenizer else [])
+        for doc, digest in docs:
+            if doc.precomputed is not None:
+                yield self._imported(doc, doc.precomputed, digest)
+            elif self._embedder is None:
+                yield LoadFailure(doc.source or doc.external_id, NO_EMBEDDER)
+            else:
+                document = next(tokens, None)
+                yield self._text_document(doc, digest, document)
+
+    def _text_document(
+        self, doc: LoadedDocument, digest: str, tokens: DocumentTokens | None
+    ) -> _Pending | LoadFailure:
+        chunks = self._chunk(doc, tokens)
         if not chunks:
             return LoadFailure(doc.source or doc.external_id, "no text to index")
         chunks = [flag_injection(chunk) for chunk in chunks]
-        return _Pending(doc, digest, chunks, [text_hash(c.text) for c in chunks])
+        inputs = None
+        batch_tokenizer = self._embedder.batch_tokenizer if self._embedder else None
+        if tokens is not None and batch_tokenizer is not None:
+            inputs = batch_tokenizer.chunk_inputs(
+                tokens, [(c.start_char, c.end_char) for c in chunks], [c.text for c in chunks]
+            )
+        return _Pending(doc, digest, chunks, [text_hash(c.text) for c in chunks], inputs=inputs)
 
     def _imported(
         self, doc: LoadedDocument, pre: PrecomputedChunks, digest: str
@@ -338,7 +353,7 @@ class IngestPipeline:
             return store.documents.document_hashes(session, collection_id, external_ids)
 
     def _embed_and_submit(
-        self, batch: list[_Pending], writer: _BatchWriter, report: IngestReport
+        self, batch: list[_Pending], writer: BatchWriter, report: IngestReport
     ) -> None:
         vectors = self._vectors_for([p for p in batch if p.vectors is None], report)
         report.chunks_imported += sum(len(p.chunks) for p in batch if p.vectors is not None)
@@ -372,13 +387,22 @@ class IngestPipeline:
             vectors: dict[str, Any] = store.models.stored_embeddings(
                 session, tenant_id=self._tenant_id, model_id=self._model_id, hashes=wanted
             )
-        texts = _texts_by_hash(batch)
         missing = [h for h in wanted if h not in vectors]
-        embedded: Vectors = self._embedder.embed([texts[h] for h in missing])
-        vectors.update(zip(missing, embedded, strict=True))
+        if missing:
+            vectors.update(zip(missing, self._embed(batch, missing), strict=True))
         report.chunks_embedded += len(missing)
         report.chunks_reused += sum(len(p.chunk_hashes) for p in batch) - len(missing)
         return vectors
+
+    def _embed(self, batch: list[_Pending], hashes: list[str]) -> Vectors:
+        """Vectors of the chunks with these text hashes, from their token ids where the batch
+        has them for every one (the model then tokenizes nothing), else from their texts."""
+        assert self._embedder is not None
+        inputs = _inputs_by_hash(batch)
+        if all(h in inputs for h in hashes):
+            return self._embedder.embed_tokens([inputs[h] for h in hashes])
+        texts = _texts_by_hash(batch)
+        return self._embedder.embed([texts[h] for h in hashes])
 
     def _prune(
         self, collection_id: uuid.UUID | None, seen: set[str], report: IngestReport, dry_run: bool
@@ -422,6 +446,23 @@ def _count_dry_run(batch: list[_Pending], report: IngestReport, progress: Progre
         progress(1, len(pending.chunks))
 
 
+def _account_settled(unit: _Prepared, report: IngestReport, progress: ProgressCallback) -> None:
+    """Count the documents the preparation settled without a write (unchanged, failed)."""
+    report.unchanged.extend(unit.unchanged)
+    report.failed.extend(unit.failed)
+    if unit.unchanged or unit.failed:
+        progress(len(unit.unchanged) + len(unit.failed), 0)
+
+
+def _inputs_by_hash(batch: list[_Pending]) -> dict[str, TokenIds]:
+    return {
+        h: ids
+        for p in batch
+        if p.inputs is not None
+        for h, ids in zip(p.chunk_hashes, p.inputs, strict=True)
+    }
+
+
 def _texts_by_hash(batch: list[_Pending]) -> dict[str, str]:
     return {h: c.text for p in batch for h, c in zip(p.chunk_hashes, p.chunks, strict=True)}
 
@@ -430,95 +471,3 @@ def _groups(items: Iterable[LoadedDocument], size: int) -> Iterator[list[LoadedD
     iterator = iter(items)
     while group := list(islice(iterator, size)):
         yield group
-
-
-class _BatchWriter:
-    """Commits batches on a thread of its own, one transaction each, at most one batch behind."""
-
-    def __init__(
-        self, db: Database, tenant_id: uuid.UUID, collection_id: uuid.UUID | None, model_id: int
-    ) -> None:
-        assert collection_id is not None
-        self._db = db
-        self._tenant_id = tenant_id
-        self._collection_id = collection_id
-        self._model_id = model_id
-        self._inbox: queue.Queue[list[store.documents.DocumentWrite] | None] = queue.Queue(
-            maxsize=1
-        )
-        self._results: queue.Queue[tuple[store.documents.BatchWriteResult, float]] = queue.Queue()
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="ingest-writer", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        with tenancy.as_tenant(self._tenant_id):  # the batches' rows are all this tenant's
-            self._loop()
-
-    def submit(self, writes: list[store.documents.DocumentWrite] | None) -> None:
-        """Queue a batch (None: no more), waiting while the previous one is still in flight."""
-        while True:
-            self._raise_if_failed()
-            try:
-                self._inbox.put(writes, timeout=0.2)
-                return
-            except queue.Full:
-                continue
-
-    def collect(self, report: IngestReport, progress: ProgressCallback) -> None:
-        """Account for the batches committed so far; re-raise a writer failure here."""
-        while not self._results.empty():
-            _account(*self._results.get_nowait(), report, progress)
-        self._raise_if_failed()
-
-    def close(self, report: IngestReport, progress: ProgressCallback) -> None:
-        """Wait for every submitted batch to commit."""
-        self.submit(None)
-        self._thread.join()
-        self.collect(report, progress)
-
-    def abort(self, report: IngestReport) -> None:
-        """Stop after the batch in flight (it still commits whole, or not at all), and count
-        what did commit."""
-        with contextlib.suppress(queue.Empty):
-            self._inbox.get_nowait()
-        with contextlib.suppress(queue.Full):
-            self._inbox.put_nowait(None)
-        self._thread.join(timeout=60)
-        while not self._results.empty():
-            _account(*self._results.get_nowait(), report, lambda _docs, _chunks: None)
-
-    def _raise_if_failed(self) -> None:
-        if self._error is not None:
-            raise self._error
-
-    def _loop(self) -> None:
-        while (writes := self._inbox.get()) is not None:
-            started = time.perf_counter()
-            try:
-                with self._db.write() as session:
-                    result = store.documents.write_documents(
-                        session,
-                        tenant_id=self._tenant_id,
-                        collection_id=self._collection_id,
-                        model_id=self._model_id,
-                        documents=writes,
-                    )
-            except BaseException as exc:  # handed to the main thread, which re-raises it
-                self._error = exc
-                return
-            self._results.put((result, time.perf_counter() - started))
-
-
-def _account(
-    result: store.documents.BatchWriteResult,
-    seconds: float,
-    report: IngestReport,
-    progress: ProgressCallback,
-) -> None:
-    report.write_seconds += seconds
-    for doc in result.written:
-        (report.new if doc.version == 1 else report.updated).append(doc.external_id)
-    report.unchanged.extend(result.unchanged)
-    report.chunks_written += result.chunks
-    progress(len(result.written) + len(result.unchanged), result.chunks)

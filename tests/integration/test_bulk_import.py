@@ -32,6 +32,10 @@ class NoModel:
     def tokenizer(self) -> object:
         raise AssertionError("the model was loaded for an import of vectors")
 
+    @property
+    def batch_tokenizer(self) -> object:
+        raise AssertionError("the model was loaded for an import of vectors")
+
     def embed(self, texts: Sequence[str]) -> object:
         raise AssertionError("the model embedded during an import of vectors")
 

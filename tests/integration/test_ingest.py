@@ -29,6 +29,7 @@ class CountingEmbedder:
     dimension = property(lambda self: self.inner.dimension)
     max_tokens = property(lambda self: self.inner.max_tokens)
     tokenizer = property(lambda self: self.inner.tokenizer)
+    batch_tokenizer = None  # texts only: `embed` sees every text the pipeline embeds
 
     def embed(self, texts: Sequence[str]) -> Vectors:
         self.texts.extend(texts)
@@ -150,6 +151,25 @@ def test_stored_vectors_are_the_models_normalized_output(runtime: Runtime) -> No
     stored = row[1].to_numpy()
     assert np.linalg.norm(stored) == pytest.approx(1.0, abs=1e-5)
     np.testing.assert_allclose(stored, runtime.embedder.embed([row[0]])[0], atol=1e-5)
+
+
+def test_chunks_embedded_from_sliced_token_ids_equal_the_model_on_their_texts(
+    runtime: Runtime,
+) -> None:
+    """Ingest tokenizes each document once and cuts its chunks' model inputs out of it; the
+    vectors are what the model's own `encode` gives for the chunk texts."""
+    hyphens = " ".join(
+        f"Well-known anti-inflammatory drug no. {i} (e.g. ibuprofen)." for i in range(80)
+    )
+    ingest(runtime, [*DOCS, doc("d", hyphens)])
+    rows = fetch_all(
+        runtime,
+        "SELECT c.text, e.embedding FROM chunks c JOIN chunk_embeddings e ON e.chunk_id = c.id",
+    )
+    assert len(rows) > 6
+    expected = runtime.embedder.model.encode([r[0] for r in rows], normalize_embeddings=True)
+    stored = np.stack([r[1].to_numpy() for r in rows])
+    np.testing.assert_allclose(stored, expected, atol=1e-5)
 
 
 def test_reingest_is_a_no_op(runtime: Runtime, counting: CountingEmbedder) -> None:

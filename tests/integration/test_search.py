@@ -116,6 +116,7 @@ class CachingEmbedder:
     dimension = property(lambda self: self.inner.dimension)
     max_tokens = property(lambda self: self.inner.max_tokens)
     tokenizer = property(lambda self: self.inner.tokenizer)
+    batch_tokenizer = None  # texts only: `embed` sees every text the pipeline embeds
 
     def embed(self, texts: Sequence[str]) -> Vectors:
         missing = [t for t in dict.fromkeys(texts) if t not in self.cache]

@@ -1,0 +1,46 @@
+"""What an ingest did: the counts a run, a job or the CLI reports."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ragservice.types import LoadFailure
+
+ProgressCallback = Callable[[int, int], None]
+"""Called with (documents done, chunks written) increments as the run advances."""
+
+
+@dataclass
+class IngestReport:
+    new: list[str] = field(default_factory=list)
+    updated: list[str] = field(default_factory=list)
+    unchanged: list[str] = field(default_factory=list)
+    deleted: list[str] = field(default_factory=list)
+    failed: list[LoadFailure] = field(default_factory=list)
+    chunks_written: int = 0
+    chunks_embedded: int = 0
+    chunks_reused: int = 0
+    chunks_imported: int = 0
+    """Chunks that came with their vectors (counted as they are prepared for writing)."""
+    seconds: float = 0.0
+    write_seconds: float = 0.0
+    """Time the writer spent in write transactions (COPY, triggers, commit)."""
+    dry_run: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return not self.failed
+
+    def counts(self) -> dict[str, int]:
+        return {
+            "new": len(self.new),
+            "updated": len(self.updated),
+            "unchanged": len(self.unchanged),
+            "deleted": len(self.deleted),
+            "failed": len(self.failed),
+            "chunks_written": self.chunks_written,
+            "chunks_embedded": self.chunks_embedded,
+            "chunks_reused": self.chunks_reused,
+            "chunks_imported": self.chunks_imported,
+        }
