@@ -118,6 +118,11 @@ class Settings(BaseSettings):
     query_encoder: Literal["auto", "onnx", "torch"] = Field(
         default="auto", description="how single queries are embedded; auto: ONNX on CPU"
     )
+    embedding_precision: Literal["float", "int8"] = Field(
+        default="float",
+        description="int8: ONNX Runtime dynamic int8 on CPU for ingest batches and queries "
+        "(vectors within cosine 0.99 of float); ignored on CUDA (fp16 there)",
+    )
     reranker: str | None = Field(
         default=None, description="a cross-encoder name or path; unset: no reranking"
     )

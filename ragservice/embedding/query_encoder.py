@@ -2,7 +2,8 @@
 
 For one short text on CPU a torch forward costs per-operator overhead rather than arithmetic, and
 ONNX Runtime has far less of it: about 6 ms against 17 ms for all-MiniLM-L6-v2 on two cores, with
-the same vector. Batches stay with torch (`SentenceTransformerEmbedder.embed`): faster for them.
+the same vector. Float batches stay with torch (`SentenceTransformerEmbedder.embed`): faster for
+them. `quantized` builds an int8 variant of the same exported graph, for batches and queries.
 
 The graph is the loaded sentence-transformers model itself (transformer, then its pooling, dense or
 normalize modules as configured) followed by an L2 normalization, traced with torch's TorchScript
@@ -19,7 +20,7 @@ import re
 import tempfile
 import threading
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from importlib import metadata
 from pathlib import Path
 from typing import Any, Protocol
@@ -38,7 +39,7 @@ OPSET = 17
 EXPORT_FORMAT = 1
 # The tokenizer outputs this encoder knows how to produce, in the order the graph takes them.
 _INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
-_OUTPUT_NAME = "sentence_embedding"
+OUTPUT_NAME = "sentence_embedding"
 # Largest difference from torch accepted for an exported graph (observed: about 2e-7).
 _TOLERANCE = 1e-4
 _PROBE = "Does a probe sentence embed the same in torch and in ONNX Runtime?"
@@ -101,7 +102,7 @@ class _Normalized(torch.nn.Module):
 
     def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
         features = dict(zip(self.names, inputs, strict=True))
-        embedding: torch.Tensor = self.model(features)[_OUTPUT_NAME]
+        embedding: torch.Tensor = self.model(features)[OUTPUT_NAME]
         return torch.nn.functional.normalize(embedding, p=2, dim=-1)
 
 
@@ -157,7 +158,7 @@ class OnnxQueryEncoder:
         self._tokenize = tokenize
 
     def encode(self, text: str) -> Vector:
-        (vectors,) = self._session.run([_OUTPUT_NAME], self._tokenize(text))
+        (vectors,) = self._session.run([OUTPUT_NAME], self._tokenize(text))
         return np.asarray(vectors[0], dtype=np.float32)
 
 
@@ -180,8 +181,8 @@ def load_onnx_encoder(
     if cache_dir is None or model_dir is None:
         session = _uncached_session(pipeline, threads)
     else:
-        path = _cached_export(pipeline, cache_dir / cache_file_name(name, model_dir))
-        session = _session(path, threads)
+        path = cached_export(pipeline, cache_dir / cache_file_name(name, model_dir))
+        session = open_session(path, threads)
     encoder = OnnxQueryEncoder(session, pipeline.tokenize)
     _verify(encoder, pipeline)
     return encoder
@@ -189,8 +190,13 @@ def load_onnx_encoder(
 
 def default_threads() -> int:
     """At most two intra-op threads: one query gains little from more; PostgreSQL needs CPU too."""
+    return min(2, available_cpus())
+
+
+def available_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask, not the machine's count)."""
     available = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
-    return max(1, min(2, available or os.cpu_count() or 1))
+    return max(1, available or os.cpu_count() or 1)
 
 
 def cache_file_name(name: str, model_dir: Path) -> str:
@@ -228,10 +234,11 @@ def _version(package: str) -> str:
         return "absent"
 
 
-def _cached_export(pipeline: QueryPipeline, path: Path) -> Path:
-    """`path`, exported first unless a previous run (or another process) already did."""
+def cached_file(path: Path, write: Callable[[Path], None]) -> Path:
+    """`path`, written first by `write(temporary)` unless a previous run (or another process)
+    already did. Used for the float export and its int8 variant (`quantized`)."""
     if path.is_file():
-        log.debug("reusing ONNX query encoder %s", path)
+        log.debug("reusing ONNX graph %s", path)
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
     # Written beside the target and renamed over it: processes exporting at the same time each
@@ -240,24 +247,30 @@ def _cached_export(pipeline: QueryPipeline, path: Path) -> Path:
     os.close(fd)
     tmp = Path(name)
     try:
-        _export(pipeline, tmp)
+        write(tmp)
         tmp.replace(path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    log.info("exported ONNX query encoder to %s", path)
+    log.info("wrote ONNX graph %s", path)
     return path
+
+
+def cached_export(pipeline: QueryPipeline, path: Path) -> Path:
+    """`path`, the float graph of `pipeline`, exported first unless already there."""
+    return cached_file(path, lambda out: export(pipeline, out))
 
 
 def _uncached_session(pipeline: QueryPipeline, threads: int) -> Any:
     # The session reads the whole file when it opens, so the folder can go right after.
     with tempfile.TemporaryDirectory(prefix="ragservice-onnx-") as tmp:
         path = Path(tmp) / "query_encoder.onnx"
-        _export(pipeline, path)
-        return _session(path, threads)
+        export(pipeline, path)
+        return open_session(path, threads)
 
 
-def _export(pipeline: QueryPipeline, out: Path) -> None:
+def export(pipeline: QueryPipeline, out: Path) -> None:
+    """Write `pipeline` as an ONNX graph (float) to `out`: dynamic batch and sequence axes."""
     dynamic = {name: {0: "batch", 1: "sequence"} for name in pipeline.names}
     with warnings.catch_warnings():
         # The legacy exporter warns that it is deprecated and that transformers' Python-level
@@ -269,8 +282,8 @@ def _export(pipeline: QueryPipeline, out: Path) -> None:
             _example(pipeline),
             out,
             input_names=list(pipeline.names),
-            output_names=[_OUTPUT_NAME],
-            dynamic_axes={**dynamic, _OUTPUT_NAME: {0: "batch"}},
+            output_names=[OUTPUT_NAME],
+            dynamic_axes={**dynamic, OUTPUT_NAME: {0: "batch"}},
             opset_version=OPSET,
             # TorchScript tracing: the dynamo exporter would need onnxscript, and this one suffices.
             dynamo=False,
@@ -290,7 +303,8 @@ def _example(pipeline: QueryPipeline) -> tuple[torch.Tensor, ...]:
     return tuple(stacked(name) for name in pipeline.names)
 
 
-def _session(path: Path, threads: int) -> Any:
+def open_session(path: Path, threads: int) -> Any:
+    """An ONNX Runtime CPU session on `path`, `threads` intra-op threads that do not spin."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
