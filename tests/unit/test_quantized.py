@@ -183,3 +183,57 @@ def test_a_model_off_the_cpu_is_refused(tiny_path: Path, tmp_path: Path) -> None
     with pytest.raises(Int8EncoderError, match="on CPU"):
         load_tiny(pipeline, tiny_path, tmp_path)
     assert files(tmp_path) == []
+
+
+# -- the embedder in int8 ------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def int8_embedder(tmp_path_factory: pytest.TempPathFactory) -> SentenceTransformerEmbedder:
+    """RAGSERVICE_EMBEDDING_PRECISION=int8: ingest batches and queries on the int8 graph."""
+    embedder = SentenceTransformerEmbedder(
+        "sentence-transformers/all-MiniLM-L6-v2",
+        device="cpu",
+        precision="int8",
+        cache_dir=tmp_path_factory.mktemp("int8-embedder"),
+    )
+    embedder.warm_up()
+    return embedder
+
+
+def test_int8_precision_embeds_batches_and_queries_in_int8(
+    int8_embedder: SentenceTransformerEmbedder, embedder: SentenceTransformerEmbedder
+) -> None:
+    assert int8_embedder.precision == "int8"
+    assert int8_embedder.query_backend == "onnx-int8"
+    vectors = int8_embedder.embed(TEXTS)
+    floats = embedder.embed(TEXTS)
+    cosines = (vectors * floats).sum(axis=1)
+    assert cosines.min() >= 0.98
+    assert cosines.mean() >= 0.99
+    assert not np.allclose(vectors, floats, atol=1e-4)  # int8 indeed, not the float model
+    query = int8_embedder.embed_query(TEXTS[0])
+    assert float(query @ vectors[0]) >= 0.99
+
+
+def test_int8_precision_falls_back_to_float_with_a_warning(
+    tiny_path: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    def refused(*args: object, **kwargs: object) -> Int8Encoder:
+        raise Int8EncoderError("int8 vectors too far from the float model's")
+
+    monkeypatch.setattr(quantized, "load_int8_encoder", refused)
+    embedder = SentenceTransformerEmbedder(
+        str(tiny_path), device="cpu", precision="int8", cache_dir=tmp_path
+    )
+    with caplog.at_level("WARNING"):
+        embedder.warm_up()
+    assert embedder.precision == "float"
+    assert embedder.query_backend == "onnx"
+    assert "in float, not int8" in caplog.text
+    texts = ["a short text", "another one"]
+    expected = embedder.model.encode(texts, normalize_embeddings=True)
+    np.testing.assert_allclose(embedder.embed(texts), expected, atol=1e-5)
