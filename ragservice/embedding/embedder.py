@@ -14,6 +14,7 @@ import numpy.typing as npt
 
 from ragservice.chunking import HFTokenizer
 from ragservice.config import DEFAULT_EMBEDDING_MODEL, Settings
+from ragservice.embedding.tokens import BatchTokenizer, TokenIds, length_batches, pad_batch
 from ragservice.errors import EmbeddingError
 from ragservice.limits import FairSlots
 from ragservice.types import Tokenizer
@@ -49,7 +50,17 @@ class Embedder(Protocol):
     @property
     def tokenizer(self) -> Tokenizer: ...
 
+    @property
+    def batch_tokenizer(self) -> BatchTokenizer | None:
+        """Tokenizes batches into model inputs for `embed_tokens`; None: this model takes
+        texts only (`embed`)."""
+        ...
+
     def embed(self, texts: Sequence[str]) -> Vectors: ...
+
+    def embed_tokens(self, inputs: Sequence[TokenIds]) -> Vectors:
+        """Vectors of texts already tokenized by `batch_tokenizer` (one row per input)."""
+        ...
 
     def count_tokens(self, text: str) -> int:
         """Tokens of `text` by the model's tokenizer, without special tokens or truncation."""
@@ -119,6 +130,8 @@ class SentenceTransformerEmbedder:
         self._slots = FairSlots(max_concurrent or available_cpus())
         self._owner = owner
         self._counter: Any = None
+        self._batch_tokenizer: BatchTokenizer | None = None
+        self._input_names: tuple[str, ...] | None = None
 
     @property
     def name(self) -> str:
@@ -152,6 +165,12 @@ class SentenceTransformerEmbedder:
         return _LockedTokenizer(HFTokenizer(self._loaded().tokenizer), self._use_lock)
 
     @property
+    def batch_tokenizer(self) -> BatchTokenizer | None:
+        """None for a model whose pipeline takes more than token ids (a prompt, a router)."""
+        self._token_pipeline()
+        return self._batch_tokenizer
+
+    @property
     def model(self) -> Any:
         """The loaded sentence-transformers model (for benchmarks and advanced use)."""
         return self._loaded()
@@ -164,6 +183,7 @@ class SentenceTransformerEmbedder:
     def warm_up(self) -> None:
         """Load the model and prepare the query encoder (once; later calls do nothing)."""
         self._loaded()
+        self._token_pipeline()
         self._query_encoder()
 
     def count_tokens(self, text: str) -> int:
@@ -181,12 +201,15 @@ class SentenceTransformerEmbedder:
     def embed(self, texts: Sequence[str]) -> Vectors:
         """Embed in batches of similar token length, returning rows in input order.
 
-        sentence-transformers groups a call's texts by character length, which pads a batch to
-        its longest member in tokens: on SciFact chunks that computes 22% more positions than
-        needed. Grouping by token length first brings that under 2%.
+        The texts are tokenized once, in one batch (see `ragservice.embedding.tokens`), and
+        sorted by token length, which pads each batch little: sentence-transformers' own
+        grouping by character length computes 22% more positions on SciFact chunks.
         """
         if not texts:
             return np.zeros((0, self.dimension), dtype=np.float32)
+        batch_tokenizer = self.batch_tokenizer
+        if batch_tokenizer is not None:
+            return self.embed_tokens(batch_tokenizer.model_inputs(texts))
         order = np.argsort(-self.token_lengths(texts), kind="stable")
         out = np.empty((len(texts), self.dimension), dtype=np.float32)
         # The model and a slot are taken per batch, so other callers' batches and queries
@@ -195,6 +218,54 @@ class SentenceTransformerEmbedder:
             rows = order[start : start + self._batch_size]
             out[rows] = self._encode([texts[i] for i in rows])
         return out
+
+    def embed_tokens(self, inputs: Sequence[TokenIds]) -> Vectors:
+        """Embed model inputs from `batch_tokenizer`, in batches of similar length.
+
+        A slot is taken per batch, so other callers' batches and queries take turns with a
+        long call. No lock besides: the tokenizer is not touched, and torch runs concurrent
+        forward passes safely.
+        """
+        names = self._token_pipeline()
+        batch_tokenizer = self._batch_tokenizer
+        if names is None or batch_tokenizer is None:
+            raise EmbeddingError(f"embedding model {self._name!r} takes texts, not token ids")
+        out = np.empty((len(inputs), self.dimension), dtype=np.float32)
+        for rows in length_batches(inputs, self._batch_size):
+            batch = pad_batch([inputs[i] for i in rows], batch_tokenizer.pad_id)
+            with self._slots.hold(self._owner()):
+                out[rows] = self._forward({name: batch[name] for name in names})
+        return out
+
+    def _forward(self, batch: dict[str, npt.NDArray[np.int64]]) -> Vectors:
+        import torch
+
+        model = self._loaded()
+        features = {name: torch.from_numpy(array).to(model.device) for name, array in batch.items()}
+        with torch.inference_mode():
+            embeddings = model(features)["sentence_embedding"]
+            embeddings = torch.nn.functional.normalize(embeddings, p=2, dim=-1)
+        return np.asarray(embeddings.float().cpu().numpy(), dtype=np.float32)
+
+    def _token_pipeline(self) -> tuple[str, ...] | None:
+        """The model's input names when it can take token ids (and its batch tokenizer)."""
+        if self._input_names is None:
+            from ragservice.embedding import query_encoder as qe
+
+            model = self._loaded()
+            with self._query_lock:
+                if self._input_names is None:
+                    try:
+                        names = qe.model_input_names(model)
+                    except qe.QueryEncoderError as exc:
+                        log.info("embedding %s from texts: %s", self._name, exc)
+                        names = ()
+                    if names:
+                        self._batch_tokenizer = BatchTokenizer(
+                            model.tokenizer, max_length=int(model.max_seq_length)
+                        )
+                    self._input_names = names
+        return self._input_names or None
 
     def token_lengths(self, texts: Sequence[str]) -> npt.NDArray[np.int64]:
         """Tokens the model will read of each text (truncated at its maximum sequence)."""

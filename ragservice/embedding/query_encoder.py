@@ -109,7 +109,7 @@ class QueryPipeline:
     """A loaded sentence-transformers model seen as: one text in, one unit vector out."""
 
     def __init__(self, model: Any) -> None:
-        self.names = _input_names(model)
+        self.names = model_input_names(model)
         self.tokenize = SingleTextTokenizer(
             model.tokenizer, max_length=int(model.max_seq_length), names=self.names
         )
@@ -123,7 +123,7 @@ class QueryPipeline:
         return np.asarray(vectors[0].float().cpu().numpy(), dtype=np.float32)
 
 
-def _input_names(model: Any) -> tuple[str, ...]:
+def model_input_names(model: Any) -> tuple[str, ...]:
     """The graph's inputs; raises QueryEncoderError for a pipeline this module cannot reproduce."""
     if getattr(model[0], "auto_model", None) is None:
         raise QueryEncoderError("the model does not start with a transformer module")
