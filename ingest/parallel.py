@@ -40,13 +40,13 @@ from ragservice import store
 from ragservice.bootstrap import Runtime, open_runtime
 from ragservice.config import Settings
 from ragservice.db import tenancy
-from ragservice.embedding.embedder import SentenceTransformerEmbedder, available_cpus
+from ragservice.embedding.embedder import Embedder, available_cpus
 from ragservice.errors import NotFoundError, RagServiceError
 from ragservice.types import LoadedDocument, LoadFailure
 
 log = logging.getLogger(__name__)
 
-EmbedderFactory = Callable[[Settings], SentenceTransformerEmbedder]
+EmbedderFactory = Callable[[Settings], Embedder]
 """Builds a worker's embedder from its settings; a module-level function (it is pickled)."""
 
 GROUP_SIZE = 64
@@ -382,14 +382,16 @@ def _run_worker(
     outbox: multiprocessing.queues.Queue[_Message],
     report: IngestReport,
 ) -> None:
-    embedder = task.embedder_factory(task.settings) if task.embedder_factory else None
-    runtime = open_runtime(task.settings, embedder=embedder, warm=False)
+    runtime = open_runtime(task.settings, warm=False)
     try:
+        embedder = task.embedder_factory(task.settings) if task.embedder_factory else None
         with tenancy.as_tenant(task.tenant_id), runtime.db.read() as session:
             model = store.models.get_model(session, task.model_id)
         if model is None:
             raise NotFoundError(f"no embedding model with id {task.model_id}")
-        pipeline = ingest_pipeline(runtime, tenant_id=task.tenant_id, model=model, load_other=True)
+        pipeline = ingest_pipeline(
+            runtime, tenant_id=task.tenant_id, model=model, load_other=True, embedder=embedder
+        )
         sender = _ProgressSender(outbox)
         try:
             pipeline.run(
