@@ -15,7 +15,7 @@ from ingest.pipeline import IngestPipeline
 from ragservice.bootstrap import Runtime, chunking_options
 from ragservice.chunking import ChunkingOptions
 from ragservice.db.models import EmbeddingModel
-from ragservice.embedding.embedder import SentenceTransformerEmbedder
+from ragservice.embedding.embedder import Embedder
 from ragservice.embedding.registry import get_model_by_name, load_embedder, loadable
 from ragservice.errors import ConfigurationError
 
@@ -35,16 +35,19 @@ def ingest_pipeline(
     tenant_id: uuid.UUID,
     model: EmbeddingModel | None = None,
     load_other: bool = False,
+    embedder: Embedder | None = None,
 ) -> IngestPipeline:
     """A pipeline writing vectors for `model` (default: the serving model, resolved once here
     and kept for the whole run). `load_other`: a version other than the serving one is loaded
     (lazily, on the first text document) to embed text; without it, text documents of such an
-    ingest fail and only imported vectors are written."""
+    ingest fail and only imported vectors are written. `embedder`: embed with this one instead
+    (a stand-in such as the null embedder), whatever version the vectors are written for."""
     serving = runtime.models.current()
-    embedder: SentenceTransformerEmbedder | None = serving.embedder
-    if model is not None and model.id != serving.id:
-        wanted = load_other and loadable(model, runtime.settings)
-        embedder = load_embedder(runtime.settings, model) if wanted else None
+    if embedder is None:
+        embedder = serving.embedder
+        if model is not None and model.id != serving.id:
+            wanted = load_other and loadable(model, runtime.settings)
+            embedder = load_embedder(runtime.settings, model) if wanted else None
     model_id = serving.id if model is None else model.id
     dimension = serving.dimension if model is None else model.dimension
     return IngestPipeline(
@@ -58,7 +61,7 @@ def ingest_pipeline(
 
 
 def _chunking(
-    runtime: Runtime, embedder: SentenceTransformerEmbedder | None, dimension: int
+    runtime: Runtime, embedder: Embedder | None, dimension: int
 ) -> Callable[[], ChunkingOptions]:
     """Chunking options, worked out (loading the model) when a text document first needs them."""
 

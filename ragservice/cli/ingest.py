@@ -116,6 +116,14 @@ def ingest_command(
             "(deferred when the model is not the one serving, or has no vectors yet).",
         ),
     ] = "auto",
+    workers: Annotated[
+        int,
+        typer.Option(
+            "--workers",
+            help="Worker processes that chunk, embed and write in parallel (one per CPU at "
+            "most; a dry run uses one). Each loads its own copy of the model.",
+        ),
+    ] = 1,
 ) -> None:
     """Load, chunk, embed and store documents, or import chunks with their vectors (JSONL
     lines with `chunks`, Parquet). Unchanged documents are skipped."""
@@ -131,6 +139,7 @@ def ingest_command(
         raise typer.BadParameter(str(exc), param_hint="--parquet-columns") from exc
     if not collection.strip():
         raise typer.BadParameter("must not be empty", param_hint="--collection")
+    workers = _check_workers(workers, dry_run=dry_run)
     for path in paths:
         if not path.exists():
             raise typer.BadParameter(f"{path} does not exist", param_hint="PATHS")
@@ -142,7 +151,15 @@ def ingest_command(
                 paths,
                 collection,
                 _Options(
-                    include or [], exclude or [], fields, columns, model, dry_run, prune, index
+                    include or [],
+                    exclude or [],
+                    fields,
+                    columns,
+                    model,
+                    dry_run,
+                    prune,
+                    index,
+                    workers,
                 ),
                 report,
                 ctrl_c,
@@ -172,6 +189,23 @@ class _Options:
     dry_run: bool
     prune: bool
     index: str = "auto"
+    workers: int = 1
+
+
+def _check_workers(workers: int, *, dry_run: bool) -> int:
+    """The number of worker processes to run: at least 1, at most one per CPU."""
+    from ingest.parallel import max_workers
+
+    if workers < 1:
+        raise typer.BadParameter(f"must be at least 1 (got {workers})", param_hint="--workers")
+    if workers > 1 and dry_run:
+        console.print("a dry run writes nothing and runs in one process: --workers ignored")
+        return 1
+    cpus = max_workers()
+    if workers > cpus:
+        console.print(f"--workers {workers}: this machine has {cpus} CPUs, using {cpus} workers")
+        return cpus
+    return workers
 
 
 def _run(
@@ -206,20 +240,37 @@ def _run(
         if options.model:
             params["model"] = options.model
 
+        def load(on_progress: ProgressCallback, report: IngestReport) -> IngestReport:
+            if options.workers > 1:
+                from ingest.parallel import run_parallel
+
+                return run_parallel(
+                    runtime,
+                    items,
+                    workers=options.workers,
+                    model_id=pipeline.model_id,
+                    tenant_id=runtime.default_tenant_id,
+                    collection=collection,
+                    prune=options.prune,
+                    on_progress=on_progress,
+                    report=report,
+                )
+            return pipeline.run(
+                items,
+                collection=collection,
+                dry_run=options.dry_run,
+                prune=options.prune,
+                on_progress=on_progress,
+                report=report,
+            )
+
         def run(on_progress: ProgressCallback, report: IngestReport) -> IngestReport:
             try:
                 return with_index_upkeep(
                     runtime,
                     pipeline.model_id,
                     "kept" if options.dry_run else options.index,
-                    lambda: pipeline.run(
-                        items,
-                        collection=collection,
-                        dry_run=options.dry_run,
-                        prune=options.prune,
-                        on_progress=on_progress,
-                        report=report,
-                    ),
+                    lambda: load(on_progress, report),
                 )
             finally:
                 ctrl_c.stopping = False  # the job record and the clean-up run to the end

@@ -71,6 +71,19 @@ def test_ingest_cli_end_to_end(database_url: str, corpus: Path, tmp_path: Path) 
     assert "unchanged" in again.stderr
 
 
+def test_ingest_cli_with_worker_processes(database_url: str, corpus: Path, tmp_path: Path) -> None:
+    args = [sys.executable, "-m", "ingest", str(corpus), "-c", "docs", "--workers", "2"]
+    first = run(args, database_url, tmp_path)
+    assert first.returncode == 0, first.stderr
+    assert "chunks written 2" in first.stderr
+
+    with psycopg.connect(libpq(database_url)) as conn:
+        rows = conn.execute("SELECT external_id, version FROM documents ORDER BY 1").fetchall()
+        job = conn.execute("SELECT status, counts->>'new' FROM ingest_jobs").fetchall()
+    assert rows == [("intro.md", 1), ("notes/a.txt", 1)]
+    assert job == [("done", "2")]
+
+
 def test_ingest_cli_reports_failures_with_nonzero_exit(
     database_url: str, corpus: Path, tmp_path: Path
 ) -> None:
