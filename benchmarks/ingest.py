@@ -31,10 +31,10 @@ import time
 from itertools import islice
 from pathlib import Path
 
-# This file is named like the `ingest` package it measures: its folder goes last on the import
-# path, after the `ingest` package.
+# This file is named like the `ingest` package it measures: keep its folder off the import path
+# (until `ingest` is imported; `--compare` then imports its module from here).
 _HERE = Path(__file__).resolve().parent
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE] + [str(_HERE)]
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
@@ -51,6 +51,7 @@ def main() -> None:
     args = _parse_args()
     corpus = args.corpus / "corpus.jsonl" if args.corpus.is_dir() else args.corpus
     if args.compare:
+        sys.path.append(str(_HERE))
         from ingest_compare import compare
 
         _print(compare(args, corpus))

@@ -23,6 +23,7 @@ import numpy as np
 from sqlalchemy import text
 
 from ingest.loaders import load_documents
+from ingest.parallel import max_workers, run_parallel
 from ingest.pipeline import IngestPipeline, IngestReport
 from ragservice import store
 from ragservice.bootstrap import Runtime, open_runtime
@@ -71,6 +72,8 @@ def _compare(
         "torch": lambda: float_model,
     }
     runs = {name: _ingest(runtime, name, make(), corpus, limit) for name, make in embedders.items()}
+    workers = max_workers()
+    runs["null_workers"] = _ingest_parallel(runtime, workers, corpus, limit)
     int8_vectors = _stored(runtime, runs["int8"]["tenant"])
     float_vectors = _stored(runtime, runs["torch"]["tenant"])
     int8_queries = _query_vectors(int8.embed_query, queries)
@@ -79,6 +82,8 @@ def _compare(
         "docs": runs["torch"]["docs"],
         "chunks": runs["torch"]["chunks"],
         "null_embedder_docs_per_s": runs["null"]["docs_per_s"],
+        "null_embedder_workers": workers,
+        "null_embedder_workers_docs_per_s": runs["null_workers"]["docs_per_s"],
         "int8_docs_per_s": runs["int8"]["docs_per_s"],
         "torch_docs_per_s": runs["torch"]["docs_per_s"],
         "int8_speedup": round(
@@ -121,6 +126,35 @@ def _ingest(
         raise SystemExit(f"{name}: {len(report.failed)} documents failed: {report.failed[:3]}")
     docs = len(report.new)
     print(f"{name:>5}: {docs} documents, {report.chunks_written} chunks in {seconds:.1f} s")
+    return {
+        "tenant": tenant_id,
+        "docs": docs,
+        "chunks": report.chunks_written,
+        "seconds": round(seconds, 2),
+        "write_seconds": round(report.write_seconds, 2),
+        "docs_per_s": round(docs / seconds, 1),
+    }
+
+
+def _ingest_parallel(
+    runtime: Runtime, workers: int, corpus: Path, limit: int | None
+) -> dict[str, Any]:
+    """The null embedder again, with `ingest --workers N`'s worker processes."""
+    with tenancy.as_system(), runtime.db.write() as session:
+        tenant_id = store.tenants.ensure_tenant(session, f"bench-workers-{uuid.uuid4().hex[:6]}")
+    started = time.perf_counter()
+    report = run_parallel(
+        runtime,
+        islice(load_documents([corpus]), limit),
+        workers=workers,
+        model_id=runtime.model_id,
+        tenant_id=tenant_id,
+        collection=_COLLECTION,
+        embedder_factory=null_embedder,
+    )
+    seconds = time.perf_counter() - started
+    docs = len(report.new)
+    print(f"null, {workers} workers: {docs} documents in {seconds:.1f} s")
     return {
         "tenant": tenant_id,
         "docs": docs,
