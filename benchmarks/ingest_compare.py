@@ -50,7 +50,7 @@ def compare(args: argparse.Namespace, corpus: Path) -> dict[str, object]:
         settings = Settings(
             database_url=args.database_url,
             data_dir=Path(tmp),
-            device="cpu",
+            device=args.device,
             embed_batch_size=args.batch_size,
         )
         runtime = open_runtime(settings)
@@ -101,6 +101,9 @@ def _compare(
     for name, run in runs.items():
         figures[f"{name}_seconds"] = run["seconds"]
         figures[f"{name}_write_seconds"] = run["write_seconds"]
+        if "model_busy" in run:  # the share of the run the model computed; the rest it waited
+            figures[f"{name}_model_busy"] = run["model_busy"]
+            figures[f"{name}_waits"] = run["waits"]
     return figures
 
 
@@ -133,6 +136,11 @@ def _ingest(
         "seconds": round(seconds, 2),
         "write_seconds": round(report.write_seconds, 2),
         "docs_per_s": round(docs / seconds, 1),
+        "model_busy": round(report.embed_seconds / seconds, 3),
+        "waits": {
+            "preparation_s": round(report.prepare_wait_seconds, 2),
+            "writer_s": round(report.write_wait_seconds, 2),
+        },
     }
 
 

@@ -203,6 +203,9 @@ def merge_report(into: IngestReport, part: IngestReport) -> None:
     into.chunks_reused += part.chunks_reused
     into.chunks_imported += part.chunks_imported
     into.write_seconds += part.write_seconds
+    into.embed_seconds += part.embed_seconds
+    into.prepare_wait_seconds += part.prepare_wait_seconds
+    into.write_wait_seconds += part.write_wait_seconds
 
 
 # -- the parent's side ------------------------------------------------------------------------

@@ -206,7 +206,7 @@ class IngestPipeline:
             name="ingest-prepare",
         )
         try:
-            for unit in prepared:
+            for unit in _timed(prepared, report):
                 _account_settled(unit, report, progress)
                 if not unit.batch:
                     continue
@@ -375,7 +375,9 @@ class IngestPipeline:
             )
             for p in batch
         ]
+        started = time.perf_counter()
         writer.submit(writes)
+        report.write_wait_seconds += time.perf_counter() - started
 
     def _vectors_for(self, batch: list[_Pending], report: IngestReport) -> dict[str, Any]:
         """One vector per distinct chunk text: stored ones reused, the rest embedded now."""
@@ -389,7 +391,9 @@ class IngestPipeline:
             )
         missing = [h for h in wanted if h not in vectors]
         if missing:
+            started = time.perf_counter()
             vectors.update(zip(missing, self._embed(batch, missing), strict=True))
+            report.embed_seconds += time.perf_counter() - started
         report.chunks_embedded += len(missing)
         report.chunks_reused += sum(len(p.chunk_hashes) for p in batch) - len(missing)
         return vectors
@@ -444,6 +448,18 @@ def _count_dry_run(batch: list[_Pending], report: IngestReport, progress: Progre
     for pending in batch:
         report.new.append(pending.doc.external_id)
         progress(1, len(pending.chunks))
+
+
+def _timed(units: Iterable[_Prepared], report: IngestReport) -> Iterator[_Prepared]:
+    """`units`, adding the time spent waiting for each to `report.prepare_wait_seconds`."""
+    iterator = iter(units)
+    while True:
+        started = time.perf_counter()
+        unit = next(iterator, None)
+        report.prepare_wait_seconds += time.perf_counter() - started
+        if unit is None:
+            return
+        yield unit
 
 
 def _account_settled(unit: _Prepared, report: IngestReport, progress: ProgressCallback) -> None:

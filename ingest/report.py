@@ -26,6 +26,12 @@ class IngestReport:
     seconds: float = 0.0
     write_seconds: float = 0.0
     """Time the writer spent in write transactions (COPY, triggers, commit)."""
+    embed_seconds: float = 0.0
+    """Time the model spent embedding (the rest of `seconds` it was idle)."""
+    prepare_wait_seconds: float = 0.0
+    """Time the model's thread waited for the preparation (loading, tokenizing, chunking)."""
+    write_wait_seconds: float = 0.0
+    """Time the model's thread waited for the writer to take the next batch."""
     dry_run: bool = False
 
     @property
