@@ -9,7 +9,7 @@ export TRANSFORMERS_OFFLINE := 1
 # Idle torch threads otherwise spin and steal CPU from PostgreSQL on small machines.
 export OMP_WAIT_POLICY := PASSIVE
 
-.PHONY: run test lint typecheck bench-ingest bench-search bench-query bench-cache bench-replicas bench-feedback bench-rls bench-hostile bench-injection bench-scale bench-soak clean
+.PHONY: run test lint typecheck bench-ingest bench-ingest-compare bench-search bench-query bench-cache bench-replicas bench-feedback bench-rls bench-hostile bench-injection bench-scale bench-soak clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -38,6 +38,9 @@ bench-scale: $(STAMP)
 
 bench-ingest: $(STAMP)
 	$(BIN)/python benchmarks/ingest.py --corpus ../shared/data/scifact
+
+bench-ingest-compare: $(STAMP)
+	$(BIN)/python benchmarks/ingest.py --corpus ../shared/data/scifact --compare
 
 bench-search: $(STAMP)
 	$(BIN)/python benchmarks/eval_beir.py --data ../shared/data/scifact

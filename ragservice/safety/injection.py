@@ -59,9 +59,15 @@ class Rule:
     pattern: re.Pattern[str]
     needles: tuple[str, ...] = ()
 
-    def search(self, view: str) -> bool:
-        if self.needles and not any(needle in view for needle in self.needles):
-            return False
+    def search(self, view: str, present: frozenset[str] | None = None) -> bool:
+        """Whether the pattern matches `view`; `present`: the needles known to be in it
+        (`needles_in`), which spares testing each rule's needles one by one."""
+        if self.needles:
+            if present is None:
+                if not any(needle in view for needle in self.needles):
+                    return False
+            elif present.isdisjoint(self.needles):
+                return False
         return self.pattern.search(view) is not None
 
 
@@ -297,8 +303,9 @@ def scan(text: str) -> Verdict:
     """Whether `text` reads like instructions to a model: a strong rule, or two weak ones."""
     reasons: set[str] = set()
     for view in _views(text):
-        reasons.update(rule.name for rule in STRONG if rule.search(view))
-        reasons.update(f"weak:{rule.name}" for rule in WEAK if rule.search(view))
+        present = needles_in(view)
+        reasons.update(rule.name for rule in STRONG if rule.search(view, present))
+        reasons.update(f"weak:{rule.name}" for rule in WEAK if rule.search(view, present))
     plain = normalise(text)
     for run in _SPACED.finditer(plain):  # with the words next to the run
         letters = _NOT_LETTERS.sub("", plain[max(run.start() - 20, 0) : run.end() + 20])
@@ -306,6 +313,15 @@ def scan(text: str) -> Verdict:
     strong = [reason for reason in reasons if not reason.startswith("weak:")]
     flagged = bool(strong) or len(reasons) >= 2
     return Verdict(flagged, tuple(sorted(reasons)) if flagged else ())
+
+
+_NEEDLES = tuple(sorted({needle for rule in (*STRONG, *WEAK) for needle in rule.needles}))
+
+
+def needles_in(view: str) -> frozenset[str]:
+    """The rules' needles that occur in `view`: each distinct needle tested once, in one
+    comprehension, instead of each rule testing its own (the detector's largest cost)."""
+    return frozenset([needle for needle in _NEEDLES if needle in view])
 
 
 def normalise(text: str) -> str:

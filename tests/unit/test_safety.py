@@ -78,6 +78,16 @@ def test_a_rule_never_matches_a_view_that_lacks_its_needles(words: list[str]) ->
     _views_match_only_with_needles(" ".join(words))
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.sampled_from(_RULE_WORDS), min_size=1, max_size=25))
+def test_needles_found_once_per_view_skip_exactly_what_each_rule_would(words: list[str]) -> None:
+    """`needles_in` (all needles tested once) passes the same rules on as each rule's own test."""
+    for view in injection._views(" ".join(words)):
+        present = injection.needles_in(view)
+        for rule in injection.STRONG + injection.WEAK:
+            assert rule.search(view, present) == rule.search(view), (rule.name, view)
+
+
 def test_the_planted_passages_match_only_with_needles() -> None:
     for planted in _PLANTED:
         _views_match_only_with_needles(f"{SCIENCE}\n{planted}\n{SCIENCE}")
