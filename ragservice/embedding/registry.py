@@ -61,6 +61,8 @@ class ServingModel:
             "version": self.version,
             "dimension": self.dimension,
             "storage": self.storage,
+            "precision": self.embedder.precision,
+            "query_encoder": self.embedder.query_backend,
         }
 
 

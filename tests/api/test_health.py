@@ -35,6 +35,8 @@ def test_public_health_answers_are_bare_and_details_need_an_admin_key(
             "version": 1,
             "dimension": 384,
             "storage": "float32",
+            "precision": "float",
+            "query_encoder": "onnx",
         },
     }
     paths = client.get("/openapi.json").json()["paths"]

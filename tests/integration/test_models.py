@@ -206,6 +206,8 @@ def test_the_registry_switches_after_loading_and_keeps_the_previous_model_loaded
         "version": 1,
         "dimension": 32,
         "storage": "float32",
+        "precision": "float",
+        "query_encoder": "onnx",
     }
     assert serving.embed_query("a river").shape == (32,)
     assert runtime.model_id == tiny.id and runtime.embedder is serving.embedder
