@@ -67,8 +67,10 @@ class Prefetch(Generic[T]):
     ) -> None:
         self.close()
 
-    def close(self, timeout: float = 60.0) -> None:
-        """Stop the thread (it finishes the item in hand first) and wait for it."""
+    def close(self, timeout: float = 2.0) -> None:
+        """Stop the thread and wait for it a moment. It stops at its next hand-over; a source
+        blocked on its input (a pipe that stays open, a file being parsed) is not waited for:
+        the thread is a daemon, touches nothing of the caller's, and ends once it gets on."""
         self._stop.set()
         with contextlib.suppress(queue.Empty):
             while True:

@@ -191,10 +191,12 @@ def feed(fifo: Path, data: bytes, process: subprocess.Popen[str], deadline: floa
     return fd
 
 
+@pytest.mark.parametrize("workers", [1, 2], ids=["one-process", "two-worker-processes"])
 def test_ctrl_c_mid_ingest_leaves_whole_documents_and_a_rerun_finishes(
-    database_url: str, tmp_path: Path
+    database_url: str, tmp_path: Path, workers: int
 ) -> None:
     """Ctrl-C once some batches committed: they stay, whole; exit 130; a rerun adds the rest.
+    With worker processes the Ctrl-C reaches the command only, which stops the workers.
 
     The ingest reads a named pipe that gets every row but the last and no end of input, so it
     cannot finish before the Ctrl-C however busy the machine: the test waits for a state
@@ -215,7 +217,7 @@ def test_ctrl_c_mid_ingest_leaves_whole_documents_and_a_rerun_finishes(
         "HF_HUB_OFFLINE": "1",
         "COLUMNS": "200",
     }
-    args = [str(BIN / "ragservice"), "ingest", str(corpus), "-c", "big"]
+    args = [str(BIN / "ragservice"), "ingest", str(corpus), "-c", "big", "--workers", str(workers)]
     process = subprocess.Popen(args, env=env, stderr=subprocess.PIPE, text=True)
     fd = None
     try:
