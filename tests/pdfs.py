@@ -48,3 +48,32 @@ def _content(lines: list[str]) -> bytes:
 
 def _literal(text: str) -> str:
     return text.replace("\\", "\\\\").replace("(", "\\(").replace(")", "\\)")
+
+
+# A five-page report: pages 1 to 3 hold about 40 tokens each (a chunk each with a budget of
+# 48 tokens and no overlap); the sentence on pages 4 and 5 runs across the page break and fits
+# one chunk. Only page 3 speaks of a zebra census.
+REPORT_PAGES = [
+    [
+        "The annual report opens with a letter from the board to all shareholders.",
+        "Revenue grew in every region, led by strong demand for our cloud services.",
+        "The board thanks the staff for a year of steady work and careful spending.",
+    ],
+    [
+        "Operating costs fell as the company closed two older data centres.",
+        "Energy use per server dropped by a fifth after the move to newer hardware.",
+        "Capital spending went mostly to storage and network equipment this year.",
+    ],
+    [
+        "The wildlife fund we sponsor ran its zebra census on the northern plains.",
+        "Volunteers counted four thousand animals across eleven separate herds there.",
+        "The census results guide where the fund builds water points next season.",
+    ],
+    ["Outlook: the board expects revenue to keep growing next year"],
+    ["as new customers adopt the platform in Asia and South America."],
+]
+REPORT_CHUNK_TOKENS = 48
+
+
+def report_pdf() -> bytes:
+    return make_pdf(REPORT_PAGES, title="Annual Report")

@@ -37,7 +37,17 @@ def upgrade() -> None:
     )
 
 
+# A document whose chunks lose their pages gets a content hash no ingest computes, so that the
+# next ingest of it (under either revision) writes it anew, its pages with it, instead of
+# finding it unchanged.
+_FORGET_PAGED_HASHES = """
+UPDATE documents d SET content_hash = 'pages-dropped:' || d.content_hash
+WHERE EXISTS (SELECT FROM chunks c WHERE c.document_id = d.id AND c.page_start IS NOT NULL)
+"""
+
+
 def downgrade() -> None:
+    op.execute(_FORGET_PAGED_HASHES)
     op.drop_constraint(CHECK, "chunks", type_="check")
     op.drop_column("chunks", "page_end")
     op.drop_column("chunks", "page_start")
