@@ -89,13 +89,16 @@ def document_hash(doc: LoadedDocument, model_id: int | None = None) -> str:
     """Hash of a document's content: a change in title, text or metadata makes a new version.
 
     The source path is left out so that the same files ingested from another folder are unchanged.
-    An imported document's hash covers its chunks (texts, metadata, vector bytes) and the model
-    version they are for as well.
+    A paged document's hash covers where its pages start (a document without pages hashes as
+    it always did). An imported document's hash covers its chunks (texts, metadata, vector
+    bytes) and the model version they are for as well.
     """
     pre = doc.precomputed
     payload: list[object]
     if pre is None:
         payload = [doc.title, doc.text, doc.metadata]
+        if doc.page_starts:
+            payload.append(list(doc.page_starts))
     else:
         payload = [doc.title, doc.metadata, pre.texts, pre.metadata, model_id]
     digest = hashlib.sha256(json.dumps(payload, sort_keys=True, ensure_ascii=False).encode())
@@ -142,7 +145,13 @@ class IngestPipeline:
         """Chunk a text document (by its tokens when they were made in a batch already)."""
         tokenizer, options = self._text_tools_loaded()
         spans = tokenizer if tokens is None else tokens
-        return chunk_text(doc.text, tokenizer=spans, options=options, format=doc.format)
+        return chunk_text(
+            doc.text,
+            tokenizer=spans,
+            options=options,
+            format=doc.format,
+            page_starts=doc.page_starts,
+        )
 
     def _text_tools_loaded(self) -> tuple[Tokenizer, ChunkingOptions]:
         """The tokenizer and chunking options; loads the model on first use."""

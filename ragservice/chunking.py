@@ -17,7 +17,7 @@ from functools import cached_property
 from itertools import accumulate
 from typing import Any, NamedTuple
 
-from ragservice.types import TextChunk, TextFormat, Tokenizer
+from ragservice.types import PageSpan, TextChunk, TextFormat, Tokenizer
 
 # A boundary tier is a few sorted lists of character positions; a tier's candidates are their
 # union. Keeping the lists apart avoids merging (and sorting) them for every document.
@@ -87,12 +87,14 @@ def chunk_text(
     tokenizer: Tokenizer,
     options: ChunkingOptions,
     format: TextFormat = "text",
+    page_starts: Sequence[int] = (),
 ) -> list[TextChunk]:
     """Cut `text` into chunks of at most `options.max_tokens` tokens, in document order.
 
     Offsets index the original `text`; each chunk is trimmed of surrounding whitespace.
     With `format="markdown"` chunks stay inside one heading section and carry its heading
-    path as `metadata["headings"]`.
+    path as `metadata["headings"]`. With `page_starts` (where each page starts in `text`)
+    each chunk carries the pages it lies on.
     """
     if not text or text.isspace():
         return []
@@ -104,9 +106,20 @@ def chunk_text(
         for start, end in splitter.split(section.start, section.end)
     ]
     return [
-        splitter.make_chunk(ordinal, start, end, headings)
+        splitter.make_chunk(ordinal, start, end, headings, page_span(page_starts, start, end))
         for ordinal, (start, end, headings) in enumerate(pieces)
     ]
+
+
+def page_span(page_starts: Sequence[int], start: int, end: int) -> PageSpan | None:
+    """The pages (1-based) that the text range [start, end) lies on, given where each page
+    starts; None when there are no pages. Of pages that start at the same place (empty
+    ones), the range is on the last."""
+    if not page_starts:
+        return None
+    first = max(bisect_right(page_starts, start), 1)
+    last = max(bisect_right(page_starts, max(end - 1, start)), first)
+    return PageSpan(first, last)
 
 
 class _TokenIndex:
@@ -216,7 +229,12 @@ class _Splitter:
         self._boundaries = _Boundaries(text)
 
     def make_chunk(
-        self, ordinal: int, start: int, end: int, headings: tuple[str, ...] | None
+        self,
+        ordinal: int,
+        start: int,
+        end: int,
+        headings: tuple[str, ...] | None,
+        pages: PageSpan | None,
     ) -> TextChunk:
         metadata: dict[str, Any] = {} if headings is None else {"headings": list(headings)}
         return TextChunk(
@@ -226,6 +244,7 @@ class _Splitter:
             end_char=end,
             token_count=self._index.count(start, end),
             metadata=metadata,
+            pages=pages,
         )
 
     def split(self, lo: int, hi: int) -> list[tuple[int, int]]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -28,8 +29,40 @@ TextFormat = Literal["text", "markdown"]
 """How a loaded text is structured: `markdown` texts carry `#` headings the chunker follows."""
 
 
+PAGE_SEPARATOR = "\n\n"
+"""What joins the pages' texts of a paged document (a PDF) into its text."""
+
 CHUNK_SEPARATOR = "\n\n"
 """What joins a document's precomputed chunks into its text (and so sets their offsets)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PageSpan:
+    """The pages, 1-based and inclusive, a piece of a paged document (a PDF) lies on."""
+
+    first: int
+    last: int
+
+    @property
+    def numbers(self) -> list[int]:
+        """Every page from the first to the last."""
+        return list(range(self.first, self.last + 1))
+
+    @property
+    def label(self) -> str:
+        """How a citation names the pages: `p. 3`, or `pp. 3\u20134` for more than one."""
+        if self.first == self.last:
+            return f"p. {self.first}"
+        return f"pp. {self.first}\u2013{self.last}"
+
+    @classmethod
+    def covering(cls, spans: Iterable[PageSpan | None]) -> PageSpan | None:
+        """From the first page of `spans` to their last (None among them left out); None
+        when none is known."""
+        known = [span for span in spans if span is not None]
+        if not known:
+            return None
+        return cls(min(span.first for span in known), max(span.last for span in known))
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +95,10 @@ class LoadedDocument:
     format: TextFormat = "text"
     precomputed: PrecomputedChunks | None = None
     """The chunks and vectors the document came with; None: chunk and embed `text` here."""
+    page_starts: tuple[int, ...] = ()
+    """Where each page starts in `text` (page n at index n - 1), for a paged document (a
+    PDF); empty for a document without pages. An empty page starts where the text before it
+    ends."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +119,8 @@ class TextChunk:
     end_char: int
     token_count: int
     metadata: dict[str, Any] = field(default_factory=dict)
+    pages: PageSpan | None = None
+    """The pages the chunk lies on; None for a document without pages."""
 
 
 class Tokenizer(Protocol):

@@ -205,6 +205,7 @@ def _parse_single(
         metadata={**parsed.metadata, **provenance, **extra},
         source=source,
         format=parsed.format,
+        page_starts=parsed.page_starts,
     )
 
 

@@ -19,6 +19,8 @@ class Parsed:
     title: str | None
     format: TextFormat
     metadata: dict[str, Any] = field(default_factory=dict)
+    page_starts: tuple[int, ...] = ()
+    """Where each page starts in `text` (see `LoadedDocument.page_starts`); PDF only."""
 
 
 class ParseError(Exception):

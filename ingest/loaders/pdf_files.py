@@ -1,10 +1,11 @@
 """PDF: each page's text, bounded by the page and character limits; empty-password encryption
-is opened, any other is a failure."""
+is opened, any other is a failure. The pages' texts are joined by a blank line, and where each
+page starts in the whole is kept (`Parsed.page_starts`), so chunks can name their pages."""
 
 from __future__ import annotations
 
 import io
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 from pypdf import PasswordType, PdfReader
 from pypdf.errors import DependencyError
@@ -12,6 +13,7 @@ from pypdf.errors import DependencyError
 from ingest.loaders.cleaning import clean_text, clean_title
 from ingest.loaders.limits import DocumentLimits
 from ingest.loaders.parsing import Parsed, ParseError, bad_content, describe
+from ragservice.types import PAGE_SEPARATOR
 
 
 def parse_pdf(data: bytes, limits: DocumentLimits) -> Parsed:
@@ -23,8 +25,22 @@ def parse_pdf(data: bytes, limits: DocumentLimits) -> Parsed:
         _check_page_count(len(reader.pages), limits)
         pages = list(_pdf_pages(reader, limits))
         title = clean_title(reader.metadata.title if reader.metadata else None)
-    text = "\n\n".join(page for page in pages if page)
-    return Parsed(text, title, "text", {"pages": len(pages)})
+    text = PAGE_SEPARATOR.join(page for page in pages if page)
+    return Parsed(text, title, "text", {"pages": len(pages)}, page_starts(pages))
+
+
+def page_starts(pages: Sequence[str]) -> tuple[int, ...]:
+    """Where each page starts in the pages' texts joined by `PAGE_SEPARATOR` (empty pages
+    left out of the join): an empty page starts where the text before it ends."""
+    starts: list[int] = []
+    position, written = 0, False
+    for page in pages:
+        if page and written:
+            position += len(PAGE_SEPARATOR)
+        starts.append(position)
+        if page:
+            position, written = position + len(page), True
+    return tuple(starts)
 
 
 def _check_page_count(count: int, limits: DocumentLimits) -> None:

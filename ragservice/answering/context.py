@@ -27,7 +27,9 @@ The block, one entry per source, entries separated by a blank line:
     [2] external_id
     passage text
 
-The header is `[n] external_id` when the document has no title or the title is the id.
+The header is `[n] external_id` when the document has no title or the title is the id. A
+passage of a paged document (a PDF) names its pages after the id: `[1] Title (report.pdf,
+p. 3)`, `[2] report.pdf, pp. 3\u20134`.
 Titles, ids and passage text are neutralised (`safety.sources`) as they are written into the
 block: a document cannot close the block, open another or forge a `[n]` header. `Source.text`
 keeps the text as stored.
@@ -42,6 +44,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 from ragservice.safety.sources import neutralise
+from ragservice.types import PageSpan
 
 if TYPE_CHECKING:
     # Only the shape of a hit is needed; importing search at runtime would pull in the database.
@@ -79,6 +82,7 @@ class Passage:
     score: float
     rank: int
     flagged: bool = False  # a chunk in it was flagged as instruction-like at ingest
+    pages: PageSpan | None = None  # from the first page of its chunks to their last
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +99,13 @@ class Source:
     text: str
     score: float
     flagged: bool = False
+    pages: PageSpan | None = None
+
+    @property
+    def cited_as(self) -> str:
+        """How a reader sees the source named: `Title (report.pdf, p. 12)`, or
+        `report.pdf, pp. 12\u201313` when it has no title of its own."""
+        return cite_as(self.external_id, self.title, self.pages)
 
     @classmethod
     def of(cls, number: int, passage: Passage) -> Source:
@@ -109,6 +120,7 @@ class Source:
             text=passage.text,
             score=passage.score,
             flagged=passage.flagged,
+            pages=passage.pages,
         )
 
 
@@ -190,6 +202,7 @@ def source_to_json(source: Source) -> dict[str, Any]:
         "text": source.text,
         "score": source.score,
         "flagged": source.flagged,
+        "pages": None if source.pages is None else source.pages.numbers,
     }
 
 
@@ -205,6 +218,7 @@ def source_from_json(item: dict[str, Any]) -> Source:
         text=str(item["text"]),
         score=float(item["score"]),
         flagged=bool(item.get("flagged", False)),
+        pages=PageSpan.covering(PageSpan(n, n) for n in item.get("pages") or ()),
     )
 
 
@@ -247,12 +261,18 @@ def _entries(passages: Sequence[Passage]) -> list[str]:
 
 
 def _header(number: int, passage: Passage) -> str:
-    # Collapsed whitespace: a newline in a title would break the one-line header.
-    name = neutralise(" ".join(passage.external_id.split()))
-    title = neutralise(" ".join((passage.title or "").split()))
-    if not title or title == name:
-        return f"[{number}] {name}"
-    return f"[{number}] {title} ({name})"
+    name = cite_as(neutralise(passage.external_id), neutralise(passage.title or ""), passage.pages)
+    return f"[{number}] {name}"
+
+
+def cite_as(external_id: str, title: str | None, pages: PageSpan | None) -> str:
+    """A source's name on one line: `Title (external_id, p. 3)`; `external_id, pp. 3\u20134`
+    when there is no title or the title is the id; without the pages when it has none."""
+    # Collapsed whitespace: a newline in a title would break a one-line header.
+    name = " ".join(external_id.split())
+    title = " ".join((title or "").split())
+    where = name if pages is None else f"{name}, {pages.label}"
+    return where if not title or title == name else f"{title} ({where})"
 
 
 # -- runs and passages ---------------------------------------------------------------------------
@@ -346,6 +366,7 @@ def _passage(
         score=max(hit.score for hit in hits),
         rank=min(ranks[hit.chunk_id] for hit in hits),
         flagged=any(chunk.injection for chunk in run),
+        pages=PageSpan.covering(chunk.pages for chunk in run),
     )
 
 

@@ -103,6 +103,10 @@ class Chunk(Base):
     start_char: Mapped[int] = mapped_column(Integer)
     end_char: Mapped[int] = mapped_column(Integer)
     metadata_: Mapped[dict[str, Any]] = mapped_column("metadata", server_default="{}")
+    # The pages (1-based, inclusive) of a paged document (a PDF) the chunk lies on; null for
+    # a document without pages (migration 0016).
+    page_start: Mapped[int | None] = mapped_column(Integer)
+    page_end: Mapped[int | None] = mapped_column(Integer)
 
 
 class EmbeddingModel(Base):

@@ -41,6 +41,7 @@ from ragservice.errors import EmbeddingError, InvalidInputError
 from ragservice.retrieval import statements
 from ragservice.retrieval.filters import CompiledFilter
 from ragservice.timing import add_ms, ms_since, timed, with_total
+from ragservice.types import PageSpan
 
 QueryEmbedder = Callable[[str], npt.NDArray[np.float32]]
 
@@ -188,6 +189,7 @@ class SearchHit:
     # what the chunk's collection does with flagged chunks (mark, downweight, drop).
     injection: tuple[str, ...] = ()
     flagged_policy: str = "downweight"
+    pages: PageSpan | None = None  # the pages of a paged document (a PDF) it lies on
 
     @property
     def flagged(self) -> bool:
@@ -508,4 +510,5 @@ def _hit(row: tuple[Any, ...]) -> SearchHit:
         document_version=row[13],
         injection=tuple(str(reason) for reason in (row[6] or {}).get("injection") or ()),
         flagged_policy=row[14],
+        pages=None if row[15] is None else PageSpan(row[15], row[16]),
     )

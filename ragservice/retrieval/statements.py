@@ -133,7 +133,7 @@ ranked AS (
 HITS = sql.SQL("""
 SELECT r.chunk_id, r.score, c.text, c.ordinal, c.start_char, c.end_char, c.metadata,
        c.collection_id, col.name, d.id, d.external_id, d.title, d.metadata, d.version,
-       col.flagged_chunks
+       col.flagged_chunks, c.page_start, c.page_end
 FROM ranked r
 JOIN chunks c ON c.id = r.chunk_id
 JOIN documents d ON d.id = c.document_id

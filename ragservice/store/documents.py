@@ -32,6 +32,8 @@ _CHUNK_COLUMNS = (
     "start_char",
     "end_char",
     "metadata",
+    "page_start",
+    "page_end",
 )
 _CHUNK_TYPES = (
     "uuid",
@@ -45,6 +47,8 @@ _CHUNK_TYPES = (
     "int4",
     "int4",
     "jsonb",
+    "int4",
+    "int4",
 )
 
 _UPSERT_DOCUMENTS = """
@@ -235,6 +239,8 @@ def _chunk_row(
         chunk.start_char,
         chunk.end_char,
         psycopg.types.json.Jsonb(chunk.metadata),
+        None if chunk.pages is None else chunk.pages.first,
+        None if chunk.pages is None else chunk.pages.last,
     )
 
 

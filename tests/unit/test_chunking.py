@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from ragservice.chunking import ChunkingOptions, HFTokenizer, chunk_text
-from ragservice.types import TextChunk, TextFormat, Tokenizer
+from ragservice.chunking import ChunkingOptions, HFTokenizer, chunk_text, page_span
+from ragservice.types import PageSpan, TextChunk, TextFormat, Tokenizer
 
 # --------------------------------------------------------------------------- helpers
 
@@ -511,3 +511,42 @@ def test_real_tokenizer_chunks_fit_the_model_when_re_tokenized(
     assert max(lengths) <= 256
     # Cuts avoid the inside of words, so a chunk re-tokenizes exactly as it was counted.
     assert lengths == [c.token_count + 2 for c in chunks]
+
+
+# --------------------------------------------------------------------------- pages
+
+
+def test_page_span_of_a_range() -> None:
+    starts = (0, 12, 12, 30)  # page 2 is empty: page 3 starts where it does
+    assert page_span(starts, 0, 5) == PageSpan(1, 1)
+    assert page_span(starts, 12, 20) == PageSpan(3, 3)
+    assert page_span(starts, 5, 20) == PageSpan(1, 3)
+    assert page_span(starts, 20, 31) == PageSpan(3, 4)
+    assert page_span(starts, 29, 30) == PageSpan(3, 3)  # ends just before page 4
+    assert page_span((), 0, 5) is None
+
+
+def test_chunks_carry_their_pages() -> None:
+    pages = ["alpha beta gamma delta epsilon.", "zeta eta theta iota kappa.", "lambda mu nu xi."]
+    text = "\n\n".join(pages)
+    starts = (0, len(pages[0]) + 2, len(pages[0]) + len(pages[1]) + 4)
+    options = ChunkingOptions(max_tokens=8, overlap_tokens=0)
+
+    small = chunk_text(text, tokenizer=RegexTokenizer(), options=options, page_starts=starts)
+    whole = chunk_text(
+        text, tokenizer=RegexTokenizer(), options=ChunkingOptions(), page_starts=starts
+    )
+    plain = chunk_text(text, tokenizer=RegexTokenizer(), options=options)
+
+    assert [(c.text, c.pages) for c in small] == [
+        (page, PageSpan(n, n)) for n, page in enumerate(pages, 1)
+    ]
+    assert [c.pages for c in whole] == [PageSpan(1, 3)]
+    assert [c.pages for c in plain] == [None, None, None]
+
+
+def test_page_span_names_its_pages() -> None:
+    assert (PageSpan(3, 3).label, PageSpan(3, 3).numbers) == ("p. 3", [3])
+    assert (PageSpan(12, 14).label, PageSpan(12, 14).numbers) == ("pp. 12\u201314", [12, 13, 14])
+    assert PageSpan.covering([None, PageSpan(4, 5), PageSpan(2, 2)]) == PageSpan(2, 5)
+    assert PageSpan.covering([None]) is None

@@ -15,8 +15,11 @@ from ragservice.answering.context import (
     assemble_context,
     citation_markers,
     extractive_answer,
+    source_from_json,
+    source_to_json,
 )
 from ragservice.retrieval.search import SearchHit
+from ragservice.types import PageSpan
 
 Counter = Callable[[str], int]
 
@@ -186,6 +189,32 @@ def test_sources_block_format() -> None:
     )
     assert context.token_count == words(context.text)
     assert [s.number for s in context.sources] == [1, 2, 3, 4]
+
+
+def test_sources_of_a_paged_document_name_their_pages() -> None:
+    report = make_doc(60, external_id="report.pdf", title="Annual Report")
+    scan = make_doc(30, external_id="scan.pdf", title=None)
+    hits = [
+        replace(report.hit(1, 0.9), pages=PageSpan(3, 3)),
+        replace(report.hit(2, 0.8), pages=PageSpan(3, 4)),
+        replace(scan.hit(0, 0.7), pages=PageSpan(12, 13)),
+        report.hit(6, 0.6),  # stored before pages were kept
+    ]
+
+    context = assemble(hits)
+
+    headers = [line for line in context.text.splitlines() if line.startswith("[")]
+    assert headers == [
+        "[1] Annual Report (report.pdf, pp. 3\u20134)",
+        "[2] scan.pdf, pp. 12\u201313",
+        "[3] Annual Report (report.pdf)",
+    ]
+    assert [s.pages for s in context.sources] == [PageSpan(3, 4), PageSpan(12, 13), None]
+    assert context.sources[1].cited_as == "scan.pdf, pp. 12\u201313"
+    assert [source_from_json(source_to_json(s)) for s in context.sources] == context.sources
+    assert source_to_json(context.sources[0])["pages"] == [3, 4]
+    cached_before = {k: v for k, v in source_to_json(context.sources[0]).items() if k != "pages"}
+    assert source_from_json(cached_before).pages is None
 
 
 def test_no_hits_give_an_empty_context() -> None:

@@ -29,43 +29,9 @@ from ingest.loaders import (
 from ingest.loaders.html_files import parse_html
 from ingest.loaders.text_files import parse_markdown
 from ragservice.types import LoadedDocument, LoadFailure
+from tests.pdfs import make_pdf
 
 # --------------------------------------------------------------------------- helpers
-
-
-def make_pdf(pages: list[str], title: str | None = None) -> bytes:
-    """A minimal valid PDF: one Helvetica text line per page and an exact xref table."""
-    count = len(pages)
-    font = 3 + 2 * count
-    kids = " ".join(f"{3 + 2 * i} 0 R" for i in range(count))
-    objects = [
-        b"<< /Type /Catalog /Pages 2 0 R >>",
-        f"<< /Type /Pages /Kids [{kids}] /Count {count} >>".encode(),
-    ]
-    for i, text in enumerate(pages):
-        literal = text.replace("\\", "\\\\").replace("(", "\\(").replace(")", "\\)")
-        stream = f"BT /F1 12 Tf 72 720 Td ({literal}) Tj ET".encode("latin-1")
-        objects.append(
-            f"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents {4 + 2 * i} 0 R "
-            f"/Resources << /Font << /F1 {font} 0 R >> >> >>".encode()
-        )
-        objects.append(b"<< /Length %d >>\nstream\n%s\nendstream" % (len(stream), stream))
-    objects.append(b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>")
-    info = ""
-    if title is not None:
-        objects.append(f"<< /Title ({title}) >>".encode("latin-1"))
-        info = f" /Info {len(objects)} 0 R"
-    out = bytearray(b"%PDF-1.4\n")
-    offsets = []
-    for number, body in enumerate(objects, start=1):
-        offsets.append(len(out))
-        out += b"%d 0 obj\n%s\nendobj\n" % (number, body)
-    xref = len(out)
-    out += b"xref\n0 %d\n0000000000 65535 f \n" % (len(objects) + 1)
-    out += b"".join(b"%010d 00000 n \n" % offset for offset in offsets)
-    out += f"trailer\n<< /Size {len(objects) + 1} /Root 1 0 R{info} >>\n".encode()
-    out += b"startxref\n%d\n%%%%EOF\n" % xref
-    return bytes(out)
 
 
 def encrypt_pdf(data: bytes, user_password: str) -> bytes:
@@ -316,6 +282,35 @@ def test_pdf_text_pages_and_title(tmp_path: Path) -> None:
     assert doc.text == "Hello PDF world\n\nSecond page text"
     assert (doc.title, doc.format, doc.external_id) == ("Annual Report", "text", "docs/report.pdf")
     assert doc.metadata == {"pages": 2, "source_path": "docs/report.pdf", "file_type": "pdf"}
+
+
+def test_pdf_keeps_where_each_page_starts(tmp_path: Path) -> None:
+    data = make_pdf(["First page", "", ["Third page,", "two lines"], ""])
+    doc = loaded(write(tmp_path / "paged.pdf", data))
+    assert doc.text == "First page\n\nThird page,\ntwo lines"
+    # The empty second page starts where the first ends; the last where the text ends.
+    assert doc.page_starts == (0, 10, 12, len(doc.text))
+    assert doc.text[doc.page_starts[2] :] == "Third page,\ntwo lines"
+    assert doc.metadata["pages"] == 4
+    (uploaded,) = load_bytes("paged.pdf", data)
+    assert isinstance(uploaded, LoadedDocument)
+    assert uploaded.page_starts == doc.page_starts
+
+
+def test_documents_of_other_formats_have_no_pages(tmp_path: Path) -> None:
+    files = {
+        "a.txt": "plain text",
+        "b.md": "# Title\n\nbody",
+        "c.html": "<p>Some html</p>",
+        "d.docx": make_docx(),
+        "e.jsonl": '{"_id": "1", "text": "a row"}\n',
+    }
+    for name, data in files.items():
+        write(tmp_path / name, data)
+    docs = list(load_documents([tmp_path]))
+    assert len(docs) == 5
+    assert all(isinstance(d, LoadedDocument) and d.page_starts == () for d in docs)
+    assert load_text("id", "sent as text").page_starts == ()  # type: ignore[union-attr]
 
 
 def test_encrypted_pdf_fails(tmp_path: Path) -> None:

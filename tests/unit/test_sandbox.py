@@ -6,9 +6,13 @@ from __future__ import annotations
 import os
 import threading
 
+import pytest
+
 from ingest.loaders import DocumentLimits, load_bytes
-from ingest.loaders.sandbox import parse_isolated, sandbox_pid
+from ingest.loaders.parsing import ParseError
+from ingest.loaders.sandbox import _page_starts, parse_isolated, sandbox_pid
 from ragservice.types import LoadedDocument, LoadFailure
+from tests.pdfs import make_pdf
 
 # About 14 MB of HTML: BeautifulSoup needs seconds of CPU and well over 256 MiB for its tree.
 HEAVY_HTML = b"<html><body>" + b"<div><p>x y z</p></div>" * 600_000 + b"</body></html>"
@@ -51,6 +55,28 @@ def test_parse_errors_and_results_cross_the_process_boundary_unchanged() -> None
     assert isinstance(page, LoadedDocument)
     assert (page.title, page.format, page.metadata["file_type"]) == ("T", "markdown", "html")
     assert page.text == "# Head\n\nBody"
+
+
+def test_a_pdfs_page_map_crosses_the_process_boundary() -> None:
+    parsed = parse_isolated(".pdf", make_pdf(["One.", "Two.", "Three."]), limits())
+    assert (parsed.text, parsed.page_starts) == ("One.\n\nTwo.\n\nThree.", (0, 6, 12))
+
+
+@pytest.mark.parametrize(
+    "sent",
+    [
+        [0] * 101,  # more pages than the limits allow
+        [0, 9, 4],  # out of order
+        [0, 99],  # past the end of the text
+        [-1, 2],
+        [0, "3"],
+        [0, True],
+        {"0": 1},
+    ],
+)
+def test_a_page_map_that_does_not_fit_its_text_is_refused(sent: object) -> None:
+    with pytest.raises(ParseError, match="page map"):
+        _page_starts(sent, 20, 100)
 
 
 def test_each_thread_parses_in_its_own_process() -> None:

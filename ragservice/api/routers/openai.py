@@ -243,7 +243,7 @@ async def _chunks(
 def _sources(citations: Sequence[Source], hosts: frozenset[str]) -> str:
     if not citations:
         return ""
-    lines = [f"[{c.number}] {c.title or c.external_id} ({c.external_id})" for c in citations]
+    lines = [f"[{c.number}] {c.cited_as}" for c in citations]
     return clean_links("\n\nSources:\n" + "\n".join(lines), hosts)
 
 

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ragservice.answering.answer import Answer, Status
 from ragservice.answering.context import Source
-from ragservice.api.schemas.common import JsonObject
+from ragservice.api.schemas.common import JsonObject, Pages, pages_out
 from ragservice.retrieval.search import Mode
 
 
@@ -65,6 +65,11 @@ class CitationOut(BaseModel):
     chunk_ids: list[uuid.UUID]
     start_char: int
     end_char: int
+    pages: Pages = None
+    cited_as: str = Field(
+        description="the source named for a reader: `Title (report.pdf, p. 12)`, or "
+        "`report.pdf, pp. 12\u201313` without a title; without pages for a document that has none"
+    )
 
 
 class SourceOut(BaseModel):
@@ -79,6 +84,8 @@ class SourceOut(BaseModel):
     chunk_ids: list[uuid.UUID]
     start_char: int
     end_char: int
+    pages: Pages = None
+    cited_as: str = Field(description="the source named for a reader, as in a citation")
 
 
 class QueryResponse(BaseModel):
@@ -125,4 +132,6 @@ def _passage(source: Source) -> dict[str, Any]:
         "chunk_ids": list(source.chunk_ids),
         "start_char": source.start_char,
         "end_char": source.end_char,
+        "pages": pages_out(source.pages),
+        "cited_as": source.cited_as,
     }

@@ -8,6 +8,7 @@ from typing import Annotated, Any
 from pydantic import AfterValidator, BaseModel, Field
 
 from ragservice.limits import MAX_JSON_DEPTH, too_deep
+from ragservice.types import PageSpan
 
 
 def _shallow(value: dict[str, Any]) -> dict[str, Any]:
@@ -19,6 +20,19 @@ def _shallow(value: dict[str, Any]) -> dict[str, Any]:
 
 JsonObject = Annotated[dict[str, Any], AfterValidator(_shallow)]
 """Metadata or a filter: a JSON object at most `MAX_JSON_DEPTH` levels deep."""
+
+
+Pages = Annotated[
+    list[int] | None,
+    Field(
+        description="the pages (1-based) of a paged document (a PDF) the text lies on, every "
+        "one from the first to the last, e.g. [12, 13]; null for a document without pages"
+    ),
+]
+
+
+def pages_out(span: PageSpan | None) -> list[int] | None:
+    return None if span is None else span.numbers
 
 
 class FieldErrorOut(BaseModel):

@@ -9,7 +9,7 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-from ragservice.api.schemas.common import JsonObject
+from ragservice.api.schemas.common import JsonObject, Pages
 from ragservice.db.models import Chunk, Document
 from ragservice.limits import MAX_EXTERNAL_ID_BYTES, external_id_too_long
 
@@ -67,6 +67,7 @@ class ChunkOut(BaseModel):
     token_count: int
     start_char: int
     end_char: int
+    pages: Pages = None
     metadata: dict[str, Any]
 
 
@@ -112,5 +113,12 @@ def _chunk_out(chunk: Chunk) -> ChunkOut:
         token_count=chunk.token_count,
         start_char=chunk.start_char,
         end_char=chunk.end_char,
+        pages=_pages(chunk),
         metadata=chunk.metadata_,
     )
+
+
+def _pages(chunk: Chunk) -> list[int] | None:
+    if chunk.page_start is None or chunk.page_end is None:
+        return None
+    return list(range(chunk.page_start, chunk.page_end + 1))

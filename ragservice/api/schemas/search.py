@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ragservice.api.schemas.common import JsonObject
+from ragservice.api.schemas.common import JsonObject, Pages, pages_out
 from ragservice.embedding.registry import ServingModel
 from ragservice.retrieval.search import Mode, SearchHit
 
@@ -43,6 +43,7 @@ class SearchHitOut(BaseModel):
     ordinal: int
     start_char: int
     end_char: int
+    pages: Pages = None
     metadata: dict[str, Any]
     collection: str
     document: DocumentRef
@@ -80,6 +81,7 @@ def hit_out(hit: SearchHit) -> SearchHitOut:
         ordinal=hit.ordinal,
         start_char=hit.start_char,
         end_char=hit.end_char,
+        pages=pages_out(hit.pages),
         metadata=hit.chunk_metadata,
         collection=hit.collection,
         flagged=hit.flagged,
