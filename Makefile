@@ -11,7 +11,8 @@ DEV_STAMP := $(VENV)/.installed-dev
 # own configuration decides, and on Linux the public index (PyPI) serves the CUDA build (several
 # GB with its nvidia-* packages) even for a pinned version. For the CPU build:
 #   make run TORCH_INDEX=https://download.pytorch.org/whl/cpu
-# and for a given CUDA version, e.g. TORCH_INDEX=https://download.pytorch.org/whl/cu128.
+# and for a given CUDA version, TORCH_INDEX=https://download.pytorch.org/whl/cuXYZ (pytorch.org
+# lists the CUDA versions each release is built for).
 TORCH_VERSION := 2.13.0
 TORCH_INDEX ?=
 TORCH_INSTALL := torch==$(TORCH_VERSION) $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
