@@ -1,33 +1,57 @@
-# The ragservice API server (and CLI), on CPU. See docker-compose.yml.
-FROM python:3.11-slim
+# The ragservice API server (and CLI). See docker-compose.yml and docs/production.md.
+#
+# CPU by default. TORCH_INDEX picks torch's build: the public index (PyPI) serves the CUDA one
+#   docker build --build-arg TORCH_INDEX=https://pypi.org/simple -t ragservice:gpu .
+# (the compose file's `gpu` profile does that).
+ARG PYTHON_IMAGE=python:3.11.14-slim
 
-# No model downloads at run time (the default model ships in a Python package), and idle
-# torch threads must not spin and steal CPU from the rest.
-ENV PYTHONDONTWRITEBYTECODE=1 \
-    PYTHONUNBUFFERED=1 \
-    PIP_NO_CACHE_DIR=1 \
+# -- build: a virtual environment in /opt/venv ----------------------------------------------
+FROM ${PYTHON_IMAGE} AS build
+
+ARG TORCH_VERSION=2.13.0
+ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
+ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
-    HF_HUB_OFFLINE=1 \
-    TRANSFORMERS_OFFLINE=1 \
-    OMP_WAIT_POLICY=PASSIVE
+    PATH=/opt/venv/bin:$PATH
 
+RUN python -m venv /opt/venv
+
+# torch first, pinned, from TORCH_INDEX (the lock file leaves it out).
+RUN pip install torch==${TORCH_VERSION} --index-url ${TORCH_INDEX}
+
+# The locked dependencies (every version and hash pinned) before any code, so that a code
+# change rebuilds only the layers below.
 WORKDIR /src
+COPY requirements.lock ./
+RUN pip install --no-deps --require-hashes -r requirements.lock
 
-# torch first, pinned and CPU-only: an unpinned torch pulls a multi-GB CUDA build.
-RUN pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
-
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md LICENSE ./
 COPY ragservice ./ragservice
 COPY ingest ./ingest
 COPY migrations ./migrations
-RUN pip install . && rm -rf /src/build
+RUN pip install --no-deps . && pip check
+
+# -- runtime: the environment and an unprivileged user, no build files ----------------------
+FROM ${PYTHON_IMAGE}
+
+# Offline by default: the default model ships in a Python package. HF_HUB_OFFLINE=0 (docker
+# run -e, or the compose file's environment) lets a model name download from the Hugging Face
+# hub into HF_HOME, on the data volume. Idle torch threads must not spin and steal CPU.
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PATH=/opt/venv/bin:$PATH \
+    HF_HUB_OFFLINE=1 \
+    HF_HOME=/data/huggingface \
+    OMP_WAIT_POLICY=PASSIVE \
+    RAGSERVICE_DATA_DIR=/data
+
+COPY --from=build /opt/venv /opt/venv
 
 RUN useradd --create-home --uid 10001 ragservice \
     && mkdir /data \
     && chown ragservice:ragservice /data
 USER ragservice
 WORKDIR /home/ragservice
-ENV RAGSERVICE_DATA_DIR=/data
 VOLUME ["/data"]
 
 EXPOSE 8000

@@ -2,79 +2,119 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
+# `make run` installs the service (requirements.lock); `make test` adds the test tools
+# (requirements-dev.lock). Both lock files pin every package with its hashes.
 STAMP := $(VENV)/.installed
-# Nothing downloads models at run time: the default model ships in a Python package.
-export HF_HUB_OFFLINE := 1
-export TRANSFORMERS_OFFLINE := 1
+DEV_STAMP := $(VENV)/.installed-dev
+
+# torch is installed first, pinned, from TORCH_INDEX; the lock files leave it out. Unset, pip's
+# own configuration decides, and on Linux the public index (PyPI) serves the CUDA build (several
+# GB with its nvidia-* packages) even for a pinned version. For the CPU build:
+#   make run TORCH_INDEX=https://download.pytorch.org/whl/cpu
+# and for a given CUDA version, TORCH_INDEX=https://download.pytorch.org/whl/cuXYZ (pytorch.org
+# lists the CUDA versions each release is built for).
+TORCH_VERSION := 2.13.0
+TORCH_INDEX ?=
+TORCH_INSTALL := torch==$(TORCH_VERSION) $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
+
+# Offline by default: the default model ships in a Python package, and nothing downloads at run
+# time. `make run HF_HUB_OFFLINE=0` lets a model name (RAGSERVICE_EMBEDDING_MODEL,
+# RAGSERVICE_RERANKER) download from the Hugging Face hub on first use.
+HF_HUB_OFFLINE ?= 1
+export HF_HUB_OFFLINE
 # Idle torch threads otherwise spin and steal CPU from PostgreSQL on small machines.
 export OMP_WAIT_POLICY := PASSIVE
 
-.PHONY: run test lint typecheck bench-ingest bench-ingest-compare bench-search bench-query bench-cache bench-replicas bench-feedback bench-rls bench-hostile bench-injection bench-scale bench-soak clean
+.PHONY: run test lint typecheck lock bench-ingest bench-ingest-compare bench-search bench-query bench-cache bench-replicas bench-feedback bench-rls bench-hostile bench-injection bench-scale bench-soak clean
 
-$(STAMP): pyproject.toml
+# The locked packages without their dependencies (the lock holds them all), then the project.
+$(STAMP): pyproject.toml requirements.lock
 	$(PYTHON) -m venv $(VENV)
-	# torch first, pinned: an unpinned torch pulls a multi-GB CUDA build.
-	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet $(TORCH_INSTALL)
+	$(BIN)/pip install --quiet --no-deps -r requirements.lock
+	$(BIN)/pip install --quiet --no-deps -e .
+	$(BIN)/pip check
 	touch $(STAMP)
+
+$(DEV_STAMP): $(STAMP) requirements-dev.lock
+	$(BIN)/pip install --quiet --no-deps -r requirements-dev.lock
+	$(BIN)/pip check
+	touch $(DEV_STAMP)
+
+# Regenerates both lock files from pyproject.toml (needs the package index; a few minutes).
+# Pins move only where pyproject.toml asks; `make lock LOCK_ARGS=--upgrade` takes the newest
+# releases allowed. torch's own dependencies are resolved against its build from TORCH_INDEX.
+LOCK_VENV := .venv-lock
+PIP_COMPILE = CUSTOM_COMPILE_COMMAND="make lock" $(LOCK_VENV)/bin/pip-compile --quiet --generate-hashes --strip-extras \
+	--no-emit-index-url --no-emit-find-links \
+	--unsafe-package torch --unsafe-package ragservice -c $(LOCK_VENV)/torch.txt $(LOCK_ARGS) \
+	$(if $(TORCH_INDEX),--pip-args "--extra-index-url $(TORCH_INDEX)")
+lock:
+	$(PYTHON) -m venv $(LOCK_VENV)
+	$(LOCK_VENV)/bin/pip install --quiet pip-tools==7.7.0
+	echo "torch==$(TORCH_VERSION)" > $(LOCK_VENV)/torch.txt
+	$(PIP_COMPILE) --all-extras -o requirements-dev.lock pyproject.toml
+	# The service's lock starts from the dev lock's pins, so both agree on every version.
+	cp requirements-dev.lock requirements.lock
+	$(PIP_COMPILE) --extra onnx --extra parquet -o requirements.lock pyproject.toml
 
 # Local use: loopback only, and without API keys unless RAGSERVICE_AUTH_DISABLED=0 is given.
 run: $(STAMP)
 	RAGSERVICE_AUTH_DISABLED=$${RAGSERVICE_AUTH_DISABLED:-1} $(BIN)/ragservice serve --host 127.0.0.1
 
 # pytest exits 5 when it collected no test at all; say so instead of failing obscurely.
-test: $(STAMP)
+test: $(DEV_STAMP)
 	$(BIN)/pytest; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests were collected"; fi; exit $$rc
 
-lint: $(STAMP)
+lint: $(DEV_STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-typecheck: $(STAMP)
+typecheck: $(DEV_STAMP)
 	$(BIN)/mypy
 
-bench-scale: $(STAMP)
+bench-scale: $(DEV_STAMP)
 	$(BIN)/python benchmarks/scale.py --chunks 1000000 --data ../shared/data/scifact
 
-bench-ingest: $(STAMP)
+bench-ingest: $(DEV_STAMP)
 	$(BIN)/python benchmarks/ingest.py --corpus ../shared/data/scifact
 
-bench-ingest-compare: $(STAMP)
+bench-ingest-compare: $(DEV_STAMP)
 	$(BIN)/python benchmarks/ingest.py --corpus ../shared/data/scifact --compare
 
-bench-search: $(STAMP)
+bench-search: $(DEV_STAMP)
 	$(BIN)/python benchmarks/eval_beir.py --data ../shared/data/scifact
 
-bench-query: $(STAMP)
+bench-query: $(DEV_STAMP)
 	$(BIN)/python benchmarks/query.py --data ../shared/data/scifact
 
-bench-cache: $(STAMP)
+bench-cache: $(DEV_STAMP)
 	$(BIN)/python benchmarks/cache.py --data ../shared/data/scifact
 
-bench-replicas: $(STAMP)
+bench-replicas: $(DEV_STAMP)
 	$(BIN)/python benchmarks/replicas.py --data ../shared/data/scifact
 
-bench-feedback: $(STAMP)
+bench-feedback: $(DEV_STAMP)
 	$(BIN)/python benchmarks/feedback_loop.py --data ../shared/data/scifact
 
 # Ingests SciFact into its own data directory first (a no-op once done).
-bench-rls: $(STAMP)
+bench-rls: $(DEV_STAMP)
 	RAGSERVICE_DATA_DIR=.ragservice-rls $(BIN)/ragservice ingest ../shared/data/scifact/corpus.jsonl -c scifact
 	$(BIN)/python benchmarks/rls.py --data ../shared/data/scifact --data-dir .ragservice-rls
 
 # Search latency while an ingest worker parses a hostile file (its own data directory).
-bench-hostile: $(STAMP)
+bench-hostile: $(DEV_STAMP)
 	$(BIN)/python benchmarks/hostile.py --data ../shared/data/scifact
 
 # Injection patterns planted in SciFact passages: detection, false flags, escaped delimiters.
-bench-injection: $(STAMP)
+bench-injection: $(DEV_STAMP)
 	$(BIN)/python benchmarks/injection.py --data ../shared/data/scifact
 
 # Mixed traffic for 30 minutes against a server already running (`make run`; `--url` for another)
 # that holds the collection SOAK_COLLECTION; e.g. SOAK_ARGS='--minutes 2 --api-key KEY'.
 SOAK_COLLECTION ?= scifact
-bench-soak: $(STAMP)
+bench-soak: $(DEV_STAMP)
 	$(BIN)/python benchmarks/soak.py --collection $(SOAK_COLLECTION) $(SOAK_ARGS)
 
 clean:
-	rm -rf $(VENV) .ragservice .ragservice-injection .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(LOCK_VENV) .ragservice .ragservice-injection .pytest_cache .mypy_cache .ruff_cache

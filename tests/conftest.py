@@ -51,7 +51,10 @@ def pg_admin_url() -> Iterator[str]:
     if _docker_reachable():
         from testcontainers.postgres import PostgresContainer
 
-        with PostgresContainer("pgvector/pgvector:pg17", driver="psycopg") as container:
+        # The image docker-compose.yml runs (PostgreSQL 18, as the embedded server).
+        with PostgresContainer(
+            "pgvector/pgvector:0.8.5-pg18-trixie", driver="psycopg"
+        ) as container:
             yield container.get_connection_url()
         return
     from ragservice.db.embedded import embedded_database_url

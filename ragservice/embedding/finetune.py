@@ -34,7 +34,8 @@ from ragservice.db.models import EmbeddingModel
 from ragservice.embedding.embedder import resolve_device, resolve_model_path
 from ragservice.embedding.evaluation import mean, ndcg_at_k
 from ragservice.embedding.registry import get_model_by_name
-from ragservice.errors import InvalidInputError, NotFoundError
+from ragservice.errors import ConfigurationError, InvalidInputError, NotFoundError
+from ragservice.extras import missing_extra
 
 log = logging.getLogger(__name__)
 
@@ -369,6 +370,8 @@ def finetune(
 ) -> FinetuneResult:
     """Split, train, evaluate, save to `data_dir/models/NAME-vN` and register version N of
     NAME (inactive). `source` describes where the rows came from (kept in the row's details)."""
+    if (missing := missing_extra("finetune", "fine-tuning")) is not None:
+        raise ConfigurationError(missing)
     check_name(name)
     split = split_by_anchor(rows, options.held_out, options.seed)
     if not split.train and not split.held_out:

@@ -41,6 +41,7 @@ from ragservice.embedding.query_encoder import (
     export,
     open_session,
 )
+from ragservice.extras import missing_extra
 
 log = logging.getLogger(__name__)
 
@@ -115,6 +116,8 @@ def load_int8_encoder(
     on, the graph is exported and quantized in a temporary folder on every call. Raises
     `Int8EncoderError` on any failure: the caller falls back to float.
     """
+    if (missing := missing_extra("onnx", "int8 embedding")) is not None:
+        raise Int8EncoderError(missing)
     if pipeline.device.type != "cpu":
         raise Int8EncoderError(f"int8 embeds on CPU; the model is on {pipeline.device}")
     try:

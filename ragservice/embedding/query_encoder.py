@@ -29,6 +29,8 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from ragservice.extras import missing_extra
+
 log = logging.getLogger(__name__)
 
 Vector = npt.NDArray[np.float32]
@@ -175,6 +177,8 @@ def load_onnx_encoder(
     Without a `cache_dir`, or without a model folder to key the cache on, the graph is exported
     to a temporary file on every call. Raises on any failure; the caller decides to fall back.
     """
+    if (missing := missing_extra("onnx", "the ONNX query encoder")) is not None:
+        raise QueryEncoderError(missing)
     if pipeline.device.type != "cpu":
         raise QueryEncoderError(f"ONNX queries run on CPU; the model is on {pipeline.device}")
     threads = threads or default_threads()
