@@ -31,7 +31,9 @@ AllTenantsOption = Annotated[
 
 @app.command("add")
 def analysts_add(
-    name: str = typer.Argument(..., help="The role's name: [a-z_][a-z0-9_]{0,62}."),
+    name: str = typer.Argument(
+        ..., help="The role's name: up to 63 lowercase letters, digits and _, not a digit first."
+    ),
     tenant: TenantOption = None,
     all_tenants: AllTenantsOption = False,
     password_stdin: Annotated[

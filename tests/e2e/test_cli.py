@@ -332,3 +332,22 @@ def test_dev_cluster_runs_streaming_standbys_until_interrupted() -> None:
     assert "standbys stopped and removed" in stderr
     assert not (data_dir / "replicas" / "eu-1").exists()
     shutil.rmtree(data_dir, ignore_errors=True)  # the primary stopped with its last process
+
+
+def test_version_and_python_dash_m(tmp_path: Path) -> None:
+    from importlib.metadata import version
+
+    for args in (
+        [str(BIN / "ragservice"), "--version"],
+        [sys.executable, "-m", "ragservice", "--version"],
+    ):
+        shown = subprocess.run(args, capture_output=True, text=True, timeout=60, check=False)
+        assert (shown.returncode, shown.stdout) == (0, f"ragservice {version('ragservice')}\n")
+    usage = subprocess.run(
+        [sys.executable, "-m", "ragservice", "tenants", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert usage.returncode == 0 and "Usage: ragservice tenants" in usage.stdout
