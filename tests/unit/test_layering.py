@@ -41,10 +41,12 @@ def internal(path: Path) -> set[str]:
 
 
 def service_modules() -> list[Path]:
+    # `python -m ragservice` is an entry point: it starts the CLI.
     return [
         p
         for p in (ROOT / "ragservice").rglob("*.py")
         if not {"api", "cli"} & set(p.relative_to(ROOT / "ragservice").parts)
+        and p != ROOT / "ragservice" / "__main__.py"
     ]
 
 
