@@ -5,7 +5,7 @@ The layers, bottom up (docs/architecture.md draws them):
 1. `db/`: engines, models, migrations, routing, tenancy;
 2. `store/`: the SQL on tenant data, one module per subject;
 3. the capabilities: chunking, `retrieval/`, `embedding/`, `cache/`, `answering/`, `feedback/`,
-   `auth/`, `safety/`: they may use each other;
+   `auth/`, `safety/`: they may use each other; and `client`, the REST API's HTTP client;
 4. `bootstrap`: opens the database and the serving model for a process;
 5. `ingest/`: loaders, the ingest pipeline and the job worker;
 6. the composition roots `api/` and `cli/`, which may import anything (`cli/` alone imports the
@@ -78,7 +78,7 @@ def layer(dotted: str) -> int:
     name = parts[1]
     if name in LEAVES:
         return 0
-    ranks = {"db": 1, "store": 2, "bootstrap": 4, "dev": 5, "api": 6, "cli": 6}
+    ranks = {"db": 1, "store": 2, "client": 3, "bootstrap": 4, "dev": 5, "api": 6, "cli": 6}
     if name in CAPABILITIES:
         return 3
     return ranks[name]
