@@ -8,7 +8,8 @@ with RagserviceClient.connect("http://127.0.0.1:8000", api_key="rsk_...") as cli
             print(event.text, end="")
 ```
 
-Responses are the API's JSON documents, typed below (`docs/api.md` describes each field).
+Responses are the API's JSON documents, typed below (`docs/api.md` describes each field;
+`NotRequired` ones are absent from the answers of older servers).
 An error response raises the service's own exception for it (`ragservice.errors`: 404
 `NotFoundError`, 409 `ConflictError`, 429 `RateLimitedError`, ...) with the server's `detail`
 as its message; a server that cannot be reached raises `ServiceUnreachableError`.
@@ -21,7 +22,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Literal, TypedDict, cast
+from typing import Any, Literal, NotRequired, TypedDict, cast
 
 import httpx
 
@@ -64,6 +65,7 @@ class SearchHit(TypedDict):
     document: DocumentRef  # with the document's `metadata` too
     flagged: bool
     flag_reasons: list[str]
+    pages: NotRequired[list[int] | None]  # of a paged document (a PDF): first to last
 
 
 class SearchResponse(TypedDict):
@@ -79,6 +81,8 @@ class Citation(TypedDict):
     chunk_ids: list[str]
     start_char: int
     end_char: int
+    pages: NotRequired[list[int] | None]  # of a paged document (a PDF): first to last
+    cited_as: NotRequired[str]  # the source named for a reader: `Title (report.pdf, p. 12)`
 
 
 class Source(Citation):

@@ -12,8 +12,10 @@ from ragservice.cli import (
     audit,
     db,
     feedback,
+    jobs,
     keys,
     models,
+    query,
     replicas,
     serve,
     tenants,
@@ -67,6 +69,9 @@ app.command("export-feedback")(feedback.export_feedback)
 app.command("finetune")(training.finetune)
 app.command("reembed")(training.reembed)
 app.command("ingest")(ingest_command)
+app.command("search")(query.search)
+app.command("ask")(query.ask)
+app.add_typer(jobs.app, name="jobs")
 app.add_typer(db.app, name="db")
 app.add_typer(keys.app, name="keys")
 app.add_typer(tenants.app, name="tenants")

@@ -361,16 +361,21 @@ def list_jobs(
     tenant_id: uuid.UUID | None,
     *,
     collection_id: uuid.UUID | None = None,
+    collection: str | None = None,
     status: str | None = None,
     limit: int = 50,
     before: uuid.UUID | None = None,
 ) -> list[IngestJob]:
     """The tenant's jobs, newest first; `before` is the last job id of the previous page
     (a job id that is not the tenant's gives an empty page). `tenant_id` None: every
-    tenant's jobs (for operators, whose transactions see every tenant)."""
+    tenant's jobs (for operators, whose transactions see every tenant). `collection`: of the
+    collections with that name (one per tenant)."""
     stmt = select(IngestJob).where(*_of_tenant(tenant_id))
     if collection_id is not None:
         stmt = stmt.where(IngestJob.collection_id == collection_id)
+    if collection is not None:
+        named = select(Collection.id).where(Collection.name == collection)
+        stmt = stmt.where(IngestJob.collection_id.in_(named))
     if status is not None:
         stmt = stmt.where(IngestJob.status == status)
     if before is not None:
