@@ -89,13 +89,23 @@ def ask(
     it cites, numbered as in the answer ([1], [2]...). Without RAGSERVICE_INFERENCE_URL the
     answer is extractive (the best passages)."""
     show = _Answer(as_json=as_json)
-    with exit_on_error():
+    with exit_on_error(), _stopped_by_ctrl_c():
         if url is not None:
             with remote_client(url, api_key, tenant) as client:
                 for event in client.ask(question, collections=collections, mode=mode.value, k=k):
                     show(event)
         else:
             _ask_locally(question, collections, mode, k, local_tenant(tenant), show)
+
+
+@contextmanager
+def _stopped_by_ctrl_c() -> Iterator[None]:
+    """Ctrl-C while an answer streams ends the command quietly, with the shell's status 130."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        typer.echo("")
+        raise typer.Exit(130) from None
 
 
 # -- local mode ----------------------------------------------------------------------------
@@ -231,8 +241,10 @@ class _Answer:
             typer.echo("")
         for citation in response["citations"]:
             typer.echo(f"[{citation['number']}] {cited_as(citation)}")
-        if response["status"] != "ok":
-            console.print(f"({response['status']} answer: {response['model']})")
+        if response["status"] == "extractive":
+            console.print("(extractive: the best passages, not a generated answer)")
+        elif response["status"] != "ok":
+            console.print(f"(answer status: {response['status']})")
 
 
 def cited_as(citation: Citation) -> str:
