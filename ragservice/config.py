@@ -13,6 +13,8 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_EMBEDDING_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 DEFAULT_TENANT_ID = "00000000-0000-0000-0000-000000000001"
+DEFAULT_TENANT_NAME = "default"
+"""The name of tenant `DEFAULT_TENANT_ID` (migration 0001): the CLI's tenant unless told."""
 
 
 class Settings(BaseSettings):

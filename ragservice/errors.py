@@ -98,3 +98,9 @@ class UpstreamTimeoutError(UpstreamError):
     """The inference layer did not answer in time."""
 
     status_code = 504
+
+
+class ServiceUnreachableError(RagServiceError):
+    """A client (`ragservice.client`) could not reach the server, or lost it mid-answer."""
+
+    status_code = 503

@@ -39,6 +39,9 @@ class Ok:
     chunk_delay: float = 0.01
     model: str | None = None
     finish_reason: str = "stop"
+    # A stream sends `hold_after` pieces, then waits for `hold` to be set before the rest.
+    hold: threading.Event | None = None
+    hold_after: int = 1
 
 
 @dataclass(frozen=True)
@@ -62,9 +65,17 @@ class Drop:
 Scripted = Ok | Status | Slow | Drop
 
 
-def ok(text: str = DEFAULT_ANSWER, *, chunk_delay: float = 0.01, model: str | None = None) -> Ok:
-    """Answer `text`; a stream sends it word by word, `chunk_delay` seconds apart."""
-    return Ok(text, chunk_delay=chunk_delay, model=model)
+def ok(
+    text: str = DEFAULT_ANSWER,
+    *,
+    chunk_delay: float = 0.01,
+    model: str | None = None,
+    hold: threading.Event | None = None,
+    hold_after: int = 1,
+) -> Ok:
+    """Answer `text`; a stream sends it word by word, `chunk_delay` seconds apart, and with
+    `hold` waits after the first `hold_after` words until the test sets it."""
+    return Ok(text, chunk_delay=chunk_delay, model=model, hold=hold, hold_after=hold_after)
 
 
 def status(code: int, retry_after: float | str | None = None, body: Any = None) -> Status:
@@ -331,10 +342,14 @@ class _Handler(BaseHTTPRequestHandler):
         events = list(_stream_events(answer, model, bool(options.get("include_usage"))))
         if cut_after is not None:
             events = events[: 1 + cut_after]
-        for event in events:
+        for sent, event in enumerate(events, start=1):
             self._write_chunk(f"data: {json.dumps(event)}\n\n".encode())
             if self.shared.stopping.wait(answer.chunk_delay):
                 return
+            if answer.hold is not None and sent == 1 + answer.hold_after:  # the role event first
+                while not answer.hold.wait(0.05):
+                    if self.shared.stopping.is_set():
+                        return
         if cut_after is not None:
             return  # the caller drops the connection mid-stream
         self._write_chunk(b"data: [DONE]\n\n")

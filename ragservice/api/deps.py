@@ -100,6 +100,14 @@ Writer = Annotated[Principal, Depends(require(Role.WRITER))]
 Admin = Annotated[Principal, Depends(require(Role.ADMIN))]
 
 
+def wake_workers(request: Request) -> None:
+    """Have the app's job workers look for a job now (one was just queued)."""
+    for service in request.app.state.services:
+        wake = getattr(service, "wake", None)
+        if wake is not None:
+            wake()
+
+
 def collection_id(runtime: Runtime, tenant_id: uuid.UUID, name: str) -> uuid.UUID:
     """The id of the tenant's collection `name`; 404 for a name the tenant does not have."""
     with runtime.db.read() as session:

@@ -3,6 +3,7 @@ bound to one tenant (or explicitly to all), with a statement timeout."""
 
 from __future__ import annotations
 
+import json
 import uuid
 from typing import TYPE_CHECKING, Annotated
 
@@ -31,7 +32,9 @@ AllTenantsOption = Annotated[
 
 @app.command("add")
 def analysts_add(
-    name: str = typer.Argument(..., help="The role's name: [a-z_][a-z0-9_]{0,62}."),
+    name: str = typer.Argument(
+        ..., help="The role's name: up to 63 lowercase letters, digits and _, not a digit first."
+    ),
     tenant: TenantOption = None,
     all_tenants: AllTenantsOption = False,
     password_stdin: Annotated[
@@ -115,17 +118,29 @@ def analyst_url(settings: Settings, primary_url: str, name: str, password: str |
 
 
 @app.command("list")
-def analysts_list() -> None:
+def analysts_list(
+    as_json: Annotated[bool, typer.Option("--json", help="Print a JSON array.")] = False,
+) -> None:
     """List the analysts, tab-separated: name, login or nologin, the tenant it reads ("all":
     every tenant, "none": no binding in this database, so no rows), statement timeout."""
     with database() as db, db.owner() as session:
         rows = store.analysts.list_analysts(session)
         _warn_if_temporary(session)
-    for analyst in rows:
-        tenant = analyst.tenant or ("all" if analyst.bound else "none")
-        timeout = analyst.timeouts.get("statement_timeout", "none")
-        login = "login" if analyst.can_login else "nologin"
-        typer.echo(f"{analyst.name}\t{login}\t{tenant}\t{timeout}")
+    listed = [
+        {
+            "name": analyst.name,
+            "login": analyst.can_login,
+            "tenant": analyst.tenant or ("all" if analyst.bound else "none"),
+            "statement_timeout": analyst.timeouts.get("statement_timeout"),
+        }
+        for analyst in rows
+    ]
+    if as_json:
+        typer.echo(json.dumps(listed, indent=2))
+        return
+    for row in listed:
+        login = "login" if row["login"] else "nologin"
+        typer.echo(f"{row['name']}\t{login}\t{row['tenant']}\t{row['statement_timeout'] or 'none'}")
 
 
 @app.command("remove")

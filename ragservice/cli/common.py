@@ -7,13 +7,13 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
 
 from ragservice import store
-from ragservice.config import DEFAULT_TENANT_ID, get_settings
+from ragservice.config import DEFAULT_TENANT_ID, DEFAULT_TENANT_NAME, get_settings
 from ragservice.errors import RagServiceError
 from ragservice.feedback.exports import ExportFilter, TimeOf
 
@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from rich.progress import Progress, TaskID
     from sqlalchemy.orm import Session
 
+    from ragservice.client import RagserviceClient
     from ragservice.db import Database
     from ragservice.store.indexes import BuildProgress
 
@@ -102,6 +103,43 @@ def tenant_id(session: Session, name: str | None) -> uuid.UUID:
     if found is None:
         raise fail(f"no tenant named {name!r}")
     return found
+
+
+UrlOption = Annotated[
+    str | None,
+    typer.Option(
+        "--url",
+        help="Ask the server at this URL (e.g. http://127.0.0.1:8000) instead of the local store.",
+    ),
+]
+ApiKeyOption = Annotated[
+    str | None,
+    typer.Option(
+        "--api-key",
+        envvar="RAGSERVICE_API_KEY",
+        show_envvar=True,
+        help="The API key sent with --url.",
+    ),
+]
+
+
+@contextmanager
+def remote_client(url: str, api_key: str | None, tenant: str | None) -> Iterator[RagserviceClient]:
+    """A client of the server at `url` for one command; with `--url`, the key names the
+    tenant, so `--tenant` is refused."""
+    from ragservice.client import RagserviceClient
+
+    if tenant is not None:
+        raise typer.BadParameter(
+            "with --url the API key decides the tenant; leave --tenant out", param_hint="--tenant"
+        )
+    with RagserviceClient.connect(url, api_key=api_key) as client:
+        yield client
+
+
+def local_tenant(name: str | None) -> str:
+    """The tenant a command works for in the local store: `name`, or the default tenant."""
+    return DEFAULT_TENANT_NAME if name is None else name
 
 
 def iso_time(value: str | None, option: str) -> datetime | None:

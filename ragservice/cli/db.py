@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -49,6 +50,7 @@ def db_purge(
             help="Override RAGSERVICE_JOB_PAYLOAD_RETENTION_HOURS.",
         ),
     ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print a JSON object.")] = False,
 ) -> None:
     """Run the retention purge once (servers run it every RAGSERVICE_RETENTION_PURGE_SECONDS):
     logged queries past the retention with their feedback, and the uploads of ended jobs."""
@@ -61,9 +63,16 @@ def db_purge(
             query_log_days=query_log_days,
             job_payload_hours=job_payload_hours,
         )
-    typer.echo(f"query_log\t{report.queries}")
-    typer.echo(f"feedback\t{report.feedback}")
-    typer.echo(f"ingest_job_items\t{report.job_items}")
+    purged = {
+        "query_log": report.queries,
+        "feedback": report.feedback,
+        "ingest_job_items": report.job_items,
+    }
+    if as_json:
+        typer.echo(json.dumps(purged))
+        return
+    for table, rows in purged.items():
+        typer.echo(f"{table}\t{rows}")
 
 
 @app.command("rescan")

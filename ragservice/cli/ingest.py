@@ -6,16 +6,18 @@ the user pressed Ctrl-C (SIGINT), even after the last batch had committed.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
 import socket
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -27,9 +29,9 @@ from ingest.pipeline import IngestReport, ProgressCallback
 from ingest.targets import ingest_pipeline, resolve_model
 from ragservice import store
 from ragservice.bootstrap import Runtime, open_runtime
-from ragservice.config import configure_logging, get_settings
+from ragservice.config import DEFAULT_TENANT_NAME, configure_logging, get_settings
 from ragservice.db import tenancy
-from ragservice.errors import RagServiceError
+from ragservice.errors import NotFoundError, RagServiceError
 
 if TYPE_CHECKING:
     from ragservice.db.models import EmbeddingModel
@@ -124,6 +126,18 @@ def ingest_command(
             "most; a dry run uses one). Each loads its own copy of the model.",
         ),
     ] = 1,
+    tenant: Annotated[
+        str,
+        typer.Option(
+            "--tenant",
+            help="The tenant (by name) the documents are for: its API keys see them. It must "
+            "exist (`ragservice tenants create NAME`).",
+        ),
+    ] = DEFAULT_TENANT_NAME,
+    as_json: Annotated[
+        bool,
+        typer.Option("--json", help="Print the summary as one JSON document on stdout."),
+    ] = False,
 ) -> None:
     """Load, chunk, embed and store documents, or import chunks with their vectors (JSONL
     lines with `chunks`, Parquet). Unchanged documents are skipped."""
@@ -143,7 +157,8 @@ def ingest_command(
     for path in paths:
         if not path.exists():
             raise typer.BadParameter(f"{path} does not exist", param_hint="PATHS")
-    report, ctrl_c, stopped = IngestReport(dry_run=dry_run), _CtrlC(), False
+    outcome = _Outcome(IngestReport(dry_run=dry_run), tenant=tenant, collection=collection)
+    ctrl_c, stopped = _CtrlC(), False
     previous = signal.signal(signal.SIGINT, ctrl_c)
     try:
         try:
@@ -160,8 +175,9 @@ def ingest_command(
                     prune,
                     index,
                     workers,
+                    tenant,
                 ),
-                report,
+                outcome,
                 ctrl_c,
             )
         except KeyboardInterrupt:
@@ -169,14 +185,17 @@ def ingest_command(
         except RagServiceError as exc:
             console.print(f"[red]error:[/red] {exc}")
             raise typer.Exit(EXIT_INTERRUPTED if ctrl_c.received else 1) from exc
-        _print_summary(report)
+        if as_json:
+            typer.echo(json.dumps(outcome.to_json(interrupted=ctrl_c.received), indent=2))
+        else:
+            _print_summary(outcome.report)
         if ctrl_c.received:
-            _print_interrupted(report, stopped=stopped)
+            _print_interrupted(outcome.report, stopped=stopped)
     finally:
         signal.signal(signal.SIGINT, previous)
     # Read after the handler is back: a Ctrl-C until then is counted here, a later one is
     # Python's KeyboardInterrupt (a non-zero exit too).
-    raise typer.Exit(EXIT_INTERRUPTED if ctrl_c.received else 0 if report.ok else 1)
+    raise typer.Exit(EXIT_INTERRUPTED if ctrl_c.received else 0 if outcome.report.ok else 1)
 
 
 @dataclass(frozen=True)
@@ -190,6 +209,33 @@ class _Options:
     prune: bool
     index: str = "auto"
     workers: int = 1
+    tenant: str = DEFAULT_TENANT_NAME
+
+
+@dataclass
+class _Outcome:
+    """What the run did so far: kept up to date as it goes, so that a Ctrl-C still has it."""
+
+    report: IngestReport
+    tenant: str
+    collection: str
+    job_id: uuid.UUID | None = None
+
+    def to_json(self, *, interrupted: bool) -> dict[str, Any]:
+        """The `--json` summary."""
+        report = self.report
+        return {
+            "tenant": self.tenant,
+            "collection": self.collection,
+            "job_id": None if self.job_id is None else str(self.job_id),
+            "dry_run": report.dry_run,
+            "ok": report.ok and not interrupted,
+            "interrupted": interrupted,
+            "counts": report.counts(),
+            "seconds": round(report.seconds, 3),
+            "write_seconds": round(report.write_seconds, 3),
+            "failures": [{"source": f.source, "error": f.reason} for f in report.failed],
+        }
 
 
 def _check_workers(workers: int, *, dry_run: bool) -> int:
@@ -212,19 +258,19 @@ def _run(
     paths: list[Path],
     collection: str,
     options: _Options,
-    report: IngestReport,
+    outcome: _Outcome,
     ctrl_c: _CtrlC,
 ) -> IngestReport:
-    """Ingest into `report`, which keeps the counts of what committed if Ctrl-C stops the run."""
+    """Ingest into `outcome.report`, which keeps the counts of what committed if Ctrl-C stops
+    the run."""
     # The model is loaded only once a document needs embedding: an import of vectors never does.
     with console.status("starting the database"):
         runtime = open_runtime(get_settings(), warm=False)
     try:
+        tenant_id = _tenant_id(runtime, options.tenant)
         target = resolve_model(runtime, options.model)
         # The model active when the run starts (or the one named), throughout.
-        pipeline = ingest_pipeline(
-            runtime, tenant_id=runtime.default_tenant_id, model=target, load_other=True
-        )
+        pipeline = ingest_pipeline(runtime, tenant_id=tenant_id, model=target, load_other=True)
         items = load_documents(
             paths,
             include=options.include,
@@ -249,7 +295,7 @@ def _run(
                     items,
                     workers=options.workers,
                     model_id=pipeline.model_id,
-                    tenant_id=runtime.default_tenant_id,
+                    tenant_id=tenant_id,
                     collection=collection,
                     prune=options.prune,
                     on_progress=on_progress,
@@ -275,10 +321,21 @@ def _run(
             finally:
                 ctrl_c.stopping = False  # the job record and the clean-up run to the end
 
-        with tenancy.as_tenant(runtime.default_tenant_id):  # the job record is the tenant's
-            return _with_job_record(runtime, collection, params, report, run)
+        with tenancy.as_tenant(tenant_id):  # the job record is the tenant's
+            return _with_job_record(runtime, tenant_id, collection, params, outcome, run)
     finally:
         runtime.close()
+
+
+def _tenant_id(runtime: Runtime, name: str) -> uuid.UUID:
+    """The id of the tenant named `name`; NotFoundError for a name no tenant has."""
+    with tenancy.as_system(), runtime.db.read() as session:
+        found = store.tenants.find_tenant_id(session, name)
+    if found is None:
+        raise NotFoundError(
+            f"no tenant named {name!r} (`ragservice tenants create {name}` creates one)"
+        )
+    return found
 
 
 _INDEX_MODES = ("auto", "kept", "deferred")
@@ -326,21 +383,20 @@ def _build_index(runtime: Runtime, model: EmbeddingModel, label: str) -> IndexBu
 
 def _with_job_record(
     runtime: Runtime,
+    tenant_id: uuid.UUID,
     collection: str,
     params: dict[str, object],
-    report: IngestReport,
+    outcome: _Outcome,
     run: Runner,
 ) -> IngestReport:
     """Run with a progress bar, recording the run in ingest_jobs (not for dry runs)."""
-    job_id = None
+    report, job_id = outcome.report, None
     if not report.dry_run:
         with runtime.db.write() as session:
-            collection_id = store.collections.ensure_collection(
-                session, runtime.default_tenant_id, collection
-            )
-            job_id = store.jobs.start_job(
+            collection_id = store.collections.ensure_collection(session, tenant_id, collection)
+            job_id = outcome.job_id = store.jobs.start_job(
                 session,
-                tenant_id=runtime.default_tenant_id,
+                tenant_id=tenant_id,
                 collection_id=collection_id,
                 kind="cli",
                 params=params,

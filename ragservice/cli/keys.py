@@ -3,6 +3,7 @@ audit log)."""
 
 from __future__ import annotations
 
+import json
 import re
 from datetime import UTC, datetime, timedelta
 from typing import Annotated
@@ -91,20 +92,41 @@ def keys_create(
 
 
 @app.command("list")
-def keys_list() -> None:
+def keys_list(
+    as_json: Annotated[bool, typer.Option("--json", help="Print a JSON array.")] = False,
+) -> None:
     """List keys, tab-separated: prefix, tenant, role, state (active, expired, revoked), name,
     expires at, last used (to the minute); secrets are never shown again."""
     with database() as db, tenancy.as_system(), db.read() as session:
         rows = store.tenants.list_api_keys(session)
     now = datetime.now(UTC)
+    listed = []
     for key, tenant in rows:
         state = "active"
         if key.revoked_at:
             state = "revoked"
         elif key.expires_at is not None and key.expires_at <= now:
             state = "expired"
-        fields = (key.prefix, tenant, key.role, state, key.name or "")
-        typer.echo("\t".join((*fields, _iso(key.expires_at) or "-", _iso(key.last_used_at) or "-")))
+        listed.append(
+            {
+                "prefix": key.prefix,
+                "tenant": tenant,
+                "role": key.role,
+                "state": state,
+                "name": key.name,
+                "expires_at": _iso(key.expires_at),
+                "last_used_at": _iso(key.last_used_at),
+            }
+        )
+    if as_json:
+        typer.echo(json.dumps(listed, indent=2))
+        return
+    for row in listed:
+        typer.echo("\t".join(_cell(value) for value in row.values()))
+
+
+def _cell(value: str | None) -> str:
+    return "-" if value is None else value
 
 
 @app.command("revoke")

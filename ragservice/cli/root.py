@@ -3,6 +3,8 @@ lists them, and `main()`, the console script."""
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import typer
 
 from ragservice.cli import (
@@ -10,8 +12,10 @@ from ragservice.cli import (
     audit,
     db,
     feedback,
+    jobs,
     keys,
     models,
+    query,
     replicas,
     serve,
     tenants,
@@ -21,8 +25,43 @@ from ragservice.cli.ingest import ingest_command
 from ragservice.config import configure_logging, get_settings
 
 app = typer.Typer(
-    help="RAG and vector-search data service on PostgreSQL + pgvector.", no_args_is_help=True
+    help="RAG and vector-search data service on PostgreSQL + pgvector.",
+    no_args_is_help=True,
+    rich_markup_mode="markdown",
 )
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"ragservice {package_version()}")
+        raise typer.Exit()
+
+
+@app.callback()
+def root(
+    _version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            callback=_print_version,
+            is_eager=True,
+            help="Print the installed version and exit.",
+        ),
+    ] = False,
+) -> None:
+    """RAG and vector-search data service on PostgreSQL + pgvector."""
+
+
+def package_version() -> str:
+    """The installed package's version, from its metadata."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("ragservice")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown"
+
+
 app.command("serve")(serve.serve)
 app.command("dev-cluster")(replicas.dev_cluster)
 app.command("worker")(serve.worker)
@@ -30,6 +69,9 @@ app.command("export-feedback")(feedback.export_feedback)
 app.command("finetune")(training.finetune)
 app.command("reembed")(training.reembed)
 app.command("ingest")(ingest_command)
+app.command("search")(query.search)
+app.command("ask")(query.ask)
+app.add_typer(jobs.app, name="jobs")
 app.add_typer(db.app, name="db")
 app.add_typer(keys.app, name="keys")
 app.add_typer(tenants.app, name="tenants")
@@ -39,6 +81,7 @@ app.add_typer(analysts.app, name="analysts")
 app.add_typer(audit.app, name="audit")
 
 
-def main() -> None:
+def main(prog_name: str | None = None) -> None:
+    """The console script (and `python -m ragservice`, which names the program)."""
     configure_logging(get_settings().log_level)
-    app()
+    app(prog_name=prog_name)

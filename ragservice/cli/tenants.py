@@ -1,7 +1,8 @@
-"""`ragservice tenants`: list tenants, and erase one with everything it stored."""
+"""`ragservice tenants`: list and create tenants, and erase one with everything it stored."""
 
 from __future__ import annotations
 
+import json
 import uuid
 from typing import Annotated
 
@@ -10,18 +11,56 @@ import typer
 from ragservice import store
 from ragservice.cli.common import cli_actor, console, database, fail
 from ragservice.config import DEFAULT_TENANT_ID
+from ragservice.db import tenancy
 
 app = typer.Typer(help="Tenants.", no_args_is_help=True)
 
 
 @app.command("list")
-def tenants_list() -> None:
+def tenants_list(
+    as_json: Annotated[bool, typer.Option("--json", help="Print a JSON array.")] = False,
+) -> None:
     """List tenants, tab-separated: name, id, created, collections, documents, active keys."""
     with database() as db, db.owner() as session:
         rows = store.tenants.list_tenants(session)
-    for t in rows:
-        created = t.created_at.isoformat(timespec="seconds")
-        typer.echo(f"{t.name}\t{t.id}\t{created}\t{t.collections}\t{t.documents}\t{t.active_keys}")
+    listed = [
+        {
+            "name": t.name,
+            "id": str(t.id),
+            "created": t.created_at.isoformat(timespec="seconds"),
+            "collections": t.collections,
+            "documents": t.documents,
+            "active_keys": t.active_keys,
+        }
+        for t in rows
+    ]
+    if as_json:
+        typer.echo(json.dumps(listed, indent=2))
+        return
+    for row in listed:
+        typer.echo("\t".join(str(value) for value in row.values()))
+
+
+@app.command("create")
+def tenants_create(name: str = typer.Argument(..., help="The tenant's name.")) -> None:
+    """Create a tenant (nothing changes if it exists) and print its id. Then `ragservice ingest
+    --tenant NAME` stores documents for it and `ragservice keys create --tenant NAME` makes its
+    API keys."""
+    if not name.strip():
+        raise typer.BadParameter("must not be empty", param_hint="NAME")
+    with database() as db, tenancy.as_system(), db.write() as session:
+        existing = store.tenants.find_tenant_id(session, name)
+        tenant_id = existing or store.tenants.ensure_tenant(session, name)
+        if existing is None:
+            store.audit.record(
+                session,
+                tenant_id=tenant_id,
+                actor=cli_actor(),
+                action="tenant.create",
+                target=name,
+            )
+    console.print(f"tenant {name!r} {'exists' if existing else 'created'}")
+    typer.echo(tenant_id)
 
 
 @app.command("delete")
@@ -34,6 +73,9 @@ def tenants_delete(
             "--force",
             help="Allow the default tenant: its rows are erased, the (empty) tenant stays.",
         ),
+    ] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print the rows erased per table as a JSON object.")
     ] = False,
 ) -> None:
     """Erase a tenant: every row of every table that names it (collections, documents, chunks,
@@ -63,8 +105,11 @@ def tenants_delete(
             target=name,
             details={"rows": sum(erased.values()), "kept_tenant": default},
         )
-    for table, rows in sorted(erased.items()):
-        typer.echo(f"{table}\t{rows}")
+    if as_json:
+        typer.echo(json.dumps(dict(sorted(erased.items()))))
+    else:
+        for table, rows in sorted(erased.items()):
+            typer.echo(f"{table}\t{rows}")
     console.print(f"erased tenant {name!r}: {sum(erased.values())} rows")
     if analysts:
         console.print(

@@ -14,7 +14,8 @@ from sqlalchemy import ColumnElement, ScalarSelect, and_, delete, func, or_, sel
 from sqlalchemy.orm import Session, aliased
 
 from ragservice.db.engine import driver_connection
-from ragservice.db.models import Collection, IngestJob, IngestJobItem
+from ragservice.db.models import Collection, IngestJob, IngestJobItem, Tenant
+from ragservice.errors import ConflictError, NotFoundError
 from ragservice.store import bulk
 
 log = logging.getLogger(__name__)
@@ -278,26 +279,103 @@ def purge_job_payloads(session: Session, *, older_than: timedelta) -> int:
     return int(session.execute(stmt).rowcount)  # type: ignore[attr-defined]
 
 
-def get_job(session: Session, tenant_id: uuid.UUID, job_id: uuid.UUID) -> IngestJob | None:
-    """The tenant's job `job_id`; None for another tenant's job, as for a missing one."""
-    stmt = select(IngestJob).where(IngestJob.id == job_id, IngestJob.tenant_id == tenant_id)
+def get_job(session: Session, tenant_id: uuid.UUID | None, job_id: uuid.UUID) -> IngestJob | None:
+    """The tenant's job `job_id`; None for another tenant's job, as for a missing one.
+    `tenant_id` None: any tenant's job (for operators, whose transactions see every tenant)."""
+    stmt = select(IngestJob).where(IngestJob.id == job_id)
+    if tenant_id is not None:
+        stmt = stmt.where(IngestJob.tenant_id == tenant_id)
     return session.scalar(stmt)
+
+
+def retry_job(session: Session, tenant_id: uuid.UUID | None, job_id: uuid.UUID) -> IngestJob:
+    """Queue a failed job again, as if new: no attempts, counts or errors, no worker; a worker
+    then claims it like any queued job and runs its items (kept a while after a failure, see
+    `finish_job`) again, skipping what an earlier attempt stored.
+
+    NotFoundError for a job that is not the tenant's (`tenant_id` None: any tenant's);
+    ConflictError for a job that did not fail, one the CLI ran (workers never take those), one
+    whose collection is gone, or one whose items were purged."""
+    job = session.scalar(
+        select(IngestJob).where(IngestJob.id == job_id, *_of_tenant(tenant_id)).with_for_update()
+    )
+    if job is None:
+        raise NotFoundError(f"job {job_id} not found")
+    if job.status != "failed":
+        raise ConflictError(f"job {job_id} is {job.status}; only a failed job can be retried")
+    if job.kind == CLI_JOB_KIND:
+        raise ConflictError(
+            f"job {job_id} was run by `ragservice ingest`, not by a worker; run that command "
+            "again (it skips what is already stored)"
+        )
+    if job.collection_id is None:
+        raise ConflictError(f"job {job_id} has no collection any more; it cannot run")
+    if not _has_items(session, job_id):
+        raise ConflictError(
+            f"job {job_id} no longer has its files and texts (purged after "
+            "RAGSERVICE_JOB_PAYLOAD_RETENTION_HOURS); upload them again"
+        )
+    session.execute(
+        update(IngestJob)
+        .where(IngestJob.id == job_id)
+        .values(
+            status="queued",
+            attempts=0,
+            worker=None,
+            heartbeat_at=None,
+            started_at=None,
+            finished_at=None,
+            counts={},
+            errors=[],
+        )
+    )
+    session.refresh(job)
+    log.info("job %s queued again", job_id)
+    return job
+
+
+def _has_items(session: Session, job_id: uuid.UUID) -> bool:
+    first = select(IngestJobItem.ordinal).where(IngestJobItem.job_id == job_id).limit(1)
+    return session.scalar(first) is not None
+
+
+def _of_tenant(tenant_id: uuid.UUID | None) -> list[ColumnElement[bool]]:
+    return [] if tenant_id is None else [IngestJob.tenant_id == tenant_id]
+
+
+def job_places(
+    session: Session, job_ids: Sequence[uuid.UUID]
+) -> dict[uuid.UUID, tuple[str, str | None]]:
+    """job id → the names of its tenant and collection (None: no collection)."""
+    stmt = (
+        select(IngestJob.id, Tenant.name, Collection.name)
+        .join(Tenant, Tenant.id == IngestJob.tenant_id)
+        .outerjoin(Collection, Collection.id == IngestJob.collection_id)
+        .where(IngestJob.id.in_(list(job_ids)))
+    )
+    return {job_id: (tenant, collection) for job_id, tenant, collection in session.execute(stmt)}
 
 
 def list_jobs(
     session: Session,
-    tenant_id: uuid.UUID,
+    tenant_id: uuid.UUID | None,
     *,
     collection_id: uuid.UUID | None = None,
+    collection: str | None = None,
     status: str | None = None,
     limit: int = 50,
     before: uuid.UUID | None = None,
 ) -> list[IngestJob]:
     """The tenant's jobs, newest first; `before` is the last job id of the previous page
-    (a job id that is not the tenant's gives an empty page)."""
-    stmt = select(IngestJob).where(IngestJob.tenant_id == tenant_id)
+    (a job id that is not the tenant's gives an empty page). `tenant_id` None: every
+    tenant's jobs (for operators, whose transactions see every tenant). `collection`: of the
+    collections with that name (one per tenant)."""
+    stmt = select(IngestJob).where(*_of_tenant(tenant_id))
     if collection_id is not None:
         stmt = stmt.where(IngestJob.collection_id == collection_id)
+    if collection is not None:
+        named = select(Collection.id).where(Collection.name == collection)
+        stmt = stmt.where(IngestJob.collection_id.in_(named))
     if status is not None:
         stmt = stmt.where(IngestJob.status == status)
     if before is not None:
@@ -307,11 +385,10 @@ def list_jobs(
     return list(session.scalars(stmt.order_by(*order).limit(limit)))
 
 
-def _job_position(tenant_id: uuid.UUID, job_id: uuid.UUID) -> ScalarSelect[Any]:
+def _job_position(tenant_id: uuid.UUID | None, job_id: uuid.UUID) -> ScalarSelect[Any]:
     # An alias, so that the subquery is not correlated with the outer query's ingest_jobs.
     cursor = aliased(IngestJob)
-    return (
-        select(cursor.created_at, cursor.id)
-        .where(cursor.id == job_id, cursor.tenant_id == tenant_id)
-        .scalar_subquery()
-    )
+    where = [cursor.id == job_id]
+    if tenant_id is not None:
+        where.append(cursor.tenant_id == tenant_id)
+    return select(cursor.created_at, cursor.id).where(*where).scalar_subquery()

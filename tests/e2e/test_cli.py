@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import json
 import os
 import shutil
 import signal
@@ -332,3 +333,75 @@ def test_dev_cluster_runs_streaming_standbys_until_interrupted() -> None:
     assert "standbys stopped and removed" in stderr
     assert not (data_dir / "replicas" / "eu-1").exists()
     shutil.rmtree(data_dir, ignore_errors=True)  # the primary stopped with its last process
+
+
+def test_version_and_python_dash_m(tmp_path: Path) -> None:
+    from importlib.metadata import version
+
+    for args in (
+        [str(BIN / "ragservice"), "--version"],
+        [sys.executable, "-m", "ragservice", "--version"],
+    ):
+        shown = subprocess.run(args, capture_output=True, text=True, timeout=60, check=False)
+        assert (shown.returncode, shown.stdout) == (0, f"ragservice {version('ragservice')}\n")
+    usage = subprocess.run(
+        [sys.executable, "-m", "ragservice", "tenants", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert usage.returncode == 0 and "Usage: ragservice tenants" in usage.stdout
+
+
+def test_search_then_ask_prints_the_answer_as_it_is_generated(
+    database_url: str, corpus: Path, tmp_path: Path
+) -> None:
+    """`ragservice search` and `ask` on the local store. The upstream holds the answer after
+    its first words until the test has read them on the command's stdout: the command printed
+    them before the answer was whole."""
+    import threading
+
+    from tests.upstream import FakeOpenAI, ok
+
+    ragservice = str(BIN / "ragservice")
+    ingested = run([ragservice, "ingest", str(corpus), "-c", "docs"], database_url, tmp_path)
+    assert ingested.returncode == 0, ingested.stderr
+    found = run(
+        [ragservice, "search", "dense and sparse", "-k", "1", "--json"], database_url, tmp_path
+    )
+    assert found.returncode == 0, found.stderr
+    (hit,) = json.loads(found.stdout)["results"]  # nothing else on stdout
+    assert (hit["document"]["external_id"], hit["collection"]) == ("notes/a.txt", "docs")
+
+    release = threading.Event()
+    with FakeOpenAI() as upstream:
+        upstream.enqueue(ok("Hybrid retrieval mixes signals [1].", hold=release, hold_after=2))
+        env = {
+            **os.environ,
+            "RAGSERVICE_DATABASE_URL": database_url,
+            "RAGSERVICE_INFERENCE_URL": upstream.base_url,
+            "RAGSERVICE_CACHE_ENABLED": "false",
+            "HF_HUB_OFFLINE": "1",
+        }
+        args = [ragservice, "ask", "What does hybrid retrieval mix?", "-c", "docs", "-k", "1"]
+        process = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        try:
+            assert process.stdout is not None
+            shown = b""
+            deadline = time.monotonic() + 120
+            while b"Hybrid retrieval " not in shown:
+                piece = os.read(process.stdout.fileno(), 1024)
+                if not piece:
+                    running(process, deadline, "the first words")  # type: ignore[arg-type]
+                shown += piece
+            assert process.poll() is None  # still waiting for the rest of the answer
+            release.set()
+            rest, stderr = process.communicate(timeout=120)
+        finally:
+            release.set()
+            if process.poll() is None:
+                process.kill()
+                process.communicate()
+    assert process.returncode == 0, stderr
+    assert (shown + rest).decode() == "Hybrid retrieval mixes signals [1].\n\n[1] notes/a.txt\n"

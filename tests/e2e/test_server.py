@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import signal
 import socket
 import subprocess
@@ -130,3 +131,35 @@ def test_auth_cannot_be_off_on_a_public_bind(server_env: dict[str, str]) -> None
     )
     assert refused.returncode == 2
     assert "loopback" in refused.stderr
+
+
+def test_cli_against_the_server(
+    server_env: dict[str, str], server: tuple[str, subprocess.Popen[str]]
+) -> None:
+    """`ragservice search|ask|jobs --url`: the server's answers, the key's tenant, its errors."""
+    base, _ = server
+    secret = create_key(server_env)
+    with httpx.Client(base_url=base, headers={"Authorization": f"Bearer {secret}"}) as client:
+        assert client.post("/v1/collections", json={"name": "manuals"}).status_code == 201
+        files = [("files", ("pumps.md", b"# Pumps\n\nCentrifugal pumps move water."))]
+        upload = client.post("/v1/collections/manuals/documents/files", files=files).json()
+        assert wait_for_job(client, upload["id"])["status"] == "done"
+
+    def cli(*args: str, key: str | None = secret) -> subprocess.CompletedProcess[str]:
+        env = {k: v for k, v in server_env.items() if k != "RAGSERVICE_DATABASE_URL"}
+        env = {**env, "COLUMNS": "200", **({"RAGSERVICE_API_KEY": key} if key else {})}
+        command = [str(BIN / "ragservice"), *args, "--url", base]
+        return subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+
+    found = cli("search", "pumps", "-k", "1", "--json")
+    assert found.returncode == 0, found.stderr
+    assert json.loads(found.stdout)["results"][0]["document"]["external_id"] == "pumps.md"
+    asked = cli("ask", "What moves water?", "-c", "manuals", "-k", "1")
+    assert asked.returncode == 0, asked.stderr
+    assert asked.stdout.endswith("\n\n[1] Pumps (pumps.md)\n")
+    (job,) = json.loads(cli("jobs", "list", "--json").stdout)
+    assert (job["id"], job["status"]) == (upload["id"], "done")
+    retried = cli("jobs", "retry", upload["id"])
+    assert retried.returncode == 1 and "only a failed job can be retried" in retried.stderr
+    anonymous = cli("jobs", "list", key=None)
+    assert anonymous.returncode == 1 and "missing API key" in anonymous.stderr

@@ -389,3 +389,79 @@ def test_worker_command_runs_until_sigterm(runtime: Runtime) -> None:
 
     assert job(runtime, job_id).status == "done"
     assert signal.getsignal(signal.SIGTERM) is before
+
+
+def fail_attempt(runtime: Runtime, job_id: uuid.UUID, worker: str) -> None:
+    """A claimed attempt that ends `failed`, its items kept (as a worker's failure does)."""
+    claimed = claim(runtime, worker)
+    assert claimed is not None and claimed.id == job_id
+    with runtime.db.write() as session:
+        assert store.jobs.finish_job(
+            session,
+            job_id,
+            status="failed",
+            counts={"new": 0},
+            errors=[{"error": "boom"}],
+            worker=worker,
+        )
+
+
+def retry(runtime: Runtime, job_id: uuid.UUID, tenant_id: uuid.UUID | None = None) -> IngestJob:
+    with runtime.db.write() as session:
+        return store.jobs.retry_job(session, tenant_id, job_id)
+
+
+def test_a_failed_job_retried_is_queued_as_new_and_runs(runtime: Runtime) -> None:
+    from ragservice.errors import ConflictError, NotFoundError
+
+    worker = JobWorker(runtime, threads=0)
+    job_id = enqueue(runtime, UPLOAD[:2])
+    fail_attempt(runtime, job_id, worker.name)
+    with runtime.db.write() as session:
+        other = store.tenants.ensure_tenant(session, "other")
+    with pytest.raises(NotFoundError):
+        retry(runtime, job_id, other)
+
+    queued = retry(runtime, job_id, runtime.default_tenant_id)
+    assert (queued.status, queued.attempts, queued.errors, queued.counts) == ("queued", 0, [], {})
+    assert (queued.worker, queued.started_at, queued.finished_at) == (None, None, None)
+    assert worker.run_once()
+    done = job(runtime, job_id)
+    assert (done.status, done.attempts, done.counts["new"]) == ("done", 1, 2)
+    with pytest.raises(ConflictError, match="is done; only a failed job can be retried"):
+        retry(runtime, job_id)
+
+
+def test_jobs_that_cannot_be_retried(runtime: Runtime) -> None:
+    from ragservice.errors import ConflictError, NotFoundError
+
+    with pytest.raises(NotFoundError):
+        retry(runtime, uuid.uuid4())
+    purged = enqueue(runtime, UPLOAD[:1])
+    fail_attempt(runtime, purged, "w")
+    execute(runtime, "DELETE FROM ingest_job_items WHERE job_id = :id", id=purged)
+    with pytest.raises(ConflictError, match="upload them again"):
+        retry(runtime, purged)
+    assert job(runtime, purged).status == "failed"  # left as it was
+
+    with runtime.db.write() as session:
+        collection_id = store.collections.ensure_collection(
+            session, runtime.default_tenant_id, COLLECTION
+        )
+        by_cli = store.jobs.start_job(
+            session,
+            tenant_id=runtime.default_tenant_id,
+            collection_id=collection_id,
+            kind=store.jobs.CLI_JOB_KIND,
+            params={},
+            worker="cli",
+        )
+        store.jobs.finish_job(session, by_cli, status="failed", counts={}, errors=[])
+    with pytest.raises(ConflictError, match="run that command again"):
+        retry(runtime, by_cli)
+
+    orphan = enqueue(runtime, UPLOAD[:1])
+    fail_attempt(runtime, orphan, "w")
+    execute(runtime, "UPDATE ingest_jobs SET collection_id = NULL WHERE id = :id", id=orphan)
+    with pytest.raises(ConflictError, match="no collection any more"):
+        retry(runtime, orphan)

@@ -13,7 +13,7 @@ from fastapi import APIRouter, File, Form, Query, Request, Response, UploadFile,
 
 from ragservice import store
 from ragservice.api.checks import check_batch
-from ragservice.api.deps import Reader, RuntimeDep, Writer, collection_id
+from ragservice.api.deps import Reader, RuntimeDep, Writer, collection_id, wake_workers
 from ragservice.api.schemas.common import error_responses
 from ragservice.api.schemas.documents import (
     DocumentDetail,
@@ -191,10 +191,7 @@ def _enqueue(
             params={**params, "items": len(items)},
             items=items,
         )
-    for service in request.app.state.services:
-        wake = getattr(service, "wake", None)
-        if wake is not None:
-            wake()
+    wake_workers(request)
     with runtime.db.read() as session:
         job = store.jobs.get_job(session, tenant_id, job_id)
     assert job is not None

@@ -1,14 +1,14 @@
-"""Ingest jobs: status, counts and per-file errors of uploads."""
+"""Ingest jobs: status, counts and per-file errors of uploads, and queuing a failed one again."""
 
 from __future__ import annotations
 
 import uuid
 from typing import Annotated
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Query, Request, Response, status
 
 from ragservice import store
-from ragservice.api.deps import Reader, RuntimeDep, collection_id
+from ragservice.api.deps import Reader, RuntimeDep, Writer, collection_id, wake_workers
 from ragservice.api.schemas.common import error_responses
 from ragservice.api.schemas.jobs import JobList, JobOut, JobStatus, job_out
 from ragservice.errors import NotFoundError
@@ -41,3 +41,20 @@ def list_jobs(
             session, principal.tenant_id, collection_id=cid, status=status, limit=limit
         )
     return JobList(jobs=[job_out(job) for job in jobs])
+
+
+@router.post(
+    "/{job_id}/retry", status_code=status.HTTP_202_ACCEPTED, responses=error_responses(409)
+)
+def retry_job(
+    job_id: uuid.UUID, principal: Writer, runtime: RuntimeDep, request: Request, response: Response
+) -> JobOut:
+    """Queue a failed job again, as new (attempts, counts and errors reset): a worker runs its
+    files and texts again, skipping what is already stored. 409 for a job that is not
+    `failed`, one `ragservice ingest` ran, or one whose uploads were purged since
+    (`RAGSERVICE_JOB_PAYLOAD_RETENTION_HOURS`)."""
+    with runtime.db.write() as session:
+        job = job_out(store.jobs.retry_job(session, principal.tenant_id, job_id))
+    wake_workers(request)
+    response.headers["Location"] = f"/v1/jobs/{job_id}"
+    return job

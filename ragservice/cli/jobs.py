@@ -1,0 +1,214 @@
+"""`ragservice jobs`: list ingest jobs, show one, queue a failed one again; in the local
+store (every tenant's, or one's) or on a server (`--url`, the API key's tenant)."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from enum import StrEnum
+from typing import Annotated, Any
+
+import typer
+
+from ragservice.cli.common import (
+    ApiKeyOption,
+    UrlOption,
+    console,
+    database,
+    exit_on_error,
+    remote_client,
+    tenant_id,
+)
+from ragservice.client import JobStatus
+
+app = typer.Typer(
+    help="Ingest jobs: uploads queued for workers, and runs of `ragservice ingest`.",
+    no_args_is_help=True,
+)
+
+
+class Status(StrEnum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+
+
+TenantOption = Annotated[
+    str | None,
+    typer.Option(
+        "--tenant",
+        help="Without --url: only this tenant's jobs (default: every tenant's). With --url the "
+        "API key decides.",
+    ),
+]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead.")]
+JobIdArgument = Annotated[uuid.UUID, typer.Argument(help="The job's id.", show_default=False)]
+
+
+@app.command("list")
+def jobs_list(
+    status: Annotated[
+        Status | None, typer.Option("--status", help="Only jobs in this state.")
+    ] = None,
+    collection: Annotated[
+        str | None, typer.Option("--collection", "-c", help="Only jobs of this collection.")
+    ] = None,
+    tenant: TenantOption = None,
+    limit: Annotated[int, typer.Option("--limit", min=1, max=500)] = 50,
+    url: UrlOption = None,
+    api_key: ApiKeyOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """The newest jobs first: id, status, kind, tenant and collection, attempts, when it was
+    created, documents new / updated / failed."""
+    state: JobStatus | None = None if status is None else status.value
+    with exit_on_error():
+        if url is not None:
+            with remote_client(url, api_key, tenant) as client:
+                listed = [
+                    dict(job)
+                    for job in client.jobs(collection=collection, status=state, limit=limit)
+                ]
+        else:
+            listed = _local_jobs(tenant, collection, state, limit)
+    if as_json:
+        typer.echo(json.dumps(listed, indent=2))
+        return
+    _print_jobs(listed)
+
+
+@app.command("show")
+def jobs_show(
+    job_id: JobIdArgument,
+    tenant: TenantOption = None,
+    url: UrlOption = None,
+    api_key: ApiKeyOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """A job's status, counts and every per-file error."""
+    with exit_on_error():
+        if url is not None:
+            with remote_client(url, api_key, tenant) as client:
+                job = dict(client.job(job_id))
+        else:
+            job = _local_job(job_id, tenant)
+    if as_json:
+        typer.echo(json.dumps(job, indent=2))
+        return
+    _print_job(job)
+
+
+@app.command("retry")
+def jobs_retry(
+    job_id: JobIdArgument,
+    tenant: TenantOption = None,
+    url: UrlOption = None,
+    api_key: ApiKeyOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Queue a failed upload job again, as new (attempts, counts and errors reset): a worker
+    (`ragservice serve` or `ragservice worker`) runs its files and texts again, skipping what
+    is already stored. Refused for a job that did not fail, one `ragservice ingest` ran (run
+    that again), or one whose uploads were purged (RAGSERVICE_JOB_PAYLOAD_RETENTION_HOURS)."""
+    with exit_on_error():
+        if url is not None:
+            with remote_client(url, api_key, tenant) as client:
+                job = dict(client.retry_job(job_id))
+        else:
+            job = _retry_locally(job_id, tenant)
+    if as_json:
+        typer.echo(json.dumps(job, indent=2))
+        return
+    console.print(f"job {job_id} is queued again; a worker takes it from there")
+
+
+# -- local mode ----------------------------------------------------------------------------
+
+
+def _local_jobs(
+    tenant: str | None, collection: str | None, status: str | None, limit: int
+) -> list[dict[str, Any]]:
+    from ragservice import store
+
+    with database() as db, db.read() as session:
+        tid = None if tenant is None else tenant_id(session, tenant)
+        jobs = store.jobs.list_jobs(session, tid, collection=collection, status=status, limit=limit)
+        places = store.jobs.job_places(session, [job.id for job in jobs])
+    return [_job_json(job, places[job.id]) for job in jobs]
+
+
+def _local_job(job_id: uuid.UUID, tenant: str | None) -> dict[str, Any]:
+    from ragservice import store
+    from ragservice.errors import NotFoundError
+
+    with database() as db, db.read() as session:
+        tid = None if tenant is None else tenant_id(session, tenant)
+        job = store.jobs.get_job(session, tid, job_id)
+        if job is None:
+            raise NotFoundError(f"job {job_id} not found")
+        return _job_json(job, store.jobs.job_places(session, [job_id])[job_id])
+
+
+def _retry_locally(job_id: uuid.UUID, tenant: str | None) -> dict[str, Any]:
+    from ragservice import store
+
+    with database() as db, db.write() as session:
+        tid = None if tenant is None else tenant_id(session, tenant)
+        job = store.jobs.retry_job(session, tid, job_id)
+        return _job_json(job, store.jobs.job_places(session, [job_id])[job_id])
+
+
+def _job_json(job: Any, place: tuple[str, str | None]) -> dict[str, Any]:
+    """The API's job document, with the names of its tenant and collection."""
+    from ragservice.api.schemas.jobs import job_out
+
+    tenant, collection = place
+    return {**job_out(job).model_dump(mode="json"), "tenant": tenant, "collection": collection}
+
+
+# -- output ----------------------------------------------------------------------------------
+
+
+def _print_jobs(jobs: list[dict[str, Any]]) -> None:
+    if not jobs:
+        console.print("no jobs")
+        return
+    for job in jobs:
+        counts = job["counts"]
+        documents = "/".join(str(counts.get(k, 0)) for k in ("new", "updated", "failed"))
+        fields = (
+            job["id"],
+            job["status"],
+            job["kind"],
+            _where(job),
+            str(job["attempts"]),
+            job["created_at"][:19],
+            documents,
+        )
+        typer.echo("\t".join(fields))
+
+
+def _where(job: dict[str, Any]) -> str:
+    """`tenant/collection` locally; the collection's id from a server (its tenant is the key's)."""
+    if "tenant" in job:
+        return f"{job['tenant']}/{job['collection'] or '-'}"
+    return job["collection_id"] or "-"
+
+
+def _print_job(job: dict[str, Any]) -> None:
+    lines = [
+        ("job", job["id"]),
+        ("status", job["status"]),
+        ("kind", job["kind"]),
+        ("where", _where(job)),
+        ("attempts", str(job["attempts"])),
+        ("created", job["created_at"]),
+        ("started", job["started_at"] or "-"),
+        ("finished", job["finished_at"] or "-"),
+        ("counts", ", ".join(f"{k} {v}" for k, v in job["counts"].items()) or "-"),
+    ]
+    for label, value in lines:
+        typer.echo(f"{label + ':':<10} {value}")
+    for error in job["errors"]:
+        typer.echo(f"error:     {error['source'] or '(the job)'}: {error['error']}")
