@@ -108,3 +108,10 @@ def test_documents_missing_for_another_reason_still_stop_the_benchmark(tmp_path:
         pytest.raises(SystemExit, match="expected 2 documents in 'beir', found 1"),
     ):
         harness.ensure_corpus(client, "beir", write_corpus(tmp_path))
+
+
+@pytest.mark.parametrize("text", ["", " \n\t", "\x00\x1f", "\u3000\u2028", "x", " \x00a", "\ufeff"])
+def test_blank_means_what_the_loader_cleans_away(text: str) -> None:
+    from ingest.loaders.cleaning import clean_text
+
+    assert bool(harness._BLANK.fullmatch(text)) == (not clean_text(text))
