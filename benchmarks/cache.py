@@ -5,7 +5,10 @@
 Uses the server and corpus set-up of `eval_beir.py`. The workload comes from the SciFact claims
 (`cache_workload.py`): should-hit variants of claims (case, punctuation, whitespace, "Is it true
 that …?" and light rewordings), should-miss pairs of near-identical claims whose meaning differs
-(found by string similarity), and unrelated pairs. For each pair the first prompt is asked
+(found by string similarity), and unrelated pairs. Then the same inside request framings
+(`cache_workload.WRAPPINGS`: "Can you tell me whether …?", "… ? Thanks!"): claims asked bare and
+then wrapped, which should hit, and each meaning-changed pair with its second claim wrapped,
+which must still miss. For each pair the first prompt is asked
 (a miss that fills the cache) and then the second; the server's own `timings_ms` give the
 latencies. Finally a replay of Zipf-distributed repeats of the test claims measures the share of
 requests that still reached retrieval. The cache of the collection is purged before each pair
@@ -34,6 +37,7 @@ from cache_workload import (  # noqa: E402
     meaning_changed_pairs,
     should_hit_variants,
     unrelated_pairs,
+    wrap,
 )
 from harness import add_common_arguments, ensure_corpus, ok, parse, server  # noqa: E402
 
@@ -51,6 +55,11 @@ def main() -> None:
     hit_pairs = _should_hit(claims, rng, args.sample)
     changed = meaning_changed_pairs(claims)
     unrelated = unrelated_pairs(claims, rng, args.sample)
+    # Its own generator, so the sets above and the replay stay those of earlier runs.
+    framing_rng = random.Random(args.seed + 1)
+    sampled = framing_rng.sample(claims, min(args.sample, len(claims)))
+    wrapped = [(c, wrap(c, framing_rng), "wrapped") for c in sampled]
+    wrapped_changed = [(a, wrap(b, framing_rng), kind) for a, b, kind in changed]
     tests = list(load_beir_queries(args.data, args.split).texts.values())
     with (
         server(args) as (base, headers),
@@ -61,8 +70,9 @@ def main() -> None:
         hits = bench.pairs([(a, b, kind) for a, b, kind in hit_pairs])
         misses = bench.pairs(changed)
         unrelated_rows = bench.pairs([(a, b, "unrelated") for a, b in unrelated])
+        framed = {"hits": bench.pairs(wrapped), "misses": bench.pairs(wrapped_changed)}
         replay = bench.replay(tests, rng, args.replay)
-    _report(hits, misses, unrelated_rows, replay, bench)
+    _report(hits, misses, unrelated_rows, framed, replay, bench)
 
 
 def _parse_args() -> argparse.Namespace:
@@ -147,6 +157,15 @@ def _rate(rows: list[dict[str, Any]], **where: Any) -> float:
     return round(sum(row["hit"] for row in chosen) / len(chosen), 4) if chosen else 0.0
 
 
+def _kinds(rows: list[dict[str, Any]], key: str) -> dict[str, int]:
+    """How many hits each cache tier served ("exact", "semantic")."""
+    counts: dict[str, int] = {}
+    for row in rows:
+        if row["hit"]:
+            counts[str(row[key])] = counts.get(str(row[key]), 0) + 1
+    return counts
+
+
 def _p50(values: list[float]) -> float | None:
     return round(statistics.median(values), 2) if values else None
 
@@ -155,6 +174,7 @@ def _report(
     hits: list[dict[str, Any]],
     misses: list[dict[str, Any]],
     unrelated: list[dict[str, Any]],
+    framed: dict[str, list[dict[str, Any]]],
     replay: dict[str, float],
     bench: _Bench,
 ) -> None:
@@ -169,6 +189,13 @@ def _report(
         "pairs_by_kind": {k: sum(r["kind"] == k for r in misses) for k in kinds},
         "negation_false_hits": sum(r["hit"] for r in misses if r["kind"] == "negation"),
         "false_hit_rate_unrelated": _rate(unrelated),
+        "wrapped_pairs": {"should_hit": len(framed["hits"]), "should_miss": len(framed["misses"])},
+        "hit_rate_wrapped": _rate(framed["hits"]),
+        "wrapped_hits_by_kind": _kinds(framed["hits"], "how"),
+        "false_hit_rate_wrapped_should_miss": _rate(framed["misses"]),
+        "wrapped_false_hits_by_kind": {
+            k: sum(r["hit"] for r in framed["misses"] if r["kind"] == k) for k in kinds
+        },
         "exact_hit_p50_ms": _p50(bench.timings["exact"]),
         "semantic_hit_p50_ms": _p50(bench.timings["semantic"]),
         "semantic_lookup_beyond_embed_p50_ms": _p50(bench.timings["semantic_lookup"]),

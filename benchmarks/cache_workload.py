@@ -9,7 +9,9 @@ them to drive the HTTP benchmark:
 - `should_hit_variants(claims, rng)`: (original, variant) that must be served from the cache;
 - `meaning_changed_pairs(claims)`: (a, b, kind) of different claims that read almost alike, which
   must never be served for each other;
-- `unrelated_pairs(claims, rng, n)`: (a, b) of random different claims.
+- `unrelated_pairs(claims, rng, n)`: (a, b) of random different claims;
+- `wrap(claim, rng)`: the claim inside a request framing people type around a question ("Can you
+  tell me whether …?", "Hey, quick question: …", "… ? Thanks!"), from `WRAPPINGS`.
 
 Run as a script it embeds every prompt with all-MiniLM-L6-v2 and prints, per cosine threshold,
 the share of should-hit variants matched, and of meaning-changed pairs falsely matched, with and
@@ -80,6 +82,37 @@ _REWORDINGS: tuple[Callable[[str], str], ...] = (
     lambda c: f"Claim: {c}",
     lambda c: f"True or false: {c}",
 )
+
+
+# Request framings, written as people type them into a chat box; each takes a claim as its
+# question. Leading, trailing and both; the cache must treat each like the bare claim.
+WRAPPINGS: tuple[Callable[[str], str], ...] = (
+    lambda c: f"Can you tell me whether {_lower_first(_sentence(c))}?",
+    lambda c: f"Could you please tell me if {_lower_first(_sentence(c))}?",
+    lambda c: f"Could you explain whether {_lower_first(_sentence(c))}?",
+    lambda c: f"I want to know if {_lower_first(_sentence(c))}.",
+    lambda c: f"I'd like to know whether {_lower_first(_sentence(c))}.",
+    lambda c: f"I was wondering whether {_lower_first(_sentence(c))}.",
+    lambda c: f"Do you happen to know if {_lower_first(_sentence(c))}?",
+    lambda c: f"Does anyone know whether {_lower_first(_sentence(c))}?",
+    lambda c: f"Hey, quick question: is it true that {_lower_first(_sentence(c))}?",
+    lambda c: f"Hi! Can you check whether {_lower_first(_sentence(c))}?",
+    lambda c: f"Please confirm whether {_lower_first(_sentence(c))}.",
+    lambda c: f"Help me understand whether {_lower_first(_sentence(c))}.",
+    lambda c: f"Quick question - {_lower_first(_sentence(c))}?",
+    lambda c: f"So, I'm curious whether {_lower_first(_sentence(c))}.",
+    lambda c: f"{_sentence(c)}, please?",
+    lambda c: f"{_sentence(c)}? Thanks!",
+    lambda c: f"{_sentence(c)}? Thanks in advance.",
+    lambda c: f"{_sentence(c)} - is that right? Thank you!",
+    lambda c: f"{_sentence(c)}? Any ideas?",
+    lambda c: f"Hey, could you tell me if {_lower_first(_sentence(c))}? Thanks a lot!",
+)
+
+
+def wrap(claim: str, rng: random.Random) -> str:
+    """`claim` inside a request framing chosen by `rng`."""
+    return rng.choice(WRAPPINGS)(claim)
 
 
 def meaning_changed_pairs(claims: Sequence[str]) -> list[tuple[str, str, str]]:

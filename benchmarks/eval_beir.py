@@ -5,7 +5,8 @@
 Without `--url` it starts `ragservice serve` on a free loopback port with its own data directory
 (`--data-dir`, default `.ragservice-eval`; authentication off, loopback only) and stops it at the
 end. The corpus is uploaded once through the API as an ingest job; a later run finds the
-collection complete and reuses it. Then, for each mode:
+collection complete and reuses it. Documents with no text are left out: their count and first
+ids go to stderr and to the final JSON (`empty_documents`). Then, for each mode:
 
 - quality: every judged query with k = `--depth` chunks; documents rank by their best chunk;
   nDCG@10 and recall@100 as BEIR (pytrec_eval) defines them;
@@ -30,7 +31,15 @@ _HERE = Path(__file__).resolve().parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE] + [str(_HERE)]
 
 import httpx  # noqa: E402
-from harness import add_common_arguments, ensure_corpus, ok, parse, percentile, server  # noqa: E402
+from harness import (  # noqa: E402
+    CorpusCensus,
+    add_common_arguments,
+    ensure_corpus,
+    ok,
+    parse,
+    percentile,
+    server,
+)
 
 from ragservice.config import Settings  # noqa: E402
 from ragservice.embedding.evaluation import (  # noqa: E402
@@ -51,9 +60,9 @@ def main() -> None:
         server(args) as (base, headers),
         httpx.Client(base_url=base, headers=headers, timeout=600) as client,
     ):
-        ensure_corpus(client, args.collection, args.data / "corpus.jsonl")
+        census = ensure_corpus(client, args.collection, args.data / "corpus.jsonl")
         results = {mode: _evaluate(client, args, queries, mode) for mode in args.modes}
-    _report(args, results, len(queries.texts))
+    _report(args, results, len(queries.texts), census)
 
 
 def _parse_args() -> argparse.Namespace:
@@ -108,7 +117,12 @@ def _search(client: httpx.Client, collection: str, query: str, mode: str, k: int
 # -- report ----------------------------------------------------------------------------------
 
 
-def _report(args: argparse.Namespace, results: dict[str, dict[str, float]], queries: int) -> None:
+def _report(
+    args: argparse.Namespace,
+    results: dict[str, dict[str, float]],
+    queries: int,
+    census: CorpusCensus,
+) -> None:
     settings = _server_settings(args)
     print(f"{'mode':<10}{'nDCG@10':>10}{'R@100':>10}{'p50 ms':>10}{'p95 ms':>10}")
     for mode, row in results.items():
@@ -122,6 +136,8 @@ def _report(args: argparse.Namespace, results: dict[str, dict[str, float]], quer
                 "dataset": args.data.resolve().name,
                 "split": args.split,
                 "queries": queries,
+                "documents": census.documents,
+                "empty_documents": census.summary(),
                 "latency_k": 10,
                 "quality_depth_chunks": args.depth,
                 "settings": settings,

@@ -3,7 +3,8 @@
 `server(args)` yields the base URL and auth headers of `--url`, or of a `ragservice serve` it
 starts on a free loopback port with its own data directory (`--data-dir`, authentication off).
 `server_pid` finds the process serving a URL and `resident_mb` its memory (with children).
-`ensure_corpus` uploads `corpus.jsonl` as ingest jobs unless the collection already holds it.
+`ensure_corpus` uploads `corpus.jsonl` as ingest jobs unless the collection already holds it;
+documents with no text (some public BEIR collections have them) are reported and left out.
 """
 
 from __future__ import annotations
@@ -12,12 +13,14 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -26,6 +29,9 @@ import httpx
 import psutil
 
 _UPLOAD_PART_BYTES = 24 * 2**20  # below the default per-file limit of 32 MiB
+# What the JSONL loader's cleaning leaves nothing of: whitespace and C0 control characters.
+# (`ingest.loaders` itself cannot be imported here: `benchmarks/ingest.py` shadows it.)
+_BLANK = re.compile(r"[\s\x00-\x08\x0e-\x1f]*")
 
 
 def add_common_arguments(parser: argparse.ArgumentParser) -> None:
@@ -126,14 +132,51 @@ def resident_mb(pid: int) -> float:
 # -- the corpus ------------------------------------------------------------------------------
 
 
-def ensure_corpus(client: httpx.Client, collection: str, corpus: Path) -> None:
-    expected = sum(1 for _ in corpus.open(encoding="utf-8"))
+@dataclass(frozen=True)
+class CorpusCensus:
+    """What a BEIR `corpus.jsonl` holds: the documents the server will store, and the ids of
+    those with no text, which the loader refuses ("no text could be extracted")."""
+
+    documents: int
+    empty_ids: list[str]
+
+    def summary(self, shown: int = 5) -> dict[str, Any]:
+        """For a benchmark's final JSON line: the count and the first `shown` ids."""
+        return {"count": len(self.empty_ids), "ids": self.empty_ids[:shown]}
+
+
+def corpus_census(corpus: Path) -> CorpusCensus:
+    """Count the documents of `corpus`; a row whose text is missing or blank (nothing left
+    once the JSONL loader has cleaned it) is an empty document. Blank lines are not rows."""
+    documents, empty = 0, []
+    with corpus.open(encoding="utf-8") as lines:
+        for line in lines:
+            if not line.strip():
+                continue
+            row = json.loads(line)
+            text = row.get("text")
+            if isinstance(text, str) and not _BLANK.fullmatch(text):
+                documents += 1
+            else:
+                empty.append(str(row.get("_id")))
+    return CorpusCensus(documents, empty)
+
+
+def ensure_corpus(client: httpx.Client, collection: str, corpus: Path) -> CorpusCensus:
+    census = corpus_census(corpus)
+    if census.empty_ids:
+        shown = ", ".join(census.empty_ids[:5]) + (", …" if len(census.empty_ids) > 5 else "")
+        print(
+            f"corpus: {len(census.empty_ids)} documents have no text and are left out ({shown})",
+            file=sys.stderr,
+        )
+    expected = census.documents
     found = client.get(f"/v1/collections/{collection}")
     if found.status_code == 404:
         ok(client.post("/v1/collections", json={"name": collection}))
     elif ok(found)["document_count"] == expected:
         print(f"corpus: reusing {expected} documents in {collection!r}", file=sys.stderr)
-        return
+        return census
     started = time.perf_counter()
     for number, part in enumerate(upload_parts(corpus)):
         files = [("files", (f"{corpus.stem}-{number}.jsonl", part, "application/jsonl"))]
@@ -144,6 +187,7 @@ def ensure_corpus(client: httpx.Client, collection: str, corpus: Path) -> None:
     print(f"corpus: {count} documents ingested in {seconds:.0f} s", file=sys.stderr)
     if count != expected:
         raise SystemExit(f"expected {expected} documents in {collection!r}, found {count}")
+    return census
 
 
 def upload_parts(corpus: Path) -> Iterator[bytes]:

@@ -1,7 +1,8 @@
 """Prompt text for the semantic cache: the normalized key and the meaning guard.
 
-`normalize_prompt` maps prompts that differ only in case, spacing, punctuation, quote style or a
-filler phrase ("Is it true that …?") to one string, so they share a `prompt_hash`.
+`normalize_prompt` maps prompts that differ only in case, spacing, punctuation, quote style, a
+filler phrase ("Is it true that …?") or a request framing ("Can you tell me whether …",
+"… please"; `framing.py`) to one string, so they share a `prompt_hash`.
 
 `meaning_differs` runs after a nearest-neighbour match: embeddings score "X increases Y" and
 "X does not increase Y" as near-identical, so the cache refuses a match whose critical tokens
@@ -18,6 +19,8 @@ import re
 import unicodedata
 from collections import Counter
 from collections.abc import Iterable
+
+from ragservice.cache.framing import strip_framing
 
 __all__ = ["MAX_CONTENT_DIFF", "meaning_differs", "normalize_prompt", "prompt_hash"]
 
@@ -90,15 +93,19 @@ def _fold(text: str) -> str:
 def _clean(text: str) -> str:
     """Everything in the key except case: kept separate so entity detection can see case."""
     text = unicodedata.normalize("NFKC", text).translate(_QUOTES)
-    text = _strip_fillers(text.strip())
+    text = _strip_fillers(_SPACE.sub(" ", text).strip())
     text = _SPACED_HYPHEN.sub("-", text)
     return _SPACE.sub(" ", _strip_punctuation(text)).strip()
 
 
 def _strip_fillers(text: str) -> str:
-    for _ in range(3):  # "Claim: is it true that X?" stacks two.
-        stripped = _PREFIX.sub("", text, count=1)
+    # "Claim: is it true that X?" stacks two; "Hey, can you tell me: is it true that X? Thanks!"
+    # three.
+    for _ in range(4):
+        stripped = strip_framing(text)
+        stripped = _PREFIX.sub("", stripped, count=1)
         stripped = stripped[: _suffix_start(stripped)]
+        stripped = strip_framing(stripped.rstrip())
         if stripped == text:
             break
         text = stripped

@@ -1,0 +1,70 @@
+"""Main-content extraction on realistic pages (tests/fixtures/html): menus, cookie banners,
+sidebars, related links and footers built from plain `div`s are dropped, the main text kept."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from ingest.loaders.html_files import html_text, parse_html
+from ingest.loaders.limits import DocumentLimits
+
+PAGES = Path(__file__).resolve().parents[1] / "fixtures" / "html"
+EXPECTED: dict[str, dict[str, list[str]]] = json.loads((PAGES / "expected.json").read_text())
+LIMITS = DocumentLimits(max_pages=10, max_chars=1_000_000)
+_WORD = re.compile(r"\w+")
+
+
+def key(text: str) -> str:
+    return f" {' '.join(_WORD.findall(text.casefold()))} "
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_the_main_text_is_kept_and_the_boilerplate_dropped(name: str) -> None:
+    parsed = parse_html((PAGES / name).read_bytes(), LIMITS)
+    text = key(parsed.text)
+    assert [s for s in EXPECTED[name]["main"] if key(s) not in text] == []
+    kept = [s for s in EXPECTED[name]["boilerplate"] if key(s) in text]
+    # The news page's inline advertisement sits between two paragraphs of the story, in a <p>.
+    allowed = {"Find your dream kitchen at Brightwood Interiors this weekend."}
+    assert set(kept) <= allowed
+
+
+def test_the_tag_rules_alone_keep_the_div_boilerplate() -> None:
+    """What trafilatura adds: without it, most boilerplate sentences survive."""
+    page = (PAGES / "news_article.html").read_bytes()
+    before, _ = html_text(page, main_content=False)
+    after, _ = html_text(page, main_content=True)
+    assert "We use cookies" in before and "We use cookies" not in after
+    assert "Most read" in before and "Most read" not in after
+
+
+def test_structure_and_title_survive() -> None:
+    parsed = parse_html((PAGES / "docs_page.html").read_bytes(), LIMITS)
+    assert parsed.title == "Configuring retries - Lattice Queue documentation"
+    assert parsed.text.startswith("# Configuring retries\n\n")
+    assert "## The retry policy" in parsed.text
+    assert "- A permanent error skips the remaining attempts." in parsed.text
+    assert '```\nqueue = lattice.declare(\n    "invoices",' in parsed.text
+    table = parse_html((PAGES / "table_page.html").read_bytes(), LIMITS).text
+    assert "Area | Blue bin | Green bin | Food caddy" in table
+    assert "Elmwood | Friday, odd weeks | Friday, even weeks | Every Friday" in table
+
+
+@pytest.mark.parametrize(
+    "chosen",
+    [None, "", "Books due that day can be returned on Tuesday without a fine."],
+    ids=["nothing", "empty", "too-little"],
+)
+def test_when_trafilatura_finds_nothing_or_too_little_every_block_is_kept(
+    monkeypatch: pytest.MonkeyPatch, chosen: str | None
+) -> None:
+    from ingest.loaders import html_main
+
+    page = (PAGES / "table_page.html").read_bytes()
+    before, _ = html_text(page, main_content=False)
+    monkeypatch.setattr(html_main, "_chosen_text", lambda _html: chosen)
+    assert html_text(page, main_content=True)[0] == before
