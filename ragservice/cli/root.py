@@ -8,6 +8,7 @@ import typer
 from ragservice.cli import (
     analysts,
     audit,
+    backup,
     db,
     feedback,
     keys,
@@ -18,6 +19,7 @@ from ragservice.cli import (
     training,
 )
 from ragservice.cli.ingest import ingest_command
+from ragservice.cli.termination import end_cleanly_on_termination
 from ragservice.config import configure_logging, get_settings
 
 app = typer.Typer(
@@ -30,6 +32,8 @@ app.command("export-feedback")(feedback.export_feedback)
 app.command("finetune")(training.finetune)
 app.command("reembed")(training.reembed)
 app.command("ingest")(ingest_command)
+app.command("backup")(backup.backup)
+app.command("restore")(backup.restore)
 app.add_typer(db.app, name="db")
 app.add_typer(keys.app, name="keys")
 app.add_typer(tenants.app, name="tenants")
@@ -40,5 +44,6 @@ app.add_typer(audit.app, name="audit")
 
 
 def main() -> None:
+    end_cleanly_on_termination()
     configure_logging(get_settings().log_level)
     app()
