@@ -69,6 +69,18 @@ def acquire_embedded_server(data_dir: Path) -> Any:
     return server
 
 
+def release_embedded_server(data_dir: Path) -> None:
+    """Let go of this process's hold on the embedded server in `data_dir` before it exits (the
+    server stops if no other process holds it); a later `acquire_embedded_server` holds anew."""
+    pgdata = pgdata_dir(data_dir)
+    server = pgserver().PostgresServer._instances.get(pgdata)
+    if server is None:
+        return
+    server.cleanup()
+    # The wheel forgets its handle only when it stopped the server.
+    pgserver().PostgresServer._instances.pop(pgdata, None)
+
+
 def recover_abandoned_state(pgdata: Path) -> None:
     """Undo what processes killed outright left behind in `pgdata` (see the module's doc)."""
     if not pgdata.is_dir():
