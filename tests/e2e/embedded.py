@@ -30,6 +30,7 @@ def embedded_env(data_dir: Path, **extra: str) -> dict[str, str]:
         "RAGSERVICE_DATA_DIR": str(data_dir),
         "RAGSERVICE_AUTH_DISABLED": "true",
         "RAGSERVICE_JOB_POLL_SECONDS": "0.2",
+        "RAGSERVICE_QUERY_ENCODER": "torch",  # no ONNX export into each new data folder
         "HF_HUB_OFFLINE": "1",
         "COLUMNS": "200",
         **extra,
@@ -52,9 +53,14 @@ def holders(data_dir: Path) -> list[int]:
     return list(json.loads(path.read_text() or "[]")) if path.exists() else []
 
 
-def wait_for(condition: Callable[[], bool], what: str, process: subprocess.Popen[str]) -> None:
+def wait_for(
+    condition: Callable[[], bool],
+    what: str,
+    process: subprocess.Popen[str],
+    deadline_s: float = DEADLINE_S,
+) -> None:
     """Poll `condition` until true; fail with `process`'s output if it ends meanwhile."""
-    deadline = time.monotonic() + DEADLINE_S
+    deadline = time.monotonic() + deadline_s
     while not condition():
         if process.poll() is not None:
             _, stderr = process.communicate()

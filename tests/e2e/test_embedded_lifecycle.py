@@ -48,8 +48,11 @@ def end(process: subprocess.Popen[str], signum: int | None = None) -> str:
 
 
 def kill_all(*processes: subprocess.Popen[str]) -> None:
+    """Kill what still runs, with its children (ingest workers hold its stderr pipe)."""
     for process in processes:
         if process.poll() is None:
+            for child in psutil.Process(process.pid).children(recursive=True):
+                child.kill()
             process.kill()
             process.communicate()
 
@@ -154,16 +157,16 @@ def test_sigterm_stops_a_parallel_ingest_after_its_batches_and_releases_it(
     batch in flight, the command reports what committed, exits 143 and stops the server."""
     corpus = tmp_path / "docs.jsonl"
     os.mkfifo(corpus)  # no end of input: the run cannot finish before the signal
-    rows = "".join(
-        f'{{"_id": "d{i}", "text": "Note {i} on pumps and valves."}}\n' for i in range(200)
-    )
+    # Enough for each worker's first 256-document lookup before the input ends.
+    rows = "".join(f'{{"_id": "d{i}", "text": "Note {i} on pumps."}}\n' for i in range(1200))
     args = [str(BIN / "ragservice"), "ingest", str(corpus), "-c", "notes", "--workers", "2"]
     env = embedded_env(embedded_dir, RAGSERVICE_INGEST_BATCH_CHUNKS="8")
     ingest = subprocess.Popen(args, env=env, stderr=subprocess.PIPE, text=True)
     fd = None
     try:
         fd = feed(corpus, rows.encode(), ingest, deadline=time_limit())
-        wait_for(lambda: stored(embedded_dir) > 0, "a first batch to commit", ingest)
+        # Three processes load the model first: that can take minutes on a busy machine.
+        wait_for(lambda: stored(embedded_dir) > 0, "a first batch", ingest, deadline_s=600)
         stderr = end(ingest, signal.SIGTERM)
     finally:
         if fd is not None:
