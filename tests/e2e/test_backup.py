@@ -36,8 +36,8 @@ from tests.e2e.test_cli import feed
 from tests.e2e.test_server import start_server, wait_until_ready
 
 TOPICS = ["pumps", "valves", "turbines", "boilers", "compressors", "gearboxes", "bearings"]
-DOCUMENTS = 400
-FED_FIRST = 300  # before the backup; the rest after it
+DOCUMENTS = 700
+FED_FIRST = 600  # before the backup; the rest after it
 QUERIES = ["centrifugal pump impeller", "steam boiler pressure", "ball bearing wear"]
 
 
@@ -129,12 +129,12 @@ def test_backup_of_a_live_store_restores_a_consistent_prefix(
     corpus = tmp_path / "notes.jsonl"
     os.mkfifo(corpus)
     all_rows = rows()
-    env = embedded_env(source, RAGSERVICE_INGEST_BATCH_CHUNKS="8")
+    env = embedded_env(source, RAGSERVICE_INGEST_BATCH_CHUNKS="2")
     args = [str(BIN / "ragservice"), "ingest", str(corpus), "-c", "notes"]
     ingest = subprocess.Popen(args, env=env, stderr=subprocess.PIPE, text=True)
     fd = None
     try:
-        # The pipeline checks stored hashes 256 documents at a time: the first 256 are written
+        # The pipeline checks stored hashes 256 documents at a time: the first 512 are written
         # batch after batch while the backup runs, the rest wait for the end of the input.
         fd = feed(corpus, "".join(all_rows[:FED_FIRST]).encode(), ingest, deadline())
         wait_for(lambda: stored(source) > 0, "a first batch", ingest, deadline_s=600)
@@ -167,6 +167,7 @@ def test_backup_of_a_live_store_restores_a_consistent_prefix(
     with held(target) as conn:
         restored_docs = snapshot(conn)
     assert len(source_docs) == DOCUMENTS
+    assert before < after  # the ingest kept writing while the backup ran
     # A prefix of the ingest, as of a moment during the backup.
     assert before <= len(restored_docs) <= after
     assert sorted(restored_docs) == [f"d{i:03d}" for i in range(len(restored_docs))]
