@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import psutil
+import psycopg
 
 from ragservice.db.embedded import HOLDERS_FILE, pgdata_dir
 
@@ -46,6 +47,20 @@ def postmasters(data_dir: Path) -> list[psutil.Process]:
         if process.info["name"] == "postgres" and "-D" in cmdline and pgdata in cmdline:
             found.append(process)
     return found
+
+
+def stored_documents(data_dir: Path) -> int:
+    """Documents in the store (0 while its server or schema is not there yet)."""
+    if not postmasters(data_dir):
+        return 0
+    try:
+        with psycopg.connect(
+            host=str(pgdata_dir(data_dir)), user="postgres", dbname="ragservice"
+        ) as conn:
+            row = conn.execute("SELECT count(*) FROM documents").fetchone()
+    except psycopg.Error:
+        return 0
+    return int(row[0]) if row else 0
 
 
 def holders(data_dir: Path) -> list[int]:

@@ -30,6 +30,7 @@ from tests.e2e.embedded import (
     postmasters,
     ragservice,
     start_holder,
+    stored_documents,
     wait_for,
 )
 from tests.e2e.test_cli import feed
@@ -64,19 +65,6 @@ def held(data_dir: Path) -> Iterator[psycopg.Connection[tuple[Any, ...]]]:
             yield conn
     finally:
         release_embedded_server(data_dir)
-
-
-def stored(data_dir: Path) -> int:
-    if not postmasters(data_dir):
-        return 0
-    try:
-        with psycopg.connect(
-            host=str(pgdata_dir(data_dir)), user="postgres", dbname="ragservice"
-        ) as conn:
-            row = conn.execute("SELECT count(*) FROM documents").fetchone()
-    except psycopg.Error:  # no schema yet
-        return 0
-    return int(row[0]) if row else 0
 
 
 Snapshot = dict[str, tuple[Any, ...]]
@@ -137,10 +125,10 @@ def test_backup_of_a_live_store_restores_a_consistent_prefix(
         # The pipeline checks stored hashes 256 documents at a time: the first 512 are written
         # batch after batch while the backup runs, the rest wait for the end of the input.
         fd = feed(corpus, "".join(all_rows[:FED_FIRST]).encode(), ingest, deadline())
-        wait_for(lambda: stored(source) > 0, "a first batch", ingest, deadline_s=600)
-        before = stored(source)
+        wait_for(lambda: stored_documents(source) > 0, "a first batch", ingest, deadline_s=600)
+        before = stored_documents(source)
         taken = ragservice(["backup", str(backup), "--json"], env)
-        after = stored(source)
+        after = stored_documents(source)
         write_all(fd, "".join(all_rows[FED_FIRST:]).encode(), ingest)
         os.close(fd)
         fd = None

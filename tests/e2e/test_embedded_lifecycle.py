@@ -27,6 +27,7 @@ from tests.e2e.embedded import (
     postmasters,
     ragservice,
     start_holder,
+    stored_documents,
     wait_for,
 )
 from tests.e2e.test_cli import feed
@@ -63,7 +64,11 @@ def connect(embedded_dir: Path) -> psycopg.Connection[tuple[object, ...]]:
 
 
 # SIGTERM, and SIGHUP (passed on as SIGTERM): the process ends by SIGTERM once cleaned up.
-EXIT_STATUS = {signal.SIGINT: 0, signal.SIGTERM: -signal.SIGTERM, signal.SIGHUP: -signal.SIGTERM}
+EXIT_STATUS: dict[int, int] = {
+    signal.SIGINT: 0,
+    signal.SIGTERM: -signal.SIGTERM,
+    signal.SIGHUP: -signal.SIGTERM,
+}
 
 
 @pytest.mark.parametrize("signum", list(EXIT_STATUS), ids=lambda s: signal.Signals(s).name)
@@ -166,7 +171,9 @@ def test_sigterm_stops_a_parallel_ingest_after_its_batches_and_releases_it(
     try:
         fd = feed(corpus, rows.encode(), ingest, deadline=time_limit())
         # Three processes load the model first: that can take minutes on a busy machine.
-        wait_for(lambda: stored(embedded_dir) > 0, "a first batch", ingest, deadline_s=600)
+        wait_for(
+            lambda: stored_documents(embedded_dir) > 0, "a first batch", ingest, deadline_s=600
+        )
         stderr = end(ingest, signal.SIGTERM)
     finally:
         if fd is not None:
@@ -175,17 +182,6 @@ def test_sigterm_stops_a_parallel_ingest_after_its_batches_and_releases_it(
     assert ingest.returncode == 128 + signal.SIGTERM, stderr
     assert "interrupted by SIGTERM; committed before it" in stderr
     assert postmasters(embedded_dir) == []
-
-
-def stored(embedded_dir: Path) -> int:
-    if not postmasters(embedded_dir):
-        return 0
-    try:
-        with connect(embedded_dir) as conn:
-            row = conn.execute("SELECT count(*) FROM documents").fetchone()
-    except psycopg.Error:  # the schema is not there yet
-        return 0
-    return int(row[0]) if row else 0
 
 
 def time_limit() -> float:
