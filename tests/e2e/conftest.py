@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,3 +21,12 @@ def server_env(database_url: str, service_url: str, tmp_path: Path) -> dict[str,
         "RAGSERVICE_JOB_POLL_SECONDS": "0.2",
         "HF_HUB_OFFLINE": "1",
     }
+
+
+@pytest.fixture
+def embedded_dir() -> Iterator[Path]:
+    """A folder for an embedded store, deleted afterwards. Not under pytest's basetemp: another
+    pytest session resets that to mode 0700, and PostgreSQL (its own user) would lose it."""
+    path = Path(tempfile.mkdtemp(prefix="ragservice-e2e-"))
+    yield path / "data"
+    shutil.rmtree(path, ignore_errors=True)
