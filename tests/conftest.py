@@ -8,10 +8,12 @@ that touches the database gets a database of its own, cloned from a migrated tem
 from __future__ import annotations
 
 import os
+import signal
 import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from types import FrameType
 
 import psycopg
 import pytest
@@ -59,10 +61,17 @@ def pg_admin_url() -> Iterator[str]:
         return
     from ragservice.db.embedded import embedded_database_url
 
+    # SIGTERM (`timeout`, a CI runner) would end pytest without its exit handlers, leaving the
+    # server running: stop the session as Ctrl-C does instead.
+    signal.signal(signal.SIGTERM, _interrupt)
     # Not under pytest's basetemp: another pytest session starting meanwhile resets that folder
     # to 0700, and the server (running as its own user) then loses its data directory.
     # The folder stays: the server stops at interpreter exit, after every fixture is gone.
     yield embedded_database_url(Path(tempfile.mkdtemp(prefix="ragservice-test-pg-")))
+
+
+def _interrupt(_signum: int, _frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
 
 
 def _libpq(url: str, database: str | None = None) -> str:

@@ -193,22 +193,28 @@ SESSION_PROBE = "RAGSERVICE_TEST_SESSION_PROBE"
 
 @pytest.mark.skipif(SESSION_PROBE not in os.environ, reason="run by the test below only")
 def test_session_server_probe(pg_admin_url: str) -> None:
-    Path(os.environ[SESSION_PROBE]).write_text(pg_admin_url)
+    path, ending = os.environ[SESSION_PROBE].rsplit(":", 1)
+    Path(path).write_text(pg_admin_url)
+    if ending == "sigterm":
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(DEADLINE_S)  # the signal ends the session long before
 
 
-def test_a_pytest_session_releases_its_embedded_server(tmp_path: Path) -> None:
+@pytest.mark.parametrize("ending", ["exit", "sigterm"])
+def test_a_pytest_session_releases_its_embedded_server(tmp_path: Path, ending: str) -> None:
     probe = tmp_path / "admin-url"
     env = {key: value for key, value in os.environ.items() if key != "RAGSERVICE_TEST_DATABASE_URL"}
     node = f"{Path(__file__).relative_to(Path.cwd())}::test_session_server_probe"
     session = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", node],
-        env={**env, SESSION_PROBE: str(probe)},
+        env={**env, SESSION_PROBE: f"{probe}:{ending}"},
         capture_output=True,
         text=True,
         timeout=DEADLINE_S,
         check=False,
     )
-    assert session.returncode == 0, session.stdout + session.stderr
+    # pytest's statuses: 0 all passed, 2 interrupted.
+    assert session.returncode == (0 if ending == "exit" else 2), session.stdout + session.stderr
     socket_dir = probe.read_text().rsplit("host=", 1)[1]
     assert socket_dir.endswith("/pgdata")
     assert postmasters(Path(socket_dir).parent) == []
