@@ -70,6 +70,7 @@ class WorkerTask:
     collection: str
     threads: int
     embedder_factory: EmbedderFactory | None = None
+    group_size: int = GROUP_SIZE
 
 
 def max_workers() -> int:
@@ -122,6 +123,7 @@ def run_parallel(
         collection,
         max(1, available_cpus() // workers),
         embedder_factory,
+        group_size,
     )
     seen: set[str] = set()
     try:
@@ -392,8 +394,15 @@ def _run_worker(
             model = store.models.get_model(session, task.model_id)
         if model is None:
             raise NotFoundError(f"no embedding model with id {task.model_id}")
+        # Each group is looked up as it arrives: a worker never waits for more groups than
+        # the queue holds (an input still being written, such as a pipe, would stall it).
         pipeline = ingest_pipeline(
-            runtime, tenant_id=task.tenant_id, model=model, load_other=True, embedder=embedder
+            runtime,
+            tenant_id=task.tenant_id,
+            model=model,
+            load_other=True,
+            embedder=embedder,
+            lookup_batch=task.group_size,
         )
         sender = _ProgressSender(outbox)
         try:

@@ -50,7 +50,7 @@ __all__ = ["NO_EMBEDDER", "IngestPipeline", "IngestReport", "ProgressCallback"]
 
 log = logging.getLogger(__name__)
 
-_LOOKUP_BATCH = 256  # documents per round trip when checking stored content hashes
+LOOKUP_BATCH = 256  # documents per round trip when checking stored content hashes
 _PREPARED_AHEAD = 2  # batches the preparation thread may have ready before the model takes them
 
 
@@ -123,16 +123,21 @@ class IngestPipeline:
         tenant_id: uuid.UUID,
         chunking: ChunkingOptions | Callable[[], ChunkingOptions],
         batch_chunks: int = 2048,
+        lookup_batch: int = LOOKUP_BATCH,
     ) -> None:
         """`embedder` None: only documents with their own vectors can be ingested. `chunking`
         may be a function, called when the first text document needs chunking (the options
-        depend on the model, which need not be loaded for an import of vectors)."""
+        depend on the model, which need not be loaded for an import of vectors).
+        `lookup_batch`: documents read before their stored hashes are looked up in one round
+        trip; a source that hands documents out in groups (the workers of a parallel run)
+        sets its group size, so that no group waits for the next one to arrive."""
         self._db = db
         self._embedder = embedder
         self._model_id = model_id
         self._tenant_id = tenant_id
         self._chunking_source = chunking
         self._batch_chunks = batch_chunks
+        self._lookup_batch = lookup_batch
         self._text_tools: tuple[Tokenizer, ChunkingOptions] | None = None
         self._dimension: int | None = None
 
@@ -256,7 +261,7 @@ class IngestPipeline:
         Runs on the preparation thread: it touches no report and calls no callback."""
         unit, size = _Prepared(), 0
         load_failures: list[LoadFailure] = []  # filled as `_documents` reads the items
-        for group in _groups(self._documents(items, seen, load_failures), _LOOKUP_BATCH):
+        for group in _groups(self._documents(items, seen, load_failures), self._lookup_batch):
             unit.failed.extend(load_failures)
             load_failures.clear()
             unchanged, prepared = self._classify(group, collection_id)

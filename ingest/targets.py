@@ -11,7 +11,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable
 
-from ingest.pipeline import IngestPipeline
+from ingest.pipeline import LOOKUP_BATCH, IngestPipeline
 from ragservice.bootstrap import Runtime, chunking_options
 from ragservice.chunking import ChunkingOptions
 from ragservice.db.models import EmbeddingModel
@@ -36,12 +36,14 @@ def ingest_pipeline(
     model: EmbeddingModel | None = None,
     load_other: bool = False,
     embedder: Embedder | None = None,
+    lookup_batch: int = LOOKUP_BATCH,
 ) -> IngestPipeline:
     """A pipeline writing vectors for `model` (default: the serving model, resolved once here
     and kept for the whole run). `load_other`: a version other than the serving one is loaded
     (lazily, on the first text document) to embed text; without it, text documents of such an
     ingest fail and only imported vectors are written. `embedder`: embed with this one instead
-    (a stand-in such as the null embedder), whatever version the vectors are written for."""
+    (a stand-in such as the null embedder), whatever version the vectors are written for.
+    `lookup_batch`: see `IngestPipeline`."""
     serving = runtime.models.current()
     if embedder is None:
         embedder = serving.embedder
@@ -57,6 +59,7 @@ def ingest_pipeline(
         tenant_id=tenant_id,
         chunking=_chunking(runtime, embedder, dimension),
         batch_chunks=runtime.settings.ingest_batch_chunks,
+        lookup_batch=lookup_batch,
     )
 
 
