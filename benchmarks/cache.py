@@ -31,7 +31,6 @@ from typing import Any
 _HERE = Path(__file__).resolve().parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE] + [str(_HERE)]
 
-import httpx  # noqa: E402
 from cache_workload import (  # noqa: E402
     load_claims,
     meaning_changed_pairs,
@@ -39,8 +38,9 @@ from cache_workload import (  # noqa: E402
     unrelated_pairs,
     wrap,
 )
-from harness import add_common_arguments, ensure_corpus, ok, parse, server  # noqa: E402
+from harness import add_common_arguments, connect, ensure_corpus, parse, server  # noqa: E402
 
+from ragservice.client import RagserviceClient  # noqa: E402
 from ragservice.embedding.evaluation import load_beir_queries  # noqa: E402
 
 # The server stores an answer in the cache after its response is sent; a pair's second question
@@ -63,7 +63,7 @@ def main() -> None:
     tests = list(load_beir_queries(args.data, args.split).texts.values())
     with (
         server(args) as (base, headers),
-        httpx.Client(base_url=base, headers=headers, timeout=600) as client,
+        connect(base, headers) as client,
     ):
         ensure_corpus(client, args.collection, args.data / "corpus.jsonl")
         bench = _Bench(client, args.collection)
@@ -103,7 +103,7 @@ def _reword(claim: str, rng: random.Random) -> str:
 
 
 class _Bench:
-    def __init__(self, client: httpx.Client, collection: str) -> None:
+    def __init__(self, client: RagserviceClient, collection: str) -> None:
         self.client = client
         self.collection = collection
         self.timings: dict[str, list[float]] = {
@@ -115,8 +115,9 @@ class _Bench:
         }
 
     def ask(self, question: str) -> dict[str, Any]:
-        body = {"question": question, "collections": [self.collection], "k": 8}
-        answer: dict[str, Any] = ok(self.client.post("/v1/query", json=body))
+        answer: dict[str, Any] = dict(
+            self.client.answer(question, collections=[self.collection], k=8)
+        )
         cache, timings = answer["cache"], answer["timings_ms"]
         if cache["hit"]:
             self.timings[cache["kind"]].append(timings["total"])
@@ -129,7 +130,7 @@ class _Bench:
         return answer
 
     def purge(self) -> None:
-        ok(self.client.delete(f"/v1/collections/{self.collection}/cache"))
+        self.client.purge_cache(self.collection)
 
     def pairs(self, pairs: list[tuple[str, str, str]]) -> list[dict[str, Any]]:
         """Each pair alone in the cache: a claim in several pairs must not hit itself."""

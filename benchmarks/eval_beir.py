@@ -24,23 +24,23 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 # This folder goes last on the import path: `benchmarks/ingest.py` must not shadow `ingest`.
 _HERE = Path(__file__).resolve().parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE] + [str(_HERE)]
 
-import httpx  # noqa: E402
 from harness import (  # noqa: E402
     CorpusCensus,
     add_common_arguments,
+    connect,
     ensure_corpus,
-    ok,
     parse,
     percentile,
     server,
 )
 
+from ragservice.client import Mode, RagserviceClient, SearchResponse  # noqa: E402
 from ragservice.config import Settings  # noqa: E402
 from ragservice.embedding.evaluation import (  # noqa: E402
     load_beir_queries,
@@ -58,7 +58,7 @@ def main() -> None:
     queries = load_beir_queries(args.data, args.split)
     with (
         server(args) as (base, headers),
-        httpx.Client(base_url=base, headers=headers, timeout=600) as client,
+        connect(base, headers) as client,
     ):
         census = ensure_corpus(client, args.collection, args.data / "corpus.jsonl")
         results = {mode: _evaluate(client, args, queries, mode) for mode in args.modes}
@@ -78,7 +78,7 @@ def _parse_args() -> argparse.Namespace:
 
 
 def _evaluate(
-    client: httpx.Client, args: argparse.Namespace, queries: Any, mode: str
+    client: RagserviceClient, args: argparse.Namespace, queries: Any, mode: str
 ) -> dict[str, float]:
     texts: dict[str, str] = queries.texts
     ndcg, recall = [], []
@@ -97,7 +97,7 @@ def _evaluate(
 
 
 def _latencies(
-    client: httpx.Client, args: argparse.Namespace, texts: list[str], mode: str
+    client: RagserviceClient, args: argparse.Namespace, texts: list[str], mode: str
 ) -> list[float]:
     for text in texts[: args.warmup]:
         _search(client, args.collection, text, mode, 10)
@@ -109,9 +109,10 @@ def _latencies(
     return timings
 
 
-def _search(client: httpx.Client, collection: str, query: str, mode: str, k: int) -> Any:
-    body = {"query": query, "collections": [collection], "mode": mode, "k": k}
-    return ok(client.post("/v1/search", json=body))
+def _search(
+    client: RagserviceClient, collection: str, query: str, mode: str, k: int
+) -> SearchResponse:
+    return client.search(query, collections=[collection], mode=cast(Mode, mode), k=k)
 
 
 # -- report ----------------------------------------------------------------------------------

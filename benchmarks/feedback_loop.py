@@ -31,15 +31,15 @@ import sys
 import time
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 # This folder goes last on the import path: `benchmarks/ingest.py` must not shadow `ingest`.
 _HERE = Path(__file__).resolve().parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE] + [str(_HERE)]
 
-import httpx  # noqa: E402
-from harness import add_common_arguments, ensure_corpus, ok, parse, server  # noqa: E402
+from harness import add_common_arguments, connect, ensure_corpus, parse, server  # noqa: E402
 
+from ragservice.client import Mode, RagserviceClient  # noqa: E402
 from ragservice.config import DEFAULT_EMBEDDING_MODEL  # noqa: E402
 from ragservice.embedding.evaluation import (  # noqa: E402
     BeirQueries,
@@ -48,6 +48,7 @@ from ragservice.embedding.evaluation import (  # noqa: E402
     ndcg_at_k,
     rank_documents,
 )
+from ragservice.errors import NotFoundError  # noqa: E402
 
 MODES = ("dense", "hybrid")
 RAGSERVICE = str(Path(sys.executable).parent / "ragservice")
@@ -62,7 +63,7 @@ def main() -> None:
     env = {**os.environ, "RAGSERVICE_DATA_DIR": str(args.data_dir), "HF_HUB_OFFLINE": "1"}
     env.pop("RAGSERVICE_DATABASE_URL", None)
     with server(args, {"RAGSERVICE_MODEL_CHECK_SECONDS": "1"}) as (base, headers):
-        with httpx.Client(base_url=base, headers=headers, timeout=600) as client:
+        with connect(base, headers) as client:
             ensure_corpus(client, args.collection, args.data / "corpus.jsonl")
             _serve_base_model(client, env)
             before = {mode: _evaluate(client, args.collection, test, mode) for mode in MODES}
@@ -73,7 +74,7 @@ def main() -> None:
         figures.update(_finetune(env, args, triplets))
         figures["reembed_seconds"] = _timed_cli(env, ["reembed", "--model", args.out])
         _timed_cli(env, ["models", "activate", args.out])
-        with httpx.Client(base_url=base, headers=headers, timeout=600) as client:
+        with connect(base, headers) as client:
             figures["switch_seconds"] = _wait_for_model(client, args.out)
             after = {mode: _evaluate(client, args.collection, test, mode) for mode in MODES}
     for mode in MODES:
@@ -100,19 +101,18 @@ def _parse_args() -> argparse.Namespace:
 # -- the model being served ------------------------------------------------------------------
 
 
-def _serving_model(client: httpx.Client) -> dict[str, Any]:
-    model: dict[str, Any] = ok(client.get("/v1/admin/health"))["model"]
-    return model
+def _serving_model(client: RagserviceClient) -> dict[str, Any]:
+    return client.health()["model"]
 
 
-def _serve_base_model(client: httpx.Client, env: dict[str, str]) -> None:
+def _serve_base_model(client: RagserviceClient, env: dict[str, str]) -> None:
     """An earlier run's model may still be active: start from the base model."""
     if _serving_model(client)["name"] != DEFAULT_EMBEDDING_MODEL:
         _timed_cli(env, ["models", "activate", DEFAULT_EMBEDDING_MODEL])
         _wait_for_model(client, DEFAULT_EMBEDDING_MODEL)
 
 
-def _wait_for_model(client: httpx.Client, name: str) -> float:
+def _wait_for_model(client: RagserviceClient, name: str) -> float:
     started = time.perf_counter()
     while _serving_model(client)["name"] != name:
         if time.perf_counter() - started > 600:
@@ -124,11 +124,11 @@ def _wait_for_model(client: httpx.Client, name: str) -> float:
 # -- evaluation ------------------------------------------------------------------------------
 
 
-def _evaluate(client: httpx.Client, collection: str, queries: BeirQueries, mode: str) -> float:
+def _evaluate(client: RagserviceClient, collection: str, queries: BeirQueries, mode: str) -> float:
     scores = []
     for query_id, text in queries.texts.items():
-        body = {"query": text, "collections": [collection], "k": 200, "mode": mode}
-        hits = ok(client.post("/v1/search", json=body))["results"]
+        found = client.search(text, collections=[collection], k=200, mode=cast(Mode, mode))
+        hits = found["results"]
         ranked = rank_documents(hit["document"]["external_id"] for hit in hits)
         scores.append(ndcg_at_k(ranked, queries.qrels[query_id], 10))
     return round(mean(scores), 4)
@@ -138,24 +138,24 @@ def _evaluate(client: httpx.Client, collection: str, queries: BeirQueries, mode:
 
 
 def _simulate_users(
-    client: httpx.Client, args: argparse.Namespace, train: BeirQueries
+    client: RagserviceClient, args: argparse.Namespace, train: BeirQueries
 ) -> dict[str, Any]:
     chunks: dict[str, list[str]] = {}
 
     def chunk_ids(external_id: str) -> list[str]:
         if external_id not in chunks:
-            path = f"/v1/collections/{args.collection}/documents/{external_id}"
-            found = client.get(path, params={"chunks": True})
-            chunks[external_id] = (
-                [c["id"] for c in found.json()["chunks"]] if found.status_code == 200 else []
-            )
+            try:
+                document = client.document(args.collection, external_id)
+            except NotFoundError:  # a document with no text is not stored
+                chunks[external_id] = []
+            else:
+                chunks[external_id] = [c["id"] for c in document["chunks"] or []]
         return chunks[external_id]
 
     started = time.perf_counter()
     counts = {"feedback": 0, "thumbs_up": 0, "relevant_marked": 0, "irrelevant_marked": 0}
     for query_id, text in train.texts.items():
-        body = {"question": text, "collections": [args.collection], "k": args.k, "cache": False}
-        answer = ok(client.post("/v1/query", json=body))
+        answer = client.answer(text, collections=[args.collection], k=args.k, cache=False)
         relevant_docs = {doc for doc, grade in train.qrels[query_id].items() if grade > 0}
         relevant = [c for doc in sorted(relevant_docs) for c in chunk_ids(doc)]
         shown = answer["sources"][: args.irrelevant_top]
@@ -166,19 +166,16 @@ def _simulate_users(
             for c in source["chunk_ids"]
         ]
         found = any(s["document"]["external_id"] in relevant_docs for s in answer["sources"])
-        feedback = {
-            "query_id": answer["query_id"],
-            "rating": 1 if found else -1,
-            "relevant_chunk_ids": relevant,
-            "irrelevant_chunk_ids": [c for c in irrelevant if c not in relevant],
-        }
-        response = client.post("/v1/feedback", json=feedback)
-        if response.status_code != 201:
-            raise SystemExit(f"feedback refused: {response.status_code} {response.text}")
+        given = client.feedback(
+            answer["query_id"],
+            rating=1 if found else -1,
+            relevant_chunk_ids=relevant,
+            irrelevant_chunk_ids=[c for c in irrelevant if c not in relevant],
+        )
         counts["feedback"] += 1
         counts["thumbs_up"] += found
-        counts["relevant_marked"] += len(feedback["relevant_chunk_ids"])
-        counts["irrelevant_marked"] += len(feedback["irrelevant_chunk_ids"])
+        counts["relevant_marked"] += len(given["relevant_chunk_ids"])
+        counts["irrelevant_marked"] += len(given["irrelevant_chunk_ids"])
     counts["simulation_seconds"] = round(time.perf_counter() - started, 1)
     return counts
 

@@ -3,6 +3,7 @@
 `server(args)` yields the base URL and auth headers of `--url`, or of a `ragservice serve` it
 starts on a free loopback port with its own data directory (`--data-dir`, authentication off).
 `server_pid` finds the process serving a URL and `resident_mb` its memory (with children).
+`connect` makes the `RagserviceClient` of a server (one pool of kept-alive connections).
 `ensure_corpus` uploads `corpus.jsonl` as ingest jobs unless the collection already holds it;
 documents with no text (some public BEIR collections have them) are reported and left out.
 """
@@ -27,6 +28,9 @@ from urllib.parse import urlsplit
 
 import httpx
 import psutil
+
+from ragservice.client import Job, RagserviceClient
+from ragservice.errors import NotFoundError
 
 _UPLOAD_PART_BYTES = 24 * 2**20  # below the default per-file limit of 32 MiB
 # What the JSONL loader's cleaning leaves nothing of: whitespace and C0 control characters.
@@ -86,6 +90,11 @@ def server(
         finally:
             process.terminate()
             process.wait(timeout=60)
+
+
+def connect(base: str, headers: dict[str, str], timeout: float = 600) -> RagserviceClient:
+    """The client of the server `server` yielded, sending its auth headers."""
+    return RagserviceClient.connect(base, headers=headers, timeout=timeout)
 
 
 def free_port() -> int:
@@ -162,7 +171,7 @@ def corpus_census(corpus: Path) -> CorpusCensus:
     return CorpusCensus(documents, empty)
 
 
-def ensure_corpus(client: httpx.Client, collection: str, corpus: Path) -> CorpusCensus:
+def ensure_corpus(client: RagserviceClient, collection: str, corpus: Path) -> CorpusCensus:
     census = corpus_census(corpus)
     if census.empty_ids:
         shown = ", ".join(census.empty_ids[:5]) + (", …" if len(census.empty_ids) > 5 else "")
@@ -171,18 +180,19 @@ def ensure_corpus(client: httpx.Client, collection: str, corpus: Path) -> Corpus
             file=sys.stderr,
         )
     expected = census.documents
-    found = client.get(f"/v1/collections/{collection}")
-    if found.status_code == 404:
-        ok(client.post("/v1/collections", json={"name": collection}))
-    elif ok(found)["document_count"] == expected:
-        print(f"corpus: reusing {expected} documents in {collection!r}", file=sys.stderr)
-        return census
+    try:
+        found = client.collection(collection)["document_count"]
+    except NotFoundError:
+        client.create_collection(collection)
+    else:
+        if found == expected:
+            print(f"corpus: reusing {expected} documents in {collection!r}", file=sys.stderr)
+            return census
     started = time.perf_counter()
     for number, part in enumerate(upload_parts(corpus)):
-        files = [("files", (f"{corpus.stem}-{number}.jsonl", part, "application/jsonl"))]
-        job = ok(client.post(f"/v1/collections/{collection}/documents/files", files=files))
+        job = client.upload_files(collection, [(f"{corpus.stem}-{number}.jsonl", part)])
         wait_job(client, job["id"])
-    count = ok(client.get(f"/v1/collections/{collection}"))["document_count"]
+    count = client.collection(collection)["document_count"]
     seconds = time.perf_counter() - started
     print(f"corpus: {count} documents ingested in {seconds:.0f} s", file=sys.stderr)
     if count != expected:
@@ -205,21 +215,22 @@ def upload_parts(corpus: Path) -> Iterator[bytes]:
         yield b"".join(part)
 
 
-def wait_job(client: httpx.Client, job_id: str) -> None:
-    last = ""
-    while True:
-        job = ok(client.get(f"/v1/jobs/{job_id}"))
-        progress = f"job {job_id[:8]}: {job['status']} {json.dumps(job['counts'])}"
-        if progress != last:
-            print(progress, file=sys.stderr)
-            last = progress
-        if job["status"] == "failed":
-            raise SystemExit(f"ingest failed: {job['errors']}")
-        if job["status"] == "done":
-            if job["errors"]:
-                print(f"  {len(job['errors'])} rows failed: {job['errors'][:3]}", file=sys.stderr)
-            return
-        time.sleep(2)
+def wait_job(client: RagserviceClient, job_id: str) -> None:
+    """Wait for the ingest job, printing each change of its status and counts; exit when it
+    failed."""
+    shown = [""]
+
+    def progress(job: Job) -> None:
+        line = f"job {job_id[:8]}: {job['status']} {json.dumps(job['counts'])}"
+        if line != shown[0]:
+            print(line, file=sys.stderr)
+            shown[0] = line
+
+    job = client.wait_job(job_id, timeout=float("inf"), interval=2, on_poll=progress)
+    if job["status"] == "failed":
+        raise SystemExit(f"ingest failed: {job['errors']}")
+    if job["errors"]:
+        print(f"  {len(job['errors'])} rows failed: {job['errors'][:3]}", file=sys.stderr)
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -32,10 +32,18 @@ from typing import Any
 _HERE = Path(__file__).resolve().parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE] + [str(_HERE)]
 
-import httpx  # noqa: E402
-from harness import add_common_arguments, ensure_corpus, ok, parse, percentile, server  # noqa: E402
+from harness import (  # noqa: E402
+    add_common_arguments,
+    connect,
+    ensure_corpus,
+    parse,
+    percentile,
+    server,
+)
 
+from ragservice.client import Job, JobStatus, RagserviceClient, SearchResponse  # noqa: E402
 from ragservice.embedding.evaluation import load_beir_queries  # noqa: E402
+from ragservice.errors import NotFoundError  # noqa: E402
 
 # Each `<p>` costs BeautifulSoup a Python object or two; 30 MB of them is far more than the
 # parser can build in the time it is given, while the file stays under the 32 MiB upload limit.
@@ -54,7 +62,7 @@ def main() -> None:
     env = {"RAGSERVICE_PARSE_TIMEOUT_SECONDS": str(args.parse_timeout)}
     with (
         server(args, env) as (base, headers),
-        httpx.Client(base_url=base, headers=headers, timeout=600) as client,
+        connect(base, headers) as client,
     ):
         ensure_corpus(client, args.collection, args.data / "corpus.jsonl")
         for query in queries[: args.warmup]:
@@ -79,20 +87,21 @@ def _parse_args() -> argparse.Namespace:
 
 
 def _hostile_phase(
-    client: httpx.Client, args: argparse.Namespace, queries: list[str], hostile: bytes
+    client: RagserviceClient, args: argparse.Namespace, queries: list[str], hostile: bytes
 ) -> dict[str, Any]:
     name = args.hostile_collection
-    if client.get(f"/v1/collections/{name}").status_code == 404:
-        ok(client.post("/v1/collections", json={"name": name}))
-    files = [("files", ("hostile.html", hostile, "text/html"))]
+    try:
+        client.collection(name)
+    except NotFoundError:
+        client.create_collection(name)
     uploaded = time.perf_counter()
-    job_id = ok(client.post(f"/v1/collections/{name}/documents/files", files=files))["id"]
+    job_id = client.upload_files(name, [("hostile.html", hostile)])["id"]
     upload_s = time.perf_counter() - uploaded
     job = _wait_for(client, job_id, {"running", "done", "failed"})
     if job["status"] != "running":
         raise SystemExit(f"the job ended before the searches began: {job}")
     timed = _timed_searches(client, args.collection, queries)
-    status_after = ok(client.get(f"/v1/jobs/{job_id}"))["status"]
+    status_after = client.job(job_id)["status"]
     job = _wait_for(client, job_id, {"done", "failed"})
     ended = _timestamp(job["finished_at"])
     during = [ms for ms, finished in timed if finished <= ended]
@@ -108,18 +117,15 @@ def _hostile_phase(
     }
 
 
-def _wait_for(client: httpx.Client, job_id: str, statuses: set[str]) -> Any:
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline:
-        job = ok(client.get(f"/v1/jobs/{job_id}"))
-        if job["status"] in statuses:
-            return job
-        time.sleep(0.05)
-    raise SystemExit(f"job {job_id} never reached {sorted(statuses)}")
+def _wait_for(client: RagserviceClient, job_id: str, statuses: set[JobStatus]) -> Job:
+    try:
+        return client.wait_job(job_id, until=statuses, timeout=600, interval=0.05)
+    except TimeoutError:
+        raise SystemExit(f"job {job_id} never reached {sorted(statuses)}") from None
 
 
 def _timed_searches(
-    client: httpx.Client, collection: str, queries: list[str]
+    client: RagserviceClient, collection: str, queries: list[str]
 ) -> list[tuple[float, float]]:
     """(milliseconds, wall-clock time it finished) of each search."""
     rows = []
@@ -130,12 +136,13 @@ def _timed_searches(
     return rows
 
 
-def _search(client: httpx.Client, collection: str, query: str) -> Any:
-    body = {"query": query, "collections": [collection], "mode": "hybrid", "k": 10}
-    return ok(client.post("/v1/search", json=body))
+def _search(client: RagserviceClient, collection: str, query: str) -> SearchResponse:
+    return client.search(query, collections=[collection], mode="hybrid", k=10)
 
 
-def _timestamp(value: str) -> float:
+def _timestamp(value: str | None) -> float:
+    if value is None:
+        raise SystemExit("a job that ended has no start or end time")
     return datetime.fromisoformat(value).timestamp()
 
 

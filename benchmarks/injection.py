@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
 import json
 import re
 import sys
@@ -43,9 +44,10 @@ sys.path[:] = (
     [str(_HERE.parent)] + [p for p in sys.path if Path(p or ".").resolve() != _HERE] + [str(_HERE)]
 )
 
-import httpx  # noqa: E402
-from harness import ok, server, wait_job  # noqa: E402
+from harness import connect, server, wait_job  # noqa: E402
 
+from ragservice.client import DocumentIn, RagserviceClient  # noqa: E402
+from ragservice.errors import NotFoundError  # noqa: E402
 from ragservice.safety.injection import scan  # noqa: E402
 from tests.upstream import FakeOpenAI  # noqa: E402
 from tests.upstream import ok as upstream_answer  # noqa: E402
@@ -149,7 +151,7 @@ def main() -> None:
         }
         with (
             server(args, env) as (base, headers),
-            httpx.Client(base_url=base, headers=headers, timeout=600) as client,
+            connect(base, headers) as client,
         ):
             _fresh_collection(client)
             _ingest(client, normal, planted)
@@ -219,65 +221,50 @@ def _page(title: str, head: str, hidden: str, tail: str) -> str:
 # -- the server ------------------------------------------------------------------------------
 
 
-def _fresh_collection(client: httpx.Client) -> None:
-    if client.get(f"/v1/collections/{COLLECTION}").status_code == 200:
-        ok(client.delete(f"/v1/collections/{COLLECTION}"))
-    ok(client.post("/v1/collections", json={"name": COLLECTION, "flagged_chunks": "mark"}))
+def _fresh_collection(client: RagserviceClient) -> None:
+    with contextlib.suppress(NotFoundError):
+        client.delete_collection(COLLECTION)
+    client.create_collection(COLLECTION, flagged_chunks="mark")
 
 
 def _ingest(
-    client: httpx.Client, normal: list[dict[str, str]], planted: dict[str, dict[str, Any]]
+    client: RagserviceClient, normal: list[dict[str, str]], planted: dict[str, dict[str, Any]]
 ) -> None:
     started = time.perf_counter()
-    texts = normal + [
+    texts: list[DocumentIn] = [
+        {"external_id": doc["external_id"], "title": doc["title"], "text": doc["text"]}
+        for doc in normal
+    ] + [
         {"external_id": key, "title": doc["title"], "text": doc["text"]}
         for key, doc in planted.items()
         if doc["html"] is None
     ]
     for at in range(0, len(texts), 100):
-        job = ok(
-            client.post(
-                f"/v1/collections/{COLLECTION}/documents",
-                json={"documents": texts[at : at + 100]},
-            )
-        )
-        wait_job(client, job["id"])
-    files = [
-        ("files", (key, doc["html"].encode(), "text/html"))
-        for key, doc in planted.items()
-        if doc["html"] is not None
-    ]
-    wait_job(
-        client, ok(client.post(f"/v1/collections/{COLLECTION}/documents/files", files=files))["id"]
-    )
+        wait_job(client, client.add_documents(COLLECTION, texts[at : at + 100])["id"])
+    files = [(key, doc["html"].encode()) for key, doc in planted.items() if doc["html"] is not None]
+    wait_job(client, client.upload_files(COLLECTION, files)["id"])
     print(f"ingested in {time.perf_counter() - started:.0f} s", file=sys.stderr)
 
 
-def _flags(client: httpx.Client, external_ids: list[str]) -> dict[str, tuple[bool, str]]:
+def _flags(client: RagserviceClient, external_ids: list[str]) -> dict[str, tuple[bool, str]]:
     """external id → (a chunk is flagged, the stored text)."""
     found: dict[str, tuple[bool, str]] = {}
     for external_id in external_ids:
-        doc = ok(
-            client.get(
-                f"/v1/collections/{COLLECTION}/documents/{external_id}", params={"chunks": True}
-            )
-        )
-        chunks = doc["chunks"]
+        chunks = client.document(COLLECTION, external_id)["chunks"] or []
         flagged = any("injection" in chunk["metadata"] for chunk in chunks)
         found[external_id] = (flagged, "\n".join(chunk["text"] for chunk in chunks))
     return found
 
 
 def _ask(
-    client: httpx.Client, fake: FakeOpenAI, planted: dict[str, dict[str, Any]]
+    client: RagserviceClient, fake: FakeOpenAI, planted: dict[str, dict[str, Any]]
 ) -> dict[str, Any]:
     escaped: list[str] = []
     forged = leaked = retrieved = 0
     canaries = [doc["canary"] for doc in planted.values()]
     for external_id, doc in planted.items():
         fake.enqueue(upstream_answer(EXFIL_ANSWER))
-        body = {"question": doc["title"], "collections": [COLLECTION], "k": 3, "cache": False}
-        reply = ok(client.post("/v1/query", json=body))
+        reply = client.answer(doc["title"], collections=[COLLECTION], k=3, cache=False)
         leaked += "attacker.example" in reply["answer"]
         retrieved += any(s["document"]["external_id"] == external_id for s in reply["sources"])
         messages = fake.chat_requests[-1].body["messages"]

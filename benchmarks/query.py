@@ -27,9 +27,16 @@ from typing import Any
 _HERE = Path(__file__).resolve().parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE] + [str(_HERE)]
 
-import httpx  # noqa: E402
-from harness import add_common_arguments, ensure_corpus, ok, parse, percentile, server  # noqa: E402
+from harness import (  # noqa: E402
+    add_common_arguments,
+    connect,
+    ensure_corpus,
+    parse,
+    percentile,
+    server,
+)
 
+from ragservice.client import QueryResponse, RagserviceClient  # noqa: E402
 from ragservice.embedding.evaluation import load_beir_queries  # noqa: E402
 
 
@@ -37,7 +44,7 @@ def main() -> None:
     args = _parse_args()
     questions = list(load_beir_queries(args.data, args.split).texts.values())
     with server(args) as (base, headers):
-        with httpx.Client(base_url=base, headers=headers, timeout=600) as client:
+        with connect(base, headers) as client:
             ensure_corpus(client, args.collection, args.data / "corpus.jsonl")
             for question in questions[: args.warmup]:
                 _ask(client, args, question)
@@ -63,7 +70,7 @@ def _run(
     base: str, headers: dict[str, str], args: argparse.Namespace, questions: list[str], n: int
 ) -> dict[str, Any]:
     def worker(share: list[str]) -> list[tuple[float, dict[str, float]]]:
-        with httpx.Client(base_url=base, headers=headers, timeout=600) as client:
+        with connect(base, headers) as client:
             return [_timed(client, args, question) for question in share]
 
     shares = [questions[i::n] for i in range(n)]
@@ -81,17 +88,16 @@ def _run(
 
 
 def _timed(
-    client: httpx.Client, args: argparse.Namespace, question: str
+    client: RagserviceClient, args: argparse.Namespace, question: str
 ) -> tuple[float, dict[str, float]]:
     started = time.perf_counter()
     answer = _ask(client, args, question)
     return (time.perf_counter() - started) * 1000, answer["timings_ms"]
 
 
-def _ask(client: httpx.Client, args: argparse.Namespace, question: str) -> Any:
-    body = {"question": question, "collections": [args.collection], "k": args.k}
-    body["cache"] = args.cache  # off: every question takes the whole path, however often asked
-    return ok(client.post("/v1/query", json=body))
+def _ask(client: RagserviceClient, args: argparse.Namespace, question: str) -> QueryResponse:
+    # Cache off: every question takes the whole path, however often asked.
+    return client.answer(question, collections=[args.collection], k=args.k, cache=args.cache)
 
 
 def _stage_medians(rows: list[dict[str, float]]) -> dict[str, float]:

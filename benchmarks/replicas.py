@@ -41,6 +41,7 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE] + [str(
 import httpx  # noqa: E402
 from harness import add_common_arguments, ensure_corpus, ok, parse, percentile, server  # noqa: E402
 
+from ragservice.client import RagserviceClient  # noqa: E402
 from ragservice.dev.cluster import DevCluster  # noqa: E402
 from ragservice.embedding.evaluation import load_beir_queries  # noqa: E402
 
@@ -52,7 +53,9 @@ def main() -> None:
     args = _parse_args()
     queries = list(load_beir_queries(args.data, args.split).texts.values())[: args.queries]
     with server(args) as (base, headers), _client(base, headers) as client:
-        ensure_corpus(client, args.collection, args.data / "corpus.jsonl")
+        # The same connection; the timed requests below stay raw httpx: they read the node
+        # that served them and the consistency token from the response headers.
+        ensure_corpus(RagserviceClient(client), args.collection, args.data / "corpus.jsonl")
     cluster = DevCluster(args.data_dir, replicas=2, regions=("eu", "us"))
     started = time.perf_counter()
     cluster.start()

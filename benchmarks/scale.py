@@ -43,7 +43,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 _HERE = Path(__file__).resolve().parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE] + [str(_HERE)]
@@ -51,15 +51,16 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE] + [str(
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-import httpx  # noqa: E402
 import numpy as np  # noqa: E402
 import numpy.typing as npt  # noqa: E402
 import psutil  # noqa: E402
 import psycopg  # noqa: E402
-from harness import free_port, ok, percentile, wait_ready  # noqa: E402
+from harness import connect, free_port, percentile, wait_ready  # noqa: E402
 
 from ragservice import store  # noqa: E402
 from ragservice.bootstrap import Runtime, open_runtime  # noqa: E402
+from ragservice.client import Mode as ApiMode  # noqa: E402
+from ragservice.client import RagserviceClient, SearchResponse  # noqa: E402
 from ragservice.config import Settings  # noqa: E402
 from ragservice.db import tenancy  # noqa: E402
 from ragservice.db.engine import driver_connection  # noqa: E402
@@ -419,7 +420,7 @@ def _http(args: argparse.Namespace, queries: BeirQueries) -> dict[str, Any]:
     try:
         wait_ready(base, process, log)
         _log("over HTTP: quality and latency per mode")
-        with httpx.Client(base_url=base, timeout=120) as client:
+        with connect(base, {}, timeout=120) as client:
             quality = {mode: _ndcg(client, args, queries, mode) for mode in MODES}
         latency = {
             f"{mode}@{clients}": _latency(base, args.collection, texts, mode, clients)
@@ -434,12 +435,15 @@ def _http(args: argparse.Namespace, queries: BeirQueries) -> dict[str, Any]:
     return {"ndcg@10": quality, "latency_ms": latency, "server_rss_mb": round(rss, 1)}
 
 
-def _search(client: httpx.Client, collection: str, query: str, mode: str, k: int) -> Any:
-    body = {"query": query, "collections": [collection], "mode": mode, "k": k}
-    return ok(client.post("/v1/search", json=body))
+def _search(
+    client: RagserviceClient, collection: str, query: str, mode: str, k: int
+) -> SearchResponse:
+    return client.search(query, collections=[collection], mode=cast(ApiMode, mode), k=k)
 
 
-def _ndcg(client: httpx.Client, args: argparse.Namespace, queries: BeirQueries, mode: str) -> float:
+def _ndcg(
+    client: RagserviceClient, args: argparse.Namespace, queries: BeirQueries, mode: str
+) -> float:
     scores = []
     for query_id, text in queries.texts.items():
         hits = _search(client, args.collection, text, mode, args.depth)["results"]
@@ -451,7 +455,7 @@ def _ndcg(client: httpx.Client, args: argparse.Namespace, queries: BeirQueries, 
 def _latency(base: str, collection: str, texts: list[str], mode: str, clients: int) -> Any:
     def worker(share: list[str]) -> list[float]:
         timings = []
-        with httpx.Client(base_url=base, timeout=120) as client:
+        with connect(base, {}, timeout=120) as client:
             for text in share[:5]:
                 _search(client, collection, text, mode, 10)
             for text in share:
