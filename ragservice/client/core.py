@@ -1,292 +1,56 @@
-"""A typed client of the REST API, on httpx: search, answers (streamed), collections,
-documents (JSON texts and file uploads), ingest jobs, feedback, and the admin reads.
-
-```python
-with RagserviceClient.connect("http://127.0.0.1:8000", api_key="rsk_...") as client:
-    job = client.upload_files("handbook", ["leave.pdf", "faq.md"])
-    client.wait_job(job["id"])
-    hits = client.search("impeller pumps", k=5)["results"]
-    for event in client.ask("How do pumps move water?"):
-        if isinstance(event, Token):
-            print(event.text, end="")
-```
-
-`RagserviceClient.from_env()` reads the server and key from `RAGSERVICE_URL` and
-`RAGSERVICE_API_KEY`. Responses are the API's JSON documents, typed below (`docs/api.md`
-describes each field; `NotRequired` ones are absent from the answers of older servers).
-An error response raises the service's own exception for it (`ragservice.errors`: 404
-`NotFoundError`, 409 `ConflictError`, 429 `RateLimitedError`, ...) with the server's `detail`
-as its message; a server that cannot be reached raises `ServiceUnreachableError`.
-"""
+"""`RagserviceClient`: the REST API over one `httpx.Client`."""
 
 from __future__ import annotations
 
 import json
-import mimetypes
 import os
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass
 from datetime import datetime
-from enum import Enum
-from pathlib import Path
 from types import TracebackType
-from typing import Any, Final, Literal, NotRequired, TypedDict, cast
-from urllib.parse import quote
+from typing import Any, Literal, cast
 
 import httpx
 
-from ragservice.errors import (
-    AuthenticationError,
-    BadRequestError,
-    ConflictError,
-    DatabaseUnavailableError,
-    InvalidInputError,
-    NotFoundError,
-    PayloadTooLargeError,
-    PermissionDeniedError,
-    RagServiceError,
-    RateLimitedError,
-    ServiceUnreachableError,
-    UnsupportedMediaTypeError,
-    UpstreamError,
-    UpstreamTimeoutError,
+from ragservice.client.types import (
+    API_KEY_VARIABLE,
+    DEFAULT_URL,
+    KEEP,
+    URL_VARIABLE,
+    AskEvent,
+    AuditPage,
+    CacheStats,
+    Collection,
+    Document,
+    DocumentDetail,
+    DocumentIn,
+    DocumentPage,
+    ExportFormat,
+    Feedback,
+    FlaggedChunks,
+    Health,
+    Job,
+    JobStatus,
+    Mode,
+    QueryResponse,
+    Scale,
+    SearchResponse,
+    Upload,
+    _Keep,
 )
-
-Mode = Literal["dense", "fulltext", "hybrid"]
-JobStatus = Literal["queued", "running", "done", "failed"]
-FlaggedChunks = Literal["mark", "downweight", "drop"]
-Scale = Literal["thumbs", "stars"]
-ExportFormat = Literal["openai-sft", "openai-dpo", "trl-dpo", "triplets"]
-
-URL_VARIABLE: Final = "RAGSERVICE_URL"
-API_KEY_VARIABLE: Final = "RAGSERVICE_API_KEY"
-DEFAULT_URL: Final = "http://127.0.0.1:8000"
-
-
-class DocumentRef(TypedDict):
-    id: str
-    external_id: str
-    title: str | None
-
-
-class SearchHit(TypedDict):
-    chunk_id: str
-    score: float
-    text: str
-    ordinal: int
-    start_char: int
-    end_char: int
-    metadata: dict[str, Any]
-    collection: str
-    document: DocumentRef  # with the document's `metadata` too
-    flagged: bool
-    flag_reasons: list[str]
-    pages: NotRequired[list[int] | None]  # of a paged document (a PDF): first to last
-
-
-class SearchResponse(TypedDict):
-    mode: Mode
-    results: list[SearchHit]
-    timings_ms: dict[str, float]
-    embedding_model: dict[str, Any] | None
-
-
-class Citation(TypedDict):
-    number: int
-    document: DocumentRef
-    chunk_ids: list[str]
-    start_char: int
-    end_char: int
-    pages: NotRequired[list[int] | None]  # of a paged document (a PDF): first to last
-    cited_as: NotRequired[str]  # the source named for a reader: `Title (report.pdf, p. 12)`
-
-
-class Source(Citation):
-    text: str
-    score: float
-    flagged: bool
-
-
-class QueryResponse(TypedDict):
-    query_id: str
-    answer: str
-    citations: list[Citation]
-    sources: list[Source]
-    model: str
-    status: str
-    timings_ms: dict[str, float]
-    cache: dict[str, Any] | None
-
-
-class JobError(TypedDict):
-    source: str | None
-    error: str
-
-
-class Job(TypedDict):
-    id: str
-    status: JobStatus
-    kind: str
-    collection_id: str | None
-    counts: dict[str, int]
-    errors: list[JobError]
-    attempts: int
-    created_at: str
-    started_at: str | None
-    finished_at: str | None
-
-
-class Collection(TypedDict):
-    id: str
-    name: str
-    description: str | None
-    metadata: dict[str, Any]
-    document_count: int
-    chunk_count: int
-    cache_ttl_seconds: int | None  # null: the service default
-    flagged_chunks: FlaggedChunks
-    created_at: str
-
-
-class CacheStats(TypedDict):
-    entries: int
-    bytes: int
-    entry_hits: int
-    queries: int
-    cache_hits: int
-    hit_rate: float
-
-
-class DocumentIn(TypedDict):
-    """A JSON text to ingest; without `external_id` the service derives one from the text."""
-
-    text: str
-    external_id: NotRequired[str]
-    title: NotRequired[str | None]
-    metadata: NotRequired[dict[str, Any]]
-
-
-class Document(TypedDict):
-    id: str
-    external_id: str
-    title: str | None
-    source: str | None
-    metadata: dict[str, Any]
-    version: int
-    chunk_count: int
-    char_count: int
-    created_at: str
-    updated_at: str
-
-
-class Chunk(TypedDict):
-    id: str
-    ordinal: int
-    text: str
-    token_count: int
-    start_char: int
-    end_char: int
-    pages: list[int] | None
-    metadata: dict[str, Any]
-
-
-class DocumentDetail(Document):
-    chunks: list[Chunk] | None  # null unless asked for
-
-
-class DocumentPage(TypedDict):
-    documents: list[Document]
-    next_after: str | None  # pass as `after` for the next page; null on the last
-
-
-class Feedback(TypedDict):
-    id: str
-    query_id: str
-    rating: int | None
-    scale: Scale
-    comment: str | None
-    corrected_answer: str | None
-    relevant_chunk_ids: list[str]
-    irrelevant_chunk_ids: list[str]
-    created_at: str
-
-
-class AuditEntry(TypedDict):
-    id: int
-    at: str
-    actor: str
-    key_id: str | None
-    action: str
-    target: str
-    details: dict[str, Any]
-
-
-class AuditPage(TypedDict):
-    entries: list[AuditEntry]
-    next_before: int | None  # pass as `before` for the next (older) page; null on the last
-
-
-class Health(TypedDict):
-    ready: bool
-    checks: dict[str, bool]
-    model: dict[str, Any]
-    nodes: NotRequired[list[dict[str, Any]]]  # with read replicas
-
-
-Upload = str | os.PathLike[str] | tuple[str, bytes]
-"""A file to upload: a path, or (file name, content) of one held in memory."""
-
-
-class _Keep(Enum):
-    KEEP = "keep"
-
-
-KEEP: Final = _Keep.KEEP
-"""`update_collection`'s default: leave the setting as it is."""
-
-
-@dataclass(frozen=True, slots=True)
-class Token:
-    """A piece of the answer, as generated."""
-
-    text: str
-
-
-@dataclass(frozen=True, slots=True)
-class Citations:
-    """After the last token: the sources the answer cites, and every source it was given."""
-
-    citations: list[Citation]
-    sources: list[Source]
-
-
-@dataclass(frozen=True, slots=True)
-class Done:
-    """The end: the whole response, as `answer` returns it."""
-
-    response: QueryResponse
-
-
-AskEvent = Token | Citations | Done
-
-_ERRORS: tuple[type[RagServiceError], ...] = (
-    BadRequestError,
-    AuthenticationError,
-    PermissionDeniedError,
-    NotFoundError,
-    ConflictError,
-    PayloadTooLargeError,
-    UnsupportedMediaTypeError,
-    InvalidInputError,
-    UpstreamError,
-    DatabaseUnavailableError,
-    UpstreamTimeoutError,
+from ragservice.client.wire import (
+    _ask_events,
+    _collection_path,
+    _document_path,
+    _error,
+    _file_part,
+    _query_body,
+    _segment,
+    _unreachable,
+    _without_none,
 )
-_BY_KIND = {cls.__name__.removesuffix("Error"): cls for cls in _ERRORS}
-_BY_STATUS = {cls.status_code: cls for cls in _ERRORS}
 
 
 class RagserviceClient:
@@ -670,116 +434,3 @@ class RagserviceClient:
                 yield response
         except httpx.TransportError as exc:
             raise _unreachable(self._http, exc) from exc
-
-
-def _ask_events(response: httpx.Response) -> Iterator[AskEvent]:
-    citations = Citations([], [])
-    for name, data in _server_sent_events(response.iter_lines()):
-        if name == "token":
-            yield Token(data["text"])
-        elif name == "citations":
-            citations = Citations(data["citations"], data["sources"])
-            yield citations
-        elif name == "done":
-            whole = {**data, "citations": citations.citations, "sources": citations.sources}
-            yield Done(cast(QueryResponse, whole))
-        elif name == "error":
-            raise _error_of(data, response.status_code)
-
-
-def _query_body(
-    question: str,
-    collections: list[str] | None,
-    mode: Mode,
-    k: int,
-    filters: dict[str, Any] | None,
-    rerank: bool | None,
-    cache: bool | None,
-    cache_refresh: bool | None,
-    on_upstream_error: str | None,
-) -> dict[str, Any]:
-    return _without_none(
-        question=question,
-        collections=collections,
-        mode=mode,
-        k=k,
-        filters=filters,
-        rerank=rerank,
-        cache=cache,
-        cache_refresh=cache_refresh,
-        on_upstream_error=on_upstream_error,
-    )
-
-
-def _segment(value: object) -> str:
-    """`value` as one path segment: every reserved character escaped, dots too, so that an
-    id such as `..` or `a/b?c` is never read as a path of its own."""
-    return quote(str(value), safe="").replace(".", "%2E")
-
-
-def _collection_path(name: str) -> str:
-    return f"/v1/collections/{_segment(name)}"
-
-
-def _document_path(collection: str, external_id: str) -> str:
-    return f"{_collection_path(collection)}/documents/{_segment(external_id)}"
-
-
-def _file_part(upload: Upload, opened: ExitStack) -> tuple[str, Any, str]:
-    """The multipart part of one file: its base name, content (a path is streamed from its
-    file) and content type (guessed from the name)."""
-    if isinstance(upload, tuple):
-        name, content = upload
-        body: Any = content
-    else:
-        path = Path(upload)
-        name, body = path.name, opened.enter_context(path.open("rb"))
-    kind = mimetypes.guess_type(name)[0] or "application/octet-stream"
-    return name, body, kind
-
-
-def _without_none(**fields: Any) -> dict[str, Any]:
-    return {name: value for name, value in fields.items() if value is not None}
-
-
-def _server_sent_events(lines: Iterator[str]) -> Iterator[tuple[str, Any]]:
-    """(event name, its JSON data) of each event of a `text/event-stream`."""
-    name, data = "message", list[str]()
-    for line in lines:
-        if not line:
-            if data:
-                yield name, json.loads("\n".join(data))
-            name, data = "message", []
-        elif line.startswith("event:"):
-            name = line.removeprefix("event:").strip()
-        elif line.startswith("data:"):
-            data.append(line.removeprefix("data:").removeprefix(" "))
-    if data:
-        yield name, json.loads("\n".join(data))
-
-
-def _error(response: httpx.Response) -> RagServiceError:
-    """The service's exception for an error response."""
-    try:
-        body = response.json()
-    except ValueError:
-        body = None
-    if not isinstance(body, dict):
-        body = {"detail": response.text.strip() or response.reason_phrase}
-    if response.status_code == 429:
-        retry_after = float(response.headers.get("Retry-After", "1"))
-        return RateLimitedError(str(body.get("detail", "")), retry_after=retry_after)
-    return _error_of(body, response.status_code)
-
-
-def _error_of(body: dict[str, Any], status: int) -> RagServiceError:
-    detail = str(body.get("detail") or f"HTTP {status}")
-    fields = [f"{e.get('field')}: {e.get('message')}" for e in body.get("errors") or []]
-    if fields:
-        detail = f"{detail} ({'; '.join(fields)})"
-    cls = _BY_KIND.get(str(body.get("error")), _BY_STATUS.get(status, RagServiceError))
-    return cls(detail)
-
-
-def _unreachable(http: httpx.Client, exc: httpx.TransportError) -> ServiceUnreachableError:
-    return ServiceUnreachableError(f"cannot reach {http.base_url}: {exc}")
