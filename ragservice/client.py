@@ -1,4 +1,5 @@
-"""A typed client of the REST API, on httpx: search, answers (streamed), ingest jobs.
+"""A typed client of the REST API, on httpx: search, answers (streamed), collections and
+documents, ingest jobs.
 
 ```python
 with RagserviceClient.connect("http://127.0.0.1:8000", api_key="rsk_...") as client:
@@ -23,6 +24,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Literal, NotRequired, TypedDict, cast
+from urllib.parse import quote
 
 import httpx
 
@@ -118,6 +120,37 @@ class Job(TypedDict):
     created_at: str
     started_at: str | None
     finished_at: str | None
+
+
+class Collection(TypedDict):
+    id: str
+    name: str
+    description: str | None
+    metadata: dict[str, Any]
+    document_count: int
+    chunk_count: int
+    created_at: str
+
+
+class DocumentChunk(TypedDict):
+    id: str
+    ordinal: int
+    text: str
+    start_char: int
+    end_char: int
+    pages: NotRequired[list[int] | None]  # of a paged document (a PDF): first to last
+    metadata: dict[str, Any]
+
+
+class DocumentDetail(TypedDict):
+    id: str
+    external_id: str
+    title: str | None
+    source: str | None
+    metadata: dict[str, Any]
+    chunk_count: int
+    char_count: int
+    chunks: list[DocumentChunk] | None  # in order; null unless asked for
 
 
 @dataclass(frozen=True, slots=True)
@@ -247,6 +280,21 @@ class RagserviceClient:
                 yield from _ask_events(response)
         except httpx.TransportError as exc:
             raise _unreachable(self._http, exc) from exc
+
+    # -- collections and documents ---------------------------------------------------------
+
+    def collections(self) -> list[Collection]:
+        """`GET /v1/collections`: the key's tenant's collections."""
+        return cast(list[Collection], self._json("GET", "/v1/collections")["collections"])
+
+    def document(self, collection: str, external_id: str, *, chunks: bool = True) -> DocumentDetail:
+        """`GET /v1/collections/{collection}/documents/{external_id}`: one document, with its
+        chunks in order (each a slice of the text: `start_char` to `end_char`)."""
+        path = (
+            f"/v1/collections/{quote(collection, safe='')}/documents/{quote(external_id, safe='')}"
+        )
+        params = {"chunks": "true" if chunks else "false"}
+        return cast(DocumentDetail, self._json("GET", path, params=params))
 
     # -- ingest jobs -----------------------------------------------------------------------
 
