@@ -107,18 +107,24 @@ def test_over_streamable_http_each_request_brings_its_own_key(
     server = build_server(connect)
     app = http_app(server, host="127.0.0.1")
 
-    async def collections_seen(headers: dict[str, str]) -> list[str]:
+    async def list_collections(headers: dict[str, str]) -> Any:
         http = httpx2.AsyncClient(
             transport=httpx2.ASGITransport(app=app), base_url=BASE, headers=headers
         )
         async with http, Client(streamable_http_client(f"{BASE}/mcp", http_client=http)) as mcp:
-            found = await call(mcp, "list_collections")
-            return [c["name"] for c in found["collections"]]
+            return await mcp.call_tool("list_collections", {})
+
+    async def collections_seen(headers: dict[str, str]) -> list[str]:
+        result = await list_collections(headers)
+        assert not result.is_error, result.content
+        return [c["name"] for c in result.structured_content["collections"]]
 
     async def scenario() -> None:
         async with server.session_manager.run():
             assert await collections_seen(keys.reader) == ["hr"]
             assert await collections_seen(keys.other_tenant) == []
+            refused = await list_collections({"Authorization": "Bearer rsk_wrong"})
+            assert refused.is_error and "Authentication: " in refused.content[0].text
             async with httpx2.AsyncClient(
                 transport=httpx2.ASGITransport(app=app), base_url=BASE
             ) as bare:
