@@ -3,6 +3,7 @@ the key scopes them; in process, and over streamable HTTP (the ASGI app, no sock
 
 from __future__ import annotations
 
+import typing
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -13,7 +14,11 @@ import pytest
 from fastapi.testclient import TestClient
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
+from pydantic import BaseModel
 
+from ragservice import client as rest
+from ragservice.api.schemas.collections import CollectionOut
+from ragservice.api.schemas.documents import ChunkOut, DocumentDetail
 from ragservice.client import RagserviceClient
 from ragservice.mcp_server.server import build_server, fixed_client, http_app
 from ragservice.mcp_server.tools import document_text
@@ -155,3 +160,17 @@ def test_a_documents_text_from_its_chunks(spans: list[tuple[int, int, str]], tex
         for i, (s, e, t) in enumerate(spans)
     ]
     assert document_text(chunks) == text
+
+
+@pytest.mark.parametrize(
+    ("typed", "schema"),
+    [
+        (rest.Collection, CollectionOut),
+        (rest.DocumentDetail, DocumentDetail),
+        (rest.DocumentChunk, ChunkOut),
+    ],
+)
+def test_the_client_types_the_tools_read_are_the_apis_fields(
+    typed: type, schema: type[BaseModel]
+) -> None:
+    assert set(typing.get_type_hints(typed)) <= set(schema.model_fields)
