@@ -12,13 +12,16 @@ EXTRA_MODULES: dict[str, tuple[str, ...]] = {
     "onnx": ("onnx", "onnxruntime"),
     "parquet": ("pyarrow",),
     "finetune": ("datasets", "accelerate"),
+    "mcp": ("mcp",),
+    "langchain": ("langchain_core",),
+    "llamaindex": ("llama_index.core",),
 }
 
 
 def missing_extra(extra: str, purpose: str) -> str | None:
     """None when every package of `extra` is importable; else a message saying what `purpose`
     lacks and how to install it."""
-    absent = [module for module in EXTRA_MODULES[extra] if find_spec(module) is None]
+    absent = [module for module in EXTRA_MODULES[extra] if not _importable(module)]
     if not absent:
         return None
     verb = "is" if len(absent) == 1 else "are"
@@ -26,3 +29,10 @@ def missing_extra(extra: str, purpose: str) -> str | None:
         f"{purpose} needs {' and '.join(absent)}, which {verb} not installed "
         f"(pip install 'ragservice[{extra}]')"
     )
+
+
+def _importable(module: str) -> bool:
+    try:
+        return find_spec(module) is not None
+    except ModuleNotFoundError:  # a dotted name whose parent package is absent
+        return False

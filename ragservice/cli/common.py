@@ -29,8 +29,11 @@ console = Console(stderr=True)
 
 
 def fail(message: str, code: int = 1) -> typer.Exit:
-    """Print `error: MESSAGE` on stderr and return the exit (status `code`) to raise."""
-    console.print(f"[red]error:[/red] {message}")
+    """Print `error: MESSAGE` on stderr and return the exit (status `code`) to raise. The
+    message is shown as written (`[mcp]` of a `pip install` line is no markup)."""
+    from rich.markup import escape
+
+    console.print(f"[red]error:[/red] {escape(message)}")
     return typer.Exit(code)
 
 

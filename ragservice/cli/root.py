@@ -15,6 +15,7 @@ from ragservice.cli import (
     feedback,
     jobs,
     keys,
+    mcp_server,
     models,
     query,
     replicas,
@@ -73,6 +74,7 @@ app.command("reembed")(training.reembed)
 app.command("ingest")(ingest_command)
 app.command("search")(query.search)
 app.command("ask")(query.ask)
+app.command("mcp")(mcp_server.mcp)
 app.add_typer(jobs.app, name="jobs")
 app.command("backup")(backup.backup)
 app.command("restore")(backup.restore)

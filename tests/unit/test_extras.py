@@ -62,3 +62,35 @@ def test_fine_tuning_without_its_extra_is_a_configuration_error(
             base=None,  # type: ignore[arg-type]
             options=finetune.TrainingOptions(),
         )
+
+
+@pytest.mark.parametrize(
+    ("module", "hidden", "extra"),
+    [
+        ("ragservice.integrations.langchain", "langchain_core", "langchain"),
+        ("ragservice.integrations.llamaindex", "llama_index", "llamaindex"),
+    ],
+)
+def test_a_retriever_without_its_framework_names_the_extra(
+    monkeypatch: pytest.MonkeyPatch, module: str, hidden: str, extra: str
+) -> None:
+    import importlib
+
+    _hide(monkeypatch, hidden, *[name for name in sys.modules if name.startswith(f"{hidden}.")])
+    monkeypatch.delitem(sys.modules, module, raising=False)
+    with pytest.raises(ImportError, match=rf"pip install 'ragservice\[{extra}\]'"):
+        importlib.import_module(module)
+
+
+def test_the_mcp_command_without_its_extra_says_what_to_install(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from typer.testing import CliRunner
+
+    from ragservice.cli import app
+
+    _hide(monkeypatch, "mcp")
+    result = CliRunner().invoke(app, ["mcp"], env={"COLUMNS": "250"})
+    assert result.exit_code == 1
+    assert "ragservice mcp needs mcp, which is not installed" in result.output
+    assert "pip install 'ragservice[mcp]'" in result.output

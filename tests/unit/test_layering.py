@@ -5,8 +5,10 @@ The layers, bottom up (docs/architecture.md draws them):
 1. `db/`: engines, models, migrations, routing, tenancy;
 2. `store/`: the SQL on tenant data, one module per subject;
 3. the capabilities: chunking, `retrieval/`, `embedding/`, `cache/`, `answering/`, `feedback/`,
-   `auth/`, `safety/`: they may use each other; and `client`, the REST API's HTTP client;
-4. `bootstrap`: opens the database and the serving model for a process;
+   `auth/`, `safety/`: they may use each other; and `client`, the REST API's HTTP client, with
+   `integrations/`, the LangChain and LlamaIndex retrievers over it;
+4. `bootstrap`: opens the database and the serving model for a process; `mcp_server/`, the MCP
+   server, a front end that reaches the service through `client` only;
 5. `ingest/`: loaders, the ingest pipeline and the job worker;
 6. the composition roots `api/` and `cli/`, which may import anything (`cli/` alone imports the
    development cluster in `dev/`).
@@ -52,13 +54,13 @@ def service_modules() -> list[Path]:
 
 @pytest.mark.parametrize("path", service_modules(), ids=lambda p: str(p.relative_to(ROOT)))
 def test_nothing_below_the_top_imports_api_cli_or_ingest(path: Path) -> None:
+    # By whole names: `ragservice.client` is not `ragservice.cli`.
     top = {
         n
         for n in internal(path)
-        if n.split(".")[0] == "ingest"
-        or n.split(".")[:2] in (["ragservice", "api"], ["ragservice", "cli"])
+        if n.split(".")[:2] in (["ragservice", "api"], ["ragservice", "cli"])
     }
-    assert top == set()
+    assert {n for n in internal(path) if n.split(".")[0] == "ingest"} | top == set()
 
 
 LEAVES = ("config", "errors", "types", "limits", "timing", "metrics", "periodic", "extras")
@@ -81,7 +83,17 @@ def layer(dotted: str) -> int:
     name = parts[1]
     if name in LEAVES:
         return 0
-    ranks = {"db": 1, "store": 2, "client": 3, "bootstrap": 4, "dev": 5, "api": 6, "cli": 6}
+    ranks = {
+        "db": 1,
+        "store": 2,
+        "client": 3,
+        "integrations": 3,
+        "bootstrap": 4,
+        "mcp_server": 4,
+        "dev": 5,
+        "api": 6,
+        "cli": 6,
+    }
     if name in CAPABILITIES:
         return 3
     return ranks[name]
@@ -122,6 +134,23 @@ def test_the_top_level_holds_at_most_a_dozen_modules() -> None:
     entry_points = ("__init__.py", "__main__.py")
     modules = [p.name for p in (ROOT / "ragservice").glob("*.py") if p.name not in entry_points]
     assert len(modules) <= 12, sorted(modules)
+
+
+CLIENT_SIDE = ("mcp_server", "integrations")
+
+
+@pytest.mark.parametrize(
+    "path",
+    sorted(p for side in CLIENT_SIDE for p in (ROOT / "ragservice" / side).rglob("*.py")),
+    ids=lambda p: str(p.relative_to(ROOT)),
+)
+def test_the_mcp_server_and_the_integrations_reach_the_service_through_its_client(
+    path: Path,
+) -> None:
+    """They call the REST API, so an API key scopes them as it scopes any caller."""
+    allowed = ("client", "errors", "extras", *CLIENT_SIDE)
+    used = {n.split(".")[1] for n in internal(path) if n != "ragservice"}
+    assert used - set(allowed) == set()
 
 
 @pytest.mark.parametrize("leaf", [f"{name}.py" for name in LEAVES])

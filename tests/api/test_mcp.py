@@ -1,0 +1,176 @@
+"""The MCP server through the `mcp` client: its tools call the app's REST API with a key, so
+the key scopes them; in process, and over streamable HTTP (the ASGI app, no socket)."""
+
+from __future__ import annotations
+
+import typing
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import anyio
+import httpx2
+import pytest
+from fastapi.testclient import TestClient
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+from pydantic import BaseModel
+
+from ragservice import client as rest
+from ragservice.api.schemas.collections import CollectionOut
+from ragservice.api.schemas.documents import ChunkOut, DocumentDetail
+from ragservice.client import RagserviceClient
+from ragservice.mcp_server.server import build_server, fixed_client, http_app
+from ragservice.mcp_server.tools import document_text
+from tests.api.conftest import Keys
+from tests.api.test_query import DOCUMENTS, add_corpus
+
+TOOLS = {"search", "ask", "list_collections", "get_document"}
+
+
+def rest_client(client: TestClient, token: str | None) -> RagserviceClient:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    return RagserviceClient(TestClient(client.app, headers=headers, raise_server_exceptions=False))
+
+
+def secret(headers: dict[str, str]) -> str:
+    return headers["Authorization"].removeprefix("Bearer ")
+
+
+async def call(mcp: Client, tool: str, **arguments: Any) -> dict[str, Any]:
+    result = await mcp.call_tool(tool, arguments)
+    assert not result.is_error, result.content
+    assert result.structured_content is not None
+    return result.structured_content
+
+
+async def tool_error(mcp: Client, tool: str, **arguments: Any) -> str:
+    result = await mcp.call_tool(tool, arguments)
+    assert result.is_error
+    return str(getattr(result.content[0], "text", ""))
+
+
+def test_the_tools_search_answer_list_and_read(client: TestClient, keys: Keys) -> None:
+    add_corpus(client, keys.writer)
+    reader = build_server(fixed_client(rest_client(client, secret(keys.reader))))
+    stranger = build_server(fixed_client(rest_client(client, secret(keys.other_tenant))))
+
+    async def scenario() -> None:
+        async with Client(reader) as mcp:
+            listed = await mcp.list_tools()
+            assert {tool.name for tool in listed.tools} == TOOLS
+            schema = next(t for t in listed.tools if t.name == "search").input_schema
+            assert schema["required"] == ["query"] and schema["properties"]["k"]["maximum"] == 50
+
+            found = await call(mcp, "search", query="parental leave weeks", collections=["hr"], k=2)
+            best = found["hits"][0]
+            assert len(found["hits"]) == 2
+            assert (best["document_id"], best["title"], best["collection"]) == (
+                "leave",
+                "Parental leave",
+                "hr",
+            )
+            assert "sixteen weeks" in best["text"] and best["score"] > 0
+
+            answered = await call(mcp, "ask", question="How long is parental leave?")
+            assert "sixteen weeks" in answered["answer"] and "[1]" in answered["answer"]
+            first = answered["citations"][0]
+            assert (first["number"], first["document_id"]) == (1, "leave")
+            assert first["title"] == "Parental leave" and "Parental leave" in first["cited_as"]
+
+            collections = (await call(mcp, "list_collections"))["collections"]
+            assert [(c["name"], c["document_count"]) for c in collections] == [("hr", 3)]
+
+            document = await call(mcp, "get_document", collection="hr", document_id="travel")
+            assert document["text"] == DOCUMENTS[1][2] and document["title"] == "Travel"
+            assert document["metadata"] == {"year": 2024}
+
+            missing = await tool_error(mcp, "get_document", collection="hr", document_id="nope")
+            assert missing.endswith("NotFound: document 'nope' not found in 'hr'")
+            refused = await mcp.call_tool("search", {"query": "x", "k": 0})
+            assert refused.is_error  # the input schema, before the service is asked
+
+        async with Client(stranger) as mcp:
+            assert (await call(mcp, "list_collections"))["collections"] == []
+            hidden = await tool_error(mcp, "get_document", collection="hr", document_id="leave")
+            assert "NotFound: collection 'hr'" in hidden
+            assert (await call(mcp, "search", query="parental leave"))["hits"] == []
+
+    anyio.run(scenario)
+
+
+def test_over_streamable_http_each_request_brings_its_own_key(
+    client: TestClient, keys: Keys
+) -> None:
+    add_corpus(client, keys.writer)
+
+    @contextmanager
+    def connect(token: str | None) -> Iterator[RagserviceClient]:
+        with rest_client(client, token) as rest:
+            yield rest
+
+    server = build_server(connect)
+    app = http_app(server, host="127.0.0.1")
+
+    async def list_collections(headers: dict[str, str]) -> Any:
+        http = httpx2.AsyncClient(
+            transport=httpx2.ASGITransport(app=app), base_url=BASE, headers=headers
+        )
+        async with http, Client(streamable_http_client(f"{BASE}/mcp", http_client=http)) as mcp:
+            return await mcp.call_tool("list_collections", {})
+
+    async def collections_seen(headers: dict[str, str]) -> list[str]:
+        result = await list_collections(headers)
+        assert not result.is_error, result.content
+        return [c["name"] for c in result.structured_content["collections"]]
+
+    async def scenario() -> None:
+        async with server.session_manager.run():
+            assert await collections_seen(keys.reader) == ["hr"]
+            assert await collections_seen(keys.other_tenant) == []
+            refused = await list_collections({"Authorization": "Bearer rsk_wrong"})
+            assert refused.is_error and "Authentication: " in refused.content[0].text
+            async with httpx2.AsyncClient(
+                transport=httpx2.ASGITransport(app=app), base_url=BASE
+            ) as bare:
+                refused = await bare.post(
+                    "/mcp", json={"jsonrpc": "2.0", "id": 1, "method": "ping"}
+                )
+            assert refused.status_code == 401
+            assert refused.headers["WWW-Authenticate"] == "Bearer"
+
+    anyio.run(scenario)
+
+
+BASE = "http://127.0.0.1:8001"
+
+
+@pytest.mark.parametrize(
+    ("spans", "text"),
+    [
+        ([(0, 5, "alpha"), (6, 10, "beta")], "alpha\nbeta"),
+        ([(0, 8, "one two "), (4, 12, "two three")], "one two three"),
+        ([(0, 9, "one three"), (4, 9, "three")], "one three"),
+        ([], ""),
+    ],
+)
+def test_a_documents_text_from_its_chunks(spans: list[tuple[int, int, str]], text: str) -> None:
+    chunks: Any = [
+        {"start_char": s, "end_char": e, "text": t, "ordinal": i}
+        for i, (s, e, t) in enumerate(spans)
+    ]
+    assert document_text(chunks) == text
+
+
+@pytest.mark.parametrize(
+    ("typed", "schema"),
+    [
+        (rest.Collection, CollectionOut),
+        (rest.DocumentDetail, DocumentDetail),
+        (rest.Chunk, ChunkOut),
+    ],
+)
+def test_the_client_types_the_tools_read_are_the_apis_fields(
+    typed: type, schema: type[BaseModel]
+) -> None:
+    assert set(typing.get_type_hints(typed)) <= set(schema.model_fields)
