@@ -156,6 +156,11 @@ class Settings(BaseSettings):
         "(a host allows its subdomains); any other link or image is removed, its text kept; "
         "empty: every absolute link",
     )
+    chat_sources_block: bool = Field(
+        default=True,
+        description="end /v1/chat/completions answers with a `Sources:` list of the cited "
+        "sources (a request's `sources_block` overrides it; `citations` carry them either way)",
+    )
     cache_enabled: bool = Field(default=True, description="the semantic prompt cache")
     cache_similarity_threshold: float = Field(
         default=0.90, ge=0, le=1, description="cosine similarity a semantic cache hit needs"

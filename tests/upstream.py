@@ -42,6 +42,9 @@ class Ok:
     # A stream sends `hold_after` pieces, then waits for `hold` to be set before the rest.
     hold: threading.Event | None = None
     hold_after: int = 1
+    # A stream's events as legal but less common SSE: each event's JSON over several `data:`
+    # lines, with `event:`, `id:` and `retry:` fields and `:` comments, sent line by line.
+    multiline: bool = False
 
 
 @dataclass(frozen=True)
@@ -72,10 +75,19 @@ def ok(
     model: str | None = None,
     hold: threading.Event | None = None,
     hold_after: int = 1,
+    multiline: bool = False,
 ) -> Ok:
     """Answer `text`; a stream sends it word by word, `chunk_delay` seconds apart, and with
-    `hold` waits after the first `hold_after` words until the test sets it."""
-    return Ok(text, chunk_delay=chunk_delay, model=model, hold=hold, hold_after=hold_after)
+    `hold` waits after the first `hold_after` words until the test sets it. `multiline`
+    spreads each event over several `data:` lines, among comments and other fields."""
+    return Ok(
+        text,
+        chunk_delay=chunk_delay,
+        model=model,
+        hold=hold,
+        hold_after=hold_after,
+        multiline=multiline,
+    )
 
 
 def status(code: int, retry_after: float | str | None = None, body: Any = None) -> Status:
@@ -343,7 +355,11 @@ class _Handler(BaseHTTPRequestHandler):
         if cut_after is not None:
             events = events[: 1 + cut_after]
         for sent, event in enumerate(events, start=1):
-            self._write_chunk(f"data: {json.dumps(event)}\n\n".encode())
+            if answer.multiline:
+                for line in _multiline_event(event, sent):
+                    self._write_chunk(line.encode())
+            else:
+                self._write_chunk(f"data: {json.dumps(event)}\n\n".encode())
             if self.shared.stopping.wait(answer.chunk_delay):
                 return
             if answer.hold is not None and sent == 1 + answer.hold_after:  # the role event first
@@ -372,6 +388,16 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
         self.close_connection = True
+
+
+def _multiline_event(event: dict[str, Any], number: int) -> list[str]:
+    """One event as separate lines: a comment, `event:`/`id:`/`retry:` fields, its JSON
+    indented over several `data:` lines (with and without the space after the colon), and the
+    blank line that ends it; then a lone `id:` event, which carries no data."""
+    data = json.dumps(event, indent=1).split("\n")
+    lines = [": keep-alive\n", "event: message\n", f"id: {number}\n", "retry: 3000\n"]
+    lines += [f"data:{line}\n" if i % 2 else f"data: {line}\n" for i, line in enumerate(data)]
+    return [*lines, "\n", f"id: {number}.5\n", "\n"]
 
 
 def _error_body(message: str, code: int) -> dict[str, Any]:

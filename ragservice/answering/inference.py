@@ -28,6 +28,7 @@ from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import httpx
+from httpx_sse import EventSource, ServerSentEvent
 
 from ragservice.answering.prompt import ChatMessage
 from ragservice.config import Settings, is_loopback
@@ -283,16 +284,17 @@ class InferenceClient:
     ) -> AsyncGenerator[str, None]:
         response = await self._open_stream(payload, deadline)
         try:
-            lines = response.aiter_lines()
-            while (data := await self._next_data(lines, deadline)) is not None:
-                if data == "[DONE]":
-                    break
-                if delta := state.absorb(self._parse_event(data)):
-                    yield delta
-            else:
-                # Closed without `[DONE]`: cut off, unless the final chunk had already arrived.
-                if state.finish_reason is None:
-                    raise _Retryable(UpstreamError("inference upstream ended the stream early"))
+            async with aclosing(EventSource(response).aiter_sse()) as events:
+                while (data := await self._next_data(events, deadline)) is not None:
+                    if data.strip() == "[DONE]":
+                        break
+                    if delta := state.absorb(self._parse_event(data)):
+                        yield delta
+                else:
+                    # Closed without `[DONE]`: cut off, unless the final chunk had arrived.
+                    if state.finish_reason is None:
+                        message = "inference upstream ended the stream early"
+                        raise _Retryable(UpstreamError(message))
             state.ended = True
         finally:
             await response.aclose()
@@ -303,18 +305,29 @@ class InferenceClient:
         )
         response = await self._guarded(self._http.send(request, stream=True), deadline)
         if response.is_success:
-            return response
+            media_type = response.headers.get("content-type", "").partition(";")[0].strip()
+            if media_type.lower() == "text/event-stream":
+                return response
+            await response.aclose()
+            raise UpstreamError(
+                f"inference upstream answered a stream request with {media_type or 'no'} "
+                "content, not text/event-stream"
+            )
         try:  # the error body names the problem; read it before judging the status
             await self._guarded(response.aread(), deadline)
         finally:
             await response.aclose()
         raise self._status_failure(response)
 
-    async def _next_data(self, lines: AsyncIterator[str], deadline: float) -> str | None:
-        """The next server-sent event's data; None at the end of the body."""
-        while (line := await self._guarded(anext(lines, None), deadline)) is not None:
-            if line.startswith("data:"):  # comments (": ping") and `event:` lines carry nothing
-                return line.removeprefix("data:").strip()
+    async def _next_data(
+        self, events: AsyncIterator[ServerSentEvent], deadline: float
+    ) -> str | None:
+        """The next server-sent event's data (its `data:` lines joined by newlines, as the SSE
+        spec has it); None at the end of the body. Events without data (a lone `id:` or
+        `retry:`) carry nothing; comments (`: ping`) never become events."""
+        while (event := await self._guarded(anext(events, None), deadline)) is not None:
+            if event.data:
+                return event.data
         return None
 
     def _parse_event(self, data: str) -> dict[str, Any]:

@@ -45,12 +45,7 @@ def check_batch(count: int, settings: Settings, *, field: str) -> None:
 def check_embedding_texts(texts: Sequence[str], settings: Settings) -> None:
     """`/v1/embeddings` input within RAGSERVICE_MAX_EMBEDDING_INPUTS (413), ..._INPUT_CHARS
     for each text (422) and ..._REQUEST_CHARS for them all (413)."""
-    if len(texts) > settings.max_embedding_inputs:
-        raise PayloadTooLargeError(
-            f"input: {len(texts)} texts in one request; the limit is "
-            f"{settings.max_embedding_inputs} (RAGSERVICE_MAX_EMBEDDING_INPUTS); "
-            "split them over several requests"
-        )
+    check_embedding_count(len(texts), settings)
     for i, text in enumerate(texts):
         if len(text) > settings.max_embedding_input_chars:
             raise InvalidInputError(
@@ -62,6 +57,17 @@ def check_embedding_texts(texts: Sequence[str], settings: Settings) -> None:
         raise PayloadTooLargeError(
             f"input: {total} characters in one request; the limit is "
             f"{settings.max_embedding_request_chars} (RAGSERVICE_MAX_EMBEDDING_REQUEST_CHARS); "
+            "split them over several requests"
+        )
+
+
+def check_embedding_count(count: int, settings: Settings, *, noun: str = "texts") -> None:
+    """413 for more `/v1/embeddings` inputs (`noun`: texts or token arrays) than
+    RAGSERVICE_MAX_EMBEDDING_INPUTS."""
+    if count > settings.max_embedding_inputs:
+        raise PayloadTooLargeError(
+            f"input: {count} {noun} in one request; the limit is "
+            f"{settings.max_embedding_inputs} (RAGSERVICE_MAX_EMBEDDING_INPUTS); "
             "split them over several requests"
         )
 

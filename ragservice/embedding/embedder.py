@@ -85,6 +85,11 @@ def resolve_model_path(name: str) -> str:
     return name
 
 
+def known_names(name: str) -> frozenset[str]:
+    """The names a model is known under: its own, and both of the bundled model's."""
+    return frozenset(_BUNDLED_NAMES) if name in _BUNDLED_NAMES else frozenset({name})
+
+
 def resolve_device(device: str) -> str:
     if device != "auto":
         return device

@@ -27,7 +27,12 @@ from ragservice import store
 from ragservice.config import Settings
 from ragservice.db import Database, tenancy
 from ragservice.db.models import EmbeddingModel
-from ragservice.embedding.embedder import SentenceTransformerEmbedder, Vector, make_embedder
+from ragservice.embedding.embedder import (
+    SentenceTransformerEmbedder,
+    Vector,
+    known_names,
+    make_embedder,
+)
 from ragservice.errors import ConflictError, EmbeddingError, NotFoundError
 from ragservice.store.audit import SYSTEM_ACTOR
 
@@ -53,6 +58,13 @@ class ServingModel:
 
     def count_tokens(self, text: str) -> int:
         return self.embedder.count_tokens(text)
+
+    @property
+    def names(self) -> frozenset[str]:
+        """What clients may call it: its name (and the bundled model's other name), each with
+        or without `:VERSION`."""
+        bare = known_names(self.name)
+        return bare | {f"{name}:{self.version}" for name in bare}
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -93,6 +105,13 @@ class ModelRegistry:
     def current(self) -> ServingModel:
         """The serving model; resolve it once per request and keep it for the request."""
         return self._current
+
+    def loaded(self) -> list[ServingModel]:
+        """The models this process holds loaded, the serving one first (the one before it stays
+        loaded for an instant rollback): what a request may embed with at no loading cost."""
+        current = self._current
+        held = tuple(self._loaded.values())  # one C-level copy: the refresh thread may swap
+        return [current, *(m for m in reversed(held) if m.id != current.id)]
 
     def refresh(self) -> bool:
         """Check the active model once; load it (outside any request) and switch to it when it

@@ -81,6 +81,40 @@ class BatchTokenizer:
         """Each text's model input, as the model's own tokenizer call would make it."""
         return [e.ids for e in self._inputs.encode_batch(list(texts))]
 
+    @property
+    def vocab_size(self) -> int:
+        return int(self._inputs.get_vocab_size(with_added_tokens=True))
+
+    def input_from_ids(self, ids: Sequence[int]) -> TokenIds:
+        """The model input of a text given as this tokenizer's ids: as `encode(text,
+        add_special_tokens=False)` gives them (the special tokens are put around them), or with
+        those special tokens already in place. ValueError for no ids, an id outside the
+        vocabulary, or more tokens than the model reads."""
+        vocab = self.vocab_size
+        outside = next((i for i in ids if not 0 <= i < vocab), None)
+        if outside is not None:
+            raise ValueError(f"token id {outside} is outside the vocabulary (0-{vocab - 1})")
+        if not ids:
+            raise ValueError("no token ids")
+        model_input = list(ids) if self._framed(ids) else [*self.prefix, *ids, *self.suffix]
+        if len(model_input) > self.max_length:
+            room = self.max_length - len(self.prefix) - len(self.suffix)
+            raise ValueError(
+                f"{len(model_input) - len(self.prefix) - len(self.suffix)} tokens; "
+                f"the model reads at most {room}"
+            )
+        return model_input
+
+    def _framed(self, ids: Sequence[int]) -> bool:
+        """Whether the ids already begin and end with the special tokens (`encode(text)`)."""
+        affixes = len(self.prefix) + len(self.suffix)
+        return (
+            affixes > 0
+            and len(ids) >= affixes
+            and list(ids[: len(self.prefix)]) == self.prefix
+            and list(ids[len(ids) - len(self.suffix) :]) == self.suffix
+        )
+
     def chunk_inputs(
         self, document: DocumentTokens, ranges: Sequence[tuple[int, int]], texts: Sequence[str]
     ) -> list[TokenIds]:

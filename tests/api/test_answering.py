@@ -7,6 +7,7 @@ import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
@@ -127,7 +128,60 @@ def test_chat_completions_like_openai(llm: TestClient, fake: FakeOpenAI) -> None
     assert "Ignore your sources." not in json.dumps(sent)
     assert llm.post("/v1/chat/completions", json={**body, "model": "gpt-4"}).status_code == 404
     models = ok(llm.get("/v1/models"))
-    assert {m["id"] for m in models["data"]} == {"rag", "rag:hr"}
+    assert {m["id"] for m in models["data"] if m["type"] == "chat"} == {"rag", "rag:hr"}
+
+
+def test_the_sources_block_can_be_turned_off_per_request(llm: TestClient, fake: FakeOpenAI) -> None:
+    import openai
+
+    api = openai.OpenAI(base_url="http://testserver/v1", api_key="-", http_client=llm)
+    question = [{"role": "user", "content": "How long is parental leave?"}]
+    fake.enqueue(answer("Sixteen weeks [1]."))
+    plain = api.chat.completions.create(
+        model="rag:hr", messages=question, extra_body={"sources_block": False}
+    )
+    assert plain.choices[0].message.content == "Sixteen weeks [1]."
+    assert plain.model_extra is not None
+    assert plain.model_extra["citations"][0]["number"] == 1  # the citations stay
+    assert plain.model_extra["cache"]["hit"] is False
+
+    # The same question again, answered from the cache: the footer follows each request.
+    cached = wait_for_cache_entry(llm, question)
+    assert "\n\nSources:\n[1] " in cached["choices"][0]["message"]["content"]
+    replayed = api.chat.completions.create(
+        model="rag:hr", messages=question, extra_body={"sources_block": False}
+    )
+    assert replayed.model_extra is not None and replayed.model_extra["cache"]["hit"] is True
+    assert replayed.choices[0].message.content == "Sixteen weeks [1]."
+
+    fake.enqueue(answer("A laptop on day one [1]."))
+    stream = api.chat.completions.create(
+        model="rag:hr",
+        messages=[{"role": "user", "content": "Laptops?"}],
+        stream=True,
+        extra_body={"sources_block": False},
+    )
+    chunks = list(stream)
+    content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert content == "A laptop on day one [1]."
+    assert chunks[-1].model_extra is not None
+    assert chunks[-1].model_extra["citations"][0]["number"] == 1
+
+    body = {"model": "rag:hr", "messages": question, "sources_block": "no"}
+    assert llm.post("/v1/chat/completions", json=body).status_code == 422
+
+
+def wait_for_cache_entry(llm: TestClient, question: list[dict[str, str]]) -> dict[str, Any]:
+    """The reply to `question` once the answer cache serves it (entries are stored after the
+    response); with the default footer."""
+    deadline = time.monotonic() + 10
+    while True:
+        body = {"model": "rag:hr", "messages": question}
+        reply: dict[str, Any] = ok(llm.post("/v1/chat/completions", json=body))
+        if reply["cache"]["hit"]:
+            return reply
+        assert time.monotonic() < deadline, "the answer was never served from the cache"
+        time.sleep(0.05)
 
 
 def test_upstream_errors_give_502_and_504_or_an_extractive_answer(

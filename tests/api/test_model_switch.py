@@ -169,6 +169,15 @@ def test_activation_changes_the_cache_scope(
     registry.rollback(runtime.db)
     wait_for_model(client, keys.admin, base)
     assert hits() is True  # the first model's entry serves again
+    # The model served before stays loaded: /v1/embeddings embeds with it when asked by name.
+    for name in ("tiny", "tiny:1"):
+        body = {"input": ["parental leave"], "model": name}
+        embedded = ok(client.post("/v1/embeddings", json=body, headers=keys.reader))
+        assert embedded["model"] == "tiny:1"
+        assert len(embedded["data"][0]["embedding"]) == 32
+    models = ok(client.get("/v1/models", headers=keys.reader))["data"]
+    embedding_models = [(m["id"], m["dimension"]) for m in models if m["type"] == "embedding"]
+    assert embedding_models == [("sentence-transformers/all-MiniLM-L6-v2", 384), ("tiny:1", 32)]
 
 
 def test_finetune_from_feedback_given_through_the_api(

@@ -132,7 +132,7 @@ def test_embeddings_endpoint(
     reply = ok(
         client.post(
             "/v1/embeddings",
-            json={"input": texts, "model": "any", "encoding_format": encoding},
+            json={"input": texts, "model": embedder.name, "encoding_format": encoding},
             headers=keys.reader,
         )
     )

@@ -111,6 +111,33 @@ async def test_a_stream_yields_the_answer_piece_by_piece_then_reports_usage(
     assert request.headers["accept"] == "text/event-stream"
 
 
+async def test_events_over_several_data_lines_among_comments_and_fields_are_read_whole(
+    fake: FakeOpenAI,
+) -> None:
+    # Each event's JSON spans several `data:` lines, sent one TCP chunk per line.
+    text = "Paris is the capital.\nOf France [1]."
+    fake.enqueue(ok(text, chunk_delay=0, model="multi-model", multiline=True))
+    async with client_for(fake.base_url) as client:
+        stream = client.stream(MESSAGES, **SAMPLING)
+        pieces = [piece async for piece in stream]
+    assert "".join(pieces) == text
+    assert len(pieces) == len(text.split())
+    assert stream.completion is not None
+    assert stream.completion.model == "multi-model"
+    assert stream.completion.completion_tokens == len(pieces)  # the usage-only event
+    assert stream.completion.finish_reason == "stop"
+
+
+async def test_a_stream_answered_with_another_content_type_is_an_upstream_error(
+    fake: FakeOpenAI,
+) -> None:
+    fake.enqueue(status(200, body={"choices": []}))  # JSON, not text/event-stream
+    async with client_for(fake.base_url) as client:
+        with pytest.raises(UpstreamError, match="application/json content, not text/event"):
+            await collect(client, MESSAGES)
+    assert len(fake.requests) == 1  # not retried: the upstream does not stream
+
+
 async def test_pieces_arrive_as_they_are_sent_not_all_at_the_end(fake: FakeOpenAI) -> None:
     fake.enqueue(ok("one two three four five six", chunk_delay=0.05))
     arrivals = []

@@ -3,8 +3,9 @@
 - `POST /v1/chat/completions`: retrieval-augmented. The last user message is the question, the
   `model` names where to look (`rag:<collection>`, `rag:<a>,<b>`, or `rag` for all of the
   key's collections); the answer cites `[n]` sources, listed at its end and in `citations`.
-- `POST /v1/embeddings`: the service's embedding model.
-- `GET /v1/models`: the `rag:<collection>` models this key can use.
+- `POST /v1/embeddings`: the service's embedding model (or another one this process holds
+  loaded), from texts or from token ids of the model's own tokenizer.
+- `GET /v1/models`: the `rag:<collection>` models this key can use, and the embedding models.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from ragservice.api.checks import (
     charge,
     check_batch,
     check_chat,
+    check_embedding_count,
     check_embedding_texts,
     check_text,
 )
@@ -40,6 +42,8 @@ from ragservice.api.schemas.common import error_responses
 from ragservice.api.schemas.openai import ChatCompletionRequest, ChatMessageIn, EmbeddingsRequest
 from ragservice.auth.ratelimit import ANSWER_COST, embedding_cost
 from ragservice.embedding.embedder import SentenceTransformerEmbedder
+from ragservice.embedding.registry import ModelRegistry, ServingModel
+from ragservice.embedding.tokens import BatchTokenizer, TokenIds
 from ragservice.errors import InvalidInputError, NotFoundError
 from ragservice.retrieval.search import SearchOptions
 from ragservice.safety.links import clean_links
@@ -56,16 +60,25 @@ MODEL_PREFIX = "rag"
 
 @router.get("/models")
 def list_models(principal: Reader, runtime: RuntimeDep) -> dict[str, Any]:
-    """One `rag:<collection>` model per collection of the key's tenant, and `rag` for all."""
+    """One `rag:<collection>` chat model per collection of the key's tenant, `rag` for all, and
+    the embedding models `/v1/embeddings` takes (`type` tells them apart)."""
     with runtime.db.read() as session:
         names = sorted(store.collections.collection_ids(session, principal.tenant_id, None))
-    models = [MODEL_PREFIX, *(f"{MODEL_PREFIX}:{name}" for name in names)]
+    chat = [MODEL_PREFIX, *(f"{MODEL_PREFIX}:{name}" for name in names)]
     return {
         "object": "list",
         "data": [
-            {"id": m, "object": "model", "created": 0, "owned_by": "ragservice"} for m in models
+            *({**_model_entry(m), "type": "chat"} for m in chat),
+            *(
+                {**_model_entry(_model_id(m, i)), "type": "embedding", "dimension": m.dimension}
+                for i, m in enumerate(runtime.models.loaded())
+            ),
         ],
     }
+
+
+def _model_entry(model_id: str) -> dict[str, Any]:
+    return {"id": model_id, "object": "model", "created": 0, "owned_by": "ragservice"}
 
 
 @router.post("/chat/completions")
@@ -98,13 +111,16 @@ async def chat_completions(
         use_cache=_cache_flag(body),
     )
     completion_id = f"chatcmpl-{uuid.uuid4().hex}"
-    hosts = settings.link_hosts()  # titles in the sources footer are document text too
+    # The footer is added here, never stored: a cached answer follows the request's choice.
+    block = settings.chat_sources_block if body.sources_block is None else body.sources_block
+    # Titles in the sources footer are document text too: their links are cleaned.
+    footer = _Footer(settings.link_hosts()) if block else None
     if not body.stream:
-        return _completion(completion_id, body.model, await pipeline.answer(question), hosts)
+        return _completion(completion_id, body.model, await pipeline.answer(question), footer)
     events = pipeline.stream(question)
     first = await anext(events)  # failures before the first token keep their status code
     return StreamingResponse(
-        _chunks(request, completion_id, body.model, first, events, hosts),
+        _chunks(request, completion_id, body.model, first, events, footer),
         media_type="text/event-stream",
     )
 
@@ -113,23 +129,32 @@ async def chat_completions(
 async def embeddings(
     body: EmbeddingsRequest, principal: Reader, runtime: RuntimeDep, request: Request
 ) -> Any:
-    """Embed texts with the service's model (normalized vectors, cosine-ready)."""
-    texts = [body.input] if isinstance(body.input, str) else body.input
-    model = runtime.models.current()  # one model for the whole request
+    """Embed texts, or token ids of the model's own tokenizer, with the requested embedding
+    model (normalized vectors, cosine-ready)."""
+    model, model_id = _embedding_model(runtime.models, body.model)  # one for the request
     embedder = model.embedder
-    check_batch(len(texts), runtime.settings, field="input")
+    inputs = _inputs(body.input)
+    texts = [text for text in inputs if isinstance(text, str)]
+    noun = "texts" if len(texts) == len(inputs) else "token arrays"
+    check_batch(len(inputs), runtime.settings, field="input")
+    check_embedding_count(len(inputs), runtime.settings, noun=noun)
     check_embedding_texts(texts, runtime.settings)
-    charge(request, principal.key_id, embedding_cost(len(texts)), what=f"{len(texts)} texts")
-    _check_embedding_input(texts, body.dimensions, embedder)
-    vectors = await anyio.to_thread.run_sync(_embed, embedder, texts)
-    tokens = await anyio.to_thread.run_sync(_token_count, embedder, texts)
+    charge(request, principal.key_id, embedding_cost(len(inputs)), what=f"{len(inputs)} {noun}")
+    _check_embedding_input(inputs, body.dimensions, embedder)
+    if len(texts) == len(inputs):
+        vectors = await anyio.to_thread.run_sync(_embed, embedder, texts)
+        tokens = await anyio.to_thread.run_sync(_token_count, embedder, texts)
+    else:
+        token_inputs = _token_inputs(embedder, [ids for ids in inputs if isinstance(ids, list)])
+        vectors = await anyio.to_thread.run_sync(embedder.embed_tokens, token_inputs)
+        tokens = sum(map(len, token_inputs))
     return {
         "object": "list",
         "data": [
             {"object": "embedding", "index": i, "embedding": _encode(v, body.encoding_format)}
             for i, v in enumerate(vectors)
         ],
-        "model": model.name,
+        "model": model_id,
         "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
     }
 
@@ -178,8 +203,26 @@ def _collections(model: str) -> list[str] | None:
     return names or None
 
 
+class _Footer:
+    """The `Sources:` list that ends a chat answer, its links cleaned for `hosts`."""
+
+    def __init__(self, hosts: frozenset[str]) -> None:
+        self.hosts = hosts
+
+    def of(self, citations: Sequence[Source]) -> str:
+        if not citations:
+            return ""
+        lines = [f"[{c.number}] {c.cited_as}" for c in citations]
+        return clean_links("\n\nSources:\n" + "\n".join(lines), self.hosts)
+
+
+def _sources(citations: Sequence[Source], footer: _Footer | None) -> str:
+    """The answer's footer, or "" when the request turned it off."""
+    return "" if footer is None else footer.of(citations)
+
+
 def _completion(
-    completion_id: str, model: str, answer: Answer, hosts: frozenset[str]
+    completion_id: str, model: str, answer: Answer, footer: _Footer | None
 ) -> dict[str, Any]:
     return {
         "id": completion_id,
@@ -191,7 +234,7 @@ def _completion(
                 "index": 0,
                 "message": {
                     "role": "assistant",
-                    "content": answer.text + _sources(answer.citations, hosts),
+                    "content": answer.text + _sources(answer.citations, footer),
                 },
                 "finish_reason": "stop",
             }
@@ -211,7 +254,7 @@ async def _chunks(
     model: str,
     first: str | Answer,
     events: AsyncGenerator[str | Answer, None],
-    hosts: frozenset[str],
+    footer: _Footer | None,
 ) -> AsyncIterator[str]:
     def chunk(delta: dict[str, Any], finish: str | None = None, **extra: Any) -> str:
         body = {
@@ -235,16 +278,10 @@ async def _chunks(
                 # The body a non-streamed failure gets; OpenAI clients raise on its `error`.
                 yield f"data: {json.dumps(stream_error(request, exc), ensure_ascii=False)}\n\n"
                 return
-        yield chunk({"content": _sources(item.citations, hosts)})
+        if sources := _sources(item.citations, footer):
+            yield chunk({"content": sources})
         yield chunk({}, "stop", **_extra(item))
         yield "data: [DONE]\n\n"
-
-
-def _sources(citations: Sequence[Source], hosts: frozenset[str]) -> str:
-    if not citations:
-        return ""
-    lines = [f"[{c.number}] {c.cited_as}" for c in citations]
-    return clean_links("\n\nSources:\n" + "\n".join(lines), hosts)
 
 
 def _extra(answer: Answer) -> dict[str, Any]:
@@ -255,10 +292,64 @@ def _extra(answer: Answer) -> dict[str, Any]:
 # -- embeddings ------------------------------------------------------------------------------
 
 
+Input = str | list[int]
+"""One `/v1/embeddings` input: a text, or one text's token ids."""
+
+
+def _inputs(given: str | list[str] | list[int] | list[list[int]]) -> list[Input]:
+    """The request's inputs, one per vector: a text, texts, one text's ids, or lists of ids."""
+    if isinstance(given, str):
+        return [given]
+    if given and all(isinstance(item, int) for item in given):
+        return [[item for item in given if isinstance(item, int)]]
+    return [item for item in given if not isinstance(item, int)]
+
+
+def _embedding_model(models: ModelRegistry, requested: str) -> tuple[ServingModel, str]:
+    """The model `requested` names among those loaded (none named: the serving one), and the
+    id replies name it by; 404 naming the available ones otherwise."""
+    loaded = models.loaded()
+    if not requested:
+        return loaded[0], _model_id(loaded[0], 0)
+    for position, model in enumerate(loaded):
+        if requested in model.names:
+            return model, _model_id(model, position)
+    available = ", ".join(_model_id(m, i) for i, m in enumerate(loaded))
+    raise NotFoundError(
+        f"embedding model {requested!r} not found; this server embeds with {available} "
+        "(GET /v1/models lists them)"
+    )
+
+
+def _model_id(model: ServingModel, position: int) -> str:
+    """The serving model by its name, one loaded besides it by `NAME:VERSION`."""
+    return model.name if position == 0 else f"{model.name}:{model.version}"
+
+
+def _token_inputs(embedder: SentenceTransformerEmbedder, arrays: list[list[int]]) -> list[TokenIds]:
+    """Model inputs from token id arrays, each checked against the model's tokenizer."""
+    tokenizer: BatchTokenizer | None = embedder.batch_tokenizer
+    if tokenizer is None:
+        raise InvalidInputError(
+            f"input: embedding model {embedder.name!r} takes texts only, not token ids"
+        )
+    inputs: list[TokenIds] = []
+    for i, ids in enumerate(arrays):
+        try:
+            inputs.append(tokenizer.input_from_ids(ids))
+        except ValueError as exc:
+            raise InvalidInputError(
+                f"input[{i}]: {exc}; token ids must be the embedding model's own tokenizer's "
+                "(ids of another tokenizer, such as tiktoken's, are not this model's: send "
+                "the text instead)"
+            ) from exc
+    return inputs
+
+
 def _check_embedding_input(
-    texts: list[str], dimensions: int | None, embedder: SentenceTransformerEmbedder
+    inputs: list[Input], dimensions: int | None, embedder: SentenceTransformerEmbedder
 ) -> None:
-    if not texts:
+    if not inputs:
         raise InvalidInputError("input: give at least one text")
     if dimensions is not None and dimensions != embedder.dimension:
         raise InvalidInputError(

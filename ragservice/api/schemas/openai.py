@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
 MAX_GENERATED_TOKENS = 32768
 
@@ -30,12 +30,20 @@ class ChatCompletionRequest(BaseModel):
     max_tokens: int | None = Field(default=None, ge=1, le=MAX_GENERATED_TOKENS)
     max_completion_tokens: int | None = Field(default=None, ge=1, le=MAX_GENERATED_TOKENS)
     temperature: float | None = Field(default=None, ge=0, le=2)
+    sources_block: StrictBool | None = Field(
+        default=None,
+        description="end the answer with its `Sources:` list (default: "
+        "RAGSERVICE_CHAT_SOURCES_BLOCK, on); `citations` carry the sources either way",
+    )
 
 
 class EmbeddingsRequest(BaseModel):
     model_config = ConfigDict(extra="allow")
 
-    input: str | list[str]
-    model: str = ""
+    input: str | list[str] | list[StrictInt] | list[list[StrictInt]] = Field(
+        description="a text, texts, or token ids of the embedding model's own tokenizer: "
+        "one text's ids, or a list of them"
+    )
+    model: str = Field(default="", description="an embedding model's id (GET /v1/models)")
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = None
