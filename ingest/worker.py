@@ -23,6 +23,7 @@ from collections.abc import Generator, Iterator
 from types import FrameType
 
 import psycopg
+from prometheus_client import CollectorRegistry
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
 from ingest.loaders import (
@@ -39,6 +40,7 @@ from ragservice import store
 from ragservice.bootstrap import Runtime
 from ragservice.db import tenancy
 from ragservice.errors import NotFoundError, RagServiceError
+from ragservice.metrics import JobMetrics
 
 log = logging.getLogger(__name__)
 
@@ -71,14 +73,21 @@ class JobWorker:
     """Runs queued ingest jobs on background threads (the API server's `BackgroundService`).
 
     `threads` defaults to `RAGSERVICE_WORKERS`; zero threads is allowed (then only `run_once`
-    runs jobs, or other processes do).
+    runs jobs, or other processes do). `metrics` counts the jobs claimed and ended and the
+    documents processed (the app's or the worker process's; by default counted nowhere).
     """
 
     def __init__(
-        self, runtime: Runtime, *, name: str | None = None, threads: int | None = None
+        self,
+        runtime: Runtime,
+        *,
+        name: str | None = None,
+        threads: int | None = None,
+        metrics: JobMetrics | None = None,
     ) -> None:
         self.name = name or _default_name()
         self._runtime = runtime
+        self._metrics = metrics or JobMetrics(CollectorRegistry())
         self._thread_count = runtime.settings.workers if threads is None else threads
         self._stopping = threading.Event()
         self._wakeup = threading.Event()
@@ -132,12 +141,28 @@ class JobWorker:
         is stopping), `lost` (the job was taken over or deleted meanwhile), or `stalled` (the
         database went away: the job is taken over once its heartbeat is stale)."""
         log.info("job %s: attempt %d by %s", job.id, job.attempts, job.worker)
-        with tenancy.as_tenant(job.tenant_id):  # the job sees its tenant's rows only
-            return self._process(job)
+        started = time.monotonic()
+        outcome = "error"  # recording the job's end itself failed
+        self._metrics.running.inc()
+        try:
+            with tenancy.as_tenant(job.tenant_id):  # the job sees its tenant's rows only
+                outcome = self._process(job)
+            return outcome
+        finally:
+            self._metrics.running.dec()
+            self._metrics.finished_job(job.kind, outcome, time.monotonic() - started)
 
     def _process(self, job: store.jobs.ClaimedJob) -> str:
         report = IngestReport()
-        progress = _Progress(self._runtime, job, report, self._stopping)
+        progress = _Progress(self._runtime, job, report, self._stopping, self._metrics)
+        try:
+            return self._attempt(job, report, progress)
+        finally:
+            progress.count()
+
+    def _attempt(
+        self, job: store.jobs.ClaimedJob, report: IngestReport, progress: _Progress
+    ) -> str:
         try:
             progress.tick(force=True)
             self._ingest(job, report, progress)
@@ -184,6 +209,7 @@ class JobWorker:
             )
         if job is None:
             return False
+        self._metrics.claimed.labels(kind=job.kind).inc()
         self.process(job)
         return True
 
@@ -263,8 +289,9 @@ class JobWorker:
 
 
 class _Progress:
-    """A running job's progress callback: writes counts and heartbeat at most once a second,
-    and stops the pipeline when the worker is stopping or the job is no longer ours."""
+    """A running job's progress callback: writes counts and heartbeat at most once a second
+    (and counts them in the metrics), and stops the pipeline when the worker is stopping or the
+    job is no longer ours."""
 
     def __init__(
         self,
@@ -272,11 +299,14 @@ class _Progress:
         job: store.jobs.ClaimedJob,
         report: IngestReport,
         stopping: threading.Event,
+        metrics: JobMetrics,
     ) -> None:
         self._runtime = runtime
         self._job = job
         self._report = report
         self._stopping = stopping
+        self._metrics = metrics
+        self._counted: dict[str, int] = {}
         self._last = time.monotonic()
 
     def __call__(self, _docs: int, _chunks: int) -> None:
@@ -295,6 +325,13 @@ class _Progress:
             )
         if not alive:
             raise _Lost
+        self.count()
+
+    def count(self) -> None:
+        """Add what the job processed since the last count to the metrics."""
+        counts = self._report.counts()
+        self._metrics.add_progress({k: v - self._counted.get(k, 0) for k, v in counts.items()})
+        self._counted = counts
 
 
 def _load_item(

@@ -1,5 +1,6 @@
 """Opens what a process of the service needs: the database and the embedding model it serves,
-and runs the retention purge (the query log, job payloads) a server repeats in the background."""
+runs the retention purge (the query log, job payloads) a server repeats in the background, and
+gives its metrics what they read at scrape time."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import logging
 import uuid
 from dataclasses import dataclass
 from datetime import timedelta
+
+from prometheus_client.registry import Collector
 
 from ragservice import store
 from ragservice.chunking import ChunkingOptions
@@ -22,6 +25,7 @@ from ragservice.embedding.registry import (
     serve_row,
 )
 from ragservice.errors import ConfigurationError
+from ragservice.metrics import EmbeddingCollector, QueueCollector, ReplicaCollector
 from ragservice.periodic import Periodic
 
 log = logging.getLogger(__name__)
@@ -199,3 +203,22 @@ class RetentionPurger:
         if report != PurgeReport():
             log.info("retention purge: %s", report)
         return report
+
+
+def runtime_collectors(runtime: Runtime) -> list[Collector]:
+    """What a process's metrics read from its runtime at scrape time: the job queue (one
+    count, cached a few seconds), the embedding model's slots and, with replicas, the read
+    router's last checks."""
+    db = runtime.db
+
+    def queue_depth() -> tuple[int, int]:
+        with tenancy.as_system(), db.read(primary=True) as session:
+            return store.jobs.queue_depth(session)
+
+    def embedding_slots() -> tuple[int, int]:
+        return runtime.models.current().embedder.slot_use()
+
+    collectors: list[Collector] = [QueueCollector(queue_depth), EmbeddingCollector(embedding_slots)]
+    if db.router is not None:
+        collectors.append(ReplicaCollector(db.router.status))
+    return collectors

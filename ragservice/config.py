@@ -281,7 +281,15 @@ class Settings(BaseSettings):
     )
     metrics_host: str = Field(
         default="127.0.0.1",
-        description="bind address of the metrics port (RAGSERVICE_METRICS_PORT)",
+        description="bind address of the metrics port (RAGSERVICE_METRICS_PORT) and of "
+        "`ragservice worker`'s (RAGSERVICE_WORKER_METRICS_PORT)",
+    )
+    worker_metrics_port: int | None = Field(
+        default=None,
+        ge=0,
+        le=65535,
+        description="`ragservice worker` serves Prometheus metrics on this port of "
+        "RAGSERVICE_METRICS_HOST; unset: none (0: any free port)",
     )
     workers: int = Field(default=1, ge=0, le=64, description="ingest job threads per server")
     job_poll_seconds: float = Field(default=1.0, gt=0)

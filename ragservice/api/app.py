@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import logging
 import secrets
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Protocol
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST, start_http_server
+from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import SecretStr
 
 from ragservice.answering.answer import AnswerPipeline
@@ -34,13 +34,14 @@ from ragservice.bootstrap import (
     Runtime,
     open_runtime,
     require_unprivileged_login,
+    runtime_collectors,
 )
 from ragservice.cache.prompt_cache import CachePurger, PromptCache
 from ragservice.config import Settings, get_settings, is_loopback
 from ragservice.db import tenancy
 from ragservice.embedding.embedder import SentenceTransformerEmbedder
 from ragservice.errors import AuthenticationError, ConfigurationError
-from ragservice.metrics import Metrics
+from ragservice.metrics import JobMetrics, Metrics
 from ragservice.retrieval.rerank import make_reranker
 from ragservice.retrieval.search import Searcher
 
@@ -55,7 +56,10 @@ class BackgroundService(Protocol):
     def stop(self, timeout: float) -> None: ...
 
 
-ServiceFactory = Callable[[Runtime], BackgroundService]
+class ServiceFactory(Protocol):
+    """Builds a background service on the app's runtime; `metrics` counts its ingest jobs."""
+
+    def __call__(self, runtime: Runtime, *, metrics: JobMetrics) -> BackgroundService: ...
 
 
 def create_app(
@@ -67,7 +71,8 @@ def create_app(
     """Build the app; the database and the model open in the lifespan, not at import.
 
     `embedder` shares an already loaded model (tests). `services` start with the app and
-    stop with it; the server passes the ingest job workers here.
+    stop with it; the server passes the ingest job workers here (their jobs are counted in the
+    app's metrics).
     """
     resolved = settings or get_settings()
     check_auth_binding(resolved, resolved.host)
@@ -90,7 +95,8 @@ def create_app(
                 stack.push_async_callback(inference.aclose)
             app.state.pipeline = make_pipeline(runtime, app.state.searcher, inference, metrics)
             stack.callback(app.state.pipeline.close)
-            app.state.services = _start_services(stack, runtime, services, resolved)
+            stack.callback(metrics.watch(runtime_collectors(runtime)))
+            app.state.services = _start_services(stack, runtime, services, metrics.jobs)
             if resolved.metrics_port is not None:
                 _serve_metrics(stack, metrics, resolved.metrics_host, resolved.metrics_port)
             if resolved.auth_disabled:
@@ -122,10 +128,11 @@ def _start_services(
     stack: AsyncExitStack,
     runtime: Runtime,
     factories: Sequence[ServiceFactory],
-    settings: Settings,
+    job_metrics: JobMetrics,
 ) -> list[BackgroundService]:
+    settings = runtime.settings
     started: list[BackgroundService] = []
-    parts: list[BackgroundService] = [factory(runtime) for factory in factories]
+    parts = [factory(runtime, metrics=job_metrics) for factory in factories]
     if settings.cache_enabled:
         parts.append(CachePurger(runtime.db, interval=settings.cache_purge_seconds))
     parts.append(RetentionPurger(runtime))
@@ -181,22 +188,15 @@ def check_auth_binding(settings: Settings, host: str) -> None:
 
 def _serve_metrics(stack: AsyncExitStack, metrics: Metrics, host: str, port: int) -> None:
     """`/metrics` on a bind of its own (RAGSERVICE_METRICS_PORT), for the app's lifetime."""
-    server, thread = start_http_server(port, addr=host, registry=metrics.registry)
-    log.info("serving metrics on %s:%d", host, port)
-
-    def stop() -> None:
-        server.shutdown()
-        server.server_close()
-        thread.join(5.0)
-
-    stack.callback(stop)
+    stack.callback(metrics.serve(host, port))
 
 
 def _add_metrics_route(app: FastAPI, metrics: Metrics, token: SecretStr | None) -> None:
     @app.get("/metrics", tags=["health"], response_class=Response)
     def prometheus_metrics(request: Request) -> Response:
         """Prometheus metrics: requests, latencies per route and pipeline stage, upstream
-        errors. With RAGSERVICE_METRICS_TOKEN set, only for `Authorization: Bearer <token>`."""
+        errors, ingest jobs, the job queue, replicas, the process (docs/operators.md#metrics).
+        With RAGSERVICE_METRICS_TOKEN set, only for `Authorization: Bearer <token>`."""
         if token is not None and not _bearer_matches(request, token):
             raise AuthenticationError(
                 "/metrics needs `Authorization: Bearer <RAGSERVICE_METRICS_TOKEN>`"

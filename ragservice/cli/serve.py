@@ -4,7 +4,7 @@ jobs only)."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -12,7 +12,8 @@ from ragservice.cli.common import console, exit_on_error
 from ragservice.config import Settings, get_settings
 
 if TYPE_CHECKING:
-    from ragservice.bootstrap import Runtime
+    from ragservice.api.app import ServiceFactory
+    from ragservice.metrics import WorkerMetrics
 
 
 def serve(
@@ -39,7 +40,7 @@ def serve(
     uvicorn.run(app_, host=bind, port=port or settings.port, log_level=settings.log_level.lower())
 
 
-def _job_workers(settings: Settings) -> list[Callable[[Runtime], Any]]:
+def _job_workers(settings: Settings) -> list[ServiceFactory]:
     """The server runs RAGSERVICE_WORKERS ingest job threads; 0 leaves jobs to `worker`s."""
     if settings.workers == 0:
         return []
@@ -53,12 +54,27 @@ def worker(
         int | None,
         typer.Option(min=1, help="Job threads (default RAGSERVICE_WORKERS, at least 1)."),
     ] = None,
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(
+            min=0,
+            max=65535,
+            help="Serve Prometheus metrics on this port (default "
+            "RAGSERVICE_WORKER_METRICS_PORT; unset: no metrics).",
+        ),
+    ] = None,
+    metrics_host: Annotated[
+        str | None,
+        typer.Option(help="Bind address of --metrics-port (default RAGSERVICE_METRICS_HOST)."),
+    ] = None,
 ) -> None:
     """Run queued ingest jobs until SIGINT or SIGTERM; any number of workers may run at once."""
     from ingest.worker import JobWorker, run_until_signalled
-    from ragservice.bootstrap import open_runtime, require_unprivileged_login
+    from ragservice.bootstrap import open_runtime, require_unprivileged_login, runtime_collectors
+    from ragservice.metrics import WorkerMetrics
 
     settings = get_settings()
+    port = settings.worker_metrics_port if metrics_port is None else metrics_port
     with exit_on_error():
         runtime = open_runtime(settings)
         try:
@@ -66,8 +82,31 @@ def worker(
         except BaseException:
             runtime.close()
             raise
+    metrics = WorkerMetrics()
+    unwatch = metrics.watch(runtime_collectors(runtime))
+    stop_serving = None
     try:
+        if port is not None:
+            with exit_on_error():
+                stop_serving = _serve_worker_metrics(
+                    metrics, metrics_host or settings.metrics_host, port
+                )
         runtime.models.start()  # each job embeds with the model active when it starts
-        run_until_signalled(JobWorker(runtime, threads=threads or settings.workers or 1))
+        job_worker = JobWorker(
+            runtime, threads=threads or settings.workers or 1, metrics=metrics.jobs
+        )
+        run_until_signalled(job_worker)
     finally:
+        if stop_serving is not None:
+            stop_serving()
+        unwatch()
         runtime.close()
+
+
+def _serve_worker_metrics(metrics: WorkerMetrics, host: str, port: int) -> Callable[[], None]:
+    from ragservice.errors import ConfigurationError
+
+    try:
+        return metrics.serve(host, port)
+    except OSError as exc:
+        raise ConfigurationError(f"cannot serve metrics on {host}:{port}: {exc}") from exc

@@ -150,6 +150,10 @@ class SentenceTransformerEmbedder:
     def name(self) -> str:
         return self._name
 
+    def slot_use(self) -> tuple[int, int]:
+        """The model's computations running now and those waiting for a slot (metrics)."""
+        return self._slots.in_use, self._slots.waiting()
+
     @property
     def path(self) -> str:
         return resolve_model_path(self._name)

@@ -10,7 +10,18 @@ from datetime import timedelta
 from typing import Any
 
 import psycopg
-from sqlalchemy import ColumnElement, ScalarSelect, and_, delete, func, or_, select, tuple_, update
+from sqlalchemy import (
+    ColumnElement,
+    ScalarSelect,
+    and_,
+    delete,
+    func,
+    or_,
+    select,
+    text,
+    tuple_,
+    update,
+)
 from sqlalchemy.orm import Session, aliased
 
 from ragservice.db.engine import driver_connection
@@ -146,6 +157,31 @@ def claim_job(
         .returning(IngestJob)
     ).scalar_one()
     return _claimed(session, job)
+
+
+QUEUE_COUNT_TIMEOUT_MS = 2000
+"""`queue_depth` gives up after this long (a scrape must not hang on a busy database)."""
+
+
+def queue_depth(session: Session) -> tuple[int, int]:
+    """Jobs queued for workers (every tenant's, for a session that sees them all) and their
+    items; CLI jobs never wait in the queue. One count, bounded by `QUEUE_COUNT_TIMEOUT_MS`."""
+    session.execute(text(f"SET LOCAL statement_timeout = {QUEUE_COUNT_TIMEOUT_MS}"))
+    queued = (
+        select(IngestJob.id)
+        .where(IngestJob.status == "queued", IngestJob.kind != CLI_JOB_KIND)
+        .subquery()
+    )
+    items = (
+        select(func.count())
+        .select_from(IngestJobItem)
+        .where(IngestJobItem.job_id == queued.c.id)
+        .scalar_subquery()
+    )
+    jobs, total = session.execute(
+        select(func.count(), func.coalesce(func.sum(items), 0)).select_from(queued)
+    ).one()
+    return int(jobs), int(total)
 
 
 def _stale_jobs(stale_after_seconds: float) -> ColumnElement[bool]:

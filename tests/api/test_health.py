@@ -16,7 +16,7 @@ from sqlalchemy import create_engine
 from ragservice.api.app import create_app
 from ragservice.config import Settings
 from ragservice.embedding.embedder import SentenceTransformerEmbedder
-from tests.api.conftest import Keys, ok
+from tests.api.conftest import Keys, ok, wait_for_job
 
 
 def test_public_health_answers_are_bare_and_details_need_an_admin_key(
@@ -89,3 +89,28 @@ def _free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
+
+
+def test_metrics_show_the_process_the_jobs_and_the_queue(client: TestClient, keys: Keys) -> None:
+    ok(client.post("/v1/collections", json={"name": "notes"}, headers=keys.writer), 201)
+    documents = [{"external_id": "a", "text": "Alpha."}, {"external_id": "b", "text": "Beta."}]
+    job = ok(
+        client.post(
+            "/v1/collections/notes/documents", json={"documents": documents}, headers=keys.writer
+        ),
+        202,
+    )
+    assert wait_for_job(client, job["id"], keys.writer)["status"] == "done"
+
+    text = client.get("/metrics").text
+
+    # The server's job threads count in the app's metrics.
+    assert 'ragservice_jobs_claimed_total{kind="upload"} 1.0' in text
+    assert 'ragservice_jobs_finished_total{kind="upload",outcome="done"} 1.0' in text
+    assert 'ragservice_job_documents_total{result="new"} 2.0' in text
+    assert "ragservice_jobs_running 0.0" in text
+    assert "ragservice_ingest_queue_jobs 0.0" in text
+    assert "ragservice_embedding_waiting 0.0" in text
+    for name in ("process_resident_memory_bytes", "python_gc_objects_collected_total"):
+        assert name in text
+    assert "ragservice_replica_healthy" not in text  # no replicas configured

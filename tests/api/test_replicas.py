@@ -16,6 +16,7 @@ from typing import Any
 import psycopg
 import pytest
 from fastapi.testclient import TestClient
+from prometheus_client.parser import text_string_to_metric_families
 
 from ragservice.api.app import create_app
 from ragservice.config import Settings
@@ -91,6 +92,20 @@ def wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> float:
 
 def nodes(client: TestClient) -> dict[str, dict[str, Any]]:
     return {node["name"]: node for node in ok(client.get("/v1/admin/health"))["nodes"]}
+
+
+def replica_gauges(client: TestClient) -> dict[tuple[str, str], float]:
+    """(gauge, node) → value of the replica gauges and read counts in `/metrics`."""
+    gauges = {}
+    for family in text_string_to_metric_families(client.get("/metrics").text):
+        for sample in family.samples:
+            if sample.name.startswith("ragservice_replica_"):
+                gauges[
+                    sample.name.removeprefix("ragservice_replica_"), sample.labels["replica"]
+                ] = sample.value
+            elif sample.name == "ragservice_db_reads_total":
+                gauges["reads", sample.labels["node"]] = sample.value
+    return gauges
 
 
 def serving(client: TestClient) -> set[str]:
@@ -191,6 +206,13 @@ def test_a_lagging_replica_is_avoided_and_taken_back(
     response = replica_client.get(f"/v1/collections/{name}")
     assert ok(response)["cache_ttl_seconds"] == 222
     assert response.headers[NODE] == "us-1"
+
+    # The metrics say the same, from the router's last checks.
+    gauges = replica_gauges(replica_client)
+    assert (gauges["healthy", "eu-1"], gauges["serving", "eu-1"]) == (1, 0)
+    assert gauges["lag_seconds", "eu-1"] > MAX_LAG and gauges["lag_bytes", "eu-1"] > 0
+    assert gauges["serving", "us-1"] == 1
+    assert gauges["reads", "us-1"] >= 1
 
     execute(standbys["eu-1"], "SELECT pg_wal_replay_resume()")
     wait_until(lambda: "eu-1" in serving(replica_client))
