@@ -12,6 +12,13 @@ EXTRA_MODULES: dict[str, tuple[str, ...]] = {
     "onnx": ("onnx", "onnxruntime"),
     "parquet": ("pyarrow",),
     "finetune": ("datasets", "accelerate"),
+    "otel": (
+        "opentelemetry.sdk",
+        "opentelemetry.exporter.otlp.proto.http",
+        "opentelemetry.instrumentation.sqlalchemy",
+        "opentelemetry.instrumentation.httpx",
+        "greenlet",
+    ),
 }
 
 
