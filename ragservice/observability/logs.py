@@ -99,11 +99,14 @@ def formatter(log_format: LogFormat) -> logging.Formatter:
     """`text`: `LEVEL logger: message`; `json`: one JSON object a line."""
     if log_format == "text":
         return logging.Formatter(TEXT_FORMAT)
+    from pythonjsonlogger.core import RESERVED_ATTRS
     from pythonjsonlogger.json import JsonFormatter
 
     return JsonFormatter(
         ["levelname", "name", "message"],
         rename_fields={"levelname": "level", "name": "logger"},
+        # uvicorn's lines carry their message again with terminal colours: left out.
+        reserved_attrs=[*RESERVED_ATTRS, "color_message"],
         timestamp=True,  # record.created as ISO 8601 in UTC
     )
 
