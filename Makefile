@@ -25,7 +25,7 @@ export HF_HUB_OFFLINE
 # Idle torch threads otherwise spin and steal CPU from PostgreSQL on small machines.
 export OMP_WAIT_POLICY := PASSIVE
 
-.PHONY: run test lint typecheck lock bench-ingest bench-ingest-compare bench-search bench-query bench-cache bench-replicas bench-feedback bench-rls bench-hostile bench-injection bench-scale bench-soak clean
+.PHONY: run test lint typecheck lock bench-ingest bench-ingest-compare bench-search bench-query bench-tracing bench-cache bench-replicas bench-feedback bench-rls bench-hostile bench-injection bench-scale bench-soak clean
 
 # The locked packages without their dependencies (the lock holds them all), then the project.
 $(STAMP): pyproject.toml requirements.lock
@@ -87,6 +87,10 @@ bench-search: $(DEV_STAMP)
 
 bench-query: $(DEV_STAMP)
 	$(BIN)/python benchmarks/query.py --data ../shared/data/scifact
+
+# Request latency with OpenTelemetry tracing off and on (spans made, none exported).
+bench-tracing: $(DEV_STAMP)
+	$(BIN)/python benchmarks/tracing.py --data ../shared/data/scifact
 
 bench-cache: $(DEV_STAMP)
 	$(BIN)/python benchmarks/cache.py --data ../shared/data/scifact

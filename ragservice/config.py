@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ipaddress
-import logging
 from functools import lru_cache
 from pathlib import Path
 from typing import Literal
@@ -321,6 +320,16 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=1, le=65535)
     log_level: str = "INFO"
+    log_format: Literal["text", "json"] = Field(
+        default="text",
+        description="text: `LEVEL logger: message`; json: a JSON object a line, with the "
+        "request's id, tenant and route",
+    )
+    tracing: bool = Field(
+        default=False,
+        description="OpenTelemetry traces of requests (the `otel` extra), exported as the "
+        "standard OTEL_* variables say",
+    )
 
     @model_validator(mode="after")
     def _overlap_below_chunk_size(self) -> Settings:
@@ -369,15 +378,6 @@ def parse_replicas(value: str) -> list[tuple[str, str]]:
 def get_settings() -> Settings:
     """The process's settings, read from the environment once."""
     return Settings()
-
-
-def configure_logging(level: str) -> None:
-    """The service's own messages at `level`; libraries only when something is wrong."""
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    for name in ("ragservice", "ingest"):
-        logging.getLogger(name).setLevel(level.upper())
-    # pypdf warns about every damaged PDF; the ingest summary already reports those files.
-    logging.getLogger("pypdf").setLevel(logging.ERROR)
 
 
 def is_loopback(host: str) -> bool:

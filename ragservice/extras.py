@@ -15,6 +15,13 @@ EXTRA_MODULES: dict[str, tuple[str, ...]] = {
     "mcp": ("mcp",),
     "langchain": ("langchain_core",),
     "llamaindex": ("llama_index.core",),
+    "otel": (
+        "opentelemetry.sdk",
+        "opentelemetry.exporter.otlp.proto.http",
+        "opentelemetry.instrumentation.sqlalchemy",
+        "opentelemetry.instrumentation.httpx",
+        "greenlet",
+    ),
 }
 
 

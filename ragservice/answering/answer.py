@@ -37,6 +37,7 @@ from ragservice.config import Settings
 from ragservice.db import Database
 from ragservice.errors import UpstreamError, UpstreamTimeoutError
 from ragservice.metrics import Metrics
+from ragservice.observability import logs, tracing
 from ragservice.retrieval.rerank import Reranker, rerank_hits
 from ragservice.retrieval.search import QueryModel, Searcher, SearchHit, SearchOptions
 from ragservice.safety.links import LinkFilter, clean_links
@@ -173,38 +174,37 @@ class AnswerPipeline:
             yield replayed
             return
         prepared = await anyio.to_thread.run_sync(self._prepare, question, lookup, model)
-        generate_started = time.perf_counter()
-        pieces: list[str] = []
-        shown = LinkFilter(self._link_hosts)  # links are cleaned as the text streams out
-        if self._inference is None:
-            generated = _extractive(prepared.context)
-            generated.text = clean_links(generated.text, self._link_hosts)
-            yield generated.text
-        else:
-            generated = _Generated(text="", model=self.model_name, status="ok")
-            max_tokens, temperature = self._sampling(question)
-            stream = self._inference.stream(
-                self._messages(question, prepared),
-                max_tokens=max_tokens,
-                temperature=temperature,
-            )
-            try:
-                async with aclosing(stream):
-                    async for piece in stream:
-                        pieces.append(piece)
-                        if text := shown.feed(piece):
-                            yield text
-                    if text := shown.finish():
-                        yield text
-            except UpstreamError as exc:
-                generated = self._upstream_failed(question, prepared, exc, started=bool(pieces))
-                if generated.status == "extractive":
-                    generated.text = clean_links(generated.text, self._link_hosts)
-                    yield generated.text
-            else:
-                generated = _streamed(pieces, stream.completion, self.model_name)
+        with timed(prepared.timings, "generate"):
+            pieces: list[str] = []
+            shown = LinkFilter(self._link_hosts)  # links are cleaned as the text streams out
+            if self._inference is None:
+                generated = _extractive(prepared.context)
                 generated.text = clean_links(generated.text, self._link_hosts)
-        prepared.timings["generate"] = ms_since(generate_started)
+                yield generated.text
+            else:
+                generated = _Generated(text="", model=self.model_name, status="ok")
+                max_tokens, temperature = self._sampling(question)
+                stream = self._inference.stream(
+                    self._messages(question, prepared),
+                    max_tokens=max_tokens,
+                    temperature=temperature,
+                )
+                try:
+                    async with aclosing(stream):
+                        async for piece in stream:
+                            pieces.append(piece)
+                            if text := shown.feed(piece):
+                                yield text
+                        if text := shown.finish():
+                            yield text
+                except UpstreamError as exc:
+                    generated = self._upstream_failed(question, prepared, exc, started=bool(pieces))
+                    if generated.status == "extractive":
+                        generated.text = clean_links(generated.text, self._link_hosts)
+                        yield generated.text
+                else:
+                    generated = _streamed(pieces, stream.completion, self.model_name)
+                    generated.text = clean_links(generated.text, self._link_hosts)
         yield await self._finish(question, prepared, generated, started)
 
     # -- the cache -------------------------------------------------------------------------------
@@ -217,13 +217,14 @@ class AnswerPipeline:
         if not self._caches(question) or question.refresh_cache:
             return Lookup(info=CacheInfo(hit=False)) if self._caches(question) else Lookup(None)
         assert self._cache is not None
-        return self._cache.lookup(
-            self._scope(question, model.id),
-            question.text,
-            lambda: model.embed_query(question.text),
-            model_id=model.id,
-            dimension=model.dimension,
-        )
+        with tracing.span("cache_lookup"):
+            return self._cache.lookup(
+                self._scope(question, model.id),
+                question.text,
+                lambda: _embed_traced(model, question.text),
+                model_id=model.id,
+                dimension=model.dimension,
+            )
 
     def _scope(self, question: Question, model_id: int) -> str:
         """The cache scope; it holds the embedding model, so entries of another model never
@@ -481,6 +482,13 @@ class AnswerPipeline:
             )
 
 
+def _embed_traced(model: AnswerModel, text: str) -> Vector:
+    """The question's embedding for the cache lookup: an `embed` span of its own (the lookup
+    times it itself)."""
+    with tracing.span("embed"):
+        return model.embed_query(text)
+
+
 def _streamed(pieces: list[str], completion: Completion | None, model: str) -> _Generated:
     """A finished stream; usage as the upstream reported it, else one token per piece."""
     if completion is None:
@@ -556,4 +564,6 @@ def _record(
         cache=None if prepared.cache is None else prepared.cache.to_dict(),
         messages=None if messages is None else [m.to_dict() for m in messages],
         source_document_ids=[source.document_id for source in prepared.context.sources],
+        request_id=logs.current_request_id(),
+        trace_id=tracing.current_trace_id(),
     )

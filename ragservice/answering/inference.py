@@ -174,10 +174,15 @@ class InferenceClient:
 
     @classmethod
     def from_settings(
-        cls, settings: Settings, *, owner: Callable[[], Hashable] = lambda: None
+        cls,
+        settings: Settings,
+        *,
+        owner: Callable[[], Hashable] = lambda: None,
+        transport: httpx.AsyncBaseTransport | None = None,
     ) -> InferenceClient | None:
         """The configured client, or None when no inference URL is set (extractive answers).
-        `owner` tells whose call is being made (the tenant), for the fair share of slots."""
+        `owner` tells whose call is being made (the tenant), for the fair share of slots;
+        `transport` carries its requests (default: httpx's; a traced one while tracing)."""
         if not settings.inference_url:
             return None
         return cls(
@@ -194,6 +199,7 @@ class InferenceClient:
             max_concurrent=settings.max_concurrent_upstream,
             max_per_owner=upstream_share(settings),
             owner=owner,
+            transport=transport,
         )
 
     async def aclose(self) -> None:

@@ -6,7 +6,7 @@ import logging
 import secrets
 from collections.abc import AsyncIterator, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
@@ -42,8 +42,12 @@ from ragservice.db import tenancy
 from ragservice.embedding.embedder import SentenceTransformerEmbedder
 from ragservice.errors import AuthenticationError, ConfigurationError
 from ragservice.metrics import JobMetrics, Metrics
+from ragservice.observability import tracing
 from ragservice.retrieval.rerank import make_reranker
 from ragservice.retrieval.search import Searcher
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace import TracerProvider
 
 log = logging.getLogger(__name__)
 
@@ -67,15 +71,18 @@ def create_app(
     *,
     embedder: SentenceTransformerEmbedder | None = None,
     services: Sequence[ServiceFactory] = (),
+    tracer_provider: TracerProvider | None = None,
 ) -> FastAPI:
     """Build the app; the database and the model open in the lifespan, not at import.
 
     `embedder` shares an already loaded model (tests). `services` start with the app and
     stop with it; the server passes the ingest job workers here (their jobs are counted in the
-    app's metrics).
+    app's metrics). `tracer_provider`: the provider of the app's spans when RAGSERVICE_TRACING
+    is on (default: one configured from the OTEL_* variables).
     """
     resolved = settings or get_settings()
     check_auth_binding(resolved, resolved.host)
+    tracing.check_available(resolved)
 
     metrics = Metrics()
 
@@ -83,14 +90,21 @@ def create_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         # Each part is closed in reverse order even when a later one fails to start.
         async with AsyncExitStack() as stack:
+            traced = stack.enter_context(tracing.activated(resolved, provider=tracer_provider))
             runtime = open_runtime(resolved, embedder=embedder)
             stack.callback(runtime.close)
+            if traced is not None:
+                traced.instrument_engines(runtime.db.engines())
             require_unprivileged_login(runtime.db, resolved)
             app.state.runtime = runtime
             runtime.models.start()  # follows `ragservice models activate` without a restart
             app.state.searcher = make_searcher(runtime)
             stack.callback(app.state.searcher.close)
-            inference = InferenceClient.from_settings(resolved, owner=tenancy.current_tenant_id)
+            inference = InferenceClient.from_settings(
+                resolved,
+                owner=tenancy.current_tenant_id,
+                transport=None if traced is None else traced.httpx_transport(),
+            )
             if inference is not None:
                 stack.push_async_callback(inference.aclose)
             app.state.pipeline = make_pipeline(runtime, app.state.searcher, inference, metrics)
@@ -114,7 +128,11 @@ def create_app(
     install_error_handlers(app)
     # Innermost first: the key is checked within the request's scope, before the body is read.
     app.add_middleware(AuthMiddleware, failures=failure_limiter(resolved.auth_failures_per_minute))
-    app.add_middleware(RequestContextMiddleware, max_body_bytes=resolved.max_body_bytes)
+    app.add_middleware(
+        RequestContextMiddleware,
+        max_body_bytes=resolved.max_body_bytes,
+        access_log=resolved.log_format == "json",
+    )
     app.add_middleware(MetricsMiddleware, metrics=metrics)
     for module in (collections, documents, jobs, search, query, openai, feedback, admin):
         app.include_router(module.router)

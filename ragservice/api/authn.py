@@ -38,6 +38,7 @@ from ragservice.errors import (
     RateLimitedError,
 )
 from ragservice.metrics import Metrics
+from ragservice.observability import logs
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +92,7 @@ class AuthMiddleware:
             await _refusal(scope, unavailable)(scope, receive, send)
             return
         scope.setdefault("state", {})["principal"] = principal
+        logs.set_request_tenant(principal.tenant_id)  # on the request's log lines from here
         db_scope = current_scope()
         if db_scope is not None:
             # From here on the request's transactions see this tenant's rows only (`tenancy`).

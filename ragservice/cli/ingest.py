@@ -30,9 +30,10 @@ from ingest.pipeline import IngestReport, ProgressCallback
 from ingest.targets import ingest_pipeline, resolve_model
 from ragservice import store
 from ragservice.bootstrap import Runtime, open_runtime
-from ragservice.config import DEFAULT_TENANT_NAME, configure_logging, get_settings
+from ragservice.config import DEFAULT_TENANT_NAME, get_settings
 from ragservice.db import tenancy
 from ragservice.errors import NotFoundError, RagServiceError
+from ragservice.observability.logs import configure_logging
 
 if TYPE_CHECKING:
     from ragservice.db.models import EmbeddingModel
@@ -503,5 +504,6 @@ def main() -> None:
     from ragservice.cli.termination import end_cleanly_on_termination
 
     end_cleanly_on_termination()
-    configure_logging(get_settings().log_level)
+    settings = get_settings()
+    configure_logging(settings.log_level, settings.log_format)
     typer.run(ingest_command)

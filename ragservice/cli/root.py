@@ -25,7 +25,8 @@ from ragservice.cli import (
 )
 from ragservice.cli.ingest import ingest_command
 from ragservice.cli.termination import end_cleanly_on_termination
-from ragservice.config import configure_logging, get_settings
+from ragservice.config import get_settings
+from ragservice.observability.logs import configure_logging
 
 app = typer.Typer(
     help="RAG and vector-search data service on PostgreSQL + pgvector.",
@@ -90,5 +91,6 @@ app.add_typer(audit.app, name="audit")
 def main(prog_name: str | None = None) -> None:
     """The console script (and `python -m ragservice`, which names the program)."""
     end_cleanly_on_termination()
-    configure_logging(get_settings().log_level)
+    settings = get_settings()
+    configure_logging(settings.log_level, settings.log_format)
     app(prog_name=prog_name)

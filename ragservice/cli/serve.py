@@ -4,7 +4,7 @@ jobs only)."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -37,7 +37,21 @@ def serve(
             "[yellow]authentication is OFF[/yellow] (RAGSERVICE_AUTH_DISABLED): "
             f"anyone who can reach {bind} acts as the default tenant's admin"
         )
-    uvicorn.run(app_, host=bind, port=port or settings.port, log_level=settings.log_level.lower())
+    uvicorn.run(
+        app_,
+        host=bind,
+        port=port or settings.port,
+        log_level=settings.log_level.lower(),
+        **_uvicorn_logging(settings),
+    )
+
+
+def _uvicorn_logging(settings: Settings) -> dict[str, Any]:
+    """In JSON mode uvicorn's lines go through the service's JSON handler (no config of its
+    own) and its access line is off: the app writes one per request, with the request id."""
+    if settings.log_format == "json":
+        return {"log_config": None, "access_log": False}
+    return {}
 
 
 def _job_workers(settings: Settings) -> list[ServiceFactory]:

@@ -157,6 +157,11 @@ class Database:
             tenancy.apply(session.connection(), tenancy.SYSTEM, switch_role=False)
             yield session
 
+    def engines(self) -> list[Engine]:
+        """Every engine of the service's login: the primary's two and each replica's."""
+        replicas = [] if self.router is None else [r.engine for r in self.router.replicas]
+        return [self.write_engine, self.read_engine, *replicas]
+
     def dispose(self) -> None:
         if self.router is not None:
             self.router.stop()

@@ -269,6 +269,9 @@ class QueryLog(Base):
         ARRAY(UUID(as_uuid=True)), server_default="{}"
     )
     redacted_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # The request's X-Request-ID and, while tracing is on, its trace id (32 hex digits).
+    request_id: Mapped[str | None] = mapped_column(Text)
+    trace_id: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = _now()
 
 

@@ -5,6 +5,8 @@ This module owns the shape of the log's JSON columns: `retrieved` is a list of
 (the sources the answer cites). Both are written by `log_query` and read back through
 `from_json`; the analytics views (migration 0006) and the export SQL read the same keys.
 
+`request_id` and `trace_id` tie a row to the request's log lines and its trace.
+
 `source_document_ids` names every document an answer drew on; deleting one of them redacts
 the row (`answer` and `messages` set to NULL, `redacted_at` set) in the same transaction, by
 a trigger (migration 0012). `purge_query_log` deletes rows past the retention.
@@ -89,6 +91,8 @@ class QueryRecord:
     messages: list[dict[str, Any]] | None = None  # the prompt the answer was generated from
     # Documents the answer drew on beyond `retrieved` and `citations` (a cached answer's sources)
     source_document_ids: Sequence[uuid.UUID] = ()
+    request_id: str | None = None  # the HTTP request's `X-Request-ID`
+    trace_id: str | None = None  # its OpenTelemetry trace, while tracing is on
     id: uuid.UUID = field(default_factory=uuid.uuid4)  # known before the row is written
 
 
@@ -115,6 +119,8 @@ def log_query(session: Session, record: QueryRecord) -> uuid.UUID:
         messages=None if redact else record.messages,
         source_document_ids=sources,
         redacted_at=func.now() if redact else None,
+        request_id=record.request_id,
+        trace_id=record.trace_id,
     )
     session.add(entry)
     session.flush()

@@ -2,6 +2,7 @@
 
 The layers, bottom up (docs/architecture.md draws them):
 0. leaves: config, errors, types, limits, timing, metrics, periodic: import nothing internal;
+   and `observability/` (traces, log lines), which imports those leaves only;
 1. `db/`: engines, models, migrations, routing, tenancy;
 2. `store/`: the SQL on tenant data, one module per subject;
 3. the capabilities: chunking, `retrieval/`, `embedding/`, `cache/`, `answering/`, `feedback/`,
@@ -64,6 +65,8 @@ def test_nothing_below_the_top_imports_api_cli_or_ingest(path: Path) -> None:
 
 
 LEAVES = ("config", "errors", "types", "limits", "timing", "metrics", "periodic", "extras")
+# Layer 0 too, but built on the leaves: they may import those and nothing else.
+LEAF_PACKAGES = ("observability",)
 CAPABILITIES = (
     "chunking",
     "retrieval",
@@ -81,7 +84,7 @@ def layer(dotted: str) -> int:
     if parts[0] == "ingest":
         return 5
     name = parts[1]
-    if name in LEAVES:
+    if name in LEAVES or name in LEAF_PACKAGES:
         return 0
     ranks = {
         "db": 1,
@@ -156,6 +159,18 @@ def test_the_mcp_server_and_the_integrations_reach_the_service_through_its_clien
 @pytest.mark.parametrize("leaf", [f"{name}.py" for name in LEAVES])
 def test_leaves_import_nothing_internal(leaf: str) -> None:
     assert internal(ROOT / "ragservice" / leaf) == set()
+
+
+@pytest.mark.parametrize(
+    "path",
+    [p for name in LEAF_PACKAGES for p in sorted((ROOT / "ragservice" / name).rglob("*.py"))],
+    ids=lambda p: str(p.relative_to(ROOT)),
+)
+def test_leaf_packages_import_leaves_only(path: Path) -> None:
+    own = path.relative_to(ROOT / "ragservice").parts[0]
+    allowed = {f"ragservice.{name}" for name in (*LEAVES, own)}
+    imported = {n for n in internal(path) if n != "ragservice"}
+    assert {n for n in imported if ".".join(n.split(".")[:2]) not in allowed} == set()
 
 
 @pytest.mark.parametrize(

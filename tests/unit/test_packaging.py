@@ -57,7 +57,8 @@ def test_core_dependencies_leave_out_fine_tuning_onnx_and_parquet(
 
 def test_each_extra_brings_the_modules_the_code_checks_for(project: dict[str, Any]) -> None:
     """`ragservice.extras` names the extra to install when its modules are missing: the
-    extras and their packages must be the ones pyproject.toml declares."""
+    extras and their packages must be the ones pyproject.toml declares (a dotted module is
+    the package of its name with dashes: `opentelemetry.sdk`, `opentelemetry-sdk`)."""
     extras = project["optional-dependencies"]
     for extra, modules in EXTRA_MODULES.items():
         # A module's dotted name spelled as its distribution's (`llama_index.core`).
