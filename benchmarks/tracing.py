@@ -9,8 +9,14 @@ SDK's cost without the network. The prompt cache is off on both. The first `--do
 documents of the corpus are loaded once, through the API. Then rounds, the servers' order
 alternating: each round asks each server the same `--per-round` questions one at a time, by
 turns `POST /v1/search` and `POST /v1/query` (an extractive answer: no inference server). Reports
-each round's client-side p50 per server, the medians over the rounds and their ratio (on / off);
-prints a final JSON line.
+each round's client-side p50 per server, the medians over the rounds and their ratio (on / off).
+
+What tracing *off* costs is too small for two servers to show, so it is measured directly: the
+off path adds one check of a module-level name to each stage (`timing.timed`) and one to each
+request (the middleware's `tracing.current()`); the benchmark times `timed` against the same
+block without the check (a million times each, best of five) and reports the added nanoseconds
+per request (the stage count of a question times the check, plus the request's own) and that
+as a share of the off server's p50. Prints a final JSON line.
 """
 
 from __future__ import annotations
@@ -23,6 +29,8 @@ import statistics
 import sys
 import tempfile
 import time
+import timeit
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,10 +38,19 @@ from typing import Any
 _HERE = Path(__file__).resolve().parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE] + [str(_HERE)]
 
-import httpx  # noqa: E402
-from harness import add_common_arguments, ensure_corpus, ok, parse, percentile, server  # noqa: E402
+from harness import (  # noqa: E402
+    add_common_arguments,
+    connect,
+    ensure_corpus,
+    parse,
+    percentile,
+    server,
+)
 
+from ragservice import timing  # noqa: E402
+from ragservice.client import RagserviceClient  # noqa: E402
 from ragservice.embedding.evaluation import load_beir_queries  # noqa: E402
+from ragservice.observability import tracing  # noqa: E402
 
 COMMON_ENV = {"RAGSERVICE_CACHE_ENABLED": "0"}
 SERVERS = {
@@ -80,7 +97,7 @@ def _parse_args() -> argparse.Namespace:
 @contextlib.contextmanager
 def _client(stack: contextlib.ExitStack, args: argparse.Namespace, env: dict[str, str]) -> Any:
     base, headers = stack.enter_context(server(args, env))
-    with httpx.Client(base_url=base, headers=headers, timeout=120) as client:
+    with connect(base, headers, timeout=120) as client:
         yield client
 
 
@@ -91,26 +108,74 @@ def _first_documents(corpus: Path, count: int, folder: Path) -> Path:
     return small
 
 
-def _round(client: httpx.Client, args: argparse.Namespace, questions: list[str]) -> list[float]:
+def _round(client: RagserviceClient, args: argparse.Namespace, questions: list[str]) -> list[float]:
     """Milliseconds per request, the questions asked by turns through search and query."""
     latencies = []
+    collections = [args.collection]
     for number, question in enumerate(questions):
-        path = "/v1/search" if number % 2 == 0 else "/v1/query"
-        key = "query" if path == "/v1/search" else "question"
-        body = {key: question, "collections": [args.collection], "k": args.k}
         started = time.perf_counter()
-        ok(client.post(path, json=body))
+        if number % 2 == 0:
+            client.search(question, collections=collections, k=args.k)
+        else:
+            client.answer(question, collections=collections, k=args.k, cache=False)
         latencies.append((time.perf_counter() - started) * 1000)
     return latencies
+
+
+# The stages a question's answer goes through with the cache on (cache_lookup, embed,
+# fulltext, fuse, rerank, context, generate, log_write), rounded up.
+STAGES_PER_REQUEST = 10
+
+
+@contextlib.contextmanager
+def _timed_without_check(timings: dict[str, float], name: str) -> Iterator[None]:
+    """`timing.timed` as it was before tracing: no span check."""
+    started = time.perf_counter()
+    try:
+        yield
+    finally:
+        timing.add_ms(timings, name, timing.ms_since(started))
+
+
+def _best_ns(block: Callable[[], None], repeats: int = 5, number: int = 1_000_000) -> float:
+    return min(timeit.repeat(block, repeat=repeats, number=number)) / number * 1e9
+
+
+def _off_path_ns() -> dict[str, float]:
+    """Nanoseconds the tracing-off path adds: per stage (`timed`'s check) and per request."""
+    assert tracing.current() is None  # this process never turns tracing on
+    timings: dict[str, float] = {}
+
+    def checked() -> None:
+        with timing.timed(timings, "stage"):
+            pass
+
+    def unchecked() -> None:
+        with _timed_without_check(timings, "stage"):
+            pass
+
+    per_stage = max(_best_ns(checked) - _best_ns(unchecked), 0.0)
+    per_request = _best_ns(tracing.current)
+    return {
+        "per_stage": per_stage,
+        "per_request_check": per_request,
+        "per_request": per_stage * STAGES_PER_REQUEST + per_request,
+    }
 
 
 def _report(args: argparse.Namespace, p50s: dict[str, list[float]], per_round: int) -> None:
     medians = {name: statistics.median(values) for name, values in p50s.items()}
     ratio = medians["on"] / medians["off"]
+    off_ns = _off_path_ns()
+    off_share = off_ns["per_request"] / (medians["off"] * 1e6)
     print(f"{'round':>5} {'off p50 ms':>11} {'on p50 ms':>10}")
     for number, (off, on) in enumerate(zip(p50s["off"], p50s["on"], strict=True), 1):
         print(f"{number:>5} {off:>11.2f} {on:>10.2f}")
     print(f"median p50: off {medians['off']:.2f} ms, on {medians['on']:.2f} ms, ratio {ratio:.3f}")
+    print(
+        f"tracing off adds {off_ns['per_stage']:.1f} ns a stage, "
+        f"{off_ns['per_request']:.0f} ns a request: {off_share:.2e} of the off p50"
+    )
     print(
         json.dumps(
             {
@@ -121,6 +186,9 @@ def _report(args: argparse.Namespace, p50s: dict[str, list[float]], per_round: i
                 "p50_ms_off": round(medians["off"], 3),
                 "p50_ms_on": round(medians["on"], 3),
                 "ratio_on_off": round(ratio, 4),
+                "off_path_ns_per_stage": round(off_ns["per_stage"], 1),
+                "off_path_ns_per_request": round(off_ns["per_request"], 1),
+                "off_path_share_of_p50": float(f"{off_share:.3g}"),
                 "p50_ms_per_round": {k: [round(v, 3) for v in vs] for k, vs in p50s.items()},
             }
         )

@@ -83,6 +83,9 @@ def test_lock_files_pin_everything_with_hashes_and_agree() -> None:
     assert not any(name.startswith("nvidia-") for name in dev)
     assert not set(service) & (TEST_TOOLS | {"datasets", "accelerate", "pandas"})
     assert {"onnxruntime", "onnx", "pyarrow", "sentence-transformers"} <= set(service)
+    # Tracing and `ragservice mcp` are part of the service; the framework adapters are not.
+    assert {"opentelemetry-sdk", "mcp"} <= set(service)
+    assert not set(service) & {"langchain-core", "llama-index-core"}
     assert set(dev) >= (TEST_TOOLS | OPTIONAL)
     assert set(service) <= set(dev)
     assert {name: dev[name] for name in service} == service
