@@ -15,6 +15,7 @@ EXTRA_MODULES: dict[str, tuple[str, ...]] = {
     "mcp": ("mcp",),
     "langchain": ("langchain_core",),
     "llamaindex": ("llama_index.core",),
+    "tiktoken": ("tiktoken",),
 }
 
 
