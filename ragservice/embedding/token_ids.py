@@ -72,19 +72,18 @@ def forget_encodings() -> None:
 def _decode(encoding: Encoding, ids: Sequence[int], where: str) -> str:
     if not ids:
         raise InvalidInputError(f"{where}: no token ids")
-    highest = encoding.max_token_value
-    outside = next((i for i in ids if not 0 <= i <= highest), None)
-    try:
-        if outside is not None:
-            raise KeyError(outside)
-        data = encoding.decode_bytes(list(ids))
-    except KeyError as exc:
-        bad = outside if outside is not None else _unknown_id(encoding, ids)
+    bad = next((i for i in ids if not 0 <= i <= encoding.max_token_value), None)
+    if bad is None:
+        try:
+            data = encoding.decode_bytes(list(ids))
+        except KeyError:  # an id in a gap of the encoding's range
+            bad = next(i for i in ids if not _decodes(encoding, i))
+    if bad is not None:
         raise InvalidInputError(
             f"{where}: token id {bad} is not in tiktoken's {encoding.name} encoding "
-            f"(ids 0-{highest}); token arrays are read as {encoding.name} ids, as OpenAI's "
-            "clients send them"
-        ) from exc
+            f"(ids 0-{encoding.max_token_value}); token arrays are read as {encoding.name} "
+            "ids, as OpenAI's clients send them"
+        )
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -94,14 +93,12 @@ def _decode(encoding: Encoding, ids: Sequence[int], where: str) -> str:
         ) from exc
 
 
-def _unknown_id(encoding: Encoding, ids: Sequence[int]) -> int | str:
-    """The first id inside the encoding's range that it cannot decode (a gap in its ids)."""
-    for i in ids:
-        try:
-            encoding.decode_single_token_bytes(i)
-        except KeyError:
-            return i
-    return "?"
+def _decodes(encoding: Encoding, token: int) -> bool:
+    try:
+        encoding.decode_single_token_bytes(token)
+    except KeyError:
+        return False
+    return True
 
 
 def _load(name: str) -> Encoding:
