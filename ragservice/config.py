@@ -259,6 +259,16 @@ class Settings(BaseSettings):
         ge=1,
         description="characters of all the texts of one /v1/embeddings request",
     )
+    embedding_token_ids: Literal["tiktoken", "model"] = Field(
+        default="tiktoken",
+        description="whose ids /v1/embeddings token arrays are: tiktoken's (OpenAI-style "
+        "clients, LangChain), decoded to text; or the embedding model's own tokenizer's",
+    )
+    embedding_tiktoken_encoding: str = Field(
+        default="cl100k_base",
+        min_length=1,
+        description="the tiktoken encoding token arrays are decoded with (tiktoken mode)",
+    )
     auth_disabled: bool = Field(
         default=False, description="serve without API keys; refused unless bound to loopback"
     )

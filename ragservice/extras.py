@@ -22,6 +22,7 @@ EXTRA_MODULES: dict[str, tuple[str, ...]] = {
         "opentelemetry.instrumentation.httpx",
         "greenlet",
     ),
+    "tiktoken": ("tiktoken",),
 }
 
 

@@ -1,13 +1,23 @@
 """`/v1/embeddings` and `/v1/models` through the official `openai` client, in process: token id
-arrays of the model's own tokenizer, the `model` field, and the models list."""
+arrays (tiktoken's, as OpenAI clients and LangChain send them; or the model's own tokenizer's),
+the `model` field, and the models list."""
 
 from __future__ import annotations
+
+from collections.abc import Iterator
+from importlib.resources import files
+from pathlib import Path
 
 import numpy as np
 import openai
 import pytest
+import requests
+import tiktoken
+import tiktoken.registry
 from fastapi.testclient import TestClient
 
+from ragservice.config import Settings
+from ragservice.embedding import token_ids
 from ragservice.embedding.embedder import SentenceTransformerEmbedder
 from tests.api.conftest import Keys, ok
 
@@ -32,7 +42,136 @@ def vectors(reply: openai.types.CreateEmbeddingResponse) -> np.ndarray:
     return np.asarray([row.embedding for row in reply.data], dtype=np.float32)
 
 
-def test_token_id_arrays_embed_like_the_texts_they_came_from(
+@pytest.fixture
+def api_settings(api_settings: Settings, request: pytest.FixtureRequest) -> Settings:
+    """RAGSERVICE_EMBEDDING_TOKEN_IDS as the test's `api_settings` parameter (default tiktoken)."""
+    mode = getattr(request, "param", "tiktoken")
+    return api_settings.model_copy(update={"embedding_token_ids": mode})
+
+
+model_ids = pytest.mark.parametrize("api_settings", ["model"], indirect=True)
+"""The token arrays of the test are the model's own tokenizer's."""
+
+
+@pytest.fixture
+def tiktoken_cache(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """cl100k_base offline: the copy llama-index-core ships in its package, as tiktoken's cache
+    (for the service and for the clients that tokenize)."""
+    cache = Path(str(files("llama_index.core") / "_static" / "tiktoken_cache"))
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(cache))
+    token_ids.forget_encodings()
+    yield cache
+    token_ids.forget_encodings()
+
+
+def test_tiktoken_ids_embed_like_the_texts_they_came_from(
+    client: TestClient, keys: Keys, embedder: SentenceTransformerEmbedder, tiktoken_cache: Path
+) -> None:
+    api = openai_client(client, keys.reader)
+    cl100k = tiktoken.get_encoding("cl100k_base")
+    texts = [*TEXTS, "Ünïcödé: 日本語のテキスト"]
+    expected = embedder.embed(texts)
+
+    from_ids = api.embeddings.create(model=embedder.name, input=cl100k.encode_batch(texts))
+    np.testing.assert_allclose(vectors(from_ids), expected, atol=1e-5)
+    # Usage counts the tokens the model read, as for the texts.
+    from_texts = api.embeddings.create(model=embedder.name, input=texts)
+    assert from_ids.usage.prompt_tokens == from_texts.usage.prompt_tokens
+    one = api.embeddings.create(model=embedder.name, input=cl100k.encode(TEXTS[0]))
+    np.testing.assert_allclose(vectors(one)[0], expected[0], atol=1e-5)
+
+    gap = 100_261  # inside cl100k_base's range, but no token
+    for bad, reason in (
+        (
+            [[9906], [cl100k.max_token_value + 1]],
+            f"input[1]: token id {cl100k.max_token_value + 1}",
+        ),
+        ([[9906], [-1]], "input[1]: token id -1 is not in tiktoken's cl100k_base"),
+        ([[9906, gap]], f"input[0]: token id {gap} is not in tiktoken's cl100k_base"),
+        ([cl100k.encode("\U0001d518")[:1]], "input[0]: the token ids do not decode to UTF-8 text"),
+        ([[]], "input[0]: no token ids"),
+    ):
+        with pytest.raises(openai.UnprocessableEntityError) as refused:
+            api.embeddings.create(model=embedder.name, input=bad)
+        assert reason in detail(refused)
+    # The decoded texts are held to the text limits.
+    long = client.post(
+        "/v1/embeddings", json={"input": [cl100k.encode("a " * 4_001)]}, headers=keys.reader
+    )
+    assert long.status_code == 422
+    assert "input[0]: 8002 characters" in long.json()["detail"]
+
+
+def test_langchain_openai_embeddings_get_the_vectors_of_the_texts(
+    client: TestClient, keys: Keys, embedder: SentenceTransformerEmbedder, tiktoken_cache: Path
+) -> None:
+    """LangChain's defaults: it tokenizes with tiktoken (cl100k_base for a model name OpenAI
+    does not know) and sends the token arrays."""
+    from langchain_openai import OpenAIEmbeddings
+
+    lc = OpenAIEmbeddings(
+        model="all-MiniLM-L6-v2",
+        base_url="http://testserver/v1",
+        api_key=keys.reader["Authorization"].removeprefix("Bearer "),  # type: ignore[arg-type]
+        http_client=client,
+        max_retries=0,
+    )
+    sent: list[object] = []
+    client.event_hooks["request"].append(lambda r: sent.append(r.read()))
+    texts = [TEXTS[0], "Ünïcödé: 日本語のテキスト"]
+    documents = np.asarray(lc.embed_documents(texts), dtype=np.float32)
+    query = np.asarray(lc.embed_query(TEXTS[1]), dtype=np.float32)
+    assert b'"input":[[' in sent[0]  # token arrays, not texts
+    reply = ok(
+        client.post("/v1/embeddings", json={"input": [*texts, TEXTS[1]]}, headers=keys.reader)
+    )
+    by_text = np.asarray([row["embedding"] for row in reply["data"]], dtype=np.float32)
+    np.testing.assert_allclose(documents, by_text[:2], atol=1e-5)
+    np.testing.assert_allclose(query, by_text[2], atol=1e-5)
+
+
+def test_without_the_tiktoken_encoding_token_arrays_are_refused_and_say_what_to_do(
+    client: TestClient,
+    keys: Keys,
+    embedder: SentenceTransformerEmbedder,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    api = openai_client(client, keys.reader)
+
+    def no_network(*args: object, **kwargs: object) -> None:
+        raise AssertionError("tiktoken tried to download")
+
+    monkeypatch.setattr(requests, "get", no_network)
+    monkeypatch.setattr(tiktoken.registry, "ENCODINGS", {})  # none loaded in this process
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path))  # an empty cache
+    token_ids.forget_encodings()
+    ids = [[9906, 1917]]
+    with pytest.raises(openai.UnprocessableEntityError) as refused:
+        api.embeddings.create(model=embedder.name, input=ids)
+    message = detail(refused)
+    assert "read as tiktoken cl100k_base ids, and this server cannot load that encoding" in message
+    assert f"cl100k_base.tiktoken is not in TIKTOKEN_CACHE_DIR ({tmp_path}) as " in message
+    assert (
+        "Send the texts instead (LangChain: OpenAIEmbeddings(check_embedding_ctx_length=False))"
+        in message
+    )
+    assert "'ragservice[tiktoken]'" in message
+    assert not list(tmp_path.iterdir())  # nothing written
+
+    # tiktoken not installed: the same refusal, naming the extra.
+    missing = "Reading token id arrays needs tiktoken, which is not installed (pip install x)"
+    monkeypatch.setattr(token_ids, "missing_extra", lambda extra, purpose: missing)
+    with pytest.raises(openai.UnprocessableEntityError) as uninstalled:
+        api.embeddings.create(model=embedder.name, input=ids)
+    assert missing in detail(uninstalled)
+    token_ids.forget_encodings()
+    # Texts still embed.
+    assert len(api.embeddings.create(model=embedder.name, input="pumps").data) == 1
+
+
+@model_ids
+def test_model_token_id_arrays_embed_like_the_texts_they_came_from(
     client: TestClient, keys: Keys, embedder: SentenceTransformerEmbedder
 ) -> None:
     api = openai_client(client, keys.reader)
@@ -60,7 +199,8 @@ def test_token_id_arrays_embed_like_the_texts_they_came_from(
     np.testing.assert_allclose(vectors(framed)[0], expected[1], atol=1e-5)
 
 
-def test_token_ids_the_model_cannot_read_are_refused_with_the_reason(
+@model_ids
+def test_model_token_ids_the_model_cannot_read_are_refused_with_the_reason(
     client: TestClient, keys: Keys, embedder: SentenceTransformerEmbedder
 ) -> None:
     api = openai_client(client, keys.reader)

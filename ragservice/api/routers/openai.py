@@ -4,7 +4,7 @@
   `model` names where to look (`rag:<collection>`, `rag:<a>,<b>`, or `rag` for all of the
   key's collections); the answer cites `[n]` sources, listed at its end and in `citations`.
 - `POST /v1/embeddings`: the service's embedding model (or another one this process holds
-  loaded), from texts or from token ids of the model's own tokenizer.
+  loaded), from texts or from token id arrays (tiktoken's, or the model's own tokenizer's).
 - `GET /v1/models`: the `rag:<collection>` models this key can use, and the embedding models.
 """
 
@@ -43,6 +43,7 @@ from ragservice.api.schemas.openai import ChatCompletionRequest, ChatMessageIn, 
 from ragservice.auth.ratelimit import ANSWER_COST, embedding_cost
 from ragservice.embedding.embedder import SentenceTransformerEmbedder
 from ragservice.embedding.registry import ModelRegistry, ServingModel
+from ragservice.embedding.token_ids import tiktoken_texts
 from ragservice.embedding.tokens import BatchTokenizer, TokenIds
 from ragservice.errors import InvalidInputError, NotFoundError
 from ragservice.retrieval.search import SearchOptions
@@ -129,18 +130,25 @@ async def chat_completions(
 async def embeddings(
     body: EmbeddingsRequest, principal: Reader, runtime: RuntimeDep, request: Request
 ) -> Any:
-    """Embed texts, or token ids of the model's own tokenizer, with the requested embedding
-    model (normalized vectors, cosine-ready)."""
+    """Embed texts, or token id arrays (tiktoken's ids, decoded to their texts; or the model's
+    own tokenizer's, RAGSERVICE_EMBEDDING_TOKEN_IDS), with the requested embedding model
+    (normalized vectors, cosine-ready)."""
+    settings = runtime.settings
     model, model_id = _embedding_model(runtime.models, body.model)  # one for the request
     embedder = model.embedder
     inputs = _inputs(body.input)
     texts = [text for text in inputs if isinstance(text, str)]
     noun = "texts" if len(texts) == len(inputs) else "token arrays"
-    check_batch(len(inputs), runtime.settings, field="input")
-    check_embedding_count(len(inputs), runtime.settings, noun=noun)
-    check_embedding_texts(texts, runtime.settings)
+    check_batch(len(inputs), settings, field="input")
+    check_embedding_count(len(inputs), settings, noun=noun)
+    check_embedding_texts(texts, settings)
     charge(request, principal.key_id, embedding_cost(len(inputs)), what=f"{len(inputs)} {noun}")
     _check_embedding_input(inputs, body.dimensions, embedder)
+    if len(texts) < len(inputs) and settings.embedding_token_ids == "tiktoken":
+        arrays = [ids for ids in inputs if isinstance(ids, list)]
+        encoding = settings.embedding_tiktoken_encoding
+        texts = await anyio.to_thread.run_sync(tiktoken_texts, arrays, encoding)
+        check_embedding_texts(texts, settings)
     if len(texts) == len(inputs):
         vectors = await anyio.to_thread.run_sync(_embed, embedder, texts)
         tokens = await anyio.to_thread.run_sync(_token_count, embedder, texts)
@@ -339,9 +347,9 @@ def _token_inputs(embedder: SentenceTransformerEmbedder, arrays: list[list[int]]
             inputs.append(tokenizer.input_from_ids(ids))
         except ValueError as exc:
             raise InvalidInputError(
-                f"input[{i}]: {exc}; token ids must be the embedding model's own tokenizer's "
-                "(ids of another tokenizer, such as tiktoken's, are not this model's: send "
-                "the text instead)"
+                f"input[{i}]: {exc}; token ids are read as the embedding model's own "
+                "tokenizer's (RAGSERVICE_EMBEDDING_TOKEN_IDS=model), not tiktoken's: send "
+                "the text instead"
             ) from exc
     return inputs
 

@@ -41,8 +41,9 @@ class EmbeddingsRequest(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     input: str | list[str] | list[StrictInt] | list[list[StrictInt]] = Field(
-        description="a text, texts, or token ids of the embedding model's own tokenizer: "
-        "one text's ids, or a list of them"
+        description="a text, texts, or token ids (tiktoken's, cl100k_base by default, as "
+        "OpenAI clients send them; or the model's own tokenizer's: "
+        "RAGSERVICE_EMBEDDING_TOKEN_IDS): one text's ids, or a list of them"
     )
     model: str = Field(default="", description="an embedding model's id (GET /v1/models)")
     encoding_format: Literal["float", "base64"] = "float"
