@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
+from ragservice.client import RagserviceClient
 from tests.unit.test_layering import ROOT
 
 
@@ -83,7 +84,8 @@ def test_a_corpus_with_empty_documents_is_loaded_and_reported(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     api = FakeApi(stored=None)
-    with httpx.Client(base_url="http://bench", transport=httpx.MockTransport(api)) as client:
+    http = httpx.Client(base_url="http://bench", transport=httpx.MockTransport(api))
+    with RagserviceClient(http) as client:
         census = harness.ensure_corpus(client, "beir", write_corpus(tmp_path))
         again = harness.ensure_corpus(client, "beir", write_corpus(tmp_path))
     assert (census.documents, census.empty_ids) == (2, ["d2", "d3", "d5", "d6"])
@@ -104,7 +106,9 @@ def test_documents_missing_for_another_reason_still_stop_the_benchmark(tmp_path:
         return response
 
     with (
-        httpx.Client(base_url="http://bench", transport=httpx.MockTransport(lossy)) as client,
+        RagserviceClient(
+            httpx.Client(base_url="http://bench", transport=httpx.MockTransport(lossy))
+        ) as client,
         pytest.raises(SystemExit, match="expected 2 documents in 'beir', found 1"),
     ):
         harness.ensure_corpus(client, "beir", write_corpus(tmp_path))

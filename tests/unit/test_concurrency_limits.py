@@ -184,7 +184,9 @@ class FakeUpstream:
         finally:
             self.now -= 1
         if json.loads(request.content)["stream"]:
-            return httpx.Response(200, content=sse("Par", "is"))
+            return httpx.Response(
+                200, content=sse("Par", "is"), headers={"content-type": "text/event-stream"}
+            )
         return httpx.Response(200, json=completion("Paris"))
 
 
