@@ -25,7 +25,7 @@ export HF_HUB_OFFLINE
 # Idle torch threads otherwise spin and steal CPU from PostgreSQL on small machines.
 export OMP_WAIT_POLICY := PASSIVE
 
-.PHONY: run test lint typecheck lock bench-ingest bench-ingest-compare bench-search bench-query bench-tracing bench-cache bench-replicas bench-feedback bench-rls bench-hostile bench-injection bench-scale bench-soak clean
+.PHONY: run test browser lint typecheck lock bench-ingest bench-ingest-compare bench-search bench-query bench-tracing bench-cache bench-replicas bench-feedback bench-rls bench-hostile bench-injection bench-scale bench-soak clean
 
 # The locked packages without their dependencies (the lock holds them all), then the project.
 $(STAMP): pyproject.toml requirements.lock
@@ -62,9 +62,19 @@ lock:
 run: $(STAMP)
 	RAGSERVICE_AUTH_DISABLED=$${RAGSERVICE_AUTH_DISABLED:-1} $(BIN)/ragservice serve --host 127.0.0.1
 
+# The console's browser tests drive the system's Chromium (Playwright's own browser download is
+# not used). Debian's package is installed when no browser is found: as root, or through sudo.
+BROWSER ?= $(firstword $(wildcard $(RAGSERVICE_BROWSER) /usr/bin/chromium /usr/bin/chromium-browser))
+browser:
+	@if [ -n "$(BROWSER)" ]; then exit 0; fi; \
+	if [ "$$(id -u)" = 0 ]; then SUDO=; elif command -v sudo >/dev/null; then SUDO=sudo; \
+	else echo "no chromium found: install Debian's chromium package as root (or set RAGSERVICE_BROWSER)"; exit 1; fi; \
+	$$SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q --no-install-recommends chromium
+
 # pytest exits 5 when it collected no test at all; say so instead of failing obscurely.
-test: $(DEV_STAMP)
-	$(BIN)/pytest; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests were collected"; fi; exit $$rc
+# RAGSERVICE_REQUIRE_BROWSER: the browser tests fail instead of skipping without a browser.
+test: $(DEV_STAMP) browser
+	RAGSERVICE_REQUIRE_BROWSER=1 $(BIN)/pytest; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests were collected"; fi; exit $$rc
 
 lint: $(DEV_STAMP)
 	$(BIN)/ruff check .
