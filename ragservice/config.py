@@ -272,6 +272,9 @@ class Settings(BaseSettings):
     auth_disabled: bool = Field(
         default=False, description="serve without API keys; refused unless bound to loopback"
     )
+    console: bool = Field(
+        default=True, description="serve the web console at /ui (it calls the API with a key)"
+    )
     auth_failures_per_minute: int = Field(
         default=30,
         ge=0,

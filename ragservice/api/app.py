@@ -13,6 +13,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import SecretStr
 
+from ragservice import console
 from ragservice.answering.answer import AnswerPipeline
 from ragservice.answering.inference import InferenceClient
 from ragservice.api.authn import AuthMiddleware, failure_limiter
@@ -137,6 +138,7 @@ def create_app(
     for module in (collections, documents, jobs, search, query, openai, feedback, admin):
         app.include_router(module.router)
     _add_health_routes(app)
+    console.mount(app, resolved)
     if resolved.metrics_port is None:
         _add_metrics_route(app, metrics, resolved.metrics_token)
     return app

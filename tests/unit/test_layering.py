@@ -9,7 +9,8 @@ The layers, bottom up (docs/architecture.md draws them):
    `auth/`, `safety/`: they may use each other; and `client`, the REST API's HTTP client, with
    `integrations/`, the LangChain and LlamaIndex retrievers over it;
 4. `bootstrap`: opens the database and the serving model for a process; `mcp_server/`, the MCP
-   server, a front end that reaches the service through `client` only;
+   server, a front end that reaches the service through `client` only; `console/`, the web
+   console's static files, which the API serves;
 5. `ingest/`: loaders, the ingest pipeline and the job worker;
 6. the composition roots `api/` and `cli/`, which may import anything (`cli/` alone imports the
    development cluster in `dev/`).
@@ -93,6 +94,7 @@ def layer(dotted: str) -> int:
         "integrations": 3,
         "bootstrap": 4,
         "mcp_server": 4,
+        "console": 4,
         "dev": 5,
         "api": 6,
         "cli": 6,
