@@ -6,10 +6,14 @@
 import { ApiError, forgetKey, get, getKey, onUnauthorized, setKey } from "./api.js";
 import { alertError, announce, clear, clearMessages, errorText, field, h } from "./dom.js";
 import * as ask from "./pages/ask.js";
+import * as collections from "./pages/collections.js";
+import * as jobs from "./pages/jobs.js";
 
 /** The pages, in the navigation's order; `allowed(me)`: whether the role may see it. */
 const PAGES = [
   { path: "ask", title: "Ask", page: ask, allowed: () => true },
+  { path: "collections", title: "Collections", page: collections, allowed: () => true },
+  { path: "jobs", title: "Jobs", page: jobs, allowed: () => true },
 ];
 
 const main = document.getElementById("main");
