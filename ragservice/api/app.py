@@ -25,6 +25,7 @@ from ragservice.api.routers import (
     documents,
     feedback,
     jobs,
+    models,
     openai,
     query,
     search,
@@ -145,6 +146,7 @@ def create_app(
         openai,
         feedback,
         admin,
+        models,
     ):
         app.include_router(module.router)
     _add_health_routes(app)
