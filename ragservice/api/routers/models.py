@@ -21,7 +21,7 @@ from ragservice.bootstrap import Runtime
 from ragservice.db import tenancy
 from ragservice.embedding import registry
 
-router = APIRouter(prefix="/v1/admin/models", tags=["admin"], responses=error_responses())
+router = APIRouter(prefix="/v1/admin/models", tags=["admin"], responses=error_responses(409))
 
 
 @router.get("")
