@@ -20,11 +20,13 @@ from ragservice.api.authn import AuthMiddleware, failure_limiter
 from ragservice.api.error_handlers import install_error_handlers
 from ragservice.api.middleware import MetricsMiddleware, RequestContextMiddleware
 from ragservice.api.routers import (
+    account,
     admin,
     collections,
     documents,
     feedback,
     jobs,
+    models,
     openai,
     query,
     search,
@@ -135,7 +137,18 @@ def create_app(
         access_log=resolved.log_format == "json",
     )
     app.add_middleware(MetricsMiddleware, metrics=metrics)
-    for module in (collections, documents, jobs, search, query, openai, feedback, admin):
+    for module in (
+        account,
+        collections,
+        documents,
+        jobs,
+        search,
+        query,
+        openai,
+        feedback,
+        admin,
+        models,
+    ):
         app.include_router(module.router)
     _add_health_routes(app)
     console.mount(app, resolved)

@@ -58,6 +58,12 @@ class Principal:
     role: Role
     key_id: uuid.UUID | None
     actor: str = AUTH_DISABLED_ACTOR
+    key_prefix: str | None = None
+
+    def is_service_admin(self, default_tenant_id: uuid.UUID) -> bool:
+        """Whether the caller may change what every tenant shares (the embedding model): an
+        admin of the default tenant, the service operator's, or anyone when auth is off."""
+        return self.role is Role.ADMIN and self.tenant_id == default_tenant_id
 
 
 def failure_limiter(per_minute: int) -> RateLimiter | None:
@@ -157,7 +163,11 @@ def _principal(runtime: Runtime, key: ApiKey | None, metrics: Metrics) -> Princi
             )
         )
     return Principal(
-        tenant_id=key.tenant_id, role=Role(key.role), key_id=key.id, actor=f"key:{key.prefix}"
+        tenant_id=key.tenant_id,
+        role=Role(key.role),
+        key_id=key.id,
+        actor=f"key:{key.prefix}",
+        key_prefix=key.prefix,
     )
 
 

@@ -100,6 +100,21 @@ Writer = Annotated[Principal, Depends(require(Role.WRITER))]
 Admin = Annotated[Principal, Depends(require(Role.ADMIN))]
 
 
+def require_service_admin(request: Request, principal: Admin) -> Principal:
+    """An admin of the default tenant: what every tenant shares (the embedding model) is the
+    service operator's to change, not any one tenant's."""
+    if not principal.is_service_admin(get_runtime(request).default_tenant_id):
+        raise PermissionDeniedError(
+            "the embedding model is shared by every tenant: only an admin key of the default "
+            "tenant (the service operator's) may switch it; this key is an admin of its own "
+            "tenant only"
+        )
+    return principal
+
+
+ServiceAdmin = Annotated[Principal, Depends(require_service_admin)]
+
+
 def wake_workers(request: Request) -> None:
     """Have the app's job workers look for a job now (one was just queued)."""
     for service in request.app.state.services:

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
 
     from ragservice.embedding.indexing import IndexBuild
-    from ragservice.embedding.registry import ModelStatus, Switch
+    from ragservice.embedding.registry import Switch
     from ragservice.store.indexes import BuildProgress
 
 app = typer.Typer(help="Embedding model versions.", no_args_is_help=True)
@@ -32,31 +32,13 @@ def models_list(
 
     with database() as db, db.read() as session:
         statuses = registry.model_statuses(session)
-    rows = [_model_row(status, statuses) for status in statuses]
+    rows = [
+        {**registry.model_row(status, statuses), "path": status.model.path} for status in statuses
+    ]
     if as_json:
         typer.echo(json.dumps(rows, indent=2))
         return
     _print_models(rows)
-
-
-def _model_row(status: ModelStatus, statuses: list[ModelStatus]) -> dict[str, Any]:
-    model = status.model
-    names = {s.model.id: f"{s.model.name}:{s.model.version}" for s in statuses}
-    held_out = model.details.get("held_out", {})
-    return {
-        "id": model.id,
-        "name": model.name,
-        "version": model.version,
-        "dimension": model.dimension,
-        "storage": model.storage,
-        "active": model.active,
-        "embedded": status.embedded,
-        "chunks": status.chunks,
-        "base": names.get(model.base_model_id) if model.base_model_id else None,
-        "created": model.created_at.isoformat(timespec="seconds"),
-        "held_out": {"before": held_out.get("before", {}), "after": held_out.get("after", {})},
-        "path": model.path,
-    }
 
 
 def _print_models(rows: list[dict[str, Any]]) -> None:

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import logging
 import threading
+import uuid
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -275,9 +276,32 @@ class ModelStatus:
 
 
 def model_statuses(session: Session) -> list[ModelStatus]:
+    """Every registered model, with the chunks the transaction sees and how many it embedded."""
     counts = store.models.embedded_counts(session)
     total = store.models.chunk_total(session)
     return [ModelStatus(m, counts.get(m.id, 0), total) for m in store.models.list_models(session)]
+
+
+def model_row(status: ModelStatus, statuses: Sequence[ModelStatus]) -> dict[str, Any]:
+    """One model as `ragservice models list --json` and `GET /v1/admin/models` show it: the
+    same fields in both (the CLI adds the path; the API does not tell where files lie). `base`
+    names the model it was fine-tuned from, as `NAME:VERSION` (`statuses` holds the names)."""
+    model = status.model
+    names = {s.model.id: f"{s.model.name}:{s.model.version}" for s in statuses}
+    held_out = model.details.get("held_out", {})
+    return {
+        "id": model.id,
+        "name": model.name,
+        "version": model.version,
+        "dimension": model.dimension,
+        "storage": model.storage,
+        "active": model.active,
+        "embedded": status.embedded,
+        "chunks": status.chunks,
+        "base": names.get(model.base_model_id) if model.base_model_id else None,
+        "created": model.created_at.isoformat(timespec="seconds"),
+        "held_out": {"before": held_out.get("before", {}), "after": held_out.get("after", {})},
+    }
 
 
 @dataclass(frozen=True)
@@ -289,18 +313,31 @@ class Switch:
     changed: bool
 
 
-def activate(db: Database, ref: str, *, force: bool = False, actor: str = SYSTEM_ACTOR) -> Switch:
+def activate(
+    db: Database,
+    ref: str,
+    *,
+    force: bool = False,
+    actor: str = SYSTEM_ACTOR,
+    key_id: uuid.UUID | None = None,
+) -> Switch:
     """Make `NAME[:VERSION]` the active model. Refused while chunks lack its embeddings
     (searches would miss them) unless `force`. Cross-tenant: it counts every tenant's chunks.
-    Recorded in the audit log as `actor`'s."""
+    Recorded in the audit log as `actor`'s (and its API key's, `key_id`, when it has one)."""
     with tenancy.as_system(), db.write() as session:
         model = get_model_by_name(session, ref)
         switch = _switch(session, model, force=force)
-        _audit(session, actor, "model.activate", switch, force=force)
+        _audit(session, actor, key_id, "model.activate", switch, force=force)
         return switch
 
 
-def rollback(db: Database, *, force: bool = False, actor: str = SYSTEM_ACTOR) -> Switch:
+def rollback(
+    db: Database,
+    *,
+    force: bool = False,
+    actor: str = SYSTEM_ACTOR,
+    key_id: uuid.UUID | None = None,
+) -> Switch:
     """Activate the model that was active before the latest activation (see `activate`)."""
     with tenancy.as_system(), db.write() as session:
         last = store.models.last_activation(session)
@@ -309,16 +346,25 @@ def rollback(db: Database, *, force: bool = False, actor: str = SYSTEM_ACTOR) ->
         model = store.models.get_model(session, last.previous_model_id)
         assert model is not None  # the foreign key sets it null when the row goes
         switch = _switch(session, model, force=force)
-        _audit(session, actor, "model.rollback", switch, force=force)
+        _audit(session, actor, key_id, "model.rollback", switch, force=force)
         return switch
 
 
-def _audit(session: Session, actor: str, action: str, switch: Switch, *, force: bool) -> None:
+def _audit(
+    session: Session,
+    actor: str,
+    key_id: uuid.UUID | None,
+    action: str,
+    switch: Switch,
+    *,
+    force: bool,
+) -> None:
     """Model changes concern every tenant: their entries have none (operators read them)."""
     store.audit.record(
         session,
         tenant_id=None,
         actor=actor,
+        key_id=key_id,
         action=action,
         target=f"{switch.model.name}:{switch.model.version}",
         details={"previous_id": switch.previous_id, "changed": switch.changed, "force": force},
@@ -332,7 +378,8 @@ def _switch(session: Session, model: EmbeddingModel, *, force: bool) -> Switch:
             raise ConflictError(
                 f"{model.name}:{model.version} has no embedding for {missing} chunks; run "
                 f"`ragservice reembed --model {model.name}:{model.version}` first "
-                "(or pass --force to serve it anyway, those chunks unseen by dense search)"
+                '(or force it, `--force` or `"force": true` over the API, to serve it anyway, '
+                "those chunks unseen by dense search)"
             )
     previous = store.models.activate_model(session, model.id)
     return Switch(model=model, previous_id=previous, changed=previous != model.id)

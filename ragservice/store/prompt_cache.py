@@ -5,6 +5,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import numpy as np
@@ -202,6 +203,38 @@ def cache_stats(session: Session, tenant_id: uuid.UUID, collection_id: uuid.UUID
         "cache_hits": int(queries[1]),
         "hit_rate": round(queries[1] / queries[0], 4) if queries[0] else 0.0,
     }
+
+
+@dataclass(frozen=True, slots=True)
+class CacheEntryInfo:
+    """A live cache entry as an admin sees it (its vector and scope hash left out)."""
+
+    id: uuid.UUID
+    question: str
+    answer: str
+    model: str | None
+    created_at: datetime
+    expires_at: datetime
+    hits: int
+    last_hit_at: datetime | None
+    bytes: int
+
+
+_CACHE_ENTRIES = text(
+    "SELECT id, coalesce(response ->> 'question', prompt), answer, response ->> 'model', "
+    "created_at, expires_at, hits, last_hit_at, pg_column_size(c.*) "
+    "FROM prompt_cache c WHERE tenant_id = :t AND :c = ANY(collection_ids) "
+    "AND expires_at > now() ORDER BY created_at DESC, id DESC LIMIT :limit"
+)
+
+
+def list_cache_entries(
+    session: Session, tenant_id: uuid.UUID, collection_id: uuid.UUID, *, limit: int
+) -> list[CacheEntryInfo]:
+    """The live entries of the tenant that cover the collection, newest first (the same ones
+    `cache_stats` counts), at most `limit`."""
+    rows = session.execute(_CACHE_ENTRIES, {"t": tenant_id, "c": collection_id, "limit": limit})
+    return [CacheEntryInfo(*row) for row in rows]
 
 
 def purge_cache(session: Session, tenant_id: uuid.UUID, collection_id: uuid.UUID) -> int:

@@ -24,6 +24,10 @@ def ensure_tenant(session: Session, name: str) -> uuid.UUID:
     return tenant_id
 
 
+def get_tenant_name(session: Session, tenant_id: uuid.UUID) -> str | None:
+    return session.scalar(select(Tenant.name).where(Tenant.id == tenant_id))
+
+
 def create_api_key(
     session: Session,
     *,

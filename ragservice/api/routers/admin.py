@@ -1,4 +1,4 @@
-"""Admin endpoints: the tenant's audit log, and the service's health in detail."""
+"""Admin endpoints: the tenant's audit log and insights, and the service's health in detail."""
 
 from __future__ import annotations
 
@@ -8,9 +8,10 @@ from fastapi import APIRouter, Query
 from fastapi.responses import JSONResponse
 
 from ragservice import store
-from ragservice.api.deps import Admin, RuntimeDep
+from ragservice.api.deps import Admin, RuntimeDep, collection_id
 from ragservice.api.schemas.audit import MAX_AUDIT_PAGE, AuditPage, audit_page
 from ragservice.api.schemas.common import error_responses
+from ragservice.api.schemas.insights import MAX_INSIGHT_DAYS, InsightsOut, insights_out
 from ragservice.bootstrap import Runtime
 from ragservice.db import migrate
 
@@ -29,6 +30,22 @@ def list_audit(
     with runtime.db.read() as session:
         entries = store.audit.list_entries(session, principal.tenant_id, limit=limit, before=before)
     return audit_page(entries, limit)
+
+
+@router.get("/insights")
+def insights(
+    principal: Admin,
+    runtime: RuntimeDep,
+    days: Annotated[int, Query(ge=1, le=MAX_INSIGHT_DAYS)] = 30,
+    collection: Annotated[str | None, Query(min_length=1, max_length=128)] = None,
+) -> InsightsOut:
+    """Your tenant's questions per day, cache hit rate per day, latency per stage, weakest
+    retrievals and newest bad ratings over the last `days` UTC days: the figures analysts
+    read in the `analytics` views. `collection`: its questions only (404 if not yours)."""
+    cid = None if collection is None else collection_id(runtime, principal.tenant_id, collection)
+    with runtime.db.read() as session:
+        found = store.insights.insights(session, principal.tenant_id, days=days, collection_id=cid)
+    return insights_out(found, days)
 
 
 @router.get("/admin/health")

@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import uuid
+from dataclasses import asdict
+from typing import Annotated
 
-from fastapi import APIRouter, Response, status
+from fastapi import APIRouter, Query, Response, status
 
 from ragservice import store
 from ragservice.api.deps import Admin, Reader, RuntimeDep, Writer, audit, collection_id
 from ragservice.api.schemas.collections import (
+    MAX_CACHE_ENTRIES_PAGE,
+    CacheEntries,
+    CacheEntryOut,
     CacheStats,
     CollectionCreate,
     CollectionList,
@@ -87,6 +92,28 @@ def cache_stats(name: str, principal: Admin, runtime: RuntimeDep) -> CacheStats:
     cid = collection_id(runtime, principal.tenant_id, name)
     with runtime.db.read() as session:
         return CacheStats(**store.prompt_cache.cache_stats(session, principal.tenant_id, cid))
+
+
+@router.get("/{name}/cache/entries")
+def cache_entries(
+    name: str,
+    principal: Admin,
+    runtime: RuntimeDep,
+    limit: Annotated[int, Query(ge=1, le=MAX_CACHE_ENTRIES_PAGE)] = 50,
+) -> CacheEntries:
+    """The collection's live cached answers, newest first: the question, the answer, its hits
+    and expiry. Entries of a question over several collections show under each of them."""
+    cid = collection_id(runtime, principal.tenant_id, name)
+    with runtime.db.read() as session:
+        entries = store.prompt_cache.list_cache_entries(
+            session, principal.tenant_id, cid, limit=limit
+        )
+        info = store.collections.get_collection(session, principal.tenant_id, name)
+    return CacheEntries(
+        entries=[CacheEntryOut(**asdict(entry)) for entry in entries],
+        ttl_seconds=None if info is None else info.cache_ttl_seconds,
+        default_ttl_seconds=runtime.settings.cache_ttl_seconds,
+    )
 
 
 @router.delete("/{name}/cache")

@@ -71,6 +71,29 @@ class CacheStats(BaseModel):
     hit_rate: float
 
 
+MAX_CACHE_ENTRIES_PAGE = 200
+
+
+class CacheEntryOut(BaseModel):
+    id: uuid.UUID
+    question: str = Field(description="the question as it was asked when the answer was cached")
+    answer: str
+    model: str | None = Field(description="the upstream model that answered, or `extractive`")
+    created_at: datetime
+    expires_at: datetime = Field(description="it is not served after this")
+    hits: int = Field(description="times it was served")
+    last_hit_at: datetime | None
+    bytes: int = Field(description="its size in the database, vector included")
+
+
+class CacheEntries(BaseModel):
+    entries: list[CacheEntryOut] = Field(description="newest first")
+    ttl_seconds: int | None = Field(
+        description="the collection's cache lifetime; null: the server's default applies"
+    )
+    default_ttl_seconds: int = Field(description="the server's (RAGSERVICE_CACHE_TTL_SECONDS)")
+
+
 class CollectionOut(BaseModel):
     id: uuid.UUID
     name: str

@@ -1,0 +1,29 @@
+"""Who the caller is and what the server allows it: what a console needs before its first page."""
+
+from __future__ import annotations
+
+import uuid
+
+from pydantic import BaseModel, Field
+
+from ragservice.auth.keys import Role
+
+
+class TenantOut(BaseModel):
+    id: uuid.UUID
+    name: str
+
+
+class MeOut(BaseModel):
+    tenant: TenantOut
+    role: Role = Field(description="`reader`, `writer` or `admin`")
+    auth_disabled: bool = Field(description="true: every request is the default tenant's admin")
+    service_admin: bool = Field(
+        description="an admin of the default tenant (or auth is off): the only callers who may "
+        "switch the embedding model, which every tenant shares"
+    )
+    key_prefix: str | None = Field(description="the first characters of the key; null: no key")
+    max_file_bytes: int = Field(description="the largest file an upload may carry")
+    max_files_per_upload: int
+    cache_enabled: bool = Field(description="whether the semantic prompt cache is on")
+    answer_model: str = Field(description="the upstream model answers come from, or `extractive`")
