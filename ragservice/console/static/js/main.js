@@ -6,14 +6,22 @@
 import { ApiError, forgetKey, get, getKey, onUnauthorized, setKey } from "./api.js";
 import { alertError, announce, clear, clearMessages, errorText, field, h } from "./dom.js";
 import * as ask from "./pages/ask.js";
+import * as cache from "./pages/cache.js";
 import * as collections from "./pages/collections.js";
+import * as insights from "./pages/insights.js";
 import * as jobs from "./pages/jobs.js";
+import * as models from "./pages/models.js";
+
+const isAdmin = (me) => me.role === "admin";
 
 /** The pages, in the navigation's order; `allowed(me)`: whether the role may see it. */
 const PAGES = [
   { path: "ask", title: "Ask", page: ask, allowed: () => true },
   { path: "collections", title: "Collections", page: collections, allowed: () => true },
   { path: "jobs", title: "Jobs", page: jobs, allowed: () => true },
+  { path: "cache", title: "Cache", page: cache, allowed: isAdmin },
+  { path: "insights", title: "Insights", page: insights, allowed: isAdmin },
+  { path: "models", title: "Models", page: models, allowed: isAdmin },
 ];
 
 const main = document.getElementById("main");
@@ -25,8 +33,7 @@ function abilities(who) {
   const rank = { reader: 0, writer: 1, admin: 2 }[who.role] ?? 0;
   return {
     write: rank >= 1, // upload and delete documents, create collections, retry jobs
-    admin: rank >= 2, // delete collections, cache, insights, models (read)
-    switchModels: Boolean(who.service_admin), // activate and roll back embedding models
+    admin: rank >= 2, // delete collections, cache, insights, models (switching them: see models.js)
   };
 }
 
