@@ -12,6 +12,7 @@ import signal
 import tempfile
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
 
@@ -104,9 +105,10 @@ def template_url(pg_admin_url: str) -> str:
     return url
 
 
-@pytest.fixture
-def database_url(pg_admin_url: str, template_url: str) -> Iterator[str]:
-    """A fresh, migrated database for one test, dropped afterwards."""
+@contextmanager
+def fresh_database(pg_admin_url: str) -> Iterator[str]:
+    """A new database cloned from the migrated template (`template_url` must have made it),
+    dropped afterwards; for fixtures of a wider scope than one test (tests/browser)."""
     name = f"rs_test_{uuid.uuid4().hex[:12]}"
     _admin_execute(
         pg_admin_url,
@@ -114,21 +116,35 @@ def database_url(pg_admin_url: str, template_url: str) -> Iterator[str]:
             sql.Identifier(name), sql.Identifier(TEMPLATE)
         ),
     )
-    yield make_url(pg_admin_url).set(database=name).render_as_string(hide_password=False)
-    _admin_execute(
-        pg_admin_url,
-        sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)),
+    try:
+        yield make_url(pg_admin_url).set(database=name).render_as_string(hide_password=False)
+    finally:
+        _admin_execute(
+            pg_admin_url,
+            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)),
+        )
+
+
+@pytest.fixture
+def database_url(pg_admin_url: str, template_url: str) -> Iterator[str]:
+    """A fresh, migrated database for one test, dropped afterwards."""
+    with fresh_database(pg_admin_url) as url:
+        yield url
+
+
+def as_service_login(database_url: str) -> str:
+    """`database_url` as the service's own login (not a superuser, as in production)."""
+    return (
+        make_url(database_url)
+        .set(username=SERVICE_LOGIN, password=None)
+        .render_as_string(hide_password=False)
     )
 
 
 @pytest.fixture
 def service_url(database_url: str) -> str:
     """The test database as the service's own login (not a superuser, as in production)."""
-    return (
-        make_url(database_url)
-        .set(username=SERVICE_LOGIN, password=None)
-        .render_as_string(hide_password=False)
-    )
+    return as_service_login(database_url)
 
 
 @pytest.fixture

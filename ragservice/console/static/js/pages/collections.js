@@ -151,7 +151,7 @@ function uploadSection(ctx, name, landed) {
   const progress = h("progress", { id: "upload-progress", max: "100", value: "0", hidden: true });
   const progressLabel = h("label", { for: progress.id, hidden: true }, "Upload progress");
   const uploadButton = h("button", { type: "submit", class: "primary", disabled: true }, "Upload");
-  const jobSlot = h("div", { "aria-live": "polite" });
+  const jobSlot = h("div", { class: "job-status" }); // its end is announced, not each poll
   let files = [];
 
   const zone = h("div", { class: "dropzone" },
@@ -204,8 +204,8 @@ function uploadSection(ctx, name, landed) {
       files = [];
       clear(chosen);
       input.value = "";
-      const status = h("p", {});
-      clear(jobSlot).append(h("p", {}, h("a", { href: "#/jobs" }, "Ingest job"), ": ", status));
+      const status = h("span", {});
+      clear(jobSlot).append(h("div", {}, h("a", { href: "#/jobs" }, "Ingest job"), ": ", status));
       const finished = await watchJob(job, (current) => {
         clear(status).append(jobSummary(current));
       }, ctx.signal);
