@@ -160,7 +160,12 @@ def test_makefile_installs_test_tools_for_tests_only() -> None:
     text = (ROOT / "Makefile").read_text()
     rules = dict(re.findall(r"^([$()\w.-]+):([^=\n]*)$", text, re.M))
     assert rules["run"].split() == ["$(STAMP)"]
-    assert rules["test"].split() == ["$(DEV_STAMP)"]
+    assert rules["test"].split() == ["$(DEV_STAMP)", "browser"]
+    # The browser tests' chromium comes from Debian's package, installed only when missing.
+    browser = re.search(r"^browser:.*?(?=^\S)", text, re.M | re.S)
+    assert browser is not None
+    assert "apt-get install -y -q --no-install-recommends chromium" in browser.group(0)
+    assert 'if [ -n "$(BROWSER)" ]; then exit 0; fi' in browser.group(0)
     runtime = re.search(r"^\$\(STAMP\):.*?(?=^\S)", text, re.M | re.S)
     assert runtime is not None
     assert "-r requirements.lock" in runtime.group(0)
