@@ -660,3 +660,28 @@ def test_postings_follow_replaced_and_deleted_documents(
         assert_matches_reference(
             fulltext(query), reference_bm25(runtime, papers, query, k1=0.9, b=0.4)
         )
+
+
+def test_feedback_expands_full_text_and_documents_group_chunks(corpus: Corpus) -> None:
+    """RM3 in SQL: "platelets" is in the aspirin abstract alone; its other words (risk, heart)
+    bring in the abstracts that share them, after it, and filters bound both passes. Grouped
+    by document, each document comes once, however many of its chunks match."""
+
+    def ids(**options: Any) -> list[str]:
+        return [
+            h.external_id for h in corpus.search("platelets", mode=Mode.FULLTEXT, **options).hits
+        ]
+
+    assert ids(k=5) == ["aspirin"]
+    expanded = ids(k=5, prf=True, prf_docs=1, prf_terms=8)
+    assert expanded[0] == "aspirin" and {"sleep", "coffee"} <= set(expanded)
+    pubmed = ids(k=5, prf=True, prf_docs=1, prf_terms=8, filters={"source": "pubmed"})
+    assert pubmed[0] == "aspirin" and "coffee" in pubmed and "sleep" not in pubmed
+    for mode in Mode:
+        chunks = corpus.search("guide install use questions", mode=mode, k=20).hits
+        grouped = corpus.search(
+            "guide install use questions", mode=mode, k=20, group_documents=True
+        ).hits
+        assert sum(h.external_id == "guide" for h in chunks) > 1
+        assert [h.external_id for h in grouped].count("guide") == 1
+        assert len({h.document_id for h in grouped}) == len(grouped)
