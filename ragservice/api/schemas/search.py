@@ -32,6 +32,8 @@ class Ranking(BaseModel):
     prf_terms: int | None = Field(default=None, ge=1, le=MAX_PRF_TERMS)
     prf_query_weight: float | None = Field(default=None, ge=0, le=1)
     document_share: float | None = Field(default=None, ge=0, le=1)
+    bm25_k1: float | None = Field(default=None, ge=0, le=10)
+    bm25_b: float | None = Field(default=None, ge=0, le=1)
 
     def apply(self, options: SearchOptions) -> SearchOptions:
         given = self.model_dump(exclude_none=True)
