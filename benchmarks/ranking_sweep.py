@@ -143,13 +143,14 @@ def _search_all(
 
 
 def _fusions() -> Iterator[tuple[str, FusionSpec]]:
+    """Normalised over the first 100 candidates a side, as a search of k <= 100 reads."""
     for k in (10, 30, 60, 100):
         yield f"rrf{k}", FusionSpec(Fusion.RRF, rrf_k=k)
     for method, weight, adaptive in itertools.product(
         (Fusion.MINMAX, Fusion.ZSCORE, Fusion.DBSF), (0.3, 0.4, 0.5, 0.6), (False, True)
     ):
         label = f"{method.value} w{weight}{' adaptive' if adaptive else ''}"
-        yield label, FusionSpec(method, text_weight=weight, adaptive=adaptive)
+        yield label, FusionSpec(method, text_weight=weight, adaptive=adaptive, depth=100)
 
 
 def _evaluate(lists: Lists, queries: BeirQueries) -> list[dict[str, object]]:

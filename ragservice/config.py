@@ -110,7 +110,7 @@ class Settings(BaseSettings):
         default=100, ge=1, le=1000, description="full-text candidates fused by hybrid search"
     )
     search_fusion: Literal["rrf", "minmax", "zscore", "dbsf"] = Field(
-        default="rrf",
+        default="zscore",
         description="how hybrid search fuses its two candidate lists: reciprocal rank fusion, "
         "or normalised scores (min-max, z-score, distribution-based) weighted and summed",
     )

@@ -44,24 +44,28 @@ class FusionSpec:
     rrf_k: int = 60
     text_weight: float = 0.5
     adaptive: bool = False
+    # Normalisation statistics come from each side's first `depth` candidates only, so a
+    # search asking for more results (a deeper list) scores its top candidates the same.
+    depth: int | None = None
 
 
-def normalise(scores: Sequence[float], method: Fusion) -> list[float]:
-    """The scores of one side on a common scale, in [0, 1] for every method but rrf."""
+def normalise(scores: Sequence[float], method: Fusion, depth: int | None = None) -> list[float]:
+    """The scores of one side (best first) on a common scale: [0, 1] over the first `depth`
+    (default: all), below 0 for minmax and zscore beyond them."""
     if not scores:
         return []
+    top = scores[:depth] if depth else scores
     if method is Fusion.MINMAX:
-        low, high = min(scores), max(scores)
+        low, high = min(top), max(top)
         span = high - low
         return [(s - low) / span if span > 0 else 1.0 for s in scores]
-    mean = sum(scores) / len(scores)
-    std = math.sqrt(sum((s - mean) ** 2 for s in scores) / len(scores))
+    mean = sum(top) / len(top)
+    std = math.sqrt(sum((s - mean) ** 2 for s in top) / len(top))
     if std == 0:
         return [1.0 for _ in scores]
     if method is Fusion.ZSCORE:
-        z = [(s - mean) / std for s in scores]
-        low = min(z)
-        return [v - low for v in z]
+        low = (min(top) - mean) / std
+        return [(s - mean) / std - low for s in scores]
     if method is Fusion.DBSF:
         return [min(1.0, max(0.0, (s - mean + 3 * std) / (6 * std))) for s in scores]
     raise ValueError(f"no normalisation for {method}")
@@ -88,8 +92,8 @@ def fuse(
             for rank, (key, _) in enumerate(side, start=1):
                 fused[key] = fused.get(key, 0.0) + 2 * weight / (spec.rrf_k + rank)
     else:
-        dense_norm = normalise([s for _, s in dense], spec.method)
-        text_norm = normalise([s for _, s in text], spec.method)
+        dense_norm = normalise([s for _, s in dense], spec.method, spec.depth)
+        text_norm = normalise([s for _, s in text], spec.method, spec.depth)
         weights = _weights(spec, dense_norm, text_norm)
         for side, norm, weight in ((dense, dense_norm, weights[0]), (text, text_norm, weights[1])):
             for (key, _), value in zip(side, norm, strict=True):

@@ -60,7 +60,7 @@ class SearchOptions:
     # Binary storage: candidates read from the bit index per dense row, then re-scored.
     rescore_factor: int = 4
     # Hybrid: how the two candidate lists are fused (see `retrieval.fusion`).
-    fusion: Fusion = Fusion.RRF
+    fusion: Fusion = Fusion.ZSCORE
     text_weight: float = 0.5
     adaptive_weight: bool = False
     # Full text: RM3 pseudo-relevance feedback from the first pass's best `prf_docs` chunks,
@@ -134,7 +134,9 @@ class SearchOptions:
 
     @property
     def fusion_spec(self) -> FusionSpec:
-        return FusionSpec(self.fusion, self.rrf_k, self.text_weight, self.adaptive_weight)
+        # Normalised over the candidates a search of the usual k reads, whatever k is.
+        depth = min(self.dense_candidates, self.text_candidates)
+        return FusionSpec(self.fusion, self.rrf_k, self.text_weight, self.adaptive_weight, depth)
 
     @property
     def dense_limit(self) -> int:

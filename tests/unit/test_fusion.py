@@ -26,6 +26,9 @@ def test_normalisations_map_each_side_onto_a_common_scale() -> None:
     assert normalise([3.0, 3.0], Fusion.MINMAX) == [1.0, 1.0]
     assert normalise([], Fusion.ZSCORE) == []
     assert peakedness([1.0, 0.1, 0.0]) > peakedness([1.0, 0.9, 0.0]) > 0
+    # Statistics from the first `depth` only: a deeper list leaves the top's values alone.
+    assert normalise([*scores, 0.0], Fusion.MINMAX, depth=3) == [1.0, 0.5, 0.0, -0.25]
+    assert normalise([*scores, 0.0], Fusion.ZSCORE, depth=3)[:3] == pytest.approx(zscore)
 
 
 def test_fuse_by_ranks_and_by_weighted_scores() -> None:
