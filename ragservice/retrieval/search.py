@@ -187,10 +187,16 @@ class Searcher:
         model = model or self._models()
         hits: list[SearchHit] = []
         if collection_ids:
-            prepare = self._rank_here if options.scored_here else self._prepare
-            statement, stage = prepare(model, list(collection_ids), query, options, timings, vector)
-            with timed(timings, stage):
-                hits = downweight_flagged([_hit(row) for row in self._run(statement)])
+            collections = list(collection_ids)
+            if options.scored_here:
+                rows = self._rank_here(model, collections, query, options, timings, vector)
+            else:
+                statement, stage = self._prepare(
+                    model, collections, query, options, timings, vector
+                )
+                with timed(timings, stage):
+                    rows = self._run(statement)
+            hits = downweight_flagged([_hit(row) for row in rows])
         return SearchResult(hits=hits, timings_ms=with_total(timings, started), model_id=model.id)
 
     def explain(
@@ -258,33 +264,39 @@ class Searcher:
         options: SearchOptions,
         timings: dict[str, float],
         given: npt.NDArray[np.float32] | None = None,
-    ) -> tuple[_Statement, str]:
-        """Candidates ranked here (fused, expanded by feedback or grouped by document), and the
-        statement that reads their hits. Hybrid's full-text side runs on a worker while the
-        query is embedded (in the caller's context: its tenant and replica routing hold)."""
+    ) -> list[tuple[Any, ...]]:
+        """The hits' rows of candidates ranked here (fused, expanded by feedback or grouped by
+        document). The full-text side runs on a worker while the query is embedded (in the
+        caller's context: its tenant and replica routing hold); the dense candidates and the
+        hits are read in one transaction."""
         text_side = None
         if options.mode is not Mode.DENSE:
             text_side = self._pool.submit(
                 contextvars.copy_context().run, self._text_candidates, collections, query, options
             )
-        dense: list[_Candidate] = []
-        if options.mode is not Mode.FULLTEXT:
-            with timed(timings, "embed"):
-                vector = _vector(model, query, given)
-            stage = "fuse" if options.mode is Mode.HYBRID else "dense"
-            with timed(timings, stage):
-                nearest = self._dense_candidates(model, collections, options, vector)
-                dense = self._candidates(nearest)
-        text: list[_Candidate] = []
-        if text_side is not None:
-            text, text_ms = text_side.result()
+
+        def text() -> list[_Candidate]:
+            if text_side is None:
+                return []
+            found, text_ms = text_side.result()
             add_ms(timings, "fulltext", text_ms)
-        stage = {Mode.HYBRID: "fuse", Mode.DENSE: "dense", Mode.FULLTEXT: "fulltext"}[options.mode]
-        with timed(timings, stage):
-            ranked = _rank(dense, text, options)
-        ids, scores = [chunk for chunk, _ in ranked], [score for _, score in ranked]
-        query_hits = statements.with_ctes(statements.GIVEN, select=statements.HITS)
-        return _Statement(query_hits, {"ids": ids, "scores": scores}), stage
+            return found
+
+        def hits(dense: list[_Candidate]) -> _Statement:
+            ranked = _rank(dense, text(), options)
+            ids, scores = [chunk for chunk, _ in ranked], [score for _, score in ranked]
+            query_hits = statements.with_ctes(statements.GIVEN, select=statements.HITS)
+            return _Statement(query_hits, {"ids": ids, "scores": scores})
+
+        if options.mode is Mode.FULLTEXT:
+            found = hits([])
+            with timed(timings, "fulltext"):
+                return self._run(found)
+        with timed(timings, "embed"):
+            vector = _vector(model, query, given)
+        with timed(timings, "fuse" if options.mode is Mode.HYBRID else "dense"):
+            nearest = self._dense_candidates(model, collections, options, vector)
+            return self._run(nearest, then=lambda rows: hits(_candidate_list(rows)))
 
     def _text_candidates(
         self, collections: list[uuid.UUID], query: str, options: SearchOptions
@@ -344,8 +356,7 @@ class Searcher:
         query = statement.query
         if statement.ef_search is None:  # a BM25 statement: bare CTEs
             query = statements.with_ctes(query, select=statements.TEXT_CANDIDATES)
-        rows = self._run(_Statement(query, statement.params, statement.ef_search))
-        return [_Candidate(row[0], row[1], float(row[2])) for row in rows]
+        return _candidate_list(self._run(_Statement(query, statement.params, statement.ef_search)))
 
     def _dense_statement(
         self,
@@ -364,7 +375,13 @@ class Searcher:
 
     # -- pieces ----------------------------------------------------------------------------------
 
-    def _run(self, statement: _Statement) -> list[tuple[Any, ...]]:
+    def _run(
+        self,
+        statement: _Statement,
+        then: Callable[[list[tuple[Any, ...]]], _Statement] | None = None,
+    ) -> list[tuple[Any, ...]]:
+        """The statement's rows; with `then`, the rows of the statement it makes of them, in
+        the same read transaction (one connection checkout for both)."""
         # prepare=False: a server-side prepared statement drifts to a generic plan after five
         # runs, blind to the actual filter values and collections (exact search through a
         # selective filter vs. the HNSW index). Planning every time cost nothing measurable.
@@ -375,7 +392,11 @@ class Searcher:
                 conn.execute(
                     statements.SET_DENSE, {"ef_search": str(statement.ef_search)}, prepare=False
                 )
-            return conn.execute(statement.query, statement.params, prepare=False).fetchall()
+            rows = conn.execute(statement.query, statement.params, prepare=False).fetchall()
+            if then is not None:
+                follow = then(rows)
+                rows = conn.execute(follow.query, follow.params, prepare=False).fetchall()
+            return rows
 
     @staticmethod
     def _bm25(options: SearchOptions) -> sql.Composed:
@@ -409,6 +430,10 @@ class _Candidate:
     chunk_id: uuid.UUID
     document_id: uuid.UUID
     score: float
+
+
+def _candidate_list(rows: list[tuple[Any, ...]]) -> list[_Candidate]:
+    return [_Candidate(row[0], row[1], float(row[2])) for row in rows]
 
 
 def _rank(
