@@ -128,10 +128,10 @@ class Settings(BaseSettings):
         default=10, ge=1, le=50, description="RM3: first-pass chunks the expansion comes from"
     )
     search_prf_terms: int = Field(
-        default=10, ge=1, le=50, description="RM3: lexemes added to the query at most"
+        default=20, ge=1, le=50, description="RM3: lexemes added to the query at most"
     )
     search_prf_query_weight: float = Field(
-        default=0.5, ge=0, le=1, description="RM3: the original query's share of the weight"
+        default=0.7, ge=0, le=1, description="RM3: the original query's share of the weight"
     )
     search_document_share: float = Field(
         default=0.0,

@@ -67,8 +67,8 @@ class SearchOptions:
     # adding up to `prf_terms` lexemes; the original query keeps `prf_query_weight`.
     prf: bool = False
     prf_docs: int = 10
-    prf_terms: int = 10
-    prf_query_weight: float = 0.5
+    prf_terms: int = 20
+    prf_query_weight: float = 0.7
     # One hit per document, documents ranked by their best chunk plus `document_share` of each
     # of their next `document_chunks` best chunks.
     group_documents: bool = False
