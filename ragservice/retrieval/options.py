@@ -158,5 +158,7 @@ class SearchOptions:
 
     @property
     def scored_here(self) -> bool:
-        """Whether the searcher ranks candidates itself (fusion, documents), not one statement."""
-        return self.mode is Mode.HYBRID or self.group_documents or self.prf
+        """Whether the searcher ranks candidates itself (fusion, feedback, documents), not one
+        statement. Feedback only concerns full text: a dense search ignores it."""
+        feedback = self.prf and self.mode is Mode.FULLTEXT
+        return self.mode is Mode.HYBRID or self.group_documents or feedback
