@@ -8,10 +8,14 @@ end. The corpus is uploaded once through the API as an ingest job; a later run f
 collection complete and reuses it. Documents with no text are left out: their count and first
 ids go to stderr and to the final JSON (`empty_documents`). Then, for each mode:
 
-- quality: every judged query with k = `--depth` chunks; documents rank by their best chunk;
-  nDCG@10 and recall@100 as BEIR (pytrec_eval) defines them;
+- quality: every judged query with k = `--depth` documents (`group_by: "document"`, ranked by
+  the server's document score); nDCG@10 and recall@100 as BEIR (pytrec_eval) defines them;
 - latency: every query again with k = 10, one request at a time over a kept-alive connection;
   p50 / p95 of the client-side wall time, query embedding included.
+
+`--compare` also evaluates each mode with the ranking defaults before this release
+(`OLD_RANKING`: RRF k 30, no feedback, k = `--depth` chunks, documents by their best chunk),
+through the request's `ranking` field on the same server, and prints both rows.
 
 Prints a table and a final JSON line.
 """
@@ -51,6 +55,16 @@ from ragservice.embedding.evaluation import (  # noqa: E402
 )
 
 MODES = ("dense", "fulltext", "hybrid")
+# The ranking defaults before score-aware fusion, feedback and document scores were measured.
+OLD_RANKING: dict[str, Any] = {
+    "fusion": "rrf",
+    "rrf_k": 30,
+    "text_weight": 0.5,
+    "adaptive_weight": False,
+    "prf": "off",
+    "bm25_k1": 0.9,
+    "bm25_b": 0.4,
+}
 
 
 def main() -> None:
@@ -61,7 +75,11 @@ def main() -> None:
         connect(base, headers) as client,
     ):
         census = ensure_corpus(client, args.collection, args.data / "corpus.jsonl")
-        results = {mode: _evaluate(client, args, queries, mode) for mode in args.modes}
+        results = {}
+        for mode in args.modes:
+            if args.compare:
+                results[f"{mode} old"] = _evaluate(client, args, queries, mode, old=True)
+            results[mode] = _evaluate(client, args, queries, mode)
     _report(args, results, len(queries.texts), census)
 
 
@@ -69,7 +87,10 @@ def _parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_common_arguments(parser)
     parser.add_argument("--modes", type=lambda s: s.split(","), default=list(MODES))
-    parser.add_argument("--depth", type=int, default=200, help="chunks fetched for quality")
+    parser.add_argument("--depth", type=int, default=200, help="results fetched for quality")
+    parser.add_argument(
+        "--compare", action="store_true", help="also evaluate the old ranking defaults"
+    )
     parser.add_argument("--warmup", type=int, default=20, help="untimed queries per mode")
     return parse(parser)
 
@@ -78,16 +99,16 @@ def _parse_args() -> argparse.Namespace:
 
 
 def _evaluate(
-    client: RagserviceClient, args: argparse.Namespace, queries: Any, mode: str
+    client: RagserviceClient, args: argparse.Namespace, queries: Any, mode: str, old: bool = False
 ) -> dict[str, float]:
     texts: dict[str, str] = queries.texts
     ndcg, recall = [], []
     for query_id, text in texts.items():
-        hits = _search(client, args.collection, text, mode, args.depth)["results"]
+        hits = _search(client, args.collection, text, mode, args.depth, old)["results"]
         ranked = rank_documents(hit["document"]["external_id"] for hit in hits)
         ndcg.append(ndcg_at_k(ranked, queries.qrels[query_id], 10))
         recall.append(recall_at_k(ranked, queries.qrels[query_id], 100))
-    latencies = _latencies(client, args, list(texts.values()), mode)
+    latencies = _latencies(client, args, list(texts.values()), mode, old)
     return {
         "ndcg@10": round(mean(ndcg), 4),
         "recall@100": round(mean(recall), 4),
@@ -97,22 +118,31 @@ def _evaluate(
 
 
 def _latencies(
-    client: RagserviceClient, args: argparse.Namespace, texts: list[str], mode: str
+    client: RagserviceClient, args: argparse.Namespace, texts: list[str], mode: str, old: bool
 ) -> list[float]:
     for text in texts[: args.warmup]:
-        _search(client, args.collection, text, mode, 10)
+        _search(client, args.collection, text, mode, 10, old)
     timings = []
     for text in texts:
         started = time.perf_counter()
-        _search(client, args.collection, text, mode, 10)
+        _search(client, args.collection, text, mode, 10, old)
         timings.append((time.perf_counter() - started) * 1000)
     return timings
 
 
 def _search(
-    client: RagserviceClient, collection: str, query: str, mode: str, k: int
+    client: RagserviceClient, collection: str, query: str, mode: str, k: int, old: bool
 ) -> SearchResponse:
-    return client.search(query, collections=[collection], mode=cast(Mode, mode), k=k)
+    """New: documents ranked by the server's defaults; old: chunks by the old defaults (their
+    documents then rank by their best chunk)."""
+    return client.search(
+        query,
+        collections=[collection],
+        mode=cast(Mode, mode),
+        k=k,
+        group_by="chunk" if old else "document",
+        ranking=OLD_RANKING if old else None,
+    )
 
 
 # -- report ----------------------------------------------------------------------------------
@@ -125,10 +155,10 @@ def _report(
     census: CorpusCensus,
 ) -> None:
     settings = _server_settings(args)
-    print(f"{'mode':<10}{'nDCG@10':>10}{'R@100':>10}{'p50 ms':>10}{'p95 ms':>10}")
+    print(f"{'mode':<14}{'nDCG@10':>10}{'R@100':>10}{'p50 ms':>10}{'p95 ms':>10}")
     for mode, row in results.items():
         print(
-            f"{mode:<10}{row['ndcg@10']:>10.4f}{row['recall@100']:>10.4f}"
+            f"{mode:<14}{row['ndcg@10']:>10.4f}{row['recall@100']:>10.4f}"
             f"{row['p50_ms']:>10.2f}{row['p95_ms']:>10.2f}"
         )
     print(
@@ -162,6 +192,14 @@ def _server_settings(args: argparse.Namespace) -> dict[str, Any]:
         "text_candidates": s.search_text_candidates,
         "bm25_k1": s.bm25_k1,
         "bm25_b": s.bm25_b,
+        "fusion": s.search_fusion,
+        "text_weight": s.search_text_weight,
+        "adaptive_weight": s.search_adaptive_weight,
+        "prf": s.search_prf,
+        "prf_docs": s.search_prf_docs,
+        "prf_terms": s.search_prf_terms,
+        "prf_query_weight": s.search_prf_query_weight,
+        "document_share": s.search_document_share,
         "query_encoder": s.query_encoder,
     }
 

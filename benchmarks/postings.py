@@ -64,9 +64,7 @@ SELECT chunk_id FROM bm25 ORDER BY score DESC, chunk_id LIMIT 10
 """
 
 NEW_BM25 = statements.with_ctes(
-    statements.BM25.format(
-        filter_join=statements.bm25_filter_join(None, 10), limit=sql.Literal(10)
-    ),
+    statements.bm25(None, 10),
     select=statements.TEXT_CANDIDATES,
 )
 

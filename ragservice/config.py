@@ -109,6 +109,37 @@ class Settings(BaseSettings):
     search_text_candidates: int = Field(
         default=100, ge=1, le=1000, description="full-text candidates fused by hybrid search"
     )
+    search_fusion: Literal["rrf", "minmax", "zscore", "dbsf"] = Field(
+        default="zscore",
+        description="how hybrid search fuses its two candidate lists: reciprocal rank fusion, "
+        "or normalised scores (min-max, z-score, distribution-based) weighted and summed",
+    )
+    search_text_weight: float = Field(
+        default=0.5, ge=0, le=1, description="hybrid: the full-text side's weight in fusion"
+    )
+    search_adaptive_weight: bool = Field(
+        default=False,
+        description="hybrid: weigh each side per query by how peaked its scores are",
+    )
+    search_prf: Literal["off", "rm3"] = Field(
+        default="off", description="pseudo-relevance feedback for full text (BM25): off or RM3"
+    )
+    search_prf_docs: int = Field(
+        default=10, ge=1, le=50, description="RM3: first-pass chunks the expansion comes from"
+    )
+    search_prf_terms: int = Field(
+        default=20, ge=1, le=50, description="RM3: lexemes added to the query at most"
+    )
+    search_prf_query_weight: float = Field(
+        default=0.7, ge=0, le=1, description="RM3: the original query's share of the weight"
+    )
+    search_document_share: float = Field(
+        default=0.0,
+        ge=0,
+        le=1,
+        description="document results: each of a document's next 2 best chunks adds this "
+        "share of its score to the best chunk's (0: documents rank by their best chunk)",
+    )
     bm25_k1: float = Field(default=0.9, ge=0)
     bm25_b: float = Field(default=0.4, ge=0, le=1)
     bm25_postings_per_term: int = Field(

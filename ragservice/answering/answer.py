@@ -245,6 +245,13 @@ class AnswerPipeline:
                     settings.search_text_candidates,
                     settings.bm25_k1,
                     settings.bm25_b,
+                    settings.search_fusion,
+                    settings.search_text_weight,
+                    settings.search_adaptive_weight,
+                    settings.search_prf,
+                    settings.search_prf_docs,
+                    settings.search_prf_terms,
+                    settings.search_prf_query_weight,
                 ],
                 "embedding_model": model_id,
                 "rerank": self._reranker.name

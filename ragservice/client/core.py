@@ -129,9 +129,20 @@ class RagserviceClient:
         mode: Mode = "hybrid",
         k: int = 10,
         filters: dict[str, Any] | None = None,
+        group_by: Literal["chunk", "document"] | None = None,
+        ranking: dict[str, Any] | None = None,
     ) -> SearchResponse:
-        """`POST /v1/search`: the best `k` chunks, best first."""
-        body = _without_none(query=query, collections=collections, mode=mode, k=k, filters=filters)
+        """`POST /v1/search`: the best `k` chunks (or documents: `group_by="document"`), best
+        first; `ranking` overrides the server's ranking settings for this search."""
+        body = _without_none(
+            query=query,
+            collections=collections,
+            mode=mode,
+            k=k,
+            filters=filters,
+            group_by=group_by,
+            ranking=ranking,
+        )
         return cast(SearchResponse, self._json("POST", "/v1/search", json=body))
 
     def answer(

@@ -1,4 +1,4 @@
-"""Retrieval over chunks: dense (HNSW, cosine), full-text (BM25) and hybrid (RRF), all in SQL.
+"""Retrieval over chunks: dense (HNSW, cosine), full-text (BM25) and hybrid (fusion), in SQL.
 
 - dense: the model's partial HNSW index (`embedding::vector(DIM)`, `WHERE model_id = ID`;
   over `embedding_half::halfvec(DIM)` for a model stored as halfvec; over the vectors' binary
@@ -7,11 +7,17 @@
 - fulltext: BM25 over the `chunk_postings` blocks, OR over the query's lexemes, with N, average
   length and document frequencies taken over the searched collections; score = the BM25 sum.
   Each term's postings are read by impact, highest first, up to `bm25_postings_per_term`: exact
-  for terms in fewer chunks, the low-impact postings of more frequent terms skipped.
-- hybrid: reciprocal rank fusion, sum of 1 / (rrf_k + rank), of the dense and the full-text
-  candidates. The full-text side runs on its own connection while the query is embedded; one
-  statement then does the dense side and the fusion. Score = the RRF score.
+  for terms in fewer chunks, the low-impact postings of more frequent terms skipped. With
+  pseudo-relevance feedback (`prf`), a first pass's best chunks give RM3 expansion lexemes and
+  the weighted, expanded query is searched again.
+- hybrid: the dense and the full-text candidates fused (`retrieval.fusion`): reciprocal rank
+  fusion, or their normalised scores weighted and summed; score = the fused score. The full-text
+  side runs on its own connection while the query is embedded.
+- `group_documents`: one hit per document (its best chunk), documents ranked by their chunks'
+  scores (`fusion.document_scores`).
 
+Searches that fuse, expand or group rank their candidates here, then read the hits in one
+statement; the others are one statement each.
 A query with no lexemes left after parsing (only stop words) finds nothing by full text, and
 hybrid then ranks by the dense side alone. Ties are broken by chunk id, so equal inputs give
 equal outputs. Model id and dimension come from the model's row (the serving model, resolved
@@ -27,19 +33,20 @@ import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from enum import StrEnum
 from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
 from psycopg import sql
 
-from ragservice.config import Settings
 from ragservice.db import Database
 from ragservice.db.engine import driver_connection
-from ragservice.errors import EmbeddingError, InvalidInputError
+from ragservice.errors import EmbeddingError
 from ragservice.retrieval import statements
-from ragservice.retrieval.filters import CompiledFilter
+from ragservice.retrieval.fusion import document_scores, fuse, rm3_weights
+from ragservice.retrieval.options import DOCUMENT_CHUNKS, MAX_EF_SEARCH
+from ragservice.retrieval.options import Mode as Mode
+from ragservice.retrieval.options import SearchOptions as SearchOptions
 from ragservice.timing import add_ms, timed, with_total
 from ragservice.types import PageSpan
 
@@ -74,99 +81,6 @@ class FixedModel:
 
     def embed_query(self, text: str) -> npt.NDArray[np.float32]:
         return self.embed(text)
-
-
-# pgvector refuses hnsw.ef_search above 1000.
-_MAX_EF_SEARCH = 1000
-
-
-class Mode(StrEnum):
-    DENSE = "dense"
-    FULLTEXT = "fulltext"
-    HYBRID = "hybrid"
-
-
-def _mode(value: str) -> Mode:
-    try:
-        return Mode(value)
-    except ValueError:
-        known = ", ".join(m.value for m in Mode)
-        raise InvalidInputError(f"mode must be one of {known}, not {value!r}") from None
-
-
-@dataclass(frozen=True, slots=True)
-class SearchOptions:
-    """How one search runs. `filters` is a compiled metadata filter (see `retrieval.filters`)."""
-
-    mode: Mode = Mode.HYBRID
-    k: int = 10
-    filters: CompiledFilter | None = None
-    ef_search: int = 100
-    rrf_k: int = 30
-    dense_candidates: int = 100
-    text_candidates: int = 100
-    bm25_k1: float = 0.9
-    bm25_b: float = 0.4
-    # Postings read per query term, highest impact first (see `statements.BM25`).
-    bm25_postings_per_term: int = 2_000
-    # Binary storage: candidates read from the bit index per dense row, then re-scored.
-    rescore_factor: int = 4
-
-    def __post_init__(self) -> None:
-        # Accept the plain strings an API layer may pass; compare as the enum from here on.
-        object.__setattr__(self, "mode", _mode(self.mode))
-        for name in (
-            "k",
-            "ef_search",
-            "rrf_k",
-            "dense_candidates",
-            "text_candidates",
-            "bm25_postings_per_term",
-            "rescore_factor",
-        ):
-            if getattr(self, name) < 1:
-                raise InvalidInputError(f"{name} must be at least 1")
-        if self.bm25_k1 < 0 or not 0 <= self.bm25_b <= 1:
-            raise InvalidInputError("bm25_k1 must be >= 0 and bm25_b between 0 and 1")
-
-    @classmethod
-    def from_settings(
-        cls,
-        settings: Settings,
-        *,
-        mode: Mode = Mode.HYBRID,
-        k: int = 10,
-        filters: CompiledFilter | None = None,
-    ) -> SearchOptions:
-        return cls(
-            mode=mode,
-            k=k,
-            filters=filters,
-            ef_search=settings.hnsw_ef_search,
-            rrf_k=settings.search_rrf_k,
-            dense_candidates=settings.search_dense_candidates,
-            text_candidates=settings.search_text_candidates,
-            bm25_k1=settings.bm25_k1,
-            bm25_b=settings.bm25_b,
-            bm25_postings_per_term=settings.bm25_postings_per_term,
-            rescore_factor=settings.binary_rescore_factor,
-        )
-
-    @property
-    def dense_limit(self) -> int:
-        """Rows the dense side returns: k alone, or the hybrid candidate list."""
-        return self.k if self.mode is Mode.DENSE else max(self.dense_candidates, self.k)
-
-    def index_limit(self, storage: str) -> int:
-        """Rows the dense side reads from the HNSW index: binary storage reads
-        `rescore_factor` times as many candidates, re-scored by the full vectors."""
-        if storage == "binary":
-            return min(self.dense_limit * self.rescore_factor, _MAX_EF_SEARCH)
-        return self.dense_limit
-
-    @property
-    def text_limit(self) -> int:
-        return self.k if self.mode is Mode.FULLTEXT else max(self.text_candidates, self.k)
 
 
 @dataclass(frozen=True, slots=True)
@@ -273,11 +187,16 @@ class Searcher:
         model = model or self._models()
         hits: list[SearchHit] = []
         if collection_ids:
-            statement, stage = self._prepare(
-                model, list(collection_ids), query, options, timings, vector
-            )
-            with timed(timings, stage):
-                hits = downweight_flagged([_hit(row) for row in self._run(statement)])
+            collections = list(collection_ids)
+            if options.scored_here:
+                rows = self._rank_here(model, collections, query, options, timings, vector)
+            else:
+                statement, stage = self._prepare(
+                    model, collections, query, options, timings, vector
+                )
+                with timed(timings, stage):
+                    rows = self._run(statement)
+            hits = downweight_flagged([_hit(row) for row in rows])
         return SearchResult(hits=hits, timings_ms=with_total(timings, started), model_id=model.id)
 
     def explain(
@@ -290,7 +209,13 @@ class Searcher:
     ) -> str:
         """PostgreSQL's plan for the final statement `search` would run (for diagnosis)."""
         model = model or self._models()
-        statement, _ = self._prepare(model, list(collection_ids), query, options, {})
+        collections = list(collection_ids)
+        if not options.scored_here:
+            statement, _ = self._prepare(model, collections, query, options, {})
+        elif options.mode is Mode.FULLTEXT:
+            statement = self._text_statement(collections, query, options, options.text_limit)
+        else:  # the dense candidates, as hybrid and document searches read them
+            statement = self._dense_candidates(model, collections, options, _vector(model, query))
         explain = _Statement(
             sql.SQL("EXPLAIN {}").format(statement.query), statement.params, statement.ef_search
         )
@@ -329,50 +254,109 @@ class Searcher:
                 _nearest(model, options), statements.DENSE_RANKED, select=statements.HITS
             )
             return self._dense_statement(dense, model, collections, options, vector), "dense"
-        return self._hybrid(model, collections, query, options, timings, given), "fuse"
+        raise AssertionError("hybrid searches are ranked by the searcher")  # scored_here
 
-    def _hybrid(
+    def _rank_here(
         self,
         model: QueryModel,
         collections: list[uuid.UUID],
         query: str,
         options: SearchOptions,
         timings: dict[str, float],
-        given: npt.NDArray[np.float32] | None,
-    ) -> _Statement:
-        # In the caller's context: its request's tenant and replica routing hold there too.
-        text_side = self._pool.submit(
-            contextvars.copy_context().run, self._text_candidates, collections, query, options
-        )
+        given: npt.NDArray[np.float32] | None = None,
+    ) -> list[tuple[Any, ...]]:
+        """The hits' rows of candidates ranked here (fused, expanded by feedback or grouped by
+        document). The full-text side runs on a worker while the query is embedded (in the
+        caller's context: its tenant and replica routing hold); the dense candidates and the
+        hits are read in one transaction."""
+        text_side = None
+        if options.mode is not Mode.DENSE:
+            text_side = self._pool.submit(
+                contextvars.copy_context().run, self._text_candidates, collections, query, options
+            )
+
+        def text() -> list[_Candidate]:
+            if text_side is None:
+                return []
+            found, text_ms = text_side.result()
+            add_ms(timings, "fulltext", text_ms)
+            return found
+
+        def hits(dense: list[_Candidate]) -> _Statement:
+            ranked = _rank(dense, text(), options)
+            ids, scores = [chunk for chunk, _ in ranked], [score for _, score in ranked]
+            query_hits = statements.with_ctes(statements.GIVEN, select=statements.HITS)
+            return _Statement(query_hits, {"ids": ids, "scores": scores})
+
+        if options.mode is Mode.FULLTEXT:
+            found = hits([])
+            with timed(timings, "fulltext"):
+                return self._run(found)
         with timed(timings, "embed"):
             vector = _vector(model, query, given)
-        text_ids, text_ms = text_side.result()
-        add_ms(timings, "fulltext", text_ms)
-        fused = statements.FUSED.format(limit=sql.Literal(options.k))
-        statement = self._dense_statement(
-            statements.with_ctes(_nearest(model, options), fused, select=statements.HITS),
-            model,
-            collections,
-            options,
-            vector,
-        )
-        statement.params.update(
-            text_ids=text_ids, text_ranks=list(range(1, len(text_ids) + 1)), rrf_k=options.rrf_k
-        )
-        return statement
+        with timed(timings, "fuse" if options.mode is Mode.HYBRID else "dense"):
+            nearest = self._dense_candidates(model, collections, options, vector)
+            return self._run(nearest, then=lambda rows: hits(_candidate_list(rows)))
 
     def _text_candidates(
         self, collections: list[uuid.UUID], query: str, options: SearchOptions
-    ) -> tuple[list[uuid.UUID], float]:
-        """Full-text chunk ids best first, and the milliseconds it took (runs on a worker)."""
+    ) -> tuple[list[_Candidate], float]:
+        """Full-text candidates best first (expanded by feedback when asked), and the
+        milliseconds they took (runs on a worker)."""
         timings: dict[str, float] = {}
         with timed(timings, "fulltext"):
-            statement = _Statement(
-                statements.with_ctes(self._bm25(options), select=statements.TEXT_CANDIDATES),
-                self._params(collections, options, query=query),
-            )
-            ids = [row[0] for row in self._run(statement)]
-        return ids, timings["fulltext"]
+            terms: tuple[list[str], list[float]] | None = None
+            if options.prf:
+                terms = self._feedback_terms(collections, query, options)
+            statement = self._text_statement(collections, query, options, options.text_limit, terms)
+            found = self._candidates(statement)
+        return found, timings["fulltext"]
+
+    def _feedback_terms(
+        self, collections: list[uuid.UUID], query: str, options: SearchOptions
+    ) -> tuple[list[str], list[float]]:
+        """RM3: the query's lexemes and the feedback chunks' likeliest, with their weights."""
+        first_pass = self._text_statement(collections, query, options, options.prf_docs)
+        statement = _Statement(
+            statements.with_ctes(
+                first_pass.query, statements.FEEDBACK, select=statements.FEEDBACK_TERMS
+            ),
+            first_pass.params | {"fb_terms": options.prf_terms},
+        )
+        rows = [(str(row[0]), row[1]) for row in self._run(statement)]
+        return rm3_weights(rows, options.prf_query_weight)
+
+    def _text_statement(
+        self,
+        collections: list[uuid.UUID],
+        query: str,
+        options: SearchOptions,
+        limit: int,
+        terms: tuple[list[str], list[float]] | None = None,
+    ) -> _Statement:
+        """BM25's ranked CTEs (bare: callers add their SELECT) over the query's lexemes, or
+        over weighted `terms`."""
+        bm25 = statements.bm25(options.filters, limit, weighted=terms is not None)
+        params = self._params(collections, options, query=query)
+        if terms is not None:
+            params |= {"terms": terms[0], "weights": terms[1]}
+        return _Statement(bm25, params)
+
+    def _dense_candidates(
+        self,
+        model: QueryModel,
+        collections: list[uuid.UUID],
+        options: SearchOptions,
+        vector: npt.NDArray[np.float32],
+    ) -> _Statement:
+        query = statements.with_ctes(_nearest(model, options), select=statements.DENSE_CANDIDATES)
+        return self._dense_statement(query, model, collections, options, vector)
+
+    def _candidates(self, statement: _Statement) -> list[_Candidate]:
+        query = statement.query
+        if statement.ef_search is None:  # a BM25 statement: bare CTEs
+            query = statements.with_ctes(query, select=statements.TEXT_CANDIDATES)
+        return _candidate_list(self._run(_Statement(query, statement.params, statement.ef_search)))
 
     def _dense_statement(
         self,
@@ -385,13 +369,19 @@ class Searcher:
         # The HNSW candidate list must hold at least the rows asked for: pgvector's default of
         # 40 silently caps LIMIT 100 at 40 rows.
         wanted = options.index_limit(model.storage)
-        ef_search = min(max(options.ef_search, wanted), _MAX_EF_SEARCH)
+        ef_search = min(max(options.ef_search, wanted), MAX_EF_SEARCH)
         params = self._params(collections, options, vector=vector)
         return _Statement(query, params, ef_search)
 
     # -- pieces ----------------------------------------------------------------------------------
 
-    def _run(self, statement: _Statement) -> list[tuple[Any, ...]]:
+    def _run(
+        self,
+        statement: _Statement,
+        then: Callable[[list[tuple[Any, ...]]], _Statement] | None = None,
+    ) -> list[tuple[Any, ...]]:
+        """The statement's rows; with `then`, the rows of the statement it makes of them, in
+        the same read transaction (one connection checkout for both)."""
         # prepare=False: a server-side prepared statement drifts to a generic plan after five
         # runs, blind to the actual filter values and collections (exact search through a
         # selective filter vs. the HNSW index). Planning every time cost nothing measurable.
@@ -402,14 +392,15 @@ class Searcher:
                 conn.execute(
                     statements.SET_DENSE, {"ef_search": str(statement.ef_search)}, prepare=False
                 )
-            return conn.execute(statement.query, statement.params, prepare=False).fetchall()
+            rows = conn.execute(statement.query, statement.params, prepare=False).fetchall()
+            if then is not None:
+                follow = then(rows)
+                rows = conn.execute(follow.query, follow.params, prepare=False).fetchall()
+            return rows
 
     @staticmethod
     def _bm25(options: SearchOptions) -> sql.Composed:
-        return statements.BM25.format(
-            filter_join=statements.bm25_filter_join(options.filters, options.text_limit),
-            limit=sql.Literal(options.text_limit),
-        )
+        return statements.bm25(options.filters, options.text_limit)
 
     @staticmethod
     def _params(
@@ -432,6 +423,41 @@ class Searcher:
         if options.filters is not None:
             params |= options.filters.params
         return params
+
+
+@dataclass(frozen=True, slots=True)
+class _Candidate:
+    chunk_id: uuid.UUID
+    document_id: uuid.UUID
+    score: float
+
+
+def _candidate_list(rows: list[tuple[Any, ...]]) -> list[_Candidate]:
+    return [_Candidate(row[0], row[1], float(row[2])) for row in rows]
+
+
+def _rank(
+    dense: list[_Candidate], text: list[_Candidate], options: SearchOptions
+) -> list[tuple[uuid.UUID, float]]:
+    """The best `options.k` (chunk, score): fused when hybrid; with one chunk per document,
+    documents ranked by their chunks, when grouped."""
+    documents = {c.chunk_id: c.document_id for c in (*dense, *text)}
+    if options.mode is Mode.HYBRID:
+        pairs = [(c.chunk_id, c.score) for c in dense], [(c.chunk_id, c.score) for c in text]
+        chunks = fuse(*pairs, options.fusion_spec)
+    else:
+        chunks = [(c.chunk_id, c.score) for c in (dense or text)]
+    if not options.group_documents:
+        return chunks[: options.k]
+    best: dict[uuid.UUID, uuid.UUID] = {}
+    for chunk, _ in chunks:  # best first: a document's first chunk is its best
+        best.setdefault(documents[chunk], chunk)
+    ranked = document_scores(
+        ((documents[chunk], score) for chunk, score in chunks),
+        share=options.document_share,
+        extra=DOCUMENT_CHUNKS,
+    )
+    return [(best[document], score) for document, score in ranked[: options.k]]
 
 
 def _fixed(

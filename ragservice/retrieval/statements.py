@@ -1,5 +1,6 @@
-"""The SQL of a search, as composable pieces: dense candidates (HNSW), BM25 over the postings,
-reciprocal rank fusion, the hits with their documents, and neighbouring chunks.
+"""The SQL of a search, as composable pieces: dense candidates (HNSW), BM25 over the postings
+(and pseudo-relevance feedback's expansion terms), the hits with their documents, and
+neighbouring chunks.
 
 Pieces refer to chunks as `c` and documents as `d`, as compiled filters do. Model id and
 dimension are literals (the partial HNSW index matches a literal model id only); everything a
@@ -22,7 +23,7 @@ SET_DENSE = sql.SQL(
 
 NEAREST = sql.SQL("""
 nearest AS MATERIALIZED (
-    SELECT e.chunk_id, {distance} AS distance
+    SELECT e.chunk_id, c.document_id, {distance} AS distance
     FROM chunk_embeddings e
     JOIN chunks c ON c.id = e.chunk_id {document_join}
     WHERE e.model_id = {model_id} AND c.collection_id = ANY(%(collections)s::uuid[]) {filter}
@@ -42,7 +43,7 @@ DISTANCE_HALFVEC = sql.SQL(
 # expression matches the index's (migration 0015) so the planner uses it.
 NEAREST_BINARY = sql.SQL("""
 coarse AS MATERIALIZED (
-    SELECT e.chunk_id, e.embedding
+    SELECT e.chunk_id, c.document_id, e.embedding
     FROM chunk_embeddings e
     JOIN chunks c ON c.id = e.chunk_id {document_join}
     WHERE e.model_id = {model_id} AND c.collection_id = ANY(%(collections)s::uuid[]) {filter}
@@ -51,7 +52,8 @@ coarse AS MATERIALIZED (
     LIMIT {candidates}
 ),
 nearest AS MATERIALIZED (
-    SELECT chunk_id, embedding::vector({dim}) <=> %(vector)s::vector({dim}) AS distance
+    SELECT chunk_id, document_id,
+           embedding::vector({dim}) <=> %(vector)s::vector({dim}) AS distance
     FROM coarse
     ORDER BY distance, chunk_id
     LIMIT {limit}
@@ -77,7 +79,7 @@ blocks AS MATERIALIZED (
                           ROWS UNBOUNDED PRECEDING) - p.n AS before
     FROM chunk_postings p
     WHERE p.collection_id = ANY(%(collections)s::uuid[])
-      AND p.lexeme = ANY(tsvector_to_array(to_tsvector('english'::regconfig, %(query)s)))
+      AND p.lexeme = ANY({terms})
 ),
 idf AS (
     SELECT DISTINCT b.lexeme, ln(1 + (s.n - b.df + 0.5) / (b.df + 0.5)) AS idf
@@ -92,17 +94,48 @@ postings AS (
 ),
 bm25 AS MATERIALIZED (
     SELECT p.seq,
-           sum(i.idf * p.tf * (%(k1)s + 1)
+           sum({weight}i.idf * p.tf * (%(k1)s + 1)
                / (p.tf + %(k1)s * (1 - %(b)s + %(b)s * p.len / s.avgdl))) AS score
-    FROM postings p JOIN idf i USING (lexeme) CROSS JOIN stats s
+    FROM postings p JOIN idf i USING (lexeme) {weight_join} CROSS JOIN stats s
     GROUP BY p.seq
 ),
 ranked AS (
-    SELECT c.id AS chunk_id, b.score
+    SELECT c.id AS chunk_id, c.document_id, b.score
     FROM bm25 b JOIN chunks c ON c.seq = b.seq {filter_join}
     ORDER BY b.score DESC, c.id
     LIMIT {limit}
 )""")
+
+# The query's lexemes, each weighing 1 (BM25's OR over the query's words)...
+QUERY_LEXEMES = sql.SQL("tsvector_to_array(to_tsvector('english'::regconfig, %(query)s))")
+# ... or given lexemes with their weights (a query expanded by pseudo-relevance feedback).
+WEIGHTED_LEXEMES = sql.SQL("%(terms)s::text[]")
+WEIGHT_JOIN = sql.SQL(
+    "JOIN unnest(%(terms)s::text[], %(weights)s::float8[]) AS w(lexeme, weight) USING (lexeme)"
+)
+
+# RM3's feedback model from the first pass's best chunks (`ranked`, limited to the feedback
+# depth): P(t|R) = sum over those chunks of P(chunk) * tf / length, P(chunk) in proportion to its
+# BM25 score; the %(fb_terms)s most likely lexemes, plus the query's own lexemes (p NULL) for the
+# caller to interpolate. Only the feedback chunks' texts are parsed: the cost is bounded by the
+# feedback depth, and the expanded query's postings by the per-term budget.
+FEEDBACK = sql.SQL("""
+feedback AS (
+    SELECT r.chunk_id, r.score / nullif(sum(r.score) OVER (), 0) AS p_chunk FROM ranked r
+),
+chunk_terms AS (
+    SELECT f.chunk_id, f.p_chunk, t.lexeme,
+           coalesce(array_length(t.positions, 1), 1)::float8 AS tf
+    FROM feedback f JOIN chunks c ON c.id = f.chunk_id
+    CROSS JOIN LATERAL unnest(to_tsvector('english'::regconfig, c.text)) AS t
+)""")
+FEEDBACK_TERMS = sql.SQL("""
+(SELECT lexeme, sum(p_chunk * tf / length) AS p
+ FROM (SELECT *, sum(tf) OVER (PARTITION BY chunk_id) AS length FROM chunk_terms) AS t
+ GROUP BY lexeme ORDER BY p DESC, lexeme LIMIT %(fb_terms)s)
+UNION ALL
+SELECT DISTINCT lexeme, NULL::float8
+FROM unnest(tsvector_to_array(to_tsvector('english'::regconfig, %(query)s))) AS lexeme""")
 
 # Unfiltered, only the chunks scoring at least the limit-th best score are looked up.
 BM25_CUT = sql.SQL(
@@ -113,19 +146,15 @@ BM25_CUT = sql.SQL(
 DENSE_RANKED = sql.SQL("""
 ranked AS (SELECT chunk_id, 1 - distance AS score FROM nearest)""")
 
-FUSED = sql.SQL("""
-dense AS (
-    SELECT chunk_id, row_number() OVER (ORDER BY distance, chunk_id) AS rank FROM nearest
-),
-fulltext AS (
-    SELECT * FROM unnest(%(text_ids)s::uuid[], %(text_ranks)s::int[]) AS t(chunk_id, rank)
-),
+# A side's candidates for fusion or document scoring, best first, with their documents.
+DENSE_CANDIDATES = sql.SQL(
+    "SELECT chunk_id, document_id, 1 - distance AS score FROM nearest ORDER BY distance, chunk_id"
+)
+
+# Hits ranked by the searcher (fused or grouped by document): their ids and scores, in order.
+GIVEN = sql.SQL("""
 ranked AS (
-    SELECT chunk_id, sum(1.0::float8 / (%(rrf_k)s + rank)) AS score
-    FROM (SELECT chunk_id, rank FROM dense UNION ALL SELECT chunk_id, rank FROM fulltext) AS u
-    GROUP BY chunk_id
-    ORDER BY score DESC, chunk_id
-    LIMIT {limit}
+    SELECT * FROM unnest(%(ids)s::uuid[], %(scores)s::float8[]) AS r(chunk_id, score)
 )""")
 
 # A chunk the detector flagged (`metadata.injection`) in a collection whose policy is `drop`
@@ -141,7 +170,9 @@ JOIN collections col ON col.id = c.collection_id
 WHERE NOT (col.flagged_chunks = 'drop' AND c.metadata ? 'injection')
 ORDER BY r.score DESC, r.chunk_id""")
 
-TEXT_CANDIDATES = sql.SQL("SELECT chunk_id FROM ranked ORDER BY score DESC, chunk_id")
+TEXT_CANDIDATES = sql.SQL(
+    "SELECT chunk_id, document_id, score FROM ranked ORDER BY score DESC, chunk_id"
+)
 
 JOIN_DOCUMENTS = sql.SQL("JOIN documents d ON d.id = c.document_id")
 
@@ -175,3 +206,15 @@ def bm25_filter_join(filters: CompiledFilter | None, limit: int) -> sql.Composab
     if filters is None:
         return BM25_CUT.format(limit=sql.Literal(limit))
     return sql.SQL("{docs} WHERE {where}").format(docs=document_join(filters), where=filters.where)
+
+
+def bm25(filters: CompiledFilter | None, limit: int, *, weighted: bool = False) -> sql.Composed:
+    """BM25's CTEs down to `ranked` (the best `limit` chunks): over the query's lexemes, or
+    `weighted` over %(terms)s with their %(weights)s (an expanded query)."""
+    return BM25.format(
+        terms=WEIGHTED_LEXEMES if weighted else QUERY_LEXEMES,
+        weight=sql.SQL("w.weight * ") if weighted else sql.SQL(""),
+        weight_join=WEIGHT_JOIN if weighted else sql.SQL(""),
+        filter_join=bm25_filter_join(filters, limit),
+        limit=sql.Literal(limit),
+    )

@@ -71,3 +71,19 @@ def test_filters_restrict_results(client: TestClient, keys: Keys, corpus: str) -
 def test_k_bounds_the_result_count(client: TestClient, keys: Keys, corpus: str) -> None:
     body = {"query": "the", "mode": "dense", "k": 2}
     assert len(ok(client.post("/v1/search", json=body, headers=keys.reader))["results"]) == 2
+
+
+def test_ranking_overrides_are_bounded_and_stay_in_the_tenant(
+    client: TestClient, keys: Keys, corpus: str
+) -> None:
+    ranking = {"fusion": "minmax", "adaptive_weight": True, "prf": "rm3", "document_share": 0.2}
+    body = {"query": "BM25 term frequency", "group_by": "document", "ranking": ranking, "k": 10}
+    result = ok(client.post("/v1/search", json=body, headers=keys.reader))
+    found = [hit["document"]["external_id"] for hit in result["results"]]
+    assert found[0] == "bm25" and len(found) == len(set(found))
+    for bad in ({"prf_docs": 51}, {"fusion": "max"}, {"text_weight": 2}, {"k1": 1}):
+        response = client.post("/v1/search", json={**body, "ranking": bad}, headers=keys.reader)
+        assert response.status_code == 422, bad
+    # Another tenant's search with the same overrides finds nothing of acme's.
+    other = client.post("/v1/search", json=body, headers=keys.other_tenant)
+    assert other.status_code == 200 and other.json()["results"] == []

@@ -29,6 +29,7 @@ from ragservice.config import Settings
 from ragservice.db import Database, tenancy
 from ragservice.embedding.embedder import SentenceTransformerEmbedder, Vectors
 from ragservice.retrieval.filters import parse_and_compile
+from ragservice.retrieval.fusion import Fusion
 from ragservice.retrieval.search import Mode, Searcher, SearchHit, SearchOptions, SearchResult
 from ragservice.types import LoadedDocument, TextChunk
 
@@ -405,7 +406,13 @@ def test_hybrid_is_reciprocal_rank_fusion_of_both_lists(corpus: Corpus) -> None:
     dense = corpus.search(query, mode=Mode.DENSE, k=5)
     fulltext = corpus.search(query, mode=Mode.FULLTEXT, k=5)
     hybrid = corpus.search(
-        query, mode=Mode.HYBRID, k=4, dense_candidates=5, text_candidates=5, rrf_k=10
+        query,
+        mode=Mode.HYBRID,
+        k=4,
+        dense_candidates=5,
+        text_candidates=5,
+        rrf_k=10,
+        fusion=Fusion.RRF,
     )
 
     fused: dict[uuid.UUID, float] = {}
@@ -425,7 +432,8 @@ def test_hybrid_falls_back_to_dense_when_the_query_has_only_stop_words(corpus: C
     hybrid = corpus.search(query, mode=Mode.HYBRID, k=5)
     dense = corpus.search(query, mode=Mode.DENSE, k=5)
     assert [h.chunk_id for h in hybrid.hits] == [h.chunk_id for h in dense.hits]
-    assert hybrid.hits[0].score == pytest.approx(1 / (RRF_K + 1))
+    rrf = corpus.search(query, mode=Mode.HYBRID, k=5, fusion=Fusion.RRF)
+    assert rrf.hits[0].score == pytest.approx(1 / (RRF_K + 1))
 
 
 def test_empty_query_does_not_crash(corpus: Corpus) -> None:
@@ -446,7 +454,7 @@ def test_hits_carry_the_chunk_and_its_document(corpus: Corpus) -> None:
 
 @pytest.mark.parametrize("mode", list(Mode))
 def test_equal_scores_are_ordered_by_chunk_id(corpus: Corpus, mode: Mode) -> None:
-    hits = corpus.search(TWIN, mode=mode, k=2).hits
+    hits = corpus.search(TWIN, mode=mode, k=2, fusion=Fusion.RRF).hits
     assert {h.external_id for h in hits} == {"twin-1", "twin-2"}
     assert hits[0].chunk_id < hits[1].chunk_id
     if mode is Mode.HYBRID:
@@ -660,3 +668,28 @@ def test_postings_follow_replaced_and_deleted_documents(
         assert_matches_reference(
             fulltext(query), reference_bm25(runtime, papers, query, k1=0.9, b=0.4)
         )
+
+
+def test_feedback_expands_full_text_and_documents_group_chunks(corpus: Corpus) -> None:
+    """RM3 in SQL: "platelets" is in the aspirin abstract alone; its other words (risk, heart)
+    bring in the abstracts that share them, after it, and filters bound both passes. Grouped
+    by document, each document comes once, however many of its chunks match."""
+
+    def ids(**options: Any) -> list[str]:
+        return [
+            h.external_id for h in corpus.search("platelets", mode=Mode.FULLTEXT, **options).hits
+        ]
+
+    assert ids(k=5) == ["aspirin"]
+    expanded = ids(k=5, prf=True, prf_docs=1, prf_terms=8)
+    assert expanded[0] == "aspirin" and {"sleep", "coffee"} <= set(expanded)
+    pubmed = ids(k=5, prf=True, prf_docs=1, prf_terms=8, filters={"source": "pubmed"})
+    assert pubmed[0] == "aspirin" and "coffee" in pubmed and "sleep" not in pubmed
+    for mode in Mode:
+        chunks = corpus.search("guide install use questions", mode=mode, k=20).hits
+        grouped = corpus.search(
+            "guide install use questions", mode=mode, k=20, group_documents=True
+        ).hits
+        assert sum(h.external_id == "guide" for h in chunks) > 1
+        assert [h.external_id for h in grouped].count("guide") == 1
+        assert len({h.document_id for h in grouped}) == len(grouped)

@@ -14,7 +14,6 @@ from ragservice.api.schemas.search import (
     hit_out,
 )
 from ragservice.retrieval.filters import parse_and_compile
-from ragservice.retrieval.search import SearchOptions
 
 router = APIRouter(
     prefix="/v1",
@@ -32,12 +31,7 @@ def search(
     model the search ran with (the serving one when it started)."""
     check_query(body.query, body.k, runtime.settings, field="query")
     model = runtime.models.current()
-    options = SearchOptions.from_settings(
-        runtime.settings,
-        mode=body.mode,
-        k=body.k,
-        filters=parse_and_compile(body.filters),
-    )
+    options = body.options(runtime.settings, parse_and_compile(body.filters))
     ids = collection_ids(runtime, principal.tenant_id, body.collections)
     result = searcher.search(collection_ids=ids, query=body.query, options=options, model=model)
     return SearchResponse(

@@ -3,13 +3,43 @@
 from __future__ import annotations
 
 import uuid
-from typing import Any
+from dataclasses import replace
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from ragservice.api.schemas.common import JsonObject, Pages, pages_out
+from ragservice.config import Settings
 from ragservice.embedding.registry import ServingModel
-from ragservice.retrieval.search import Mode, SearchHit
+from ragservice.retrieval.filters import CompiledFilter
+from ragservice.retrieval.fusion import Fusion
+from ragservice.retrieval.options import MAX_PRF_DOCS, MAX_PRF_TERMS
+from ragservice.retrieval.search import Mode, SearchHit, SearchOptions
+
+
+class Ranking(BaseModel):
+    """Per-request ranking settings over the server's (`RAGSERVICE_SEARCH_...`): they change
+    only how the caller's own candidates are ordered, within the same bounds as the settings."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    fusion: Fusion | None = Field(default=None, description="hybrid: rrf, minmax, zscore, dbsf")
+    rrf_k: int | None = Field(default=None, ge=1, le=1000)
+    text_weight: float | None = Field(default=None, ge=0, le=1)
+    adaptive_weight: bool | None = None
+    prf: Literal["off", "rm3"] | None = None
+    prf_docs: int | None = Field(default=None, ge=1, le=MAX_PRF_DOCS)
+    prf_terms: int | None = Field(default=None, ge=1, le=MAX_PRF_TERMS)
+    prf_query_weight: float | None = Field(default=None, ge=0, le=1)
+    document_share: float | None = Field(default=None, ge=0, le=1)
+    bm25_k1: float | None = Field(default=None, ge=0, le=10)
+    bm25_b: float | None = Field(default=None, ge=0, le=1)
+
+    def apply(self, options: SearchOptions) -> SearchOptions:
+        given = self.model_dump(exclude_none=True)
+        if "prf" in given:
+            given["prf"] = given["prf"] == "rm3"
+        return replace(options, **given)
 
 
 class SearchRequest(BaseModel):
@@ -25,6 +55,18 @@ class SearchRequest(BaseModel):
         default=None,
         description='metadata filters, e.g. {"year": {"$gte": 2020}, "chunk.heading": "Intro"}',
     )
+    group_by: Literal["chunk", "document"] = Field(
+        default="chunk",
+        description="document: one result per document (its best chunk), k documents ranked "
+        "by their chunks' scores",
+    )
+    ranking: Ranking | None = Field(default=None, description="ranking settings for this search")
+
+    def options(self, settings: Settings, filters: CompiledFilter | None) -> SearchOptions:
+        options = SearchOptions.from_settings(settings, mode=self.mode, k=self.k, filters=filters)
+        if self.ranking is not None:
+            options = self.ranking.apply(options)
+        return replace(options, group_documents=self.group_by == "document")
 
 
 class DocumentRef(BaseModel):
@@ -37,7 +79,8 @@ class DocumentRef(BaseModel):
 class SearchHitOut(BaseModel):
     chunk_id: uuid.UUID
     score: float = Field(
-        description="dense: cosine similarity; fulltext: BM25; hybrid: reciprocal rank fusion"
+        description="dense: cosine similarity; fulltext: BM25; hybrid: the fused score "
+        "(reciprocal rank fusion by default); grouped by document: the document's score"
     )
     text: str
     ordinal: int
