@@ -22,6 +22,7 @@ from ragservice.store import (
     models,
     prompt_cache,
     query_log,
+    rerankers,
     tenants,
 )
 
@@ -37,5 +38,6 @@ __all__ = [
     "models",
     "prompt_cache",
     "query_log",
+    "rerankers",
     "tenants",
 ]
