@@ -25,7 +25,7 @@ export HF_HUB_OFFLINE
 # Idle torch threads otherwise spin and steal CPU from PostgreSQL on small machines.
 export OMP_WAIT_POLICY := PASSIVE
 
-.PHONY: run test browser lint typecheck lock bench-ingest bench-ingest-compare bench-search bench-query bench-tracing bench-cache bench-replicas bench-feedback bench-rls bench-hostile bench-injection bench-scale bench-soak clean
+.PHONY: run test browser lint typecheck lock bench-ingest bench-ingest-compare bench-search bench-query bench-tracing bench-cache bench-replicas bench-feedback bench-reranker bench-rls bench-hostile bench-injection bench-scale bench-soak clean
 
 # The locked packages without their dependencies (the lock holds them all), then the project.
 $(STAMP): pyproject.toml requirements.lock
@@ -110,6 +110,9 @@ bench-replicas: $(DEV_STAMP)
 
 bench-feedback: $(DEV_STAMP)
 	$(BIN)/python benchmarks/feedback_loop.py --data ../shared/data/scifact
+
+bench-reranker: $(DEV_STAMP)
+	$(BIN)/python benchmarks/reranker.py --data ../shared/data/scifact
 
 # Ingests SciFact into its own data directory first (a no-op once done).
 bench-rls: $(DEV_STAMP)

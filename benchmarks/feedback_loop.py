@@ -60,8 +60,7 @@ def main() -> None:
     train = load_beir_queries(args.data, "train")
     assert not set(test.texts) & set(train.texts), "train and test queries overlap"
     figures: dict[str, Any] = {"train_queries": len(train.texts), "test_queries": len(test.texts)}
-    env = {**os.environ, "RAGSERVICE_DATA_DIR": str(args.data_dir), "HF_HUB_OFFLINE": "1"}
-    env.pop("RAGSERVICE_DATABASE_URL", None)
+    env = environment(args)
     with server(args, {"RAGSERVICE_MODEL_CHECK_SECONDS": "1"}) as (base, headers):
         with connect(base, headers) as client:
             ensure_corpus(client, args.collection, args.data / "corpus.jsonl")
@@ -84,8 +83,21 @@ def main() -> None:
     _report(figures)
 
 
+def environment(args: argparse.Namespace) -> dict[str, str]:
+    """The CLI commands' environment: this run's data directory, its embedded database."""
+    env = {**os.environ, "RAGSERVICE_DATA_DIR": str(args.data_dir), "HF_HUB_OFFLINE": "1"}
+    env.pop("RAGSERVICE_DATABASE_URL", None)
+    return env
+
+
 def _parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_loop_arguments(parser)
+    return parse(parser)
+
+
+def add_loop_arguments(parser: argparse.ArgumentParser) -> None:
+    """The simulation's and training's arguments (`reranker.py` shares them)."""
     add_common_arguments(parser)
     parser.set_defaults(data_dir=Path(".ragservice-loop"))
     parser.add_argument("--out", default="scifact-feedback", help="the fine-tuned model's name")
@@ -95,7 +107,6 @@ def _parse_args() -> argparse.Namespace:
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--max-steps", type=int, default=None)
-    return parse(parser)
 
 
 # -- the model being served ------------------------------------------------------------------

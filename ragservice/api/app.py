@@ -47,6 +47,7 @@ from ragservice.errors import AuthenticationError, ConfigurationError
 from ragservice.metrics import JobMetrics, Metrics
 from ragservice.observability import tracing
 from ragservice.retrieval.rerank import make_reranker
+from ragservice.retrieval.reranker_registry import registered_folder
 from ragservice.retrieval.search import Searcher
 
 if TYPE_CHECKING:
@@ -187,7 +188,9 @@ def make_pipeline(
     runtime: Runtime, searcher: Searcher, inference: InferenceClient | None, metrics: Metrics
 ) -> AnswerPipeline:
     """The query path, with the reranker (loaded here) and the inference client if configured."""
-    reranker = make_reranker(runtime.settings)
+    reranker = make_reranker(
+        runtime.settings, resolve=lambda ref: registered_folder(runtime.db, ref)
+    )
     if reranker is not None:
         reranker.warm_up()
     cache = None

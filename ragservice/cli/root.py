@@ -19,6 +19,7 @@ from ragservice.cli import (
     models,
     query,
     replicas,
+    rerankers,
     serve,
     tenants,
     training,
@@ -84,6 +85,7 @@ app.add_typer(keys.app, name="keys")
 app.add_typer(tenants.app, name="tenants")
 app.add_typer(replicas.app, name="replicas")
 app.add_typer(models.app, name="models")
+app.add_typer(rerankers.app, name="rerankers")
 app.add_typer(analysts.app, name="analysts")
 app.add_typer(audit.app, name="audit")
 

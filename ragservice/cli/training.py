@@ -25,7 +25,8 @@ if TYPE_CHECKING:
     from ragservice.db import Database
     from ragservice.db.models import EmbeddingModel
     from ragservice.embedding.embedder import SentenceTransformerEmbedder
-    from ragservice.embedding.finetune import FinetuneResult
+    from ragservice.embedding.finetune import BaseModel, FinetuneResult
+    from ragservice.embedding.reranker_finetune import RerankerResult
 
 
 def finetune(
@@ -54,7 +55,9 @@ def finetune(
         typer.Option("--base", help="NAME[:VERSION], a model folder (default: the active model)."),
     ] = None,
     epochs: Annotated[int, typer.Option("--epochs", min=1)] = 1,
-    batch_size: Annotated[int, typer.Option("--batch-size", min=2)] = 32,
+    batch_size: Annotated[
+        int | None, typer.Option("--batch-size", min=2, help="Default 32 (16 with --reranker).")
+    ] = None,
     max_steps: Annotated[
         int | None, typer.Option("--max-steps", min=1, help="Stop after this many steps.")
     ] = None,
@@ -62,12 +65,36 @@ def finetune(
         float, typer.Option("--held-out", min=0.0, max=0.9, help="Share of questions held out.")
     ] = 0.1,
     seed: Annotated[int, typer.Option("--seed")] = 0,
-    learning_rate: Annotated[float, typer.Option("--learning-rate", min=0.0)] = 2e-5,
+    learning_rate: Annotated[
+        float | None,
+        typer.Option("--learning-rate", min=0.0, help="Default 2e-5 (3e-5 with --reranker)."),
+    ] = None,
+    reranker: Annotated[
+        bool,
+        typer.Option(
+            "--reranker", help="Train a cross-encoder reranker from the base model instead."
+        ),
+    ] = False,
+    loss: Annotated[
+        str, typer.Option("--loss", help="--reranker: bce (pairs) or mnrl (listwise).")
+    ] = "bce",
+    negatives: Annotated[
+        int, typer.Option("--negatives", min=1, help="--reranker: hard negatives per question.")
+    ] = 4,
+    max_length: Annotated[
+        int, typer.Option("--max-length", min=16, help="--reranker: tokens per pair.")
+    ] = 256,
+    max_minutes: Annotated[
+        float | None,
+        typer.Option("--max-minutes", min=0.0, help="--reranker: stop training after this."),
+    ] = None,
 ) -> None:
-    """Fine-tune the embedding model and register it as a new, inactive version of --out.
+    """Fine-tune the embedding model and register it as a new, inactive version of --out;
+    with --reranker, train a cross-encoder from it and register a reranker version of --out.
 
     Prints held-out figures before and after training, then one JSON line (stdout). Next:
-    `ragservice reembed --model OUT`, then `ragservice models activate OUT`.
+    `ragservice reembed --model OUT`, then `ragservice models activate OUT`; for a reranker,
+    `RAGSERVICE_RERANKER=OUT:VERSION` and a restart.
     """
     from ragservice.embedding import finetune as ft
 
@@ -76,27 +103,79 @@ def finetune(
     settings = get_settings()
     with database() as db, exit_on_error():
         ft.check_name(out)
-        options = ft.TrainingOptions(
-            epochs=epochs,
-            batch_size=batch_size,
-            max_steps=max_steps,
-            learning_rate=learning_rate,
-            held_out=held_out,
-            seed=seed,
-            device=settings.device,
-        )
+        common: dict[str, Any] = {
+            "epochs": epochs,
+            "max_steps": max_steps,
+            "held_out": held_out,
+            "seed": seed,
+        }
+        options: Any
+        if reranker:
+            options = _reranker_options(
+                common, batch_size, learning_rate, loss, negatives, max_length, max_minutes
+            )
+        else:
+            options = ft.TrainingOptions(
+                **common,
+                batch_size=batch_size or 32,
+                learning_rate=learning_rate or 2e-5,
+                device=settings.device,
+            )
         start = ft.resolve_base(db, settings, base)
         if triplets_file is not None:
             rows, source = _triplets_file(triplets_file), {"file": str(triplets_file)}
         else:
             rows, source = _feedback_triplets(db, tenant, collection, since, until)
-        console.print(f"fine-tuning {start.label} on {len(rows)} triplets")
+        what = "a reranker from" if reranker else "fine-tuning"
+        console.print(f"{what} {start.label} on {len(rows)} triplets")
         # The trainer prints its logs on stdout: stdout keeps only the final JSON line.
         with redirect_stdout(sys.stderr):
-            result = ft.finetune(
-                db, settings, rows, name=out, base=start, options=options, source=source
-            )
+            result = _train(db, settings, rows, out, start, options, source)
     _print_finetune(result)
+
+
+def _reranker_options(
+    common: dict[str, Any],
+    batch_size: int | None,
+    learning_rate: float | None,
+    loss: str,
+    negatives: int,
+    max_length: int,
+    max_minutes: float | None,
+) -> Any:
+    from ragservice.embedding import reranker_finetune as rf
+
+    if loss not in rf.LOSSES:
+        raise typer.BadParameter(f"one of {', '.join(rf.LOSSES)}", param_hint="--loss")
+    return rf.RerankerOptions(
+        **common,
+        batch_size=batch_size or 16,
+        learning_rate=learning_rate or 3e-5,
+        loss=loss,  # checked against LOSSES above
+        negatives=negatives,
+        max_length=max_length,
+        max_minutes=max_minutes,
+        device=get_settings().device,
+    )
+
+
+def _train(
+    db: Database,
+    settings: Settings,
+    rows: list[dict[str, str]],
+    out: str,
+    start: BaseModel,
+    options: Any,
+    source: dict[str, Any],
+) -> FinetuneResult | RerankerResult:
+    from ragservice.embedding import finetune as ft
+    from ragservice.embedding import reranker_finetune as rf
+
+    if isinstance(options, rf.RerankerOptions):
+        return rf.finetune_reranker(
+            db, settings, rows, name=out, base=start, options=options, source=source
+        )
+    return ft.finetune(db, settings, rows, name=out, base=start, options=options, source=source)
 
 
 def _feedback_triplets(
@@ -120,11 +199,17 @@ def _triplets_file(path: Path) -> list[dict[str, str]]:
         raise typer.BadParameter(f"cannot read {path}: {exc}", param_hint="--triplets") from exc
 
 
-def _print_finetune(result: FinetuneResult) -> None:
+def _print_finetune(result: FinetuneResult | RerankerResult) -> None:
     from rich.table import Table
 
+    from ragservice.embedding.reranker_finetune import RerankerResult
+
     held_out = result.details["held_out"]
-    table = Table(title=f"{result.model.name}:{result.model.version} on held-out questions")
+    label = f"{result.model.name}:{result.model.version}"
+    title = f"{label} on held-out questions"
+    if isinstance(result, RerankerResult):
+        title += " (before: the base model's cosine; after: the reranker)"
+    table = Table(title=title)
     for column in ("metric", "before", "after", "change"):
         table.add_column(column, justify="right" if column != "metric" else "left")
     for metric, before in held_out["before"].items():
@@ -133,10 +218,10 @@ def _print_finetune(result: FinetuneResult) -> None:
     console.print(table)
     if not held_out["before"]:
         console.print("no held-out questions (too few questions, or --held-out 0)")
-    console.print(
-        f"saved to {result.path}; next: ragservice reembed --model "
-        f"{result.model.name}:{result.model.version}"
-    )
+    if isinstance(result, RerankerResult):
+        console.print(f"saved to {result.path}; next: RAGSERVICE_RERANKER={label}")
+    else:
+        console.print(f"saved to {result.path}; next: ragservice reembed --model {label}")
     typer.echo(json.dumps(result.summary()))
 
 

@@ -127,6 +127,22 @@ class EmbeddingModel(Base):
     storage: Mapped[str] = mapped_column(Text, server_default="float32")
 
 
+class RerankerModel(Base):
+    """A cross-encoder trained by `ragservice finetune --reranker` (migration 0018)."""
+
+    __tablename__ = "reranker_models"
+    __table_args__ = (UniqueConstraint("name", "version"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(Text)
+    version: Mapped[int] = mapped_column(Integer)
+    path: Mapped[str] = mapped_column(Text)
+    base: Mapped[str] = mapped_column(Text)
+    # What made it: training data, held-out figures, timings, hyperparameters.
+    details: Mapped[dict[str, Any]] = mapped_column(JSONB, server_default="{}")
+    created_at: Mapped[datetime] = _now()
+
+
 class ModelActivation(Base):
     """One switch of the active embedding model; rollback goes back one step."""
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -47,8 +47,11 @@ class CrossEncoderReranker:
     fp16 on CUDA. Safe to call from many threads (one prediction at a time).
     """
 
-    def __init__(self, name: str, *, device: str = "auto", batch_size: int = 32) -> None:
+    def __init__(
+        self, name: str, *, folder: str | None = None, device: str = "auto", batch_size: int = 32
+    ) -> None:
         self._name = name
+        self._folder = folder  # a registered reranker's folder; else `name` says where
         self._device = device
         self._batch_size = batch_size
         self._model: Any = None
@@ -101,7 +104,7 @@ class CrossEncoderReranker:
         hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
 
         device = resolve_device(self._device)
-        folder = _model_folder(self._name)
+        folder = Path(self._folder) if self._folder else _model_folder(self._name)
         try:
             model = CrossEncoder(
                 str(folder) if folder is not None else self._name,
@@ -141,11 +144,18 @@ def _load_failure(name: str, folder: Path | None) -> str:
     return f"could not load reranker model from {str(folder)!r}: not a cross-encoder model"
 
 
-def make_reranker(settings: Settings) -> CrossEncoderReranker | None:
-    """The configured reranker, not yet loaded (call `warm_up`); None when reranking is off."""
+def make_reranker(
+    settings: Settings, *, resolve: Callable[[str], str | None] | None = None
+) -> CrossEncoderReranker | None:
+    """The configured reranker, not yet loaded (call `warm_up`); None when reranking is off.
+
+    `resolve` maps `RAGSERVICE_RERANKER` to a registered reranker's folder (None when it names
+    none: a path or a hub model): this module never reads the database itself.
+    """
     if not settings.reranker:
         return None
-    return CrossEncoderReranker(settings.reranker, device=settings.device)
+    folder = resolve(settings.reranker) if resolve is not None else None
+    return CrossEncoderReranker(settings.reranker, folder=folder, device=settings.device)
 
 
 def rerank_hits(

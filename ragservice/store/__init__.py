@@ -23,6 +23,7 @@ from ragservice.store import (
     models,
     prompt_cache,
     query_log,
+    rerankers,
     tenants,
 )
 
@@ -39,5 +40,6 @@ __all__ = [
     "models",
     "prompt_cache",
     "query_log",
+    "rerankers",
     "tenants",
 ]
