@@ -7,7 +7,7 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -177,3 +177,12 @@ def feedback_filter(
         min_rating=min_rating,
         max_rating=max_rating,
     )
+
+
+def held_out_change(held_out: dict[str, Any]) -> str:
+    """`0.612 → 0.655`: a trained version's held-out nDCG@10 before and after training, or ''
+    when either is missing (`models list`, `rerankers list`)."""
+    before, after = held_out.get("before", {}), held_out.get("after", {})
+    if "ndcg@10" in before and "ndcg@10" in after:
+        return f"{before['ndcg@10']:.3f} → {after['ndcg@10']:.3f}"
+    return ""

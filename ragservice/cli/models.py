@@ -10,7 +10,15 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.console import Console
 
-from ragservice.cli.common import IndexBar, cli_actor, console, database, exit_on_error, fail
+from ragservice.cli.common import (
+    IndexBar,
+    cli_actor,
+    console,
+    database,
+    exit_on_error,
+    fail,
+    held_out_change,
+)
 from ragservice.config import get_settings
 
 if TYPE_CHECKING:
@@ -50,12 +58,6 @@ def _print_models(rows: list[dict[str, Any]]) -> None:
         table.add_column(column)
     table.add_column("held-out nDCG@10 before → after")
     for row in rows:
-        before, after = row["held_out"]["before"], row["held_out"]["after"]
-        figures = (
-            f"{before['ndcg@10']:.3f} → {after['ndcg@10']:.3f}"
-            if "ndcg@10" in before and "ndcg@10" in after
-            else ""
-        )
         table.add_row(
             str(row["id"]),
             row["name"],
@@ -66,7 +68,7 @@ def _print_models(rows: list[dict[str, Any]]) -> None:
             f"{row['embedded']} / {row['chunks']}",
             row["base"] or "",
             row["created"][:16].replace("T", " "),
-            figures,
+            held_out_change(row["held_out"]),
         )
     Console().print(table)
 

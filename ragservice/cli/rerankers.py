@@ -8,7 +8,7 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
-from ragservice.cli.common import database
+from ragservice.cli.common import database, held_out_change
 
 app = typer.Typer(
     help="Reranker versions (RAGSERVICE_RERANKER=NAME:VERSION).", no_args_is_help=True
@@ -51,18 +51,12 @@ def _print(rows: list[dict[str, Any]]) -> None:
         table.add_column(column)
     table.add_column("held-out nDCG@10 base cosine → reranker")
     for row in rows:
-        before, after = row["held_out"].get("before", {}), row["held_out"].get("after", {})
-        figures = (
-            f"{before['ndcg@10']:.3f} → {after['ndcg@10']:.3f}"
-            if "ndcg@10" in before and "ndcg@10" in after
-            else ""
-        )
         table.add_row(
             str(row["id"]),
             row["reference"],
             row["base"],
             row["created"][:16].replace("T", " "),
             str(row["training"].get("seconds", "")),
-            figures,
+            held_out_change(row["held_out"]),
         )
     Console().print(table)

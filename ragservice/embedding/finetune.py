@@ -20,12 +20,14 @@ import shutil
 import tempfile
 import time
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
+from sqlalchemy.orm import Session
 
 from ragservice import store
 from ragservice.config import Settings
@@ -265,30 +267,57 @@ def _fit(
     return int(output.global_step)
 
 
+class Schedule(Protocol):
+    """The training schedule both fine-tunes share (`TrainingOptions`, `RerankerOptions`)."""
+
+    @property
+    def epochs(self) -> int: ...
+    @property
+    def batch_size(self) -> int: ...
+    @property
+    def max_steps(self) -> int | None: ...
+    @property
+    def learning_rate(self) -> float: ...
+    @property
+    def warmup_ratio(self) -> float: ...
+    @property
+    def seed(self) -> int: ...
+
+
+def trainer_arguments(
+    options: Schedule, device: str, rows: int, scratch: str, *, progress: bool
+) -> dict[str, Any]:
+    """The keyword arguments of a sentence-transformers trainer's arguments class: the
+    schedule, the device's precision, nothing saved or reported."""
+    per_epoch = max(1, -(-rows // options.batch_size))
+    steps = options.max_steps or per_epoch * options.epochs
+    return {
+        "output_dir": scratch,
+        "num_train_epochs": options.epochs,
+        "max_steps": options.max_steps or -1,
+        "per_device_train_batch_size": options.batch_size,
+        "learning_rate": options.learning_rate,
+        "warmup_steps": int(steps * options.warmup_ratio),
+        "fp16": device.startswith("cuda"),
+        "use_cpu": device == "cpu",
+        "seed": options.seed,
+        "data_seed": options.seed,
+        "save_strategy": "no",
+        "report_to": "none",
+        "logging_strategy": "no",
+        "disable_tqdm": not progress,
+        "dataloader_pin_memory": device.startswith("cuda"),
+    }
+
+
 def _arguments(
     options: TrainingOptions, device: str, rows: int, scratch: str, *, progress: bool
 ) -> Any:
     training_args = _st_module("training_args")
-    per_epoch = max(1, -(-rows // options.batch_size))
-    steps = options.max_steps or per_epoch * options.epochs
     return training_args.SentenceTransformerTrainingArguments(
-        output_dir=scratch,
-        num_train_epochs=options.epochs,
-        max_steps=options.max_steps or -1,
-        per_device_train_batch_size=options.batch_size,
-        learning_rate=options.learning_rate,
-        warmup_steps=int(steps * options.warmup_ratio),
-        fp16=device.startswith("cuda"),
-        use_cpu=device == "cpu",
-        seed=options.seed,
-        data_seed=options.seed,
+        **trainer_arguments(options, device, rows, scratch, progress=progress),
         # A repeated text in a batch would be another row's in-batch negative: a false one.
         batch_sampler=training_args.BatchSamplers.NO_DUPLICATES,
-        save_strategy="no",
-        report_to="none",
-        logging_strategy="no",
-        disable_tqdm=not progress,
-        dataloader_pin_memory=device.startswith("cuda"),
     )
 
 
@@ -379,15 +408,54 @@ def finetune(
             "no training triplets: feedback must mark chunks relevant (or rate an answer that "
             "cites sources well), with retrieved chunks left unmarked or marked irrelevant"
         )
-    models_dir = settings.data_dir / "models"
-    models_dir.mkdir(parents=True, exist_ok=True)
-    scratch = models_dir / f".{name}-{uuid.uuid4().hex[:8]}"
-    try:
+    with scratch_folder(settings.data_dir / "models", name) as scratch:
         trained = train(base.path, split, options, scratch, progress=progress)
         details = _details(split, trained, base, options, source or {})
         return _register(db, settings, name, trained, base, details)
+
+
+@contextmanager
+def scratch_folder(folder: Path, name: str) -> Iterator[Path]:
+    """A path to train into beside the versioned folders (so that registering is a rename on
+    the same file system), removed afterwards whatever happened."""
+    folder.mkdir(parents=True, exist_ok=True)
+    scratch = folder / f".{name}-{uuid.uuid4().hex[:8]}"
+    try:
+        yield scratch
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+Row = TypeVar("Row")
+
+
+def register_folder(
+    db: Database,
+    trained: Path,
+    folder: Path,
+    name: str,
+    *,
+    what: str,
+    next_version: Callable[[Session, str], int],
+    record: Callable[[Session, int, Path], Row],
+) -> tuple[Row, Path]:
+    """Move `trained` to `folder/NAME-vN` and `record` version N, in one transaction: a
+    failure leaves neither a row without a folder nor a folder without a row."""
+    moved: Path | None = None
+    try:
+        with db.write() as session:
+            version = next_version(session, name)
+            path = folder.resolve() / f"{name}-v{version}"
+            if path.exists():
+                raise InvalidInputError(f"{path} exists but is no registered {what}; move it away")
+            moved = trained.rename(path)
+            row = record(session, version, path)
+    except BaseException:
+        if moved is not None:
+            shutil.rmtree(moved, ignore_errors=True)
+        raise
+    log.info("registered %s %s v%d at %s", what, name, version, path)
+    return row, path
 
 
 def _register(
@@ -398,33 +466,29 @@ def _register(
     base: BaseModel,
     details: dict[str, Any],
 ) -> FinetuneResult:
-    """Move the model to its versioned folder and record it, in one transaction: a failure
-    leaves neither a row without a folder nor a folder without a row."""
-    moved: Path | None = None
-    try:
-        with db.write() as session:
-            version = store.models.next_model_version(session, name)
-            path = settings.data_dir.resolve() / "models" / f"{name}-v{version}"
-            if path.exists():
-                raise InvalidInputError(f"{path} exists but is no registered model; move it away")
-            moved = trained.path.rename(path)
-            model = store.models.register_model_version(
-                session,
-                name=name,
-                version=version,
-                dimension=trained.dimension,
-                path=str(path),
-                base_model_id=base.model_id,
-                details=details,
-                hnsw_m=settings.hnsw_m,
-                hnsw_ef_construction=settings.hnsw_ef_construction,
-                storage=settings.vector_storage,
-            )
-    except BaseException:
-        if moved is not None:
-            shutil.rmtree(moved, ignore_errors=True)
-        raise
-    log.info("registered %s v%d at %s", name, version, path)
+    def record(session: Session, version: int, path: Path) -> EmbeddingModel:
+        return store.models.register_model_version(
+            session,
+            name=name,
+            version=version,
+            dimension=trained.dimension,
+            path=str(path),
+            base_model_id=base.model_id,
+            details=details,
+            hnsw_m=settings.hnsw_m,
+            hnsw_ef_construction=settings.hnsw_ef_construction,
+            storage=settings.vector_storage,
+        )
+
+    model, path = register_folder(
+        db,
+        trained.path,
+        settings.data_dir / "models",
+        name,
+        what="model",
+        next_version=store.models.next_model_version,
+        record=record,
+    )
     return FinetuneResult(model=model, path=path, details=details)
 
 

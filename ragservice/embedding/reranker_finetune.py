@@ -18,16 +18,15 @@ NAME; `RAGSERVICE_RERANKER=NAME:N` serves it.
 from __future__ import annotations
 
 import logging
-import shutil
 import tempfile
 import time
-import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
+from sqlalchemy.orm import Session
 
 from ragservice import store
 from ragservice.config import Settings
@@ -35,7 +34,16 @@ from ragservice.db import Database
 from ragservice.db.models import RerankerModel
 from ragservice.embedding.embedder import resolve_device
 from ragservice.embedding.evaluation import mean, ndcg_at_k
-from ragservice.embedding.finetune import BaseModel, Split, Triplet, check_name, split_by_anchor
+from ragservice.embedding.finetune import (
+    BaseModel,
+    Split,
+    Triplet,
+    check_name,
+    register_folder,
+    scratch_folder,
+    split_by_anchor,
+    trainer_arguments,
+)
 from ragservice.errors import ConfigurationError, InvalidInputError
 from ragservice.extras import missing_extra
 
@@ -290,24 +298,8 @@ def _arguments(
 ) -> Any:
     from sentence_transformers.cross_encoder import CrossEncoderTrainingArguments
 
-    per_epoch = max(1, -(-rows // options.batch_size))
-    steps = options.max_steps or per_epoch * options.epochs
     return CrossEncoderTrainingArguments(
-        output_dir=scratch,
-        num_train_epochs=options.epochs,
-        max_steps=options.max_steps or -1,
-        per_device_train_batch_size=options.batch_size,
-        learning_rate=options.learning_rate,
-        warmup_steps=int(steps * options.warmup_ratio),
-        fp16=device.startswith("cuda"),
-        use_cpu=device == "cpu",
-        seed=options.seed,
-        data_seed=options.seed,
-        save_strategy="no",
-        report_to="none",
-        logging_strategy="no",
-        disable_tqdm=not progress,
-        dataloader_pin_memory=device.startswith("cuda"),
+        **trainer_arguments(options, device, rows, scratch, progress=progress)
     )
 
 
@@ -336,10 +328,7 @@ def finetune_reranker(
             "no training triplets: feedback must mark chunks relevant, with retrieved chunks "
             "left unmarked or marked irrelevant"
         )
-    folder = settings.data_dir / "rerankers"
-    folder.mkdir(parents=True, exist_ok=True)
-    scratch = folder / f".{name}-{uuid.uuid4().hex[:8]}"
-    try:
+    with scratch_folder(settings.data_dir / "rerankers", name) as scratch:
         trained = train(base.path, split, options, scratch, progress=progress)
         details = {
             "base": {"id": base.model_id, "model": base.label, "path": base.path},
@@ -354,8 +343,6 @@ def finetune_reranker(
             "hyperparameters": asdict(options),
         }
         return _register(db, settings, name, trained, base, details)
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def _register(
@@ -366,27 +353,18 @@ def _register(
     base: BaseModel,
     details: dict[str, Any],
 ) -> RerankerResult:
-    """Move the model to its versioned folder and record it in one transaction: a failure
-    leaves neither a row without a folder nor a folder without a row."""
-    moved: Path | None = None
-    try:
-        with db.write() as session:
-            version = store.rerankers.next_version(session, name)
-            path = settings.data_dir.resolve() / "rerankers" / f"{name}-v{version}"
-            if path.exists():
-                raise InvalidInputError(f"{path} exists but is no registered reranker; move it")
-            moved = trained.path.rename(path)
-            row = store.rerankers.register(
-                session,
-                name=name,
-                version=version,
-                path=str(path),
-                base=base.label,
-                details=details,
-            )
-    except BaseException:
-        if moved is not None:
-            shutil.rmtree(moved, ignore_errors=True)
-        raise
-    log.info("registered reranker %s v%d at %s", name, version, path)
+    def record(session: Session, version: int, path: Path) -> RerankerModel:
+        return store.rerankers.register(
+            session, name=name, version=version, path=str(path), base=base.label, details=details
+        )
+
+    row, path = register_folder(
+        db,
+        trained.path,
+        settings.data_dir / "rerankers",
+        name,
+        what="reranker",
+        next_version=store.rerankers.next_version,
+        record=record,
+    )
     return RerankerResult(model=row, path=path, details=details)
