@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import psycopg
-from pgvector.psycopg import register_vector
 from psycopg import sql
 from sqlalchemy import Connection, Engine, create_engine, event, text
 from sqlalchemy.engine import make_url
@@ -39,6 +38,7 @@ from ragservice.db import migrate, tenancy
 from ragservice.db.embedded import embedded_database_url
 from ragservice.db.routing import PRIMARY, ReadRouter, Replica, replica_names
 from ragservice.db.scope import DeferredWrite, current_scope
+from ragservice.db.vector_types import VectorTypes
 from ragservice.errors import ConfigurationError, DatabaseUnavailableError
 
 log = logging.getLogger(__name__)
@@ -349,10 +349,14 @@ def make_engine(url: str, *, role: str | None = None, **kwargs: Any) -> Engine:
         url, pool_pre_ping=True, pool_size=5, max_overflow=10, hide_parameters=True, **kwargs
     )
 
+    # Described once per engine: a new connection copies the types (db/vector_types.py says why).
+    vector_types = VectorTypes()
+    vector_types.install(engine)
+
     def on_connect(dbapi_connection: Any, _record: Any) -> None:
         if role is not None:
             dbapi_connection.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(role)))
-        register_vector(dbapi_connection)
+        vector_types.register(dbapi_connection)
         dbapi_connection.commit()  # else the pool's first rollback would undo SET ROLE
 
     event.listen(engine, "connect", on_connect)
