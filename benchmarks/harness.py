@@ -2,7 +2,9 @@
 
 `server(args)` yields the base URL and auth headers of `--url`, or of a `ragservice serve` it
 starts on a free loopback port with its own data directory (`--data-dir`, authentication off).
-`server_pid` finds the process serving a URL and `resident_mb` its memory (with children).
+`server_pid` finds the process serving a URL and `resident_mb` its memory (with children);
+`MemoryProbe` samples a soak's processes (the API server, workers, the embedded PostgreSQL) and
+`started_services` runs `ragservice serve` (and `ragservice worker`s) for one.
 `connect` makes the `RagserviceClient` of a server (one pool of kept-alive connections).
 `ensure_corpus` uploads `corpus.jsonl` as ingest jobs unless the collection already holds it;
 documents with no text (some public BEIR collections have them) are reported and left out.
@@ -136,6 +138,202 @@ def resident_mb(pid: int) -> float:
         with contextlib.suppress(psutil.Error):
             total += child.memory_info().rss
     return round(float(total) / 2**20, 1)
+
+
+def add_process_arguments(parser: argparse.ArgumentParser) -> None:
+    """A soak's processes: the server (found or started), its workers, the PostgreSQL server
+    sampled, and when memory is sampled."""
+    parser.add_argument("--server-pid", type=int, default=None)
+    parser.add_argument(
+        "--worker-pid", type=int, action="append", default=[], help="a running worker (repeat)"
+    )
+    parser.add_argument(
+        "--pgdata",
+        type=Path,
+        default=default_pgdata(),
+        help="the embedded PostgreSQL's data folder, whose postmaster.pid names the server "
+        "sampled (default: RAGSERVICE_DATA_DIR's pgdata; 'none': not sampled)",
+    )
+    parser.add_argument("--start-server", action="store_true")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=0,
+        help="with --start-server: also start N `ragservice worker`s, which take the jobs",
+    )
+    parser.add_argument(
+        "--growth-from-minutes",
+        type=float,
+        default=10.0,
+        help="rss_growth_after_warmup runs from this minute of the measured period to its end",
+    )
+    parser.add_argument("--sample-seconds", type=float, default=30.0)
+
+
+@dataclass(frozen=True)
+class MemoryProbe:
+    """The memory of a soak's processes, in MB by name: `api` (the server with its children),
+    `worker-1`… (each `ragservice worker`, with its children) and, given the embedded server's
+    data directory, `postgres` (the postmaster and every backend: proportional set sizes
+    summed, so that shared memory counts once). A process gone reads None."""
+
+    server: int
+    workers: tuple[int, ...] = ()
+    pgdata: Path | None = None
+
+    def sample(self) -> dict[str, float | None]:
+        found: dict[str, float | None] = {"api": _tree_mb(self.server)}
+        for number, pid in enumerate(self.workers, start=1):
+            found[f"worker-{number}"] = _tree_mb(pid)
+        if self.pgdata is not None:
+            found["postgres"] = postgres_mb(self.pgdata)
+        return found
+
+
+def _tree_mb(pid: int) -> float | None:
+    try:
+        return resident_mb(pid)
+    except psutil.Error:
+        return None
+
+
+def postgres_mb(pgdata: Path) -> float | None:
+    """The memory of the PostgreSQL server of `pgdata` (its postmaster.pid names the
+    postmaster) and of all its backends: PSS where readable, else RSS; None when not running."""
+    try:
+        postmaster = psutil.Process(int((pgdata / "postmaster.pid").read_text().split()[0]))
+        processes = [postmaster, *postmaster.children(recursive=True)]
+    except (OSError, ValueError, IndexError, psutil.Error):
+        return None
+    total = 0
+    for process in processes:
+        with contextlib.suppress(psutil.Error):
+            try:
+                total += process.memory_full_info().pss
+            except psutil.AccessDenied:
+                total += process.memory_info().rss
+    return round(float(total) / 2**20, 1)
+
+
+@contextlib.contextmanager
+def started_services(url: str, workers: int = 0) -> Iterator[tuple[int, tuple[int, ...]]]:
+    """`ragservice serve` on the URL's host and port with this environment, and `workers`
+    `ragservice worker` processes (the server then runs no job threads, RAGSERVICE_WORKERS=0,
+    so that the workers take the jobs), until the end: (server pid, worker pids)."""
+    parts = urlsplit(url)
+    binary = str(Path(sys.executable).parent / "ragservice")
+    command = [binary, "serve", "--host", parts.hostname or "127.0.0.1"]
+    command += ["--port", str(parts.port or 8000)]
+    env = {**os.environ, **({"RAGSERVICE_WORKERS": "0"} if workers else {})}
+    with contextlib.ExitStack() as stack:
+        log = stack.enter_context(tempfile.TemporaryFile(mode="w+"))
+        server = subprocess.Popen(command, env=env, stdout=log, stderr=log)
+        stack.callback(_stop, server)
+        wait_ready(url, server, log)
+        started = []
+        for _ in range(workers):
+            worker_env = {k: v for k, v in os.environ.items() if k != "RAGSERVICE_WORKERS"}
+            worker = subprocess.Popen([binary, "worker"], env=worker_env, stdout=log, stderr=log)
+            stack.callback(_stop, worker)
+            started.append(worker)
+        yield server.pid, tuple(w.pid for w in started)
+
+
+def _stop(process: subprocess.Popen[Any]) -> None:
+    process.terminate()
+    process.wait(timeout=60)
+
+
+def default_pgdata() -> Path:
+    """The embedded server's data directory of this environment's RAGSERVICE_DATA_DIR."""
+    return Path(os.environ.get("RAGSERVICE_DATA_DIR", ".ragservice")).resolve() / "pgdata"
+
+
+@dataclass(frozen=True)
+class Sample:
+    """A `MemoryProbe` sample, taken `seconds` into a soak's measured period."""
+
+    seconds: float
+    mb: dict[str, float | None]
+
+
+def mb_text(value: float | None) -> str:
+    """MB as a whole number for a progress line; `-` when unknown."""
+    return "-" if value is None else f"{value:.0f}"
+
+
+def pct_text(start: float | None, end: float | None) -> str:
+    """Growth as a signed percentage for a progress line; `-` when unknown."""
+    fraction = growth_fraction(start, end)
+    return "-" if fraction is None else f"{fraction * 100:+.1f}%"
+
+
+def growth_window(samples: list[Sample], from_seconds: float) -> dict[str, Any]:
+    """Growth by process from the sample nearest `from_seconds` to the last: the fraction by
+    process, and the window's ends (seconds into the measured period, MB by process)."""
+    first = min(samples[:-1] or samples, key=lambda s: abs(s.seconds - from_seconds))
+    last = samples[-1]
+    return {
+        "growth": {name: growth_fraction(first.mb.get(name), mb) for name, mb in last.mb.items()},
+        "window": {
+            "from_seconds": round(first.seconds, 1),
+            "to_seconds": round(last.seconds, 1),
+            "start_mb": first.mb,
+            "end_mb": last.mb,
+        },
+    }
+
+
+def memory_report(
+    samples: list[Sample], cold: dict[str, float | None], from_minutes: float
+) -> tuple[dict[str, Any], list[str]]:
+    """A soak's memory: the fields of its final JSON line, and the lines printed before it.
+
+    `rss_growth_after_warmup`: by process, the growth from the sample nearest `from_minutes`
+    into the measured period to the last sample, as a fraction; `rss_growth_window` says which
+    samples those were. The `rss_*` fields without `by_process` are the API server's."""
+    after = growth_window(samples, from_minutes * 60)
+    window = {"from_minutes": from_minutes, **after["window"]}
+    by_process = {name: [sample.mb.get(name) for sample in samples] for name in samples[0].mb}
+    series = by_process["api"]
+    fields = {
+        "rss_growth_after_warmup": after["growth"],
+        "rss_growth_window": window,
+        "rss_start_mb": series[0],
+        "rss_end_mb": series[-1],
+        "rss_growth_pct": growth_percent(series[0], series[-1]),
+        "rss_series_mb": series,
+        "rss_series_by_process_mb": by_process,
+        "rss_sample_seconds": [round(sample.seconds, 1) for sample in samples],
+        "rss_cold_mb": cold["api"],
+        "rss_cold_by_process_mb": cold,
+        "workers": sum(name.startswith("worker-") for name in cold),
+    }
+    lines = [f"MB before the warm-up: {', '.join(f'{k} {mb_text(v)}' for k, v in cold.items())}"]
+    seconds = " ".join(f"{sample.seconds:.0f}" for sample in samples)
+    lines.append(f"MB sampled at {seconds} s into the measured period:")
+    lines += [f"  {name}: {' '.join(map(mb_text, values))}" for name, values in by_process.items()]
+    growth = ", ".join(
+        f"{name} {pct_text(window['start_mb'].get(name), mb)}"
+        for name, mb in window["end_mb"].items()
+    )
+    lines.append(
+        f"growth from {window['from_seconds']:.0f} s to {window['to_seconds']:.0f} s: {growth}"
+    )
+    return fields, lines
+
+
+def growth_percent(start: float | None, end: float | None) -> float | None:
+    """(end - start) / start in percent, 2 decimals; None when either is unknown."""
+    fraction = growth_fraction(start, end)
+    return None if fraction is None else round(fraction * 100, 2)
+
+
+def growth_fraction(start: float | None, end: float | None) -> float | None:
+    """(end - start) / start, 4 decimals; None when either is unknown."""
+    if start is None or end is None or start <= 0:
+        return None
+    return round((end - start) / start, 4)
 
 
 # -- the corpus ------------------------------------------------------------------------------

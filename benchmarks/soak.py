@@ -9,12 +9,14 @@ uploads to a scratch collection made for the run (deleted at the end unless `--k
 whose jobs the client polls between its other operations (one job at a time). Responses are
 recorded by route; a 429 is deliberate (counted apart; the client waits its `Retry-After`),
 any other non-2xx status or exception is an error. After `--warmup-seconds` of the same traffic
-(recorded apart), the server's resident memory (the process on the URL's port, or
-`--server-pid`, and its children) is sampled every `--sample-seconds` with a progress line.
-`--start-server` runs `ragservice serve` itself on the URL's address. With authentication on
-the key must be a writer's (an admin's to delete the scratch collection). docs/benchmarks.md
-says more. Prints a table and a final JSON line (`clients`, `minutes`, `requests`, `errors`,
-`deliberate_429`, `routes`, `rss_start_mb`, `rss_end_mb`, `rss_growth_pct`, …).
+(recorded apart), memory is sampled every `--sample-seconds` with a progress line: the server's
+(the process on the URL's port, or `--server-pid`, and its children), each worker's
+(`--worker-pid`) and the embedded PostgreSQL's (`--pgdata`). `--start-server` runs
+`ragservice serve` itself on the URL's address, and `--workers N` as many `ragservice worker`s.
+With authentication on the key must be a writer's (an admin's to delete the scratch
+collection). docs/benchmarks.md says more. Prints a table and a final JSON line (`clients`,
+`minutes`, `requests`, `errors`, `deliberate_429`, `routes`, `p99_ms`,
+`rss_growth_after_warmup` by process from `--growth-from-minutes` on, `rss_growth_pct`, …).
 """
 
 from __future__ import annotations
@@ -25,9 +27,7 @@ import contextlib
 import json
 import os
 import random
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 import uuid
@@ -35,14 +35,23 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 # This folder goes last on the import path: `benchmarks/ingest.py` must not shadow `ingest`.
 _HERE = Path(__file__).resolve().parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE] + [str(_HERE)]
 
 import httpx  # noqa: E402
-from harness import percentile, resident_mb, server_pid, wait_ready  # noqa: E402
+from harness import (  # noqa: E402
+    MemoryProbe,
+    Sample,
+    add_process_arguments,
+    mb_text,
+    memory_report,
+    pct_text,
+    percentile,
+    server_pid,
+    started_services,
+)
 
 OPERATIONS = ("search", "ask", "feedback", "ingest")
 DEFAULT_MIX = "search=60,ask=20,feedback=10,ingest=10"
@@ -83,10 +92,6 @@ def latency_summary(latencies_ms: list[float]) -> dict[str, float | None]:
     if not latencies_ms:
         return {"p50_ms": None, "p95_ms": None, "p99_ms": None}
     return {f"p{q}_ms": round(percentile(latencies_ms, q / 100), 2) for q in (50, 95, 99)}
-
-
-def growth_pct(start: float, end: float) -> float:
-    return round((end - start) / start * 100, 2) if start > 0 else 0.0
 
 
 def parse_sse(lines: Iterable[str]) -> Iterator[tuple[str, Any]]:
@@ -363,25 +368,6 @@ class Client:
         self.shared.stop.wait(min(wait, max(0.0, self.shared.deadline - time.monotonic())))
 
 
-# -- the server and its memory ---------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def started_server(url: str) -> Iterator[int]:
-    """`ragservice serve` on the URL's host and port with this environment, until the end."""
-    parts = urlsplit(url)
-    command = [str(Path(sys.executable).parent / "ragservice"), "serve"]
-    command += ["--host", parts.hostname or "127.0.0.1", "--port", str(parts.port or 8000)]
-    with tempfile.TemporaryFile(mode="w+") as log:
-        process = subprocess.Popen(command, env=dict(os.environ), stdout=log, stderr=log)
-        try:
-            wait_ready(url, process, log)
-            yield process.pid
-        finally:
-            process.terminate()
-            process.wait(timeout=60)
-
-
 # -- the run ---------------------------------------------------------------------------------
 
 
@@ -389,13 +375,18 @@ def main() -> None:
     args = _parse_args()
     queries = _load_queries(args.queries)
     with contextlib.ExitStack() as stack:
-        pid = stack.enter_context(started_server(args.url)) if args.start_server else None
+        if args.start_server:
+            pid, workers = stack.enter_context(started_services(args.url, args.workers))
+        else:
+            pid, workers = args.server_pid or server_pid(args.url), tuple(args.worker_pid)
+        pgdata = None if str(args.pgdata) == "none" else args.pgdata
+        probe = MemoryProbe(pid, workers, pgdata)
         headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
         with httpx.Client(base_url=args.url, headers=headers, timeout=args.timeout) as admin:
             _check_collection(admin, args.collection)
             _create(admin, args.scratch)
             try:
-                report = _soak(args, queries, pid or args.server_pid or server_pid(args.url))
+                report = _soak(args, queries, probe)
             finally:
                 if not args.keep_scratch:
                     _delete(admin, args.scratch)
@@ -419,9 +410,7 @@ def _parse_args() -> argparse.Namespace:
     parser.add_argument("--job-timeout", type=float, default=300.0, help="seconds")
     parser.add_argument("--poll-seconds", type=float, default=1.0, help="between job polls")
     parser.add_argument("--timeout", type=float, default=120.0, help="per request, seconds")
-    parser.add_argument("--server-pid", type=int, default=None)
-    parser.add_argument("--start-server", action="store_true")
-    parser.add_argument("--sample-seconds", type=float, default=30.0)
+    add_process_arguments(parser)
     parser.add_argument(
         "--warmup-seconds",
         type=float,
@@ -440,6 +429,10 @@ def _parse_args() -> argparse.Namespace:
         parser.error(f"--mix: {exc}")
     if args.clients < 1 or args.minutes <= 0 or args.ingest_docs < 1:
         parser.error("--clients and --ingest-docs must be at least 1, --minutes above 0")
+    if args.workers < 0 or (args.workers and not args.start_server):
+        parser.error("--workers N starts workers with --start-server; else give --worker-pid")
+    if not 0 <= args.growth_from_minutes < args.minutes:
+        parser.error("--growth-from-minutes must be at least 0 and below --minutes")
     args.url = args.url.rstrip("/")
     args.scratch = args.scratch or f"soak-{uuid.uuid4().hex[:8]}"
     return args
@@ -474,9 +467,9 @@ def _delete(http: httpx.Client, name: str) -> None:
         print(f"could not delete {name!r}: {gone.status_code} {gone.text}", file=sys.stderr)
 
 
-def _soak(args: argparse.Namespace, queries: list[str], pid: int) -> dict[str, Any]:
+def _soak(args: argparse.Namespace, queries: list[str], probe: MemoryProbe) -> dict[str, Any]:
     """Warm-up traffic (recorded apart), then the measured period with its memory samples."""
-    cold_mb = resident_mb(pid)
+    cold = probe.sample()
     ends = time.monotonic() + args.warmup_seconds + args.minutes * 60
     shared = Shared(args, args.weights, queries, args.scratch, Recorder(args.error_samples), ends)
     with contextlib.ExitStack() as stack:
@@ -488,17 +481,18 @@ def _soak(args: argparse.Namespace, queries: list[str], pid: int) -> dict[str, A
             thread.start()
         try:
             warmup = _warm_up(shared)
-            started, series = time.monotonic(), [resident_mb(pid)]
-            _watch(shared, pid, series, started)
+            started = time.monotonic()
+            samples = [Sample(0.0, probe.sample())]
+            _watch(shared, probe, samples, started)
         finally:
             shared.stop.set()
             for thread in threads:
                 thread.join()
-    series.append(resident_mb(pid))
+    samples.append(Sample(time.monotonic() - started, probe.sample()))
     return {
         "seconds": time.monotonic() - started,
-        "rss_series_mb": series,
-        "rss_cold_mb": cold_mb,
+        "samples": samples,
+        "cold": cold,
         "warmup": warmup,
         "recorder": shared.recorder,
     }
@@ -527,19 +521,23 @@ def _warm_up(shared: Shared) -> dict[str, Any]:
     }
 
 
-def _watch(shared: Shared, pid: int, series: list[float], started: float) -> None:
+def _watch(shared: Shared, probe: MemoryProbe, samples: list[Sample], started: float) -> None:
     """A memory sample and a progress line every `--sample-seconds` until the deadline."""
     last_requests, last_at = 0, started
     while not shared.stop.wait(min(shared.args.sample_seconds, shared.deadline - time.monotonic())):
         if time.monotonic() >= shared.deadline:
             return
-        series.append(resident_mb(pid))
+        samples.append(Sample(time.monotonic() - started, probe.sample()))
         requests, errors, limited = shared.recorder.totals()
         now = time.monotonic()
         rate = (requests - last_requests) / (now - last_at)
+        memory = ", ".join(
+            f"{name} {mb_text(mb)} MB ({pct_text(samples[0].mb.get(name), mb)})"
+            for name, mb in samples[-1].mb.items()
+        )
         print(
             f"[{now - started:6.0f} s] {requests} requests ({rate:.1f}/s), {errors} errors, "
-            f"{limited} 429s, rss {series[-1]:.0f} MB ({growth_pct(series[0], series[-1]):+.1f}%)",
+            f"{limited} 429s, {memory}",
             file=sys.stderr,
             flush=True,
         )
@@ -548,15 +546,15 @@ def _watch(shared: Shared, pid: int, series: list[float], started: float) -> Non
 
 def _print_report(args: argparse.Namespace, run: dict[str, Any]) -> None:
     routes = run["recorder"].summary()
-    series = run["rss_series_mb"]
+    memory, lines = memory_report(run["samples"], run["cold"], args.growth_from_minutes)
     print(f"{'route':<18}{'count':>8}{'p50 ms':>10}{'p95 ms':>10}{'p99 ms':>10}  errors  429")
     for name, row in routes.items():
         cells = [row[f"p{q}_ms"] for q in (50, 95, 99)]
         shown = "".join(f"{'-' if c is None else f'{c:.1f}':>10}" for c in cells)
         errors = ",".join(f"{k}:{v}" for k, v in row["errors"].items()) or "0"
         print(f"{name:<18}{row['count']:>8}{shown}  {errors}  {row['deliberate_429']}")
-    print(f"rss MB before the warm-up: {run['rss_cold_mb']:.0f}")
-    print(f"rss MB every {args.sample_seconds:.0f} s: {' '.join(f'{x:.0f}' for x in series)}")
+    for line in lines:
+        print(line)
     for line in run["warmup"].get("error_samples", []):
         print(f"first errors of the warm-up: {line}")
     for line in run["recorder"].samples:
@@ -570,11 +568,8 @@ def _print_report(args: argparse.Namespace, run: dict[str, Any]) -> None:
         "errors": sum(sum(r["errors"].values()) for r in routes.values()),
         "deliberate_429": sum(r["deliberate_429"] for r in routes.values()),
         "routes": routes,
-        "rss_start_mb": series[0],
-        "rss_end_mb": series[-1],
-        "rss_growth_pct": growth_pct(series[0], series[-1]),
-        "rss_series_mb": series,
-        "rss_cold_mb": run["rss_cold_mb"],
+        "p99_ms": {name: row["p99_ms"] for name, row in routes.items()},
+        **memory,
         "warmup": {k: v for k, v in run["warmup"].items() if k != "error_samples"},
     }
     print(json.dumps(summary))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -119,3 +120,39 @@ def test_blank_means_what_the_loader_cleans_away(text: str) -> None:
     from ingest.loaders.cleaning import clean_text
 
     assert bool(harness._BLANK.fullmatch(text)) == (not clean_text(text))
+
+
+def test_memory_growth_runs_from_the_sample_nearest_the_minute_asked_to_the_last() -> None:
+    Sample = harness.Sample
+    samples = [
+        Sample(0.0, {"api": 900.0, "worker-1": 500.0, "postgres": 300.0}),
+        Sample(30.0, {"api": 950.0, "worker-1": 520.0, "postgres": 310.0}),
+        Sample(61.0, {"api": 1000.0, "worker-1": 540.0, "postgres": 320.0}),
+        Sample(90.0, {"api": 1010.0, "worker-1": 540.0, "postgres": None}),
+        Sample(95.5, {"api": 1050.0, "worker-1": 567.0, "postgres": None}),
+    ]
+    cold = {"api": 800.0, "worker-1": 400.0, "postgres": 250.0}
+    fields, lines = harness.memory_report(samples, cold, from_minutes=1)
+    assert fields["rss_growth_after_warmup"] == {"api": 0.05, "worker-1": 0.05, "postgres": None}
+    window = fields["rss_growth_window"]
+    assert (window["from_minutes"], window["from_seconds"], window["to_seconds"]) == (1, 61.0, 95.5)
+    assert window["start_mb"]["api"] == 1000.0 and window["end_mb"]["api"] == 1050.0
+    # The API server's fields as before: the whole measured period.
+    assert (fields["rss_start_mb"], fields["rss_end_mb"], fields["rss_growth_pct"]) == (
+        900.0,
+        1050.0,
+        16.67,
+    )
+    assert fields["rss_series_by_process_mb"]["postgres"] == [300.0, 310.0, 320.0, None, None]
+    assert fields["workers"] == 1
+    assert lines[-1] == "growth from 61 s to 96 s: api +5.0%, worker-1 +5.0%, postgres -"
+    assert harness.growth_percent(800.0, 880.0) == 10.0
+
+
+def test_postgres_memory_is_read_from_the_process_its_postmaster_pid_names(
+    tmp_path: Path,
+) -> None:
+    assert harness.postgres_mb(tmp_path) is None  # no postmaster.pid: not running
+    (tmp_path / "postmaster.pid").write_text(f"{os.getpid()}\n{tmp_path}\n")
+    measured = harness.postgres_mb(tmp_path)
+    assert measured is not None and measured > 1

@@ -74,7 +74,6 @@ def test_latency_percentiles_by_nearest_rank() -> None:
     values = [float(v) for v in range(100, 0, -1)]  # 1 … 100, unordered
     assert soak.latency_summary(values) == {"p50_ms": 51.0, "p95_ms": 95.0, "p99_ms": 99.0}
     assert soak.latency_summary([]) == {"p50_ms": None, "p95_ms": None, "p99_ms": None}
-    assert soak.growth_pct(800.0, 880.0) == 10.0
 
 
 def test_server_sent_events_as_the_service_writes_them() -> None:
