@@ -7,6 +7,7 @@ from datetime import datetime
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ragservice.api.schemas.common import Text
 from ragservice.db.models import Feedback
 from ragservice.feedback.collect import MAX_FEEDBACK_CHARS, MAX_JUDGED_CHUNKS
 from ragservice.types import Scale
@@ -19,8 +20,8 @@ class FeedbackBody(BaseModel):
         default=None, description="thumbs: +1 or -1; stars: 1 to 5; null: no rating"
     )
     scale: Scale = "thumbs"
-    comment: str | None = Field(default=None, max_length=MAX_FEEDBACK_CHARS)
-    corrected_answer: str | None = Field(
+    comment: Text | None = Field(default=None, max_length=MAX_FEEDBACK_CHARS)
+    corrected_answer: Text | None = Field(
         default=None, max_length=MAX_FEEDBACK_CHARS, description="the answer it should have been"
     )
     relevant_chunk_ids: list[uuid.UUID] = Field(
