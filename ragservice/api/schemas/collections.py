@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
-from typing import Any, Literal, cast
+from typing import Annotated, Any, Literal, cast
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 from ragservice import store
-from ragservice.api.schemas.common import JsonObject, Text
+from ragservice.api.schemas.common import JsonObject, Storable, Text
 from ragservice.limits import MAX_INT4
 
 COLLECTION_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
@@ -26,7 +26,7 @@ class CollectionCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: Text = Field(pattern=COLLECTION_NAME, description="letters, digits, . _ -; unique")
-    description: Text | None = Field(default=None, max_length=2000)
+    description: Annotated[str, StringConstraints(max_length=2000), Storable] | None = None
     metadata: JsonObject = Field(default_factory=dict)
     cache_ttl_seconds: int | None = Field(
         default=None,

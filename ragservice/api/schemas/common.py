@@ -47,7 +47,12 @@ StorableJson = BeforeValidator(_storable_json)
 """On a field of several shapes (a text or a list of them, ...): its strings checked as
 `Text` before pydantic tries each shape, so that the 422 says what is wrong, once."""
 
-Text = Annotated[str, BeforeValidator(_storable)]
+Storable = BeforeValidator(_storable)
+"""The check of `Text`, for a text with bounds that may be null: `Annotated[str,
+StringConstraints(max_length=...), Storable] | None` (bounds given to `Field` of such a union
+would be checked as a list's, and say so)."""
+
+Text = Annotated[str, Storable]
 """Text of a request: no NUL character, no lone surrogate."""
 
 DocumentText = Annotated[str, BeforeValidator(_no_surrogates)]

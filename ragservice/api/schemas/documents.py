@@ -7,9 +7,9 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
 
-from ragservice.api.schemas.common import DocumentText, JsonObject, Pages, Text
+from ragservice.api.schemas.common import DocumentText, JsonObject, Pages, Storable
 from ragservice.db.models import Chunk, Document
 from ragservice.limits import MAX_EXTERNAL_ID_BYTES, external_id_too_long
 
@@ -20,7 +20,12 @@ def _storable_id(value: str) -> str:
     return value
 
 
-ExternalId = Annotated[Text, AfterValidator(_storable_id)]
+ExternalId = Annotated[
+    str,
+    StringConstraints(min_length=1, max_length=MAX_EXTERNAL_ID_BYTES),
+    AfterValidator(_storable_id),
+    Storable,
+]
 """An opaque id: any text (`../etc/passwd` too: it never names a file), within a byte limit."""
 
 
@@ -29,12 +34,10 @@ class DocumentIn(BaseModel):
 
     external_id: ExternalId | None = Field(
         default=None,
-        min_length=1,
-        max_length=MAX_EXTERNAL_ID_BYTES,
         description="your id for the document; unset: derived from the text, so a resend "
         "of the same text is a no-op",
     )
-    title: Text | None = Field(default=None, max_length=2000)
+    title: Annotated[str, StringConstraints(max_length=2000), Storable] | None = None
     text: DocumentText = Field(min_length=1)
     metadata: JsonObject = Field(default_factory=dict)
 
