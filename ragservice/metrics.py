@@ -190,6 +190,12 @@ class Metrics(_Registered):
             ["reason"],
             registry=self.registry,
         )
+        self.query_log_failures = Counter(
+            "ragservice_query_log_write_failures",
+            "Answered questions whose query log row could not be written (logged as errors, "
+            "by query id); any is worth an alert.",
+            registry=self.registry,
+        )
         self.tokens_generated = Counter(
             "ragservice_tokens_generated",
             "Completion tokens the inference layer generated.",

@@ -27,7 +27,7 @@ from ingest.loaders.parsing import LoadResult, ParseError
 from ingest.loaders.sandbox import PARSERS, parse_isolated, stream_isolated
 from ingest.loaders.walking import iter_files
 from ragservice.limits import external_id_too_long, too_deep
-from ragservice.types import LoadedDocument, LoadFailure
+from ragservice.types import LoadedDocument, LoadFailure, file_type
 
 # The defaults read BEIR `corpus.jsonl`; frozen, so one shared instance is safe.
 _BEIR_FIELDS = JsonlFields()
@@ -73,7 +73,7 @@ def load_file(
     `file_type`. JSONL rows take their external id from the row's id field. `limits`
     (default: from the settings) bound each document's pages and characters.
     """
-    suffix = path.suffix.lower()
+    suffix = file_type(path.name)
     if suffix == ".jsonl":
         return load_jsonl(path, external_id, jsonl_fields, resolve_limits(limits))
     if suffix == ".parquet":
@@ -102,7 +102,7 @@ def load_bytes(
     if problem:
         return iter((LoadFailure(clean_text(name)[:200] or "(no name)", problem),))
     extra: dict[str, Any] = clean_json(dict(metadata or {}))
-    suffix = PurePosixPath(external_id).suffix.lower()
+    suffix = file_type(external_id)
     resolved = resolve_limits(limits)
     if suffix == ".jsonl":
         return jsonl_results(
@@ -229,7 +229,9 @@ def _parquet(
 
 
 def _unsupported(source: str, suffix: str) -> LoadFailure:
-    return LoadFailure(source, f"unsupported file type {suffix or '(no suffix)'}")
+    # `suffix` is "" for every type no loader reads: name the file's own suffix.
+    named = suffix or PurePosixPath(source).suffix.lower()
+    return LoadFailure(source, f"unsupported file type {named or '(no suffix)'}")
 
 
 def _read(path: Path) -> bytes:

@@ -34,7 +34,7 @@ from ragservice.answering.inference import Completion, InferenceClient
 from ragservice.answering.prompt import ChatMessage, build_messages
 from ragservice.cache.prompt_cache import CacheInfo, Lookup, PromptCache, scope_fingerprint
 from ragservice.config import Settings
-from ragservice.db import Database
+from ragservice.db import Database, error_summary
 from ragservice.errors import UpstreamError, UpstreamTimeoutError
 from ragservice.metrics import Metrics
 from ragservice.observability import logs, tracing
@@ -482,11 +482,22 @@ class AnswerPipeline:
     ) -> None:
         """Log the query and cache the answer on the primary, after the response is sent
         (`Database.write_later`): the caller never waits on either."""
-        self._db.write_later(lambda session: store.query_log.log_query(session, record))
+        self._db.write_later(lambda session: self._log_query(session, record))
         if remember:
             self._db.write_later(
                 lambda session: self._remember(session, question, prepared, generated, citations)
             )
+
+    def _log_query(self, session: Session, record: store.query_log.QueryRecord) -> None:
+        """Write the query log's row in a savepoint of its own; a failure is counted
+        (`ragservice_query_log_write_failures_total`) and logged without the question."""
+        try:
+            with session.begin_nested():
+                store.query_log.log_query(session, record)
+        except Exception as exc:
+            if self._metrics is not None:
+                self._metrics.query_log_failures.inc()
+            log.error("query log write of %s failed: %s", record.id, error_summary(exc))
 
 
 def _embed_traced(model: AnswerModel, text: str) -> Vector:

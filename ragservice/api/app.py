@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import TYPE_CHECKING, Protocol
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import SecretStr
@@ -17,6 +17,7 @@ from ragservice import console
 from ragservice.answering.answer import AnswerPipeline
 from ragservice.answering.inference import InferenceClient
 from ragservice.api.authn import AuthMiddleware, failure_limiter
+from ragservice.api.deps import storable_parameters
 from ragservice.api.error_handlers import install_error_handlers
 from ragservice.api.middleware import MetricsMiddleware, RequestContextMiddleware
 from ragservice.api.routers import (
@@ -126,6 +127,7 @@ def create_app(
         version="0.1.0",
         description="RAG and vector search on PostgreSQL + pgvector.",
         lifespan=lifespan,
+        dependencies=[Depends(storable_parameters)],
     )
     app.state.metrics = metrics
     app.state.rate_limiter = RateLimiter.from_settings(resolved)  # see deps.rate_limit
@@ -150,7 +152,8 @@ def create_app(
         admin,
         models,
     ):
-        app.include_router(module.router)
+        # Starlette's multipart parser stops at 1,000 files unless told the configured limit.
+        app.include_router(module.router, form_limits={"max_files": resolved.max_files_per_upload})
     _add_health_routes(app)
     console.mount(app, resolved)
     if resolved.metrics_port is None:

@@ -12,7 +12,16 @@ from fastapi import Request
 from ragservice.auth.ratelimit import RateLimiter
 from ragservice.config import Settings
 from ragservice.errors import InvalidInputError, PayloadTooLargeError, RateLimitedError
+from ragservice.limits import text_problem
 from ragservice.metrics import Metrics
+
+
+def check_form_text(value: str | None, field: str) -> str:
+    """A form field's (or a file name's) text, or 422 naming the field when it holds a NUL
+    character or a lone surrogate (as the JSON bodies' `Text` fields refuse them)."""
+    if value is not None and (problem := text_problem(value)):
+        raise InvalidInputError(f"{field}: {problem}")
+    return value or ""
 
 
 def check_query(text: str, k: int, settings: Settings, *, field: str) -> None:

@@ -17,10 +17,8 @@ from ragservice.api.checks import spend
 from ragservice.auth.keys import Role
 from ragservice.bootstrap import Runtime
 from ragservice.db.scope import current_scope
-from ragservice.errors import (
-    AuthenticationError,
-    PermissionDeniedError,
-)
+from ragservice.errors import AuthenticationError, InvalidInputError, PermissionDeniedError
+from ragservice.limits import text_problem
 from ragservice.retrieval.search import Searcher
 
 _bearer = HTTPBearer(auto_error=False, description="`Authorization: Bearer <API key>`")
@@ -56,6 +54,14 @@ async def replica_reads() -> None:
         scope.replica_reads = True
 
 
+def storable_parameters(request: Request) -> None:
+    """422 naming a path or query parameter that holds a NUL character (a URL's `%00`), as
+    the bodies' text fields refuse it (declared on the app, so it runs for every route)."""
+    for name, value in (*request.path_params.items(), *request.query_params.multi_items()):
+        if isinstance(value, str) and (problem := text_problem(value)):
+            raise InvalidInputError(f"{name}: {problem}")
+
+
 def authenticate(
     request: Request,
     _bearer_key: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
@@ -75,10 +81,17 @@ def require(role: Role) -> Callable[[Request, Principal], Principal]:
     ) -> Principal:
         rate_limit(request, principal)
         if not principal.role.allows(role):
-            raise PermissionDeniedError(f"this needs a {role} key; this key is a {principal.role}")
+            raise PermissionDeniedError(
+                f"this needs {_article(role)} {role} key; this key is {_article(principal.role)} "
+                f"{principal.role}"
+            )
         return principal
 
     return check
+
+
+def _article(role: Role) -> str:
+    return "an" if role.value[0] in "aeiou" else "a"
 
 
 def rate_limit(request: Request, principal: Principal) -> None:

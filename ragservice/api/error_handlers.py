@@ -3,6 +3,10 @@
 The service's own errors carry their status code; validation errors become 400 (a body that is
 not JSON) or 422; anything unexpected is logged with its request id and answered with a bare 500.
 A stream that fails after its 200 ends with the same body in its last event (`stream_error`).
+
+An unexpected error is answered and logged here, once (`UnexpectedErrors`, the innermost
+middleware): Starlette hands a handler of `Exception` to its outermost middleware, which
+re-raises after answering, so that the server logged every traceback a second time.
 """
 
 from __future__ import annotations
@@ -17,8 +21,10 @@ from psycopg import DataError as DriverDataError
 from psycopg import OperationalError as DriverOperationalError
 from sqlalchemy.exc import DataError, OperationalError
 from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ragservice.api.middleware import REQUEST_ID_HEADER
+from ragservice.db import error_summary
 from ragservice.errors import AuthenticationError, RagServiceError, RateLimitedError
 
 log = logging.getLogger(__name__)
@@ -46,7 +52,36 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(DriverDataError, _unstorable_value)
     app.add_exception_handler(OperationalError, _database_down)
     app.add_exception_handler(DriverOperationalError, _database_down)
-    app.add_exception_handler(Exception, _unexpected_error)
+    app.add_exception_handler(Exception, _unexpected_error)  # raised by the middlewares
+    app.add_middleware(UnexpectedErrors)  # the first added: the innermost
+
+
+class UnexpectedErrors:
+    """Answers an exception no handler took with the 500 of `_unexpected_error`, and ends it
+    there (logged once). One raised after the response started goes on up: a stream's
+    errors are its own (`stream_error`)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def watched(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, watched)
+        except Exception as exc:
+            if started:
+                raise
+            response = await _unexpected_error(Request(scope), exc)
+            await response(scope, receive, send)
 
 
 def request_id(request: Request) -> str:
@@ -130,11 +165,17 @@ def _sent_media_type(request: Request) -> str:
     return request.headers.get("content-type", "").partition(";")[0].strip().lower()
 
 
+_LOCATIONS = ("body", "query", "path", "header", "cookie")
+
+
 def _describe(error: Any) -> dict[str, str]:
-    location = [str(part) for part in error.get("loc", ()) if part not in ("body", "query")]
+    loc = list(error.get("loc", ()))
+    if loc and loc[0] in _LOCATIONS:  # where the field is, not its name (search's `query`)
+        loc = loc[1:]
+    location = [str(part) for part in loc]
     return {
         "field": ".".join(location) or "body",
-        "message": str(error.get("msg", "invalid")),
+        "message": str(error.get("msg", "invalid")).removeprefix("Value error, "),
         "type": str(error.get("type", "")),
     }
 
@@ -144,12 +185,26 @@ async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
     detail = str(exc.detail)
     if isinstance(exc.__cause__, RecursionError):  # FastAPI's "error parsing the body"
         detail = "request body is nested too deeply to parse"
+    if exc.status_code == 400 and detail.startswith(_TOO_MANY_FILES):
+        # Starlette's multipart parser stops at the route's form limit (app.py sets it from
+        # RAGSERVICE_MAX_FILES_PER_UPLOAD): over a limit is a 413, as the route's own check.
+        limit = detail.rstrip(".").rpartition(" ")[2]
+        detail = (
+            f"too many files in one upload; the limit is {limit} (RAGSERVICE_MAX_FILES_PER_UPLOAD)"
+        )
+        return error_response(request, 413, "PayloadTooLarge", detail)
     return error_response(request, exc.status_code, name, detail)
 
 
+_TOO_MANY_FILES = "Too many files. Maximum number of files is "
+
+
 async def _unstorable_value(request: Request, exc: Exception) -> JSONResponse:
-    # E.g. a NUL character, which PostgreSQL text cannot hold: the caller's input, not our fault.
-    log.info("request %s: value refused by the database: %s", request_id(request), exc)
+    # E.g. a number out of a column's range: the caller's input, not our fault. (The fields
+    # are checked before this; the message quotes what was refused, so it is not logged.)
+    log.info(
+        "request %s: value refused by the database: %s", request_id(request), error_summary(exc)
+    )
     detail = "a value in the request cannot be stored or searched (e.g. a NUL character)"
     return error_response(request, 422, "InvalidInput", detail)
 

@@ -136,8 +136,8 @@ class Database:
             with self.write_sessions.begin() as session:
                 for write in writes:
                     _run_isolated(session, write, savepoint=len(writes) > 1)
-        except Exception:
-            log.warning("deferred writes failed", exc_info=True)
+        except Exception as exc:
+            log.error("%d deferred writes failed: %s", len(writes), error_summary(exc))
 
     @contextmanager
     def owner_engine(self) -> Iterator[Engine]:
@@ -178,8 +178,22 @@ def _run_isolated(session: Session, write: DeferredWrite, *, savepoint: bool) ->
     try:
         with session.begin_nested():
             write(session)
-    except Exception:
-        log.warning("a deferred write failed", exc_info=True)
+    except Exception as exc:
+        log.error("a deferred write failed: %s", error_summary(exc))
+
+
+def error_summary(exc: BaseException) -> str:
+    """A database error as a log line may name it: its class and SQLSTATE, never its message.
+
+    PostgreSQL's message quotes the values it refused (`CONTEXT: JSON data, line 1: ...`):
+    users' questions and conversations, which stay out of the logs. (The engines' own messages
+    leave out the statements' parameters: `hide_parameters`.)"""
+    cause = getattr(exc, "orig", None) or exc
+    sqlstate = getattr(cause, "sqlstate", None)
+    name = (
+        f"{type(exc).__name__} ({type(cause).__name__})" if cause is not exc else type(exc).__name__
+    )
+    return f"{name}, SQLSTATE {sqlstate}" if sqlstate else name
 
 
 def resolve_database_url(settings: Settings) -> str:

@@ -34,7 +34,8 @@ from ragservice.embedding.embedder import (
     known_names,
     make_embedder,
 )
-from ragservice.errors import ConflictError, EmbeddingError, NotFoundError
+from ragservice.errors import ConflictError, EmbeddingError, InvalidInputError, NotFoundError
+from ragservice.limits import MAX_INT4
 from ragservice.store.audit import SYSTEM_ACTOR
 
 log = logging.getLogger(__name__)
@@ -245,6 +246,8 @@ def parse_model_ref(ref: str) -> tuple[str, int | None]:
     """`NAME` (its latest version) or `NAME:VERSION` → (name, version or None)."""
     name, sep, version = ref.rpartition(":")
     if sep and name and version.isdigit():
+        if len(version) > len(str(MAX_INT4)) or int(version) > MAX_INT4:
+            raise InvalidInputError(f"model: the version is above the limit of {MAX_INT4}")
         return name, int(version)
     return ref, None
 

@@ -25,6 +25,7 @@ from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
 from ragservice.db.models import Document, QueryLog
+from ragservice.limits import storable_json, storable_text
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,25 +99,28 @@ class QueryRecord:
 
 def log_query(session: Session, record: QueryRecord) -> uuid.UUID:
     """Write the row. When a source document is gone (deleted while the question was being
-    answered) the answer and prompt are left out, as the delete would have redacted them."""
+    answered) the answer and prompt are left out, as the delete would have redacted them.
+
+    Text that PostgreSQL cannot hold (a NUL character, a lone surrogate in a conversation's
+    earlier turn) is stored with U+FFFD in its place: an answered question is always logged."""
     sources = source_document_ids(record)
     redact = bool(sources) and not _sources_present(session, sources)
     entry = QueryLog(
         id=record.id,
         tenant_id=record.tenant_id,
         endpoint=record.endpoint,
-        question=record.question,
+        question=storable_text(record.question),
         collection_ids=list(record.collection_ids),
-        params=record.params,
+        params=storable_json(record.params),
         retrieved=[item.to_json() for item in record.retrieved],
-        answer=None if redact else record.answer,
+        answer=None if redact or record.answer is None else storable_text(record.answer),
         citations=[item.to_json() for item in record.citations],
         timings=record.timings,
-        upstream_model=record.upstream_model,
+        upstream_model=_storable_or_none(record.upstream_model),
         status=record.status,
-        error=record.error,
-        cache=record.cache,
-        messages=None if redact else record.messages,
+        error=_storable_or_none(record.error),
+        cache=storable_json(record.cache),
+        messages=None if redact else storable_json(record.messages),
         source_document_ids=sources,
         redacted_at=func.now() if redact else None,
         request_id=record.request_id,
@@ -125,6 +129,10 @@ def log_query(session: Session, record: QueryRecord) -> uuid.UUID:
     session.add(entry)
     session.flush()
     return entry.id
+
+
+def _storable_or_none(value: str | None) -> str | None:
+    return None if value is None else storable_text(value)
 
 
 def source_document_ids(record: QueryRecord) -> list[uuid.UUID]:

@@ -6,13 +6,19 @@ store the good one, and leave no document (hence no chunk) of the bad one.
 
 from __future__ import annotations
 
+import json
+import logging
 from typing import Any
 from urllib.parse import quote
 
 import pytest
 from fastapi.testclient import TestClient
+from psycopg import DataError as DriverDataError
 
+from ragservice import store
 from ragservice.config import Settings
+from ragservice.db import tenancy
+from ragservice.db.models import QueryLog
 from tests.api.conftest import Keys, ok, wait_for_job
 from tests.unit.test_loaders import encrypt_pdf, make_pdf, zip_bomb_docx
 
@@ -290,3 +296,179 @@ def test_unknown_or_malformed_filter_operators_are_422(
 ) -> None:
     search = {"query": "kittens", "filters": filters}
     assert message in error(client.post("/v1/search", json=search, headers=keys.reader), 422)
+
+
+# --------------------------------------------------------------------------- unstorable text
+
+SURROGATE = "\ud800"  # valid JSON ("\ud800"), but no UTF-8 can hold it
+
+
+def post_json(client: TestClient, url: str, body: Any, headers: dict[str, str]) -> Any:
+    """`body` as JSON with escapes (a lone surrogate stays the `\\ud800` a client sends)."""
+    raw = json.dumps(body).encode()
+    return client.post(url, content=raw, headers={**headers, "Content-Type": "application/json"})
+
+
+def chat_body(messages: list[dict[str, Any]], model: str = "rag:kb") -> dict[str, Any]:
+    return {"model": model, "messages": messages}
+
+
+@pytest.mark.parametrize("bad", [SURROGATE, "\x00"], ids=["surrogate", "nul"])
+def test_unstorable_text_is_a_422_naming_the_field_everywhere(
+    client: TestClient, keys: Keys, kb: str, bad: str
+) -> None:
+    text = f"a{bad}b"
+    user = [{"role": "user", "content": "hello"}]
+    cases: list[tuple[str, Any, str]] = [
+        ("/v1/embeddings", {"input": text}, "input"),
+        ("/v1/embeddings", {"input": ["fine", text]}, "input"),
+        ("/v1/embeddings", {"input": "fine", "model": text}, "model"),
+        ("/v1/chat/completions", chat_body([{"role": "user", "content": text}]), "messages.0"),
+        (
+            "/v1/chat/completions",
+            chat_body([{"role": "user", "content": [{"type": "text", "text": text}]}]),
+            "messages.0.content",
+        ),
+        ("/v1/chat/completions", chat_body(user, model=f"rag:{text}"), "model"),
+        (  # an earlier turn, which used to be answered and then not logged
+            "/v1/chat/completions",
+            chat_body(
+                [{"role": "user", "content": text}, {"role": "assistant", "content": "x"}, *user]
+            ),
+            "messages.0.content",
+        ),
+        (
+            "/v1/collections/kb/documents",
+            {"documents": [{"external_id": text, "text": "t"}]},
+            "documents.0.external_id",
+        ),
+        (
+            "/v1/collections/kb/documents",
+            {"documents": [{"title": text, "text": "t"}]},
+            "documents.0.title",
+        ),
+        (
+            "/v1/collections/kb/documents",
+            {"documents": [{"text": "t", "metadata": {text: 1}}]},
+            "documents.0.metadata",
+        ),
+        (
+            "/v1/collections/kb/documents",
+            {"documents": [{"text": "t", "metadata": {"k": [text]}}]},
+            "documents.0.metadata",
+        ),
+        ("/v1/search", {"query": text}, "query"),
+        ("/v1/search", {"query": "q", "filters": {"k": {"$in": [text]}}}, "filters"),
+        ("/v1/search", {"query": "q", "collections": ["kb", text]}, "collections.1"),
+        ("/v1/query", {"question": text}, "question"),
+        ("/v1/collections", {"name": "c", "description": text}, "description"),
+        ("/v1/collections", {"name": "c", "metadata": {"k": text}}, "metadata"),
+    ]
+    problem = "lone UTF-16 surrogate" if bad == SURROGATE else "NUL"
+    for url, body, field in cases:
+        response = post_json(client, url, body, keys.admin)
+        detail = error(response, 422)
+        assert detail.startswith(field) and problem in detail, (url, body, detail)
+    form = client.post(
+        "/v1/collections/kb/documents/files",
+        files=[("files", GOOD)],
+        data={"metadata": json.dumps({"k": text}), "jsonl_fields": "id=x"},
+        headers=keys.writer,
+    )
+    assert error(form, 422).startswith("metadata: a key or string value")
+    assert stored_ids(client, keys) == []
+
+
+def test_a_nul_in_a_path_or_query_parameter_is_a_422_naming_it(
+    client: TestClient, keys: Keys, kb: str
+) -> None:
+    detail = error(client.get("/v1/collections/kb%00x", headers=keys.reader), 422)
+    assert detail == "name: must not contain NUL characters (U+0000)"
+    listing = client.get("/v1/collections/kb/documents?after=a%00", headers=keys.reader)
+    assert error(listing, 422).startswith("after: must not contain NUL")
+    assert error(client.get("/v1/jobs?collection=%00", headers=keys.reader), 422).startswith(
+        "collection:"
+    )
+
+
+def test_a_file_type_is_judged_alike_at_upload_and_in_the_job(
+    client: TestClient, keys: Keys, kb: str
+) -> None:
+    for name in (".txt", "evil.exe", "noext"):
+        response = client.post(
+            "/v1/collections/kb/documents/files",
+            files=[("files", (name, b"text", "text/plain"))],
+            headers=keys.writer,
+        )
+        assert "unsupported file type" in error(response, 415), name
+    job = upload(client, keys, ("notes.TXT", b"Upper case suffixes are fine.", "text/plain"))
+    assert job["errors"] == [] and stored_ids(client, keys) == ["notes.TXT"]
+
+
+def test_a_failed_query_log_write_is_counted_and_logged_without_user_text(
+    client: TestClient,
+    keys: Keys,
+    kb: str,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    secret = "my-very-private-question"
+
+    def refuse(_session: Any, record: Any) -> None:
+        # What PostgreSQL says of a value it cannot take: it quotes the value.
+        raise DriverDataError(f'invalid input syntax for type json\nCONTEXT: "{record.question}"')
+
+    monkeypatch.setattr(store.query_log, "log_query", refuse)
+    caplog.set_level(logging.INFO)
+    answer = ok(client.post("/v1/query", json={"question": secret}, headers=keys.reader))
+    failures = client.app.state.metrics.query_log_failures  # type: ignore[attr-defined]
+    assert failures._value.get() == 1
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert [r.getMessage() for r in errors] == [
+        f"query log write of {answer['query_id']} failed: DataError"
+    ]
+    assert not any(secret in r.getMessage() or r.exc_info for r in caplog.records)
+    metrics = client.get("/metrics", headers=keys.admin).text
+    assert "ragservice_query_log_write_failures_total 1.0" in metrics
+
+
+def test_text_the_query_log_cannot_hold_is_stored_replaced(client: TestClient) -> None:
+    runtime = client.app.state.runtime  # type: ignore[attr-defined]
+    record = store.query_log.QueryRecord(
+        tenant_id=runtime.default_tenant_id,
+        endpoint="chat.completions",
+        question=f"q{SURROGATE}\x00",
+        collection_ids=[],
+        params={"mode": "hybrid"},
+        retrieved=[],
+        answer="a\x00",
+        citations=[],
+        timings={},
+        upstream_model=None,
+        status="ok",
+        messages=[{"role": "user", "content": f"earlier {SURROGATE}", f"k{SURROGATE}": "\x00"}],
+    )
+    with tenancy.as_system(), runtime.db.write() as session:
+        store.query_log.log_query(session, record)
+    with tenancy.as_system(), runtime.db.read() as session:
+        row = session.get(QueryLog, record.id)
+        assert row is not None
+        assert (row.question, row.answer) == ("q\ufffd\ufffd", "a\ufffd")
+        assert row.messages == [{"role": "user", "content": "earlier \ufffd", "k\ufffd": "\ufffd"}]
+
+
+def test_an_unexpected_error_is_answered_and_logged_once(
+    client: TestClient, keys: Keys, caplog: pytest.LogCaptureFixture
+) -> None:
+    def boom() -> None:
+        raise RuntimeError("a bug")
+
+    app = client.app
+    app.add_api_route("/v1/boom", boom)  # type: ignore[attr-defined]
+    # Raising server exceptions: one that escaped the app (to be logged again by the server)
+    # would fail the call.
+    strict = TestClient(app, raise_server_exceptions=True)
+    response = strict.get("/v1/boom", headers=keys.reader)
+    assert error(response, 500) == "internal error; quote the request id when reporting it"
+    logged = [r for r in caplog.records if r.exc_info]
+    assert len(logged) == 1 and response.json()["request_id"] in logged[0].getMessage()

@@ -1,5 +1,6 @@
 """The bounds on what one request may ask: chat history and max_tokens, /v1/embeddings input,
-filter size; and the rate-limit cost of an embeddings request. Each refusal names its limit."""
+filter size, collection lists, numbers, files per upload; and the rate-limit cost of an
+embeddings request. Each refusal names its limit."""
 
 from __future__ import annotations
 
@@ -25,6 +26,8 @@ def api_settings(settings: Settings) -> Settings:
             "max_embedding_inputs": 40,
             "max_embedding_input_chars": 30,
             "max_embedding_request_chars": 300,
+            "max_files_per_upload": 1001,  # above Starlette's own default of 1,000
+            "workers": 0,  # nothing here needs its uploads ingested
         }
     )
 
@@ -89,3 +92,52 @@ def test_embeddings_are_charged_a_token_per_sixteen_texts(client: TestClient, ke
     over = client.post("/v1/embeddings", json={"input": ["a"] * 17}, headers=keys.reader)
     refused(over, 429, "17 texts costs 2 rate-limit tokens", "Retry-After")
     ok(client.post("/v1/embeddings", json={"input": ["a"] * 17}, headers=keys.writer))
+
+
+def test_lists_and_numbers_name_their_bounds(client: TestClient, keys: Keys) -> None:
+    ok(client.post("/v1/collections", json={"name": "kb"}, headers=keys.writer), 201)
+    many = ["kb"] * 65535  # once a 503: more parameters than a statement takes
+    for route, field in (("/v1/search", "query"), ("/v1/query", "question")):
+        body = {field: "anything", "collections": many}
+        response = client.post(route, json=body, headers=keys.reader)
+        refused(response, 422, "collections: List should have at most 1000 items")
+    refused(chat(client, keys, turns(1), model="rag:" + ",".join(many)), 422, "the limit is 1000")
+    refused(
+        client.get("/v1/audit?before=99999999999999999999", headers=keys.admin),
+        422,
+        "before: Input should be less than or equal to 9223372036854775807",
+    )
+    nan = b'{"query": "q", "ranking": {"text_weight": NaN}}'
+    headers = {**keys.reader, "Content-Type": "application/json"}
+    refused(
+        client.post("/v1/search", content=nan, headers=headers),
+        422,
+        "ranking.text_weight: must be a finite number",
+    )
+    hot = (
+        b'{"model": "rag:kb", "messages": [{"role": "user", "content": "x"}], "temperature": 1e999}'
+    )
+    refused(
+        client.post("/v1/chat/completions", content=hot, headers=headers),
+        422,
+        "temperature: must be a finite number",
+    )
+    version = client.post(
+        "/v1/collections/kb/documents/files",
+        files=[("files", ("a.txt", b"text", "text/plain"))],
+        data={"model": "NAME:99999999999999999999999"},
+        headers=keys.writer,
+    )
+    refused(version, 422, "model: the version is above the limit of 2147483647")
+    refused(client.get("/v1/audit", headers=keys.reader), 403, "this needs an admin key")
+
+
+def test_the_files_per_upload_follow_the_setting(client: TestClient, keys: Keys) -> None:
+    ok(client.post("/v1/collections", json={"name": "kb"}, headers=keys.writer), 201)
+
+    def upload(count: int) -> httpx.Response:
+        files = [("files", (f"f{i}.txt", b"x", "text/plain")) for i in range(count)]
+        return client.post("/v1/collections/kb/documents/files", files=files, headers=keys.writer)
+
+    assert ok(upload(1001), 202)["status"] == "queued"
+    refused(upload(1002), 413, "the limit is 1001 (RAGSERVICE_MAX_FILES_PER_UPLOAD)")

@@ -14,6 +14,7 @@ from ragservice.api.schemas.common import error_responses
 from ragservice.api.schemas.insights import MAX_INSIGHT_DAYS, InsightsOut, insights_out
 from ragservice.bootstrap import Runtime
 from ragservice.db import migrate
+from ragservice.limits import MAX_INT8
 
 router = APIRouter(prefix="/v1", tags=["admin"], responses=error_responses())
 
@@ -23,7 +24,7 @@ def list_audit(
     principal: Admin,
     runtime: RuntimeDep,
     limit: Annotated[int, Query(ge=1, le=MAX_AUDIT_PAGE)] = 100,
-    before: Annotated[int | None, Query(ge=1)] = None,
+    before: Annotated[int | None, Query(ge=1, le=MAX_INT8)] = None,
 ) -> AuditPage:
     """Your tenant's audit log, newest first: collection deletes and updates, cache purges,
     feedback exports, key creations and revocations. Page with `before=next_before`."""

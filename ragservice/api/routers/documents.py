@@ -12,7 +12,7 @@ import anyio.to_thread
 from fastapi import APIRouter, File, Form, Query, Request, Response, UploadFile, status
 
 from ragservice import store
-from ragservice.api.checks import check_batch
+from ragservice.api.checks import check_batch, check_form_text
 from ragservice.api.deps import Reader, RuntimeDep, Writer, collection_id, wake_workers
 from ragservice.api.schemas.common import error_responses
 from ragservice.api.schemas.documents import (
@@ -33,8 +33,14 @@ from ragservice.errors import (
     PayloadTooLargeError,
     UnsupportedMediaTypeError,
 )
-from ragservice.limits import MAX_EXTERNAL_ID_BYTES, MAX_JSON_DEPTH, external_id_too_long, too_deep
-from ragservice.types import SUPPORTED_SUFFIXES
+from ragservice.limits import (
+    MAX_EXTERNAL_ID_BYTES,
+    MAX_JSON_DEPTH,
+    external_id_too_long,
+    json_text_problem,
+    too_deep,
+)
+from ragservice.types import SUPPORTED_SUFFIXES, file_type
 
 router = APIRouter(
     prefix="/v1/collections/{collection}/documents",
@@ -96,8 +102,10 @@ async def upload_files(
 ) -> JobOut:
     """Queue uploaded files for ingestion; one job covers the whole upload."""
     settings = runtime.settings
+    for field, value in (("jsonl_fields", jsonl_fields), ("parquet_columns", parquet_columns)):
+        check_form_text(value, field)
     params = _format_params(jsonl_fields, parquet_columns)
-    if model and model.strip():
+    if model and check_form_text(model, "model").strip():
         params["model"] = _model_ref(runtime, model.strip())
     if len(files) > settings.max_files_per_upload:
         raise PayloadTooLargeError(
@@ -242,6 +250,8 @@ def _metadata_field(raw: str | None) -> dict[str, Any]:
         raise BadRequestError("the `metadata` form field must be a JSON object")
     if too_deep(value):
         raise InvalidInputError(f"metadata: nested deeper than {MAX_JSON_DEPTH} levels")
+    if problem := json_text_problem(value):
+        raise InvalidInputError(f"metadata: a key or string value {problem}")
     return value
 
 
@@ -254,9 +264,11 @@ def _file_name(raw: str | None) -> str:
         raise InvalidInputError(
             f"file name {name[:60]!r}… is longer than {MAX_EXTERNAL_ID_BYTES} bytes"
         )
-    if not name.lower().endswith(SUPPORTED_SUFFIXES):
+    check_form_text(name, "files")
+    if not file_type(name):  # the job's own test of a file's type, so that it agrees
         raise UnsupportedMediaTypeError(
-            f"{name!r}: unsupported file type; supported: {', '.join(SUPPORTED_SUFFIXES)}"
+            f"{name!r}: unsupported file type; supported: {', '.join(SUPPORTED_SUFFIXES)} "
+            "(the suffix after the last dot of a name that is more than its suffix)"
         )
     return name
 

@@ -46,6 +46,7 @@ from ragservice.embedding.registry import ModelRegistry, ServingModel
 from ragservice.embedding.token_ids import tiktoken_texts
 from ragservice.embedding.tokens import BatchTokenizer, TokenIds
 from ragservice.errors import InvalidInputError, NotFoundError
+from ragservice.limits import MAX_COLLECTIONS_PER_REQUEST
 from ragservice.retrieval.search import SearchOptions
 from ragservice.safety.links import clean_links
 
@@ -208,6 +209,10 @@ def _collections(model: str) -> list[str] | None:
             "(GET /v1/models lists them)"
         )
     names = [n.strip() for n in rest.split(",") if n.strip()]
+    if len(names) > MAX_COLLECTIONS_PER_REQUEST:
+        raise InvalidInputError(
+            f"model: {len(names)} collections; the limit is {MAX_COLLECTIONS_PER_REQUEST}"
+        )
     return names or None
 
 

@@ -14,17 +14,15 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ragservice.answering.answer import Answer, Status
 from ragservice.answering.context import Source
-from ragservice.api.schemas.common import JsonObject, Pages, pages_out
+from ragservice.api.schemas.common import CollectionNames, JsonObject, Pages, Text, pages_out
 from ragservice.retrieval.search import Mode
 
 
 class QueryRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    question: str = Field(min_length=1)
-    collections: list[str] | None = Field(
-        default=None, min_length=1, description="collection names; unset: all of yours"
-    )
+    question: Text = Field(min_length=1)
+    collections: CollectionNames | None = None
     mode: Mode = Mode.HYBRID
     k: int = Field(default=8, ge=1, description="chunks retrieved (after reranking) for context")
     filters: JsonObject | None = None

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
-from typing import Any, Literal, cast
+from typing import Annotated, Any, Literal, cast
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 from ragservice import store
-from ragservice.api.schemas.common import JsonObject
+from ragservice.api.schemas.common import JsonObject, Storable, Text
+from ragservice.limits import MAX_INT4
 
 COLLECTION_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
-MAX_TTL_SECONDS = 2**31 - 1  # the column is a PostgreSQL integer
+MAX_TTL_SECONDS = MAX_INT4  # the column is a PostgreSQL integer
 
 FlaggedChunks = Literal["mark", "downweight", "drop"]
 FLAGGED_CHUNKS_DESCRIPTION = (
@@ -24,8 +25,8 @@ FLAGGED_CHUNKS_DESCRIPTION = (
 class CollectionCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    name: str = Field(pattern=COLLECTION_NAME, description="letters, digits, . _ -; unique")
-    description: str | None = Field(default=None, max_length=2000)
+    name: Text = Field(pattern=COLLECTION_NAME, description="letters, digits, . _ -; unique")
+    description: Annotated[str, StringConstraints(max_length=2000), Storable] | None = None
     metadata: JsonObject = Field(default_factory=dict)
     cache_ttl_seconds: int | None = Field(
         default=None,

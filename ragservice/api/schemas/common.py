@@ -1,25 +1,95 @@
 """What every resource's schemas share: the error body, the error responses an operation
-documents, and the JSON object type of metadata and filters."""
+documents, and the types of request fields that every resource checks alike: text
+(`Text`), JSON objects (`JsonObject`), finite numbers (`Finite`) and collection names.
+
+Text reaches PostgreSQL, the tokenizers and the response encoder, none of which takes a NUL
+character or a lone UTF-16 surrogate (valid JSON: `"\\ud800"`, which Python decodes to an
+unencodable string): each refuses them with a 422 naming the field, never a 500.
+"""
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, BaseModel, Field
+from pydantic import AfterValidator, BaseModel, BeforeValidator, Field
 
-from ragservice.limits import MAX_JSON_DEPTH, too_deep
+from ragservice.limits import (
+    MAX_COLLECTIONS_PER_REQUEST,
+    MAX_JSON_DEPTH,
+    json_text_problem,
+    text_problem,
+    too_deep,
+)
 from ragservice.types import PageSpan
+
+
+def _storable(value: Any) -> Any:
+    # Before pydantic's own checks, whose message for a surrogate does not say what is wrong.
+    if isinstance(value, str) and (problem := text_problem(value)):
+        raise ValueError(problem)
+    return value
+
+
+def _no_surrogates(value: Any) -> Any:
+    if isinstance(value, str) and (problem := text_problem(value.replace("\x00", ""))):
+        raise ValueError(problem)
+    return value
+
+
+def _storable_json(value: Any) -> Any:
+    if problem := json_text_problem(value):
+        raise ValueError(problem)
+    return value
+
+
+StorableJson = BeforeValidator(_storable_json)
+"""On a field of several shapes (a text or a list of them, ...): its strings checked as
+`Text` before pydantic tries each shape, so that the 422 says what is wrong, once."""
+
+Storable = BeforeValidator(_storable)
+"""The check of `Text`, for a text with bounds that may be null: `Annotated[str,
+StringConstraints(max_length=...), Storable] | None` (bounds given to `Field` of such a union
+would be checked as a list's, and say so)."""
+
+Text = Annotated[str, Storable]
+"""Text of a request: no NUL character, no lone surrogate."""
+
+DocumentText = Annotated[str, BeforeValidator(_no_surrogates)]
+"""A document's text: no lone surrogate; NUL characters are dropped at ingest, as in files."""
 
 
 def _shallow(value: dict[str, Any]) -> dict[str, Any]:
     # Checked before anything recurses into it: the store, the filter compiler, jsonb.
     if too_deep(value):
         raise ValueError(f"nested deeper than {MAX_JSON_DEPTH} levels")
+    if problem := json_text_problem(value):
+        raise ValueError(f"a key or string value {problem}")
     return value
 
 
 JsonObject = Annotated[dict[str, Any], AfterValidator(_shallow)]
-"""Metadata or a filter: a JSON object at most `MAX_JSON_DEPTH` levels deep."""
+"""Metadata or a filter: a JSON object at most `MAX_JSON_DEPTH` levels deep, its keys and
+strings `Text`."""
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError("must be a finite number")
+    return value
+
+
+Finite = Annotated[float, BeforeValidator(_finite)]
+"""A number that is not NaN or infinite (JSON has neither, but Python's parser takes both)."""
+
+CollectionNames = Annotated[
+    list[Text],
+    Field(
+        min_length=1,
+        max_length=MAX_COLLECTIONS_PER_REQUEST,
+        description=f"collection names, at most {MAX_COLLECTIONS_PER_REQUEST}; unset: all of yours",
+    ),
+]
 
 
 Pages = Annotated[

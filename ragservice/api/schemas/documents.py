@@ -7,22 +7,25 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
 
-from ragservice.api.schemas.common import JsonObject, Pages
+from ragservice.api.schemas.common import DocumentText, JsonObject, Pages, Storable
 from ragservice.db.models import Chunk, Document
 from ragservice.limits import MAX_EXTERNAL_ID_BYTES, external_id_too_long
 
 
 def _storable_id(value: str) -> str:
-    if "\x00" in value:
-        raise ValueError("must not contain NUL characters")
     if external_id_too_long(value):
         raise ValueError(f"longer than {MAX_EXTERNAL_ID_BYTES} bytes in UTF-8")
     return value
 
 
-ExternalId = Annotated[str, AfterValidator(_storable_id)]
+ExternalId = Annotated[
+    str,
+    StringConstraints(min_length=1, max_length=MAX_EXTERNAL_ID_BYTES),
+    AfterValidator(_storable_id),
+    Storable,
+]
 """An opaque id: any text (`../etc/passwd` too: it never names a file), within a byte limit."""
 
 
@@ -31,13 +34,11 @@ class DocumentIn(BaseModel):
 
     external_id: ExternalId | None = Field(
         default=None,
-        min_length=1,
-        max_length=MAX_EXTERNAL_ID_BYTES,
         description="your id for the document; unset: derived from the text, so a resend "
         "of the same text is a no-op",
     )
-    title: str | None = Field(default=None, max_length=2000)
-    text: str = Field(min_length=1)
+    title: Annotated[str, StringConstraints(max_length=2000), Storable] | None = None
+    text: DocumentText = Field(min_length=1)
     metadata: JsonObject = Field(default_factory=dict)
 
 

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
+from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
+from ragservice.api.schemas.common import Storable
 from ragservice.db.models import Feedback
 from ragservice.feedback.collect import MAX_FEEDBACK_CHARS, MAX_JUDGED_CHUNKS
 from ragservice.types import Scale
+
+FeedbackText = Annotated[str, StringConstraints(max_length=MAX_FEEDBACK_CHARS), Storable]
 
 
 class FeedbackBody(BaseModel):
@@ -19,9 +23,9 @@ class FeedbackBody(BaseModel):
         default=None, description="thumbs: +1 or -1; stars: 1 to 5; null: no rating"
     )
     scale: Scale = "thumbs"
-    comment: str | None = Field(default=None, max_length=MAX_FEEDBACK_CHARS)
-    corrected_answer: str | None = Field(
-        default=None, max_length=MAX_FEEDBACK_CHARS, description="the answer it should have been"
+    comment: FeedbackText | None = None
+    corrected_answer: FeedbackText | None = Field(
+        default=None, description="the answer it should have been"
     )
     relevant_chunk_ids: list[uuid.UUID] = Field(
         default_factory=list,

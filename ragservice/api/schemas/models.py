@@ -6,6 +6,8 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from ragservice.api.schemas.common import Text
+
 
 class HeldOutOut(BaseModel):
     before: dict[str, Any] = Field(description="the base model's held-out figures, e.g. ndcg@10")
@@ -34,7 +36,7 @@ class ModelsOut(BaseModel):
 
 
 class ActivateIn(BaseModel):
-    model: str = Field(
+    model: Text = Field(
         min_length=1, max_length=300, description="NAME[:VERSION] (default: the latest version)"
     )
     force: bool = Field(default=False, description="even when chunks lack its embeddings")

@@ -8,7 +8,14 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ragservice.api.schemas.common import JsonObject, Pages, pages_out
+from ragservice.api.schemas.common import (
+    CollectionNames,
+    Finite,
+    JsonObject,
+    Pages,
+    Text,
+    pages_out,
+)
 from ragservice.config import Settings
 from ragservice.embedding.registry import ServingModel
 from ragservice.retrieval.filters import CompiledFilter
@@ -25,15 +32,15 @@ class Ranking(BaseModel):
 
     fusion: Fusion | None = Field(default=None, description="hybrid: rrf, minmax, zscore, dbsf")
     rrf_k: int | None = Field(default=None, ge=1, le=1000)
-    text_weight: float | None = Field(default=None, ge=0, le=1)
+    text_weight: Finite | None = Field(default=None, ge=0, le=1)
     adaptive_weight: bool | None = None
     prf: Literal["off", "rm3"] | None = None
     prf_docs: int | None = Field(default=None, ge=1, le=MAX_PRF_DOCS)
     prf_terms: int | None = Field(default=None, ge=1, le=MAX_PRF_TERMS)
-    prf_query_weight: float | None = Field(default=None, ge=0, le=1)
-    document_share: float | None = Field(default=None, ge=0, le=1)
-    bm25_k1: float | None = Field(default=None, ge=0, le=10)
-    bm25_b: float | None = Field(default=None, ge=0, le=1)
+    prf_query_weight: Finite | None = Field(default=None, ge=0, le=1)
+    document_share: Finite | None = Field(default=None, ge=0, le=1)
+    bm25_k1: Finite | None = Field(default=None, ge=0, le=10)
+    bm25_b: Finite | None = Field(default=None, ge=0, le=1)
 
     def apply(self, options: SearchOptions) -> SearchOptions:
         given = self.model_dump(exclude_none=True)
@@ -45,10 +52,8 @@ class Ranking(BaseModel):
 class SearchRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    query: str = Field(min_length=1)
-    collections: list[str] | None = Field(
-        default=None, min_length=1, description="collection names; unset: all of yours"
-    )
+    query: Text = Field(min_length=1)
+    collections: CollectionNames | None = None
     mode: Mode = Mode.HYBRID
     k: int = Field(default=10, ge=1)
     filters: JsonObject | None = Field(
