@@ -186,6 +186,13 @@ class Settings(BaseSettings):
         "(a host allows its subdomains); any other link or image is removed, its text kept; "
         "empty: every absolute link",
     )
+    answer_html: Literal["strip", "escape", "keep"] = Field(
+        default="strip",
+        description="HTML in answers and in the chat `Sources:` list: strip (nh3 takes out "
+        "script, style, svg, iframe, images, event handlers and other active markup; safe "
+        "formatting tags and all Markdown stay), escape (every tag written as text: &lt;b&gt;) "
+        "or keep (as the model wrote it)",
+    )
     chat_sources_block: bool = Field(
         default=True,
         description="end /v1/chat/completions answers with a `Sources:` list of the cited "

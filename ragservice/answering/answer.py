@@ -40,7 +40,7 @@ from ragservice.metrics import Metrics
 from ragservice.observability import logs, tracing
 from ragservice.retrieval.rerank import Reranker, rerank_hits
 from ragservice.retrieval.search import QueryModel, Searcher, SearchHit, SearchOptions
-from ragservice.safety.links import LinkFilter, clean_links
+from ragservice.safety.html import AnswerText
 from ragservice.safety.sources import new_tag
 from ragservice.timing import add_ms, ms_since, timed
 
@@ -140,7 +140,8 @@ class AnswerPipeline:
         self._reranker = reranker
         self._inference = inference
         self._metrics = metrics
-        self._link_hosts = settings.link_hosts()
+        # Links to other hosts and active HTML are taken out of every answer (`safety`).
+        self._text = AnswerText(settings.link_hosts(), settings.answer_html)
 
     def close(self) -> None:
         if self._cache is not None:
@@ -159,7 +160,7 @@ class AnswerPipeline:
         prepared = await anyio.to_thread.run_sync(self._prepare, question, lookup, model)
         with timed(prepared.timings, "generate"):
             generated = await self._generate(question, prepared)
-        generated.text = clean_links(generated.text, self._link_hosts)
+        generated.text = self._text.clean(generated.text)
         return await self._finish(question, prepared, generated, started)
 
     async def stream(self, question: Question) -> AsyncGenerator[str | Answer, None]:
@@ -176,10 +177,10 @@ class AnswerPipeline:
         prepared = await anyio.to_thread.run_sync(self._prepare, question, lookup, model)
         with timed(prepared.timings, "generate"):
             pieces: list[str] = []
-            shown = LinkFilter(self._link_hosts)  # links are cleaned as the text streams out
+            shown = self._text.stream()  # cleaned as the text streams out
             if self._inference is None:
                 generated = _extractive(prepared.context)
-                generated.text = clean_links(generated.text, self._link_hosts)
+                generated.text = self._text.clean(generated.text)
                 yield generated.text
             else:
                 generated = _Generated(text="", model=self.model_name, status="ok")
@@ -200,11 +201,11 @@ class AnswerPipeline:
                 except UpstreamError as exc:
                     generated = self._upstream_failed(question, prepared, exc, started=bool(pieces))
                     if generated.status == "extractive":
-                        generated.text = clean_links(generated.text, self._link_hosts)
+                        generated.text = self._text.clean(generated.text)
                         yield generated.text
                 else:
                     generated = _streamed(pieces, stream.completion, self.model_name)
-                    generated.text = clean_links(generated.text, self._link_hosts)
+                    generated.text = self._text.clean(generated.text)
         yield await self._finish(question, prepared, generated, started)
 
     # -- the cache -------------------------------------------------------------------------------
@@ -316,8 +317,9 @@ class AnswerPipeline:
         response = lookup.response or {}
         sources = [source_from_json(item) for item in response.get("sources", [])]
         generated = _Generated(
-            # Cleaned again: the allowed hosts may have changed since the answer was stored.
-            text=clean_links(str(response.get("answer", "")), self._link_hosts),
+            # Cleaned again: the allowed hosts or the HTML setting may have changed since the
+            # answer was stored (and entries from before the HTML setting were stored raw).
+            text=self._text.clean(str(response.get("answer", ""))),
             model=str(response.get("model", self.model_name)),
             status=response.get("status", "ok"),
         )

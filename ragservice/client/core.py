@@ -33,6 +33,7 @@ from ragservice.client.types import (
     Health,
     Job,
     JobStatus,
+    Me,
     Mode,
     QueryResponse,
     Scale,
@@ -410,6 +411,11 @@ class RagserviceClient:
         page is `before=page["next_before"]`."""
         params = _without_none(limit=limit, before=before)
         return cast(AuditPage, self._json("GET", "/v1/audit", params=params))
+
+    def me(self) -> Me:
+        """`GET /v1/me`: the key's tenant and role and the server's limits (any valid key; a
+        wrong, expired or revoked one raises `AuthenticationError`)."""
+        return cast(Me, self._json("GET", "/v1/me"))
 
     def health(self) -> Health:
         """`GET /v1/admin/health` (an admin key): readiness in detail. A server that is not

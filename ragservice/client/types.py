@@ -181,6 +181,18 @@ class AuditPage(TypedDict):
     next_before: int | None  # pass as `before` for the next (older) page; null on the last
 
 
+class Me(TypedDict):
+    tenant: dict[str, str]  # `id` and `name`
+    role: str  # reader, writer or admin
+    auth_disabled: bool
+    service_admin: bool
+    key_prefix: str | None
+    max_file_bytes: int
+    max_files_per_upload: int
+    cache_enabled: bool
+    answer_model: str
+
+
 class Health(TypedDict):
     ready: bool
     checks: dict[str, bool]

@@ -3,9 +3,10 @@
 Every tool call goes to the REST API through a `RagserviceClient` carrying an API key, so the
 key scopes it as it scopes any REST request (tenant, role, rate limit). Over stdio the key is
 the one the server was started with; over HTTP each request brings its own
-(`Authorization: Bearer <key>`), which its tool calls forward: agents with different keys can
-share one server, and each sees only its tenant. The service's errors become tool errors
-(`is_error`, the message for the agent to read), not protocol failures.
+(`Authorization: Bearer <key>`), checked at the door (`door.py`) and forwarded by its tool
+calls: agents with different keys can share one server, and each sees only its tenant. The
+service's errors become tool errors (`is_error`, the message for the agent to read), not
+protocol failures.
 
 This module needs the `mcp` extra; only the `ragservice mcp` command (and tests) import it."""
 
@@ -13,19 +14,24 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, TypeVar
 
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import ToolAnnotations
 from pydantic import Field
-from starlette.datastructures import Headers
-from starlette.responses import JSONResponse
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp
 
 from ragservice.client import Mode, RagserviceClient
 from ragservice.errors import RagServiceError, RateLimitedError
 from ragservice.mcp_server import tools
+from ragservice.mcp_server.door import (
+    IDLE_TIMEOUT_SECONDS,
+    KEY_TTL_SECONDS,
+    Door,
+    KeyCheck,
+    bearer_token,
+)
 
 Connect = Callable[[str | None], AbstractContextManager[RagserviceClient]]
 """A client of the REST API for one tool call, given the request's bearer token (None over
@@ -121,39 +127,28 @@ def client_per_key(url: str, timeout: float = 120.0) -> Connect:
     return connect
 
 
-def bearer_token(headers: Any) -> str | None:
-    """The token of an `Authorization: Bearer <token>` header, if the headers have one."""
-    if headers is None:
-        return None
-    scheme, _, token = str(headers.get("authorization") or "").partition(" ")
-    token = token.strip()
-    return token if scheme.lower() == "bearer" and token else None
+def key_check(connect: Connect, *, ttl: float = KEY_TTL_SECONDS) -> KeyCheck:
+    """The door's key check, asking the REST API through `connect` (`GET /v1/me`)."""
+
+    def verify(token: str) -> None:
+        with connect(token) as client:
+            client.me()
+
+    return KeyCheck(verify, ttl=ttl)
 
 
-def http_app(server: MCPServer, *, host: str) -> ASGIApp:
-    """The streamable HTTP app at `/mcp` (stateless: each request stands alone, with its key);
-    a request without a bearer token is answered 401 before it reaches the server."""
+def http_app(
+    server: MCPServer,
+    *,
+    host: str,
+    check: KeyCheck,
+    idle_timeout: float = IDLE_TIMEOUT_SECONDS,
+) -> ASGIApp:
+    """The streamable HTTP app at `/mcp` (stateless: each request stands alone, with its key)
+    behind the door (`door.py`): a request without a live key is answered 401 before it
+    reaches the server, and an idle GET stream is ended after `idle_timeout` seconds."""
     app = server.streamable_http_app(stateless_http=True, host=host)
-    return RequireBearer(app)
-
-
-class RequireBearer:
-    """ASGI middleware: 401 for an HTTP request without `Authorization: Bearer <token>`. The
-    token itself is checked by the REST API, on each tool call that forwards it."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and bearer_token(Headers(scope=scope)) is None:
-            refusal = JSONResponse(
-                {"error": "Authentication", "detail": "send your API key as a bearer token"},
-                status_code=401,
-                headers={"WWW-Authenticate": "Bearer"},
-            )
-            await refusal(scope, receive, send)
-            return
-        await self.app(scope, receive, send)
+    return Door(app, check=check, idle_timeout=idle_timeout)
 
 
 @contextmanager

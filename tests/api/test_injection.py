@@ -1,6 +1,7 @@
 """Retrieved documents cannot steer the model, through the API against a real PostgreSQL and a
 fake upstream: flags in search, each collection's policy, per-question tags around neutralised
-sources, no cached answer from a flagged source, and links in answers only to allowed hosts."""
+sources, no cached answer from a flagged source, links in answers only to allowed hosts, and no
+active HTML in answers or in the chat `Sources:` list."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 from pydantic import SecretStr
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 
 from ragservice.api.app import create_app
 from ragservice.config import Settings
@@ -155,3 +156,53 @@ def test_links_to_other_hosts_are_removed_from_answers(llm: TestClient, fake: Fa
     assert reply["choices"][0]["message"]["content"].startswith(expected)
     streamed = llm.post("/v1/chat/completions", json={**body, "stream": True})
     assert "evil" not in streamed.text and "docs.ok/a" in streamed.text
+
+
+HOSTILE = (
+    "Returned on the last day [1][2][3]. <img src=x onerror=alert(1)> "
+    '<svg onload=alert(2)>ok</svg> <iframe srcdoc="<script>alert(3)</script>">f</iframe> '
+    "**bold**, `code` and a < b"
+)
+SAFE = "Returned on the last day [1][2][3].  ok f **bold**, `code` and a < b"
+ACTIVE = re.compile(r"<(img|svg|iframe|script)|onerror|onload|alert\(", re.IGNORECASE)
+
+
+def test_answers_and_sources_carry_no_active_html(llm: TestClient, fake: FakeOpenAI) -> None:
+    """Whole and streamed (a tag split over the upstream's tokens), on both endpoints, in the
+    `Sources:` titles and in an answer replayed from the cache."""
+    title = {"external_id": "xss", "title": "T<script>alert(4)</script>", "text": "Laptops."}
+    job = ok(llm.post("/v1/collections/hr/documents", json={"documents": [title]}), 202)
+    assert wait_for_job(llm, job["id"], {})["status"] == "done"
+    question = {"question": "When are laptops returned?", "k": 3, "cache": False}
+    fake.enqueue(answer(HOSTILE), answer(HOSTILE))
+    assert ok(llm.post("/v1/query", json=question))["answer"] == SAFE
+    events = sse_events(llm.post("/v1/query", json={**question, "stream": True}).text)
+    assert "".join(data["text"] for event, data in events if event == "token") == SAFE
+    assert not ACTIVE.search(json.dumps([data for event, data in events if event == "token"]))
+
+    body = {
+        "model": "rag:hr",
+        "messages": [{"role": "user", "content": "Laptops?"}],
+        "cache": False,
+    }
+    fake.enqueue(answer(HOSTILE), answer(HOSTILE))
+    content = ok(llm.post("/v1/chat/completions", json=body))["choices"][0]["message"]["content"]
+    streamed = llm.post("/v1/chat/completions", json={**body, "stream": True}).text
+    chunks = [json.loads(line[6:]) for line in streamed.splitlines() if line[6:].startswith("{")]
+    deltas = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"])
+    assert deltas == content and content.startswith(SAFE + "\n\nSources:\n")
+    assert "\n[1] T (xss)\n" in content and not ACTIVE.search(content)
+
+    # A cached answer stored before the setting existed (or under `keep`) is cleaned on replay.
+    fake.enqueue(answer("Returned [1]."))
+    cached = {**question, "k": 1, "cache": True}  # not from the flagged source: cached
+    assert ok(llm.post("/v1/query", json=cached))["cache"]["hit"] is False
+    db = llm.app.state.runtime.db  # type: ignore[attr-defined]
+    with tenancy.as_system(), db.write() as session:
+        entry = session.scalars(select(PromptCacheEntry)).one()
+        raw = {**entry.response, "answer": HOSTILE}
+        session.execute(update(PromptCacheEntry).values(answer=HOSTILE, response=raw))
+    replayed = ok(llm.post("/v1/query", json=cached))
+    assert replayed["cache"]["hit"] is True and replayed["answer"] == SAFE
+    events = sse_events(llm.post("/v1/query", json={**cached, "stream": True}).text)
+    assert "".join(data["text"] for event, data in events if event == "token") == SAFE

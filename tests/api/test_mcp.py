@@ -1,5 +1,6 @@
 """The MCP server through the `mcp` client: its tools call the app's REST API with a key, so
-the key scopes them; in process, and over streamable HTTP (the ASGI app, no socket)."""
+the key scopes them; in process, and over streamable HTTP (the ASGI app, no socket), where the
+door refuses a key the API refuses before any MCP message and ends idle streams."""
 
 from __future__ import annotations
 
@@ -17,10 +18,14 @@ from mcp.client.streamable_http import streamable_http_client
 from pydantic import BaseModel
 
 from ragservice import client as rest
+from ragservice import store
 from ragservice.api.schemas.collections import CollectionOut
 from ragservice.api.schemas.documents import ChunkOut, DocumentDetail
+from ragservice.auth.keys import public_prefix
 from ragservice.client import RagserviceClient
-from ragservice.mcp_server.server import build_server, fixed_client, http_app
+from ragservice.db import tenancy
+from ragservice.mcp_server.door import Door, KeyCheck
+from ragservice.mcp_server.server import build_server, fixed_client, http_app, key_check
 from ragservice.mcp_server.tools import document_text
 from tests.api.conftest import Keys
 from tests.api.test_query import DOCUMENTS, add_corpus
@@ -110,7 +115,7 @@ def test_over_streamable_http_each_request_brings_its_own_key(
             yield rest
 
     server = build_server(connect)
-    app = http_app(server, host="127.0.0.1")
+    app = http_app(server, host="127.0.0.1", check=key_check(connect))
 
     async def list_collections(headers: dict[str, str]) -> Any:
         http = httpx2.AsyncClient(
@@ -128,8 +133,6 @@ def test_over_streamable_http_each_request_brings_its_own_key(
         async with server.session_manager.run():
             assert await collections_seen(keys.reader) == ["hr"]
             assert await collections_seen(keys.other_tenant) == []
-            refused = await list_collections({"Authorization": "Bearer rsk_wrong"})
-            assert refused.is_error and "Authentication: " in refused.content[0].text
             async with httpx2.AsyncClient(
                 transport=httpx2.ASGITransport(app=app), base_url=BASE
             ) as bare:
@@ -143,6 +146,113 @@ def test_over_streamable_http_each_request_brings_its_own_key(
 
 
 BASE = "http://127.0.0.1:8001"
+TOOLS_LIST = {"jsonrpc": "2.0", "id": 1, "method": "tools/list"}
+ACCEPT = {"Accept": "application/json, text/event-stream"}
+
+
+def test_the_door_refuses_unknown_and_revoked_keys_before_any_mcp_message(
+    client: TestClient, keys: Keys
+) -> None:
+    """A key is checked with the API (`GET /v1/me`) before the MCP server reads the request;
+    a good answer is trusted for the TTL, a refusal for a second, so a revocation holds within
+    the TTL."""
+    db = client.app.state.runtime.db  # type: ignore[attr-defined]
+    secret_key = secret(keys.reader)
+    now = [0.0]
+    asked: list[str] = []
+
+    @contextmanager
+    def connect(token: str | None) -> Iterator[RagserviceClient]:
+        with rest_client(client, token) as rest:
+            yield rest
+
+    def verify(token: str) -> None:
+        asked.append(token)
+        with connect(token) as rest:
+            rest.me()
+
+    server = build_server(connect)
+    check = KeyCheck(verify, ttl=5, refused_ttl=1, clock=lambda: now[0])
+    app = http_app(server, host="127.0.0.1", check=check)
+
+    async def request(token: str, method: str = "POST") -> httpx2.Response:
+        headers = {**ACCEPT, "Authorization": f"Bearer {token}"}
+        async with httpx2.AsyncClient(
+            transport=httpx2.ASGITransport(app=app), base_url=BASE, headers=headers
+        ) as http:
+            if method == "GET":
+                return await http.get("/mcp")
+            return await http.post("/mcp", json=TOOLS_LIST)
+
+    def refused(response: httpx2.Response) -> bool:
+        return (
+            response.status_code == 401
+            and response.headers["WWW-Authenticate"] == "Bearer"
+            and response.json()["error"] == "Authentication"
+            and "jsonrpc" not in response.text
+        )
+
+    async def scenario() -> None:
+        async with server.session_manager.run():
+            listed = await request(secret_key)
+            assert listed.status_code == 200 and '"search"' in listed.text
+            assert (await request(secret_key)).status_code == 200
+            assert asked == [secret_key]  # the second time from memory
+
+            for token in ("rsk_wrong", "rsk_wrong", "not-even-a-key"):
+                assert refused(await request(token))
+                assert refused(await request(token, "GET"))  # no stream held open
+            assert asked == [secret_key, "rsk_wrong", "not-even-a-key"]
+            now[0] += 1.5  # a refusal is remembered for a second only
+            assert refused(await request("rsk_wrong")) and asked[-1] == "rsk_wrong"
+
+            with tenancy.as_system(), db.write() as session:
+                assert store.tenants.revoke_api_key(session, public_prefix(secret_key))
+            now[0] += 5  # within the TTL the key was still trusted; past it, asked again
+            assert refused(await request(secret_key)) and asked[-1] == secret_key
+
+    anyio.run(scenario)
+
+
+def test_an_idle_event_stream_is_ended(client: TestClient, keys: Keys) -> None:
+    """The GET stream of a stateless server carries no message: it ends after the idle
+    timeout, and keep-alive comments do not keep a stream alive."""
+
+    @contextmanager
+    def connect(token: str | None) -> Iterator[RagserviceClient]:
+        with rest_client(client, token) as rest:
+            yield rest
+
+    server = build_server(connect)
+    app = http_app(server, host="127.0.0.1", check=key_check(connect), idle_timeout=0.3)
+
+    async def pinging(scope: Any, receive: Any, send: Any) -> None:
+        headers = [(b"content-type", b"text/event-stream")]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        while True:
+            await send({"type": "http.response.body", "body": b": ping\r\n\r\n", "more_body": True})
+            await anyio.sleep(0.02)
+
+    async def stream(asgi: Any) -> httpx2.Response:
+        async with httpx2.AsyncClient(
+            transport=httpx2.ASGITransport(app=asgi),
+            base_url=BASE,
+            headers={**keys.reader, "Accept": "text/event-stream"},
+        ) as http:
+            with anyio.fail_after(30):  # without the timeout: never
+                async with http.stream("GET", "/mcp") as response:
+                    await response.aread()
+                    return response
+
+    async def scenario() -> None:
+        async with server.session_manager.run():
+            ended = await stream(app)
+            assert ended.status_code == 200
+            assert ended.headers["content-type"].startswith("text/event-stream")
+        pings = await stream(Door(pinging, check=KeyCheck(lambda _: None), idle_timeout=0.3))
+        assert pings.status_code == 200 and pings.text.startswith(": ping")
+
+    anyio.run(scenario)
 
 
 @pytest.mark.parametrize(

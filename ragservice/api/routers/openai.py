@@ -48,7 +48,7 @@ from ragservice.embedding.tokens import BatchTokenizer, TokenIds
 from ragservice.errors import InvalidInputError, NotFoundError
 from ragservice.limits import MAX_COLLECTIONS_PER_REQUEST
 from ragservice.retrieval.search import SearchOptions
-from ragservice.safety.links import clean_links
+from ragservice.safety.html import AnswerText
 
 router = APIRouter(
     prefix="/v1",
@@ -115,8 +115,8 @@ async def chat_completions(
     completion_id = f"chatcmpl-{uuid.uuid4().hex}"
     # The footer is added here, never stored: a cached answer follows the request's choice.
     block = settings.chat_sources_block if body.sources_block is None else body.sources_block
-    # Titles in the sources footer are document text too: their links are cleaned.
-    footer = _Footer(settings.link_hosts()) if block else None
+    # Titles in the sources footer are document text too: their links and HTML are cleaned.
+    footer = _Footer(AnswerText(settings.link_hosts(), settings.answer_html)) if block else None
     if not body.stream:
         return _completion(completion_id, body.model, await pipeline.answer(question), footer)
     events = pipeline.stream(question)
@@ -217,16 +217,16 @@ def _collections(model: str) -> list[str] | None:
 
 
 class _Footer:
-    """The `Sources:` list that ends a chat answer, its links cleaned for `hosts`."""
+    """The `Sources:` list that ends a chat answer, cleaned as answers are."""
 
-    def __init__(self, hosts: frozenset[str]) -> None:
-        self.hosts = hosts
+    def __init__(self, text: AnswerText) -> None:
+        self.text = text
 
     def of(self, citations: Sequence[Source]) -> str:
         if not citations:
             return ""
         lines = [f"[{c.number}] {c.cited_as}" for c in citations]
-        return clean_links("\n\nSources:\n" + "\n".join(lines), self.hosts)
+        return self.text.clean("\n\nSources:\n" + "\n".join(lines))
 
 
 def _sources(citations: Sequence[Source], footer: _Footer | None) -> str:
