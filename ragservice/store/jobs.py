@@ -225,7 +225,9 @@ def _fail_exhausted(
         session.execute(
             update(IngestJob)
             .where(IngestJob.id == job_id)
-            .values(status="failed", finished_at=func.now(), errors=[{"error": error}])
+            .values(
+                status="failed", finished_at=func.now(), errors=[{"error": error}], claim_key=None
+            )
         )
 
 
