@@ -1,11 +1,14 @@
 """Ingest job workers: run the uploads queued in PostgreSQL through the ingest pipeline.
 
 Worker threads of every server and every `ragservice worker` process share one queue. A job is
-claimed with SELECT ... FOR UPDATE SKIP LOCKED and kept alive by a heartbeat while it runs; when
-the heartbeats stop (its worker died), another worker takes it over, up to
-`RAGSERVICE_JOB_MAX_ATTEMPTS` attempts. A worker that is stopped puts its job back in the queue
-after the batch being written commits. Either way the next attempt skips what is already stored
-(content hashes), so no document is written twice or half.
+claimed with SELECT ... FOR UPDATE SKIP LOCKED; the claim is tied to an advisory lock its worker
+holds on a connection of its own (`db.locks`), and kept alive by a heartbeat while it runs. When
+the worker dies its connection ends, PostgreSQL frees the lock, and another worker takes the job
+over at once; a worker that stays connected but stops heartbeating (frozen) loses its job after
+`RAGSERVICE_JOB_STALE_SECONDS`. Up to `RAGSERVICE_JOB_MAX_ATTEMPTS` attempts. A worker that is
+stopped puts its job back in the queue after the batch being written commits (or at once when
+its stop's time is up). Either way the next attempt skips what is already stored (content
+hashes), so no document is written twice or half.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from ingest.targets import ingest_pipeline, resolve_model
 from ragservice import store
 from ragservice.bootstrap import Runtime
 from ragservice.db import tenancy
+from ragservice.db.locks import SessionLock
 from ragservice.errors import NotFoundError, RagServiceError
 from ragservice.metrics import JobMetrics
 
@@ -92,6 +96,7 @@ class JobWorker:
         self._stopping = threading.Event()
         self._wakeup = threading.Event()
         self._threads: list[threading.Thread] = []
+        self._running: dict[str, store.jobs.ClaimedJob] = {}  # by worker name, while it runs
 
     def start(self) -> None:
         """Start the worker threads (again after `stop`); a no-op while they run."""
@@ -107,24 +112,31 @@ class JobWorker:
             self._threads.append(thread)
         log.info("job worker %s started with %d threads", self.name, self._thread_count)
 
+    def request_stop(self) -> None:
+        """Begin to stop without waiting (safe in a signal handler): no new claims, and each
+        running job stops at its next progress tick. `stop` then waits for the threads."""
+        self._stopping.set()
+        self._wakeup.set()
+
     def stop(self, timeout: float = 30.0) -> None:
         """Stop the threads, waiting up to `timeout` seconds in all.
 
         A running job stops at its next progress tick, once the batch being written has
         committed, and goes back to the queue without counting the attempt. A thread still
-        busy after `timeout` (embedding a large batch, say) is left behind; should the process
-        exit, its job is taken over once its heartbeat is `RAGSERVICE_JOB_STALE_SECONDS` old.
+        busy after `timeout` (parsing a slow file or embedding a large batch, say) is left
+        behind, and its job is put back in the queue from here: it is no longer the thread's,
+        which lets go at its next tick (or ends with the process).
         """
-        self._stopping.set()
-        self._wakeup.set()
+        self.request_stop()
         deadline = time.monotonic() + timeout
         for thread in self._threads:
             thread.join(max(deadline - time.monotonic(), 0.0))
         busy = [thread.name for thread in self._threads if thread.is_alive()]
         if busy:
             log.warning(
-                "job worker %s: threads %s did not stop in %.0f s", self.name, busy, timeout
+                "job worker %s: threads %s did not stop in %.1f s", self.name, busy, timeout
             )
+            self._release_running()
         self._threads = []
         log.info("job worker %s stopped", self.name)
 
@@ -136,25 +148,28 @@ class JobWorker:
         """Claim one job and run it to its end in this thread; False when none was waiting."""
         return self._run_once(self.name)
 
-    def process(self, job: store.jobs.ClaimedJob) -> str:
+    def process(self, job: store.jobs.ClaimedJob, claim: SessionLock | None = None) -> str:
         """Run a claimed job; returns its status after: `done`, `failed`, `queued` (the worker
         is stopping), `lost` (the job was taken over or deleted meanwhile), or `stalled` (the
-        database went away: the job is taken over once its heartbeat is stale)."""
+        database went away: the job is taken over once its claim or heartbeat says so).
+        `claim`: the advisory lock the claim is tied to, checked at each progress tick."""
         log.info("job %s: attempt %d by %s", job.id, job.attempts, job.worker)
         started = time.monotonic()
         outcome = "error"  # recording the job's end itself failed
         self._metrics.running.inc()
+        self._running[job.worker] = job
         try:
             with tenancy.as_tenant(job.tenant_id):  # the job sees its tenant's rows only
-                outcome = self._process(job)
+                outcome = self._process(job, claim)
             return outcome
         finally:
+            self._running.pop(job.worker, None)
             self._metrics.running.dec()
             self._metrics.finished_job(job.kind, outcome, time.monotonic() - started)
 
-    def _process(self, job: store.jobs.ClaimedJob) -> str:
+    def _process(self, job: store.jobs.ClaimedJob, claim: SessionLock | None) -> str:
         report = IngestReport()
-        progress = _Progress(self._runtime, job, report, self._stopping, self._metrics)
+        progress = _Progress(self._runtime, job, report, self._stopping, self._metrics, claim)
         try:
             return self._attempt(job, report, progress)
         finally:
@@ -185,7 +200,7 @@ class JobWorker:
             self._wakeup.clear()
             try:
                 busy = self._run_once(worker)
-            except SQLAlchemyError as exc:
+            except (SQLAlchemyError, psycopg.Error) as exc:
                 log.warning("job worker %s: database error: %s", worker, type(exc).__name__)
                 self._stopping.wait(max(poll, _RETRY_SECONDS))
                 continue
@@ -197,21 +212,41 @@ class JobWorker:
                 self._wakeup.wait(poll)
 
     def _run_once(self, worker: str) -> bool:
-        settings = self._runtime.settings
-        # The queue is every tenant's: claiming is cross-tenant work; the job then runs as
-        # its own tenant (`process`).
-        with tenancy.as_system(), self._runtime.db.write() as session:
-            job = store.jobs.claim_job(
-                session,
-                worker=worker,
-                stale_after_seconds=settings.job_stale_seconds,
-                max_attempts=settings.job_max_attempts,
-            )
-        if job is None:
+        claimed = self._claim(worker)
+        if claimed is None:
             return False
+        job, claim = claimed
         self._metrics.claimed.labels(kind=job.kind).inc()
-        self.process(job)
+        with claim:  # released once the job's end (or its release) is recorded
+            self.process(job, claim)
         return True
+
+    def _claim(self, worker: str) -> tuple[store.jobs.ClaimedJob, SessionLock] | None:
+        """Claim a job, tied to an advisory lock taken on a connection of its own while the
+        job's row is locked, so that no other worker sees it running and unheld."""
+        settings = self._runtime.settings
+        held: list[SessionLock] = []
+
+        def hold() -> int:
+            held.append(SessionLock(self._runtime.db.url))
+            return held[-1].key
+
+        try:
+            # The queue is every tenant's: claiming is cross-tenant work; the job then runs as
+            # its own tenant (`process`).
+            with tenancy.as_system(), self._runtime.db.write() as session:
+                job = store.jobs.claim_job(
+                    session,
+                    worker=worker,
+                    stale_after_seconds=settings.job_stale_seconds,
+                    max_attempts=settings.job_max_attempts,
+                    hold=hold,
+                )
+        except BaseException:
+            for claim in held:
+                claim.release()
+            raise
+        return None if job is None else (job, held[0])
 
     def _ingest(
         self, job: store.jobs.ClaimedJob, report: IngestReport, progress: _Progress
@@ -267,17 +302,16 @@ class JobWorker:
         return status
 
     def _stall(self, job: store.jobs.ClaimedJob, exc: Exception) -> str:
-        """Leave the job `running`, its heartbeats stopped: a worker takes it over after
-        `RAGSERVICE_JOB_STALE_SECONDS`, an attempt counted as after a crash. Failing it would
-        end it for good over an outage (a restart, a failover) likely over by then; a lost
-        connection can be a server-side cursor the job reads its items from, found dead only
-        long after the database came back."""
-        stale = self._runtime.settings.job_stale_seconds
+        """Leave the job `running`, its heartbeats stopped: a worker takes it over as soon as
+        its claim's lock is free (this worker lets go of it once the attempt returns), or
+        after `RAGSERVICE_JOB_STALE_SECONDS` without a heartbeat, an attempt counted as after
+        a crash. Failing it would end it for good over an outage (a restart, a failover)
+        likely over by then; a lost connection can be a server-side cursor the job reads its
+        items from, found dead only long after the database came back."""
         log.warning(
-            "job %s: database connection lost (%s); retried once silent for %.0f s",
+            "job %s: database connection lost (%s); left running for a takeover",
             job.id,
             type(exc).__name__,
-            stale,
         )
         return "stalled"
 
@@ -286,6 +320,15 @@ class JobWorker:
             released = store.jobs.release_job(session, job.id, job.worker)
         log.info("job %s: worker stopping, %s", job.id, "queued again" if released else "lost")
         return "queued" if released else "lost"
+
+    def _release_running(self) -> None:
+        """Put the jobs of threads that did not stop in time back in the queue."""
+        for job in list(self._running.values()):
+            try:
+                with tenancy.as_tenant(job.tenant_id):
+                    self._release(job)
+            except Exception as exc:  # the database is gone: the claim ends with the process
+                log.warning("job %s: could not put it back in the queue: %s", job.id, exc)
 
 
 class _Progress:
@@ -300,12 +343,14 @@ class _Progress:
         report: IngestReport,
         stopping: threading.Event,
         metrics: JobMetrics,
+        claim: SessionLock | None = None,
     ) -> None:
         self._runtime = runtime
         self._job = job
         self._report = report
         self._stopping = stopping
         self._metrics = metrics
+        self._claim = claim
         self._counted: dict[str, int] = {}
         self._last = time.monotonic()
 
@@ -325,6 +370,8 @@ class _Progress:
             )
         if not alive:
             raise _Lost
+        if self._claim is not None:
+            self._claim.check()  # taken again if its connection was lost (a restart)
         self.count()
 
     def count(self) -> None:
@@ -393,17 +440,19 @@ def _default_name() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
 
 
-def run_until_signalled(worker: JobWorker, *, grace_seconds: float = 20.0) -> None:
-    """Run `worker` until SIGINT or SIGTERM, then stop it (the `ragservice worker` command).
+def run_until_signalled(worker: JobWorker, *, grace_seconds: float) -> None:
+    """Run `worker` until SIGINT or SIGTERM, then stop it within `grace_seconds` (the
+    `ragservice worker` command: a part of RAGSERVICE_SHUTDOWN_GRACE_SECONDS).
 
     The usual handlers are back while the worker stops: a second Ctrl-C ends the process at
-    once, and the job it was running is retried under the stale heartbeat rule.
+    once, and the job it was running is taken over as soon as its claim's connection is gone.
     """
     received: list[int] = []
     stop = threading.Event()
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
         received.append(signum)
+        worker.request_stop()  # running jobs start stopping now, not at the next second
         stop.set()
 
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}

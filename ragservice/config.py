@@ -347,6 +347,14 @@ class Settings(BaseSettings):
         default=120.0, gt=0, description="a running job without a heartbeat this long is retried"
     )
     job_max_attempts: int = Field(default=3, ge=1)
+    shutdown_grace_seconds: float = Field(
+        default=10.0,
+        gt=0,
+        le=3600,
+        description="on SIGTERM or SIGINT, `serve` and `worker` end open streamed answers, "
+        "put their running jobs back in the queue and stop (the embedded PostgreSQL too) "
+        "within this many seconds",
+    )
     query_log_retention_days: int = Field(
         default=90,
         ge=0,

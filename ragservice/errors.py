@@ -106,6 +106,13 @@ class UpstreamTimeoutError(UpstreamError):
     status_code = 504
 
 
+class ServiceStoppingError(RagServiceError):
+    """The server is stopping (SIGTERM): a streamed answer was cut short; ask again (another
+    replica, or this one once it is back)."""
+
+    status_code = 503
+
+
 class ServiceUnreachableError(RagServiceError):
     """A client (`ragservice.client`) could not reach the server, or lost it mid-answer."""
 

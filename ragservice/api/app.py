@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import secrets
 from collections.abc import AsyncIterator, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
@@ -32,6 +33,7 @@ from ragservice.api.routers import (
     query,
     search,
 )
+from ragservice.api.stopping import JOBS_SHARE, Stopping
 from ragservice.auth.ratelimit import RateLimiter
 from ragservice.bootstrap import (
     RetentionPurger,
@@ -65,6 +67,14 @@ class BackgroundService(Protocol):
     def stop(self, timeout: float) -> None: ...
 
 
+@runtime_checkable
+class StopsInTheBackground(Protocol):
+    """A background service that can begin to stop at signal time, without waiting (the
+    ingest job workers: their jobs go back to the queue while open responses end)."""
+
+    def request_stop(self) -> None: ...
+
+
 class ServiceFactory(Protocol):
     """Builds a background service on the app's runtime; `metrics` counts its ingest jobs."""
 
@@ -90,9 +100,11 @@ def create_app(
     tracing.check_available(resolved)
 
     metrics = Metrics()
+    stopping = Stopping(resolved.shutdown_grace_seconds)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        stopping.bind(asyncio.get_running_loop())
         # Each part is closed in reverse order even when a later one fails to start.
         async with AsyncExitStack() as stack:
             traced = stack.enter_context(tracing.activated(resolved, provider=tracer_provider))
@@ -115,12 +127,15 @@ def create_app(
             app.state.pipeline = make_pipeline(runtime, app.state.searcher, inference, metrics)
             stack.callback(app.state.pipeline.close)
             stack.callback(metrics.watch(runtime_collectors(runtime)))
-            app.state.services = _start_services(stack, runtime, services, metrics.jobs)
+            app.state.services = _start_services(stack, runtime, services, metrics.jobs, stopping)
             if resolved.metrics_port is not None:
                 _serve_metrics(stack, metrics, resolved.metrics_host, resolved.metrics_port)
             if resolved.auth_disabled:
                 log.warning("authentication is OFF: every request is the default tenant's admin")
-            yield
+            try:
+                yield
+            finally:
+                stopping.begin()  # already begun at the signal, unless stopped without one
 
     app = FastAPI(
         title="ragservice",
@@ -130,6 +145,7 @@ def create_app(
         dependencies=[Depends(storable_parameters)],
     )
     app.state.metrics = metrics
+    app.state.stopping = stopping  # begun at signal time by `ragservice serve` (cli/serve.py)
     app.state.rate_limiter = RateLimiter.from_settings(resolved)  # see deps.rate_limit
     install_error_handlers(app)
     # Innermost first: the key is checked within the request's scope, before the body is read.
@@ -166,7 +182,10 @@ def _start_services(
     runtime: Runtime,
     factories: Sequence[ServiceFactory],
     job_metrics: JobMetrics,
+    stopping: Stopping,
 ) -> list[BackgroundService]:
+    """Start the background services; they stop by `JOBS_SHARE` of the grace after the stop
+    began, those that can beginning at once (`StopsInTheBackground`)."""
     settings = runtime.settings
     started: list[BackgroundService] = []
     parts = [factory(runtime, metrics=job_metrics) for factory in factories]
@@ -175,14 +194,16 @@ def _start_services(
     parts.append(RetentionPurger(runtime))
     for service in parts:
         service.start()
-        stack.callback(_stop_quietly, service)
+        stack.callback(_stop_quietly, service, stopping)
+        if isinstance(service, StopsInTheBackground):
+            stack.callback(stopping.watch(service.request_stop))
         started.append(service)
     return started
 
 
-def _stop_quietly(service: BackgroundService) -> None:
+def _stop_quietly(service: BackgroundService, stopping: Stopping) -> None:
     try:
-        service.stop(10.0)
+        service.stop(stopping.remaining(JOBS_SHARE))
     except Exception:  # one service failing to stop must not keep the others running
         log.exception("stopping %r failed", service)
 

@@ -2,7 +2,8 @@
 
 The service's own errors carry their status code; validation errors become 400 (a body that is
 not JSON) or 422; anything unexpected is logged with its request id and answered with a bare 500.
-A stream that fails after its 200 ends with the same body in its last event (`stream_error`).
+A stream that fails after its 200 ends with the same body in its last event (`stream_error`),
+and so does a stream cut short by the server stopping (`ServiceStopping`, a 503's body).
 
 An unexpected error is answered and logged here, once (`UnexpectedErrors`, the innermost
 middleware): Starlette hands a handler of `Exception` to its outermost middleware, which
@@ -24,8 +25,14 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ragservice.api.middleware import REQUEST_ID_HEADER
+from ragservice.api.stopping import STOPPING_DETAIL
 from ragservice.db import error_summary
-from ragservice.errors import AuthenticationError, RagServiceError, RateLimitedError
+from ragservice.errors import (
+    AuthenticationError,
+    RagServiceError,
+    RateLimitedError,
+    ServiceStoppingError,
+)
 
 log = logging.getLogger(__name__)
 
@@ -116,8 +123,16 @@ def stream_error(request: Request, exc: Exception) -> dict[str, str]:
     return {"error": error, "detail": detail, "request_id": request_id(request)}
 
 
+def stopped_stream_error(request: Request) -> dict[str, str]:
+    """The data of the event that ends a stream cut short because the server is stopping
+    (`ServiceStopping`, as a 503 would say it)."""
+    return stream_error(request, ServiceStoppingError(STOPPING_DETAIL))
+
+
 def _log_failure(request: Request, exc: Exception) -> None:
-    if not isinstance(exc, RagServiceError):
+    if isinstance(exc, ServiceStoppingError):
+        log.info("request %s cut short: the server is stopping", request_id(request))
+    elif not isinstance(exc, RagServiceError):
         # The caller gets the request id to quote; the details stay in the server log.
         log.exception("request %s failed", request_id(request), exc_info=exc)
     elif exc.status_code >= 500:

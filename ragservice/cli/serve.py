@@ -1,9 +1,16 @@
 """`ragservice serve` (the REST API, with ingest job threads) and `ragservice worker` (ingest
-jobs only)."""
+jobs only).
+
+Both stop on SIGTERM or SIGINT within RAGSERVICE_SHUTDOWN_GRACE_SECONDS (`api/stopping.py`
+shares it out): streamed answers end with a last event saying so, running jobs go back to the
+queue, and the embedded PostgreSQL (if this process is its last holder) stops as it exits.
+"""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
+from types import FrameType
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -12,8 +19,13 @@ from ragservice.cli.common import console, exit_on_error
 from ragservice.config import Settings, get_settings
 
 if TYPE_CHECKING:
+    import uvicorn
+
     from ragservice.api.app import ServiceFactory
+    from ragservice.api.stopping import Stopping
     from ragservice.metrics import WorkerMetrics
+
+_STARTUP_FAILURE = 3  # uvicorn's exit status when the app did not start
 
 
 def serve(
@@ -37,13 +49,62 @@ def serve(
             "[yellow]authentication is OFF[/yellow] (RAGSERVICE_AUTH_DISABLED): "
             f"anyone who can reach {bind} acts as the default tenant's admin"
         )
-    uvicorn.run(
+    config = uvicorn.Config(
         app_,
         host=bind,
         port=port or settings.port,
         log_level=settings.log_level.lower(),
+        timeout_graceful_shutdown=_drain_seconds(settings),
         **_uvicorn_logging(settings),
     )
+    _run(config, app_.state.stopping)
+
+
+def _run(config: uvicorn.Config, stopping: Stopping) -> None:
+    """uvicorn's `run` for one process, with the stop begun at the signal itself."""
+    from ragservice.db.embedded import limit_stop_wait
+
+    server = _server_class()(config, stopping)
+    try:
+        server.run()
+    except KeyboardInterrupt:  # SIGINT, passed on by uvicorn once it has shut down
+        pass
+    finally:
+        limit_stop_wait(stopping.remaining())  # what is left of the grace, for PostgreSQL
+    if not server.started:
+        sys.exit(_STARTUP_FAILURE)
+
+
+def _server_class() -> type[Any]:
+    import uvicorn
+
+    class StoppingServer(uvicorn.Server):
+        """uvicorn's server, telling the app of a SIGTERM or SIGINT at once: uvicorn waits for
+        open responses before the app's shutdown, and streamed answers must end first."""
+
+        def __init__(self, config: uvicorn.Config, stopping: Stopping) -> None:
+            super().__init__(config)
+            self._stopping = stopping
+
+        def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+            self._stopping.begin()
+            super().handle_exit(sig, frame)
+
+    return StoppingServer
+
+
+def _drain_seconds(settings: Settings) -> int:
+    """How long uvicorn waits for responses still open before it cancels them."""
+    from ragservice.api.stopping import DRAIN_SHARE
+
+    return max(1, int(settings.shutdown_grace_seconds * DRAIN_SHARE))
+
+
+def job_stop_seconds(settings: Settings) -> float:
+    """How long `ragservice worker`'s jobs have to go back to the queue after a signal."""
+    from ragservice.api.stopping import JOBS_SHARE
+
+    return settings.shutdown_grace_seconds * JOBS_SHARE
 
 
 def _uvicorn_logging(settings: Settings) -> dict[str, Any]:
@@ -85,6 +146,7 @@ def worker(
     """Run queued ingest jobs until SIGINT or SIGTERM; any number of workers may run at once."""
     from ingest.worker import JobWorker, run_until_signalled
     from ragservice.bootstrap import open_runtime, require_unprivileged_login, runtime_collectors
+    from ragservice.db.embedded import limit_stop_wait
     from ragservice.metrics import WorkerMetrics
 
     settings = get_settings()
@@ -109,7 +171,8 @@ def worker(
         job_worker = JobWorker(
             runtime, threads=threads or settings.workers or 1, metrics=metrics.jobs
         )
-        run_until_signalled(job_worker)
+        run_until_signalled(job_worker, grace_seconds=job_stop_seconds(settings))
+        limit_stop_wait(settings.shutdown_grace_seconds - job_stop_seconds(settings))
     finally:
         if stop_serving is not None:
             stop_serving()

@@ -33,6 +33,7 @@ from ragservice.errors import (
     PermissionDeniedError,
     RagServiceError,
     RateLimitedError,
+    ServiceStoppingError,
     ServiceUnreachableError,
     UnsupportedMediaTypeError,
     UpstreamError,
@@ -49,6 +50,7 @@ _ERRORS: tuple[type[RagServiceError], ...] = (
     UnsupportedMediaTypeError,
     InvalidInputError,
     UpstreamError,
+    ServiceStoppingError,  # before DatabaseUnavailableError: that one stands for a bare 503
     DatabaseUnavailableError,
     UpstreamTimeoutError,
 )

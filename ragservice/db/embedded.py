@@ -15,6 +15,7 @@ import atexit
 import contextlib
 import json
 import logging
+import math
 import os
 import pwd
 import signal
@@ -81,6 +82,13 @@ def release_embedded_server(data_dir: Path) -> None:
     server.cleanup()
     # The wheel forgets its handle only when it stopped the server.
     pgserver().PostgresServer._instances.pop(pgdata, None)
+
+
+def limit_stop_wait(seconds: float) -> None:
+    """Bound how long this process's exit waits for the embedded server to stop, should it be
+    the last holder: `pg_ctl stop` (a fast shutdown) gives up after `seconds` (at least 1), and
+    the wheel then ends the server outright (PostgreSQL recovers at its next start)."""
+    os.environ["PGCTLTIMEOUT"] = str(max(1, math.ceil(seconds)))
 
 
 def recover_abandoned_state(pgdata: Path) -> None:

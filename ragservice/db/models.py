@@ -188,6 +188,8 @@ class IngestJob(Base):
     errors: Mapped[Any] = mapped_column(JSONB, server_default="[]")
     attempts: Mapped[int] = mapped_column(Integer, server_default="0")
     worker: Mapped[str | None] = mapped_column(Text)
+    # The advisory lock its worker holds while it runs (migration 0019, db/locks.py).
+    claim_key: Mapped[int | None] = mapped_column(BigInteger)
     heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     created_at: Mapped[datetime] = _now()
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))

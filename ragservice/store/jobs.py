@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -24,6 +24,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Session, aliased
 
+from ragservice.db import locks
 from ragservice.db.engine import driver_connection
 from ragservice.db.models import Collection, IngestJob, IngestJobItem, Tenant
 from ragservice.errors import ConflictError, NotFoundError
@@ -122,21 +123,32 @@ def _item_row(job_id: uuid.UUID, ordinal: int, item: JobItem) -> tuple[Any, ...]
 
 
 def claim_job(
-    session: Session, *, worker: str, stale_after_seconds: float, max_attempts: int
+    session: Session,
+    *,
+    worker: str,
+    stale_after_seconds: float,
+    max_attempts: int,
+    hold: Callable[[], int] | None = None,
 ) -> ClaimedJob | None:
-    """Claim the oldest job that is queued, or running without a heartbeat for
-    `stale_after_seconds` (its worker died): attempts goes up by one and `worker` owns it.
+    """Claim the oldest job that is queued, or running but abandoned (its worker died): the
+    advisory lock its claim recorded is free, or it sent no heartbeat for
+    `stale_after_seconds`. Attempts goes up by one and `worker` owns it.
 
-    Stale jobs that already used `max_attempts` are marked failed instead. SKIP LOCKED lets
+    `hold`, called once a job is found (its row still locked by this transaction), takes the
+    advisory lock the new claim is tied to and returns its key (`db.locks.SessionLock`);
+    without it the claim is taken over only once its heartbeat is stale.
+
+    Abandoned jobs that already used `max_attempts` are marked failed instead. SKIP LOCKED lets
     any number of workers claim at once: each gets a different job, or none, without waiting.
     """
     stale = _stale_jobs(stale_after_seconds)
-    _fail_exhausted(session, stale, max_attempts)
+    abandoned = and_(IngestJob.status == "running", or_(stale, _claim_gone()))
+    _fail_exhausted(session, abandoned, stale, max_attempts)
     job_id = session.scalar(
         select(IngestJob.id)
         .where(
             IngestJob.kind != CLI_JOB_KIND,
-            or_(IngestJob.status == "queued", and_(stale, IngestJob.attempts < max_attempts)),
+            or_(IngestJob.status == "queued", and_(abandoned, IngestJob.attempts < max_attempts)),
         )
         .order_by(IngestJob.created_at)
         .limit(1)
@@ -151,6 +163,7 @@ def claim_job(
             status="running",
             attempts=IngestJob.attempts + 1,
             worker=worker,
+            claim_key=None if hold is None else hold(),
             heartbeat_at=func.now(),
             started_at=func.now(),
         )
@@ -189,19 +202,32 @@ def _stale_jobs(stale_after_seconds: float) -> ColumnElement[bool]:
     return and_(IngestJob.status == "running", IngestJob.heartbeat_at < cutoff)
 
 
-def _fail_exhausted(session: Session, stale: ColumnElement[bool], max_attempts: int) -> None:
+def _claim_gone() -> ColumnElement[bool]:
+    """The job's claim was tied to a database session that has ended (db/locks.py)."""
+    return and_(IngestJob.claim_key.is_not(None), ~locks.lock_held(IngestJob.claim_key))
+
+
+def _fail_exhausted(
+    session: Session,
+    abandoned: ColumnElement[bool],
+    stale: ColumnElement[bool],
+    max_attempts: int,
+) -> None:
     exhausted = session.execute(
-        select(IngestJob.id, IngestJob.attempts, IngestJob.worker)
-        .where(IngestJob.kind != CLI_JOB_KIND, stale, IngestJob.attempts >= max_attempts)
+        select(IngestJob.id, IngestJob.attempts, IngestJob.worker, stale)
+        .where(IngestJob.kind != CLI_JOB_KIND, abandoned, IngestJob.attempts >= max_attempts)
         .with_for_update(skip_locked=True)
     ).all()
-    for job_id, attempts, worker in exhausted:
-        error = f"gave up after {attempts} attempts: worker {worker} stopped sending heartbeats"
+    for job_id, attempts, worker, was_stale in exhausted:
+        why = "stopped sending heartbeats" if was_stale else "ended (its database session closed)"
+        error = f"gave up after {attempts} attempts: worker {worker} {why}"
         log.warning("job %s failed: %s", job_id, error)
         session.execute(
             update(IngestJob)
             .where(IngestJob.id == job_id)
-            .values(status="failed", finished_at=func.now(), errors=[{"error": error}])
+            .values(
+                status="failed", finished_at=func.now(), errors=[{"error": error}], claim_key=None
+            )
         )
 
 
@@ -248,6 +274,7 @@ def release_job(session: Session, job_id: uuid.UUID, worker: str) -> bool:
         .values(
             status="queued",
             worker=None,
+            claim_key=None,
             heartbeat_at=None,
             attempts=func.greatest(IngestJob.attempts - 1, 0),
         )
@@ -297,7 +324,9 @@ def finish_job(
     stmt = update(IngestJob).where(IngestJob.id == job_id)
     if worker is not None:
         stmt = stmt.where(_owned_by(job_id, worker))
-    stmt = stmt.values(status=status, counts=counts, errors=errors, finished_at=func.now())
+    stmt = stmt.values(
+        status=status, counts=counts, errors=errors, finished_at=func.now(), claim_key=None
+    )
     finished = session.scalar(stmt.returning(IngestJob.id)) is not None
     if finished and status == "done":
         session.execute(delete(IngestJobItem).where(IngestJobItem.job_id == job_id))
@@ -358,6 +387,7 @@ def retry_job(session: Session, tenant_id: uuid.UUID | None, job_id: uuid.UUID) 
             status="queued",
             attempts=0,
             worker=None,
+            claim_key=None,
             heartbeat_at=None,
             started_at=None,
             finished_at=None,

@@ -1,8 +1,9 @@
 """Faults done to a real `ragservice serve` process and a real PostgreSQL.
 
 - The server is killed with SIGKILL in the middle of an ingest job: what committed is whole
-  documents only, and after a restart the job is taken over and finishes (or, on its last
-  attempt, fails, and the same upload sent again completes it).
+  documents only, and after a restart the job is taken over at once (its claim's advisory lock
+  died with the process; the heartbeat timeout stays at its default 120 s) and finishes (or, on
+  its last attempt, fails, and the same upload sent again completes it).
 - PostgreSQL is stopped and started again (three times) under a loop of searches: requests fail
   with 503 in the error shape while it is down, and the service recovers by itself; an ingest
   job running across a restart is retried, not failed.
@@ -215,6 +216,12 @@ def half_written(conn: psycopg.Connection[Any], collection: Any) -> dict[str, in
     return {name: int(_scalar(conn, query, c=collection)) for name, query in _HALF_WRITTEN.items()}
 
 
+def _started(conn: psycopg.Connection[Any], job_id: str) -> float:
+    """When the job's latest attempt was claimed (epoch seconds; the same host's clock)."""
+    query: LiteralString = "SELECT extract(epoch FROM started_at) FROM ingest_jobs WHERE id = %(j)s"
+    return float(_scalar(conn, query, j=job_id))
+
+
 def _job(conn: psycopg.Connection[Any], job_id: str) -> tuple[str, int]:
     row = conn.execute(
         "SELECT status, attempts FROM ingest_jobs WHERE id = %s", (job_id,)
@@ -246,7 +253,6 @@ def _ingest_env(server_env: dict[str, str]) -> dict[str, str]:
         "RAGSERVICE_CHUNK_MAX_TOKENS": "64",
         "RAGSERVICE_CHUNK_OVERLAP_TOKENS": "8",
         "RAGSERVICE_INGEST_BATCH_CHUNKS": "8",
-        "RAGSERVICE_JOB_STALE_SECONDS": "2",
     }
 
 
@@ -288,10 +294,13 @@ def test_sigkill_mid_ingest_leaves_whole_documents_and_the_job_finishes_after_re
     with psycopg.connect(libpq_url(database_url), autocommit=True) as conn:
         killed = upload_and_kill(server, conn, documents)
         killed_at = time.monotonic()
+        restarted_at = time.time()
         restart_s = server.start()
+        ready_at = time.time()
         with server.client() as client:
             job = wait_for_job(client, killed.job_id)
             job_done_s = time.monotonic() - killed_at
+            resumed_at = _started(conn, killed.job_id)
             # A clean ingest of the same documents, to compare every document's chunks with.
             assert client.post("/v1/collections", json={"name": "clean"}).status_code == 201
             clean = client.post("/v1/collections/clean/documents", json={"documents": documents})
@@ -316,6 +325,8 @@ def test_sigkill_mid_ingest_leaves_whole_documents_and_the_job_finishes_after_re
             "half_written_after_rerun": sum(after_rerun.values()),
             "differ_from_clean_ingest": differs,
             "restart_ready_s": round(restart_s, 2),
+            "restart_to_resumed_s": round(resumed_at - restarted_at, 2),
+            "ready_to_resumed_s": round(resumed_at - ready_at, 2),
             "kill_to_job_done_s": round(job_done_s, 2),
             "attempts": job["attempts"],
         },
@@ -323,6 +334,9 @@ def test_sigkill_mid_ingest_leaves_whole_documents_and_the_job_finishes_after_re
     assert 0 < killed.documents < DOCUMENTS
     assert killed.half_written == dict.fromkeys(_HALF_WRITTEN, 0)
     assert (job["status"], job["attempts"]) == ("done", 2), job
+    # Taken over as the restarted server's worker starts (just before it is ready), not after
+    # the 120 s heartbeat timeout: the dead process's claim died with its connection.
+    assert resumed_at - ready_at < 2.0, (restarted_at, resumed_at, ready_at)
     # The second attempt skips what the first committed (same content hash).
     assert job["counts"]["unchanged"] == killed.documents
     assert (job["counts"]["new"], job["counts"]["failed"]) == (DOCUMENTS - killed.documents, 0)
@@ -613,8 +627,9 @@ def test_an_ingest_job_across_a_postgres_restart_is_taken_over_not_failed(
     restartable_pg: tuple[str, Standby], pg_server: tuple[Server, dict[str, str]]
 ) -> None:
     """Whichever of the job's connections the restart breaks (its writes, its reads, the
-    cursor it reads its items through), the job is retried by the stale takeover, not failed
-    for good (tests/integration/test_jobs.py cuts the cursor's connection deterministically)."""
+    cursor it reads its items through, its claim's), the job is taken over (its claim's lock
+    ended with the restart) or goes on, never failed for good (tests/integration/test_jobs.py
+    cuts the cursor's connection deterministically)."""
     url, node = restartable_pg
     server, headers = pg_server
     reports = [

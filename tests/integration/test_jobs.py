@@ -19,6 +19,7 @@ from ingest.worker import JobWorker, run_until_signalled
 from ragservice import store
 from ragservice.bootstrap import Runtime
 from ragservice.db import tenancy
+from ragservice.db.locks import SessionLock
 from ragservice.db.models import IngestJob
 from ragservice.dev.cluster import libpq_url
 
@@ -339,6 +340,107 @@ def test_jobs_are_scoped_by_tenant_and_listed_newest_first(runtime: Runtime) -> 
     assert [j.id for j in page] == [elsewhere, ids[2]]
     assert [j.id for j in rest] == [ids[1], ids[0]]
     assert [j.id for j in in_uploads] == [ids[2], ids[1], ids[0]]
+
+
+def claim_held(
+    runtime: Runtime, worker: str, lock: SessionLock, max_attempts: int = 3
+) -> store.jobs.ClaimedJob | None:
+    """A claim tied to `lock`, as a JobWorker's is (with a heartbeat timeout of a minute)."""
+    with runtime.db.write() as session:
+        return store.jobs.claim_job(
+            session,
+            worker=worker,
+            stale_after_seconds=60,
+            max_attempts=max_attempts,
+            hold=lambda: lock.key,
+        )
+
+
+def end_claim_sessions(database_url: str) -> int:
+    """Terminate the connections holding claims, as a worker's death ends them."""
+    with psycopg.connect(libpq_url(database_url), autocommit=True) as admin:
+        ended = admin.execute(
+            "SELECT count(pg_terminate_backend(pid, 5000)) FROM pg_stat_activity "
+            "WHERE application_name = 'ragservice claim' AND datname = current_database()"
+        ).fetchone()
+    assert ended is not None
+    return int(ended[0])
+
+
+def test_a_job_whose_claim_session_ended_is_taken_over_at_once(
+    runtime: Runtime, database_url: str
+) -> None:
+    job_id = enqueue(runtime, UPLOAD[:1])
+    dying = SessionLock(runtime.db.url)
+    rescuer = SessionLock(runtime.db.url)
+    try:
+        assert claim_held(runtime, "dying", dying) is not None
+        assert claim_held(runtime, "rescuer", rescuer) is None  # its holder is connected
+
+        assert end_claim_sessions(database_url) == 2
+        rescuer.check()  # the rescuer's own connection comes back, with its lock
+        taken = claim_held(runtime, "rescuer", rescuer)  # at once: the heartbeat is fresh
+    finally:
+        dying.release()
+        rescuer.release()
+    assert taken is not None
+    assert (taken.id, taken.attempts, taken.worker) == (job_id, 2, "rescuer")
+    assert job(runtime, job_id).claim_key == rescuer.key
+    with runtime.db.write() as session:
+        assert not store.jobs.heartbeat_job(session, job_id, "dying")
+
+
+def test_a_job_whose_claim_ended_on_its_last_attempt_fails_at_once(runtime: Runtime) -> None:
+    job_id = enqueue(runtime, UPLOAD[:1])
+    with SessionLock(runtime.db.url) as dying:
+        assert claim_held(runtime, "dying", dying, max_attempts=1) is not None
+    with SessionLock(runtime.db.url) as other:
+        assert claim_held(runtime, "other", other, max_attempts=1) is None
+    failed = job(runtime, job_id)
+    assert (failed.status, failed.attempts, failed.claim_key) == ("failed", 1, None)
+    assert failed.errors == [
+        {"error": "gave up after 1 attempts: worker dying ended (its database session closed)"}
+    ]
+
+
+def test_a_job_stuck_past_the_stop_goes_back_to_the_queue(
+    runtime: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file that parses for longer than the stop may wait: the job is put back in the queue
+    from the stopping thread, and the stuck thread lets go of it once it moves on."""
+    import ingest.worker
+
+    parsing = threading.Event()
+    parsed = threading.Event()
+    real_load = ingest.worker._load_item
+
+    def slow_load(*args: Any) -> Any:
+        parsing.set()
+        parsed.wait(30)
+        return real_load(*args)
+
+    monkeypatch.setattr(ingest.worker, "_load_item", slow_load)
+    job_id = enqueue(runtime, UPLOAD[:2])
+    worker = JobWorker(runtime, threads=1)
+    worker.start()
+    try:
+        assert parsing.wait(30)
+        worker.stop(0.2)
+        queued = job(runtime, job_id)
+    finally:
+        parsed.set()
+    assert (queued.status, queued.attempts, queued.worker, queued.claim_key) == (
+        "queued",
+        0,
+        None,
+        None,
+    )
+    for thread in threading.enumerate():
+        if thread.name.startswith("job-worker"):
+            thread.join(30)
+    monkeypatch.setattr(ingest.worker, "_load_item", real_load)
+    assert JobWorker(runtime).run_once()
+    assert (job(runtime, job_id).status, job(runtime, job_id).attempts) == ("done", 1)
 
 
 def test_stopped_worker_puts_its_job_back_in_the_queue(runtime: Runtime) -> None:

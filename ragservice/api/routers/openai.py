@@ -36,10 +36,11 @@ from ragservice.api.checks import (
     check_text,
 )
 from ragservice.api.deps import PipelineDep, Reader, RuntimeDep, collection_ids, replica_reads
-from ragservice.api.error_handlers import stream_error
+from ragservice.api.error_handlers import stopped_stream_error, stream_error
 from ragservice.api.schemas.answers import answer_out
 from ragservice.api.schemas.common import error_responses
 from ragservice.api.schemas.openai import ChatCompletionRequest, ChatMessageIn, EmbeddingsRequest
+from ragservice.api.stopping import first_unless_stopping, next_unless_stopping, stopping_of
 from ragservice.auth.ratelimit import ANSWER_COST, embedding_cost
 from ragservice.embedding.embedder import SentenceTransformerEmbedder
 from ragservice.embedding.registry import ModelRegistry, ServingModel
@@ -91,7 +92,9 @@ async def chat_completions(
     pipeline: PipelineDep,
     request: Request,
 ) -> Any:
-    """Answer the last user message from the model's collections, OpenAI style."""
+    """Answer the last user message from the model's collections, OpenAI style. A stream
+    cut short because the server is stopping ends with a `data:` chunk whose `error` is
+    `ServiceStopping`, then `data: [DONE]`."""
     question_text, history = _split_messages(body.messages)
     settings = runtime.settings
     check_text(question_text, settings, field="messages")
@@ -120,7 +123,8 @@ async def chat_completions(
     if not body.stream:
         return _completion(completion_id, body.model, await pipeline.answer(question), footer)
     events = pipeline.stream(question)
-    first = await anext(events)  # failures before the first token keep their status code
+    # Failures before the first token keep their status code (a stop: 503 ServiceStopping).
+    first = await first_unless_stopping(events, stopping_of(request))
     return StreamingResponse(
         _chunks(request, completion_id, body.model, first, events, footer),
         media_type="text/event-stream",
@@ -280,16 +284,21 @@ async def _chunks(
         }
         return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
 
+    stopping = stopping_of(request)
     async with aclosing(events):  # a client gone mid-stream stops the upstream call too
         yield chunk({"role": "assistant", "content": ""})
-        item: str | Answer = first
+        item: str | Answer | None = first
         while not isinstance(item, Answer):
             yield chunk({"content": item})
             try:
-                item = await anext(events)
+                item = await next_unless_stopping(events, stopping)
             except Exception as exc:  # the status line is gone: say it in the stream and stop
                 # The body a non-streamed failure gets; OpenAI clients raise on its `error`.
                 yield f"data: {json.dumps(stream_error(request, exc), ensure_ascii=False)}\n\n"
+                return
+            if item is None:  # the server is stopping: the same, then the stream's usual end
+                yield f"data: {json.dumps(stopped_stream_error(request))}\n\n"
+                yield "data: [DONE]\n\n"
                 return
         if sources := _sources(item.citations, footer):
             yield chunk({"content": sources})

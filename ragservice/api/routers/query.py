@@ -14,9 +14,10 @@ from fastapi.responses import StreamingResponse
 from ragservice.answering.answer import Answer, Question
 from ragservice.api.checks import charge, check_query
 from ragservice.api.deps import PipelineDep, Reader, RuntimeDep, collection_ids, replica_reads
-from ragservice.api.error_handlers import stream_error
+from ragservice.api.error_handlers import stopped_stream_error, stream_error
 from ragservice.api.schemas.answers import QueryRequest, answer_out
 from ragservice.api.schemas.common import error_responses
+from ragservice.api.stopping import first_unless_stopping, next_unless_stopping, stopping_of
 from ragservice.auth.ratelimit import ANSWER_COST
 from ragservice.retrieval.filters import parse_and_compile
 from ragservice.retrieval.search import SearchOptions
@@ -44,7 +45,9 @@ async def query(
 
     With `stream: true` the reply is `text/event-stream`: `token` events with pieces of the
     answer as they are generated, then `citations` (citations and sources), then `done` (the
-    rest of the QueryResponse: query_id, the whole answer, model, status, timings).
+    rest of the QueryResponse: query_id, the whole answer, model, status, timings). A stream
+    that fails, or is cut short because the server is stopping, ends with an `error` event
+    instead (`{"error", "detail", "request_id"}`; `ServiceStopping` for the latter).
     """
     check_query(body.question, body.k, runtime.settings, field="question")
     charge(request, principal.key_id, ANSWER_COST, what="an answer")
@@ -68,7 +71,7 @@ async def query(
     events = pipeline.stream(question)
     # Wait for the first piece before answering 200, so that a failure to retrieve or to reach
     # the inference layer still gets its proper status code instead of a broken stream.
-    first = await anext(events)
+    first = await first_unless_stopping(events, stopping_of(request))
     return StreamingResponse(_sse(request, first, events), media_type="text/event-stream")
 
 
@@ -76,14 +79,18 @@ async def _sse(
     request: Request, first: str | Answer, events: AsyncGenerator[str | Answer, None]
 ) -> AsyncIterator[str]:
     """`token` events, then `citations` (with the sources), then `done` with the rest."""
+    stopping = stopping_of(request)
     async with aclosing(events):
-        item: str | Answer = first
+        item: str | Answer | None = first
         while not isinstance(item, Answer):
             yield _event("token", {"text": item})
             try:
-                item = await anext(events)
+                item = await next_unless_stopping(events, stopping)
             except Exception as exc:  # mid-stream: the status line is gone, tell it in the stream
                 yield _event("error", stream_error(request, exc))
+                return
+            if item is None:  # the server is stopping
+                yield _event("error", stopped_stream_error(request))
                 return
         whole = answer_out(item).model_dump(mode="json")
         yield _event("citations", {k: whole.pop(k) for k in ("citations", "sources")})
