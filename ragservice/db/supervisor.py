@@ -235,6 +235,8 @@ class EmbeddedSupervisor:
             if self._stopping.is_set():
                 return
             status = self._status
+            if status.pid is not None and found.pid != status.pid:
+                self._seen_gone(now)  # between two looks, and already started again
             status.pid = found.pid
             status.next_attempt_in = None
             if not found.ready:
@@ -257,7 +259,7 @@ class EmbeddedSupervisor:
             status.exits += 1
             status.last_exit_at = time.time()
             status._down_since = now
-            log.error("embedded PostgreSQL (pid %s) is gone; starting it again", status.pid)
+            log.error("embedded PostgreSQL (pid %s) is gone", status.pid)
         status.state = "down"
         status.pid = None
         self._backoff.down()

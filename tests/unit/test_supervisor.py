@@ -147,13 +147,15 @@ def test_a_server_started_by_another_holder_is_adopted_not_restarted() -> None:
     server, resets = FakeServer(), []
     supervisor = supervised(server, resets)
     supervisor.check_once()
-    server.pid, server.ready = 300, False  # another holder restarted it: in crash recovery
+    # Between two looks, another holder saw it gone and started it: in crash recovery now.
+    server.pid, server.ready = 300, False
     advance(server, supervisor, 0.5)
     assert supervisor.status().state == "starting" and not supervisor.status().up
     server.ready = True
     advance(server, supervisor, 0.5)
     status = supervisor.status()
-    assert (status.state, status.pid, status.restarts) == ("running", 300, 0)
+    assert (status.state, status.pid, status.exits, status.restarts) == ("running", 300, 1, 0)
+    assert status.last_restart_seconds == 0.5
     assert server.attempts == []
 
 
