@@ -20,7 +20,6 @@ import threading
 import time
 from pathlib import Path
 
-import httpx
 import psutil
 import pytest
 
