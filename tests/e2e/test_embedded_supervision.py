@@ -18,8 +18,10 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
+import httpx
 import psutil
 import pytest
 
@@ -50,6 +52,39 @@ def new_postmaster(data_dir: Path, old: psutil.Process) -> psutil.Process:
     raise AssertionError("no new postmaster within 15 s")
 
 
+@dataclass
+class ReadinessLoop:
+    """`GET /readyz` every 0.1 s: (when answered, status) until stopped."""
+
+    client: httpx.Client
+    seen: list[tuple[float, int]] = field(default_factory=list)
+    stopping: threading.Event = field(default_factory=threading.Event)
+
+    def run(self) -> None:
+        while not self.stopping.wait(0.1):
+            try:
+                status = self.client.get("/readyz").status_code
+            except httpx.TransportError:
+                status = 0
+            self.seen.append((time.monotonic(), status))
+
+    def first_ready_after(self, moment: float) -> float | None:
+        down = [t for t, status in self.seen if t > moment and status != 200]
+        if not down:
+            return None
+        ready = [t for t, status in self.seen if t > down[0] and status == 200]
+        return ready[0] if ready else None
+
+
+def wait_until_ready_again(client: httpx.Client, killed_at: float) -> float:
+    """Seconds from the kill to `/readyz` answering 200 (fails past 15 s, with the health)."""
+    while client.get("/readyz").status_code != 200:
+        if time.monotonic() - killed_at > RECOVERY_LIMIT_S:
+            raise AssertionError(f"not ready 15 s after: {client.get('/v1/admin/health').text}")
+        time.sleep(0.05)
+    return time.monotonic() - killed_at
+
+
 def test_a_killed_postmaster_under_search_load_is_restarted_and_service_resumes(
     embedded_dir: Path,
 ) -> None:
@@ -65,10 +100,11 @@ def test_a_killed_postmaster_under_search_load_is_restarted_and_service_resumes(
         with server.client() as client:
             _load_manuals(client)
             loop = SearchLoop(server.client())
+            readiness = ReadinessLoop(server.client())
             threads = [
                 threading.Thread(target=loop.run, name=f"search-{n}", daemon=True)
                 for n in range(SEARCH_THREADS)
-            ]
+            ] + [threading.Thread(target=readiness.run, name="readyz", daemon=True)]
             for thread in threads:
                 thread.start()
             try:
@@ -84,10 +120,13 @@ def test_a_killed_postmaster_under_search_load_is_restarted_and_service_resumes(
                     time.sleep(0.05)
             finally:
                 loop.stopping.set()
+                readiness.stopping.set()
                 for thread in threads:
                     thread.join(timeout=30)
                 loop.client.close()
-            assert client.get("/readyz").status_code == 200
+                readiness.client.close()
+            wait_until_ready_again(client, killed_at)
+            ready_at = readiness.first_ready_after(killed_at)
             health = client.get("/v1/admin/health").json()
             metrics = client.get("/metrics").text
         stderr = server.stop()  # SIGTERM: the process lets go of the new server too
@@ -108,10 +147,15 @@ def test_a_killed_postmaster_under_search_load_is_restarted_and_service_resumes(
             "statuses": sorted({p.status for p in failed}),
             "recovery_s": round(recovery_s, 3),
             "supervisor_restart_s": supervised["last_restart_seconds"],
+            "ready_again_s": None if ready_at is None else round(ready_at - killed_at, 3),
+            "readyz_503_after_ready": len(
+                [t for t, status in readiness.seen if ready_at and t > ready_at and status != 200]
+            ),
         },
     )
     assert readiness_while_down == 503
     assert recovery_s < RECOVERY_LIMIT_S
+    assert ready_at is not None and ready_at - killed_at < RECOVERY_LIMIT_S
     assert after_recovery == [], after_recovery[:5]
     assert {(p.status, p.error) for p in failed} <= {(503, "DatabaseUnavailable")}
     assert new.pid != old.pid
