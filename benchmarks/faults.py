@@ -2,8 +2,8 @@
 
     python benchmarks/faults.py [--runs 3] [-k postgres]
 
-Runs `tests/e2e/test_faults.py` (`--runs` times) and collects the `FAULTS {json}` line each of
-its scenarios prints:
+Runs `tests/e2e/test_faults.py` and `tests/e2e/test_embedded_supervision.py` (`--runs` times)
+and collects the `FAULTS {json}` line each of their scenarios prints:
 
 - `sigkill_mid_ingest`: a server killed with SIGKILL in the middle of a 30-document ingest job;
   documents committed before the kill, documents after the job was taken over and finished,
@@ -17,7 +17,11 @@ its scenarios prints:
 - `job_across_postgres_restart`: an ingest job running while PostgreSQL restarts: its status
   and attempts after, documents stored, half-written ones;
 - `inference_upstream`: `/v1/query` while the upstream hangs past the read timeout, then while
-  nothing listens on its port; `/v1/search` on the same server.
+  nothing listens on its port; `/v1/search` on the same server;
+- `embedded_postmaster_killed`: the embedded server's postmaster killed with SIGKILL under a
+  loop of searches and started again by the server's supervisor: the time from the kill to the
+  first successful search, the supervisor's own gone-to-ready time, searches failed during the
+  outage and after it (0).
 
 Prints one block per scenario (numbers over several runs as median and all values; the
 per-restart figures of every run pooled) and ends with one JSON line of the medians.
@@ -34,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-TESTS = "tests/e2e/test_faults.py"
+TESTS = ["tests/e2e/test_faults.py", "tests/e2e/test_embedded_supervision.py"]
 PREFIX = "FAULTS "
 RUN_TIMEOUT_S = 600
 
@@ -43,7 +47,7 @@ def main() -> None:
     args = _parse_args()
     lines: list[dict[str, Any]] = []
     for run in range(args.runs):
-        print(f"run {run + 1} of {args.runs}: pytest {TESTS}", file=sys.stderr)
+        print(f"run {run + 1} of {args.runs}: pytest {' '.join(TESTS)}", file=sys.stderr)
         lines += _run_tests(args.k)
     summary = {name: _summarize(found) for name, found in _by_scenario(lines).items()}
     for name, figures in summary.items():
@@ -55,13 +59,13 @@ def main() -> None:
 
 def _parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=1, help="times to run the test file")
+    parser.add_argument("--runs", type=int, default=1, help="times to run the test files")
     parser.add_argument("-k", default=None, help="pytest -k expression: only these scenarios")
     return parser.parse_args()
 
 
 def _run_tests(expression: str | None) -> list[dict[str, Any]]:
-    command = [sys.executable, "-m", "pytest", TESTS, "-q", "-s", "-p", "no:cacheprovider"]
+    command = [sys.executable, "-m", "pytest", *TESTS, "-q", "-s", "-p", "no:cacheprovider"]
     if expression:
         command += ["-k", expression]
     done = subprocess.run(

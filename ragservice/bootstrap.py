@@ -15,6 +15,7 @@ from ragservice import store
 from ragservice.chunking import ChunkingOptions
 from ragservice.config import DEFAULT_TENANT_ID, Settings
 from ragservice.db import Database, open_database, tenancy
+from ragservice.db.supervisor import EmbeddedSupervisor, supervise_embedded
 from ragservice.embedding.embedder import SentenceTransformerEmbedder, make_embedder
 from ragservice.embedding.registry import (
     ModelRegistry,
@@ -25,7 +26,12 @@ from ragservice.embedding.registry import (
     serve_row,
 )
 from ragservice.errors import ConfigurationError
-from ragservice.metrics import EmbeddingCollector, QueueCollector, ReplicaCollector
+from ragservice.metrics import (
+    EmbeddedCollector,
+    EmbeddingCollector,
+    QueueCollector,
+    ReplicaCollector,
+)
 from ragservice.periodic import Periodic
 
 log = logging.getLogger(__name__)
@@ -36,6 +42,8 @@ class Runtime:
     settings: Settings
     db: Database
     models: ModelRegistry
+    supervisor: EmbeddedSupervisor | None = None
+    """Watches the embedded PostgreSQL and restarts it (`open_runtime(supervise=True)`)."""
 
     @property
     def embedder(self) -> SentenceTransformerEmbedder:
@@ -58,12 +66,18 @@ class Runtime:
         return chunking_options(self.settings, embedder.max_tokens)
 
     def close(self) -> None:
+        if self.supervisor is not None:
+            self.supervisor.stop()  # first: no restart while the process lets the server go
         self.models.stop()
         self.db.dispose()
 
 
 def open_runtime(
-    settings: Settings, *, embedder: SentenceTransformerEmbedder | None = None, warm: bool = True
+    settings: Settings,
+    *,
+    embedder: SentenceTransformerEmbedder | None = None,
+    warm: bool = True,
+    supervise: bool = False,
 ) -> Runtime:
     """Start or join PostgreSQL, migrate, and load the embedding model to serve: the active
     one when this process can load it (a fine-tuned version, say), else the configured one,
@@ -74,14 +88,30 @@ def open_runtime(
 
     `warm=False` leaves the active model unloaded until something embeds or tokenizes with it
     (a bulk import of vectors never does); a model that must first be registered still loads.
+
+    `supervise`: a long-running process (serve, worker) on the embedded server watches it and
+    starts it again when it exits (`db.supervisor`; its pools are reset then).
     """
     db = open_database(settings)
+    supervisor = None
+    if supervise:
+        supervisor = supervise_embedded(settings, on_restart=lambda: reset_pools(db))
     try:
         initial = _initial_model(db, settings, embedder, warm=warm)
     except BaseException:
+        if supervisor is not None:
+            supervisor.stop()
         db.dispose()
         raise
-    return Runtime(settings=settings, db=db, models=ModelRegistry(db, settings, initial))
+    models = ModelRegistry(db, settings, initial)
+    return Runtime(settings=settings, db=db, models=models, supervisor=supervisor)
+
+
+def reset_pools(db: Database) -> None:
+    """Drop every pooled connection (they point at a server that is gone); checked-out ones
+    are closed when returned. The next checkout connects afresh."""
+    for engine in db.engines():
+        engine.dispose()
 
 
 def require_unprivileged_login(db: Database, settings: Settings) -> None:
@@ -207,8 +237,8 @@ class RetentionPurger:
 
 def runtime_collectors(runtime: Runtime) -> list[Collector]:
     """What a process's metrics read from its runtime at scrape time: the job queue (one
-    count, cached a few seconds), the embedding model's slots and, with replicas, the read
-    router's last checks."""
+    count, cached a few seconds), the embedding model's slots, with replicas the read
+    router's last checks, and with a supervised embedded server its supervisor's status."""
     db = runtime.db
 
     def queue_depth() -> tuple[int, int]:
@@ -221,4 +251,7 @@ def runtime_collectors(runtime: Runtime) -> list[Collector]:
     collectors: list[Collector] = [QueueCollector(queue_depth), EmbeddingCollector(embedding_slots)]
     if db.router is not None:
         collectors.append(ReplicaCollector(db.router.status))
+    supervisor = runtime.supervisor
+    if supervisor is not None:
+        collectors.append(EmbeddedCollector(lambda: supervisor.status().describe()))
     return collectors

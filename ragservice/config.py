@@ -33,6 +33,19 @@ class Settings(BaseSettings):
     data_dir: Path = Field(
         default=Path(".ragservice"), description="embedded PostgreSQL data, ONNX cache"
     )
+    embedded_supervise: bool = Field(
+        default=True,
+        description="serve and worker start the embedded PostgreSQL again when it exits",
+    )
+    embedded_check_seconds: float = Field(
+        default=0.5, gt=0, le=60, description="how often the embedded PostgreSQL is looked at"
+    )
+    embedded_restart_max_backoff_seconds: float = Field(
+        default=30.0,
+        ge=1,
+        le=3600,
+        description="the longest wait between attempts to start a failing embedded PostgreSQL",
+    )
     region: str | None = Field(
         default=None, description="this server's region; reads prefer that region's replicas"
     )

@@ -1,5 +1,6 @@
 """Prometheus metrics of one process: the API's requests, pipeline stages, upstream errors and
-tokens; ingest jobs; and, read at scrape time, replicas, the job queue and the embedding model.
+tokens; ingest jobs; and, read at scrape time, replicas, the job queue, the embedding model and
+the embedded PostgreSQL's supervisor.
 
 Each app (and each `ragservice worker`) gets its own registry, so several apps in one process
 (tests) never collide. Process, garbage-collector and platform collectors are on every registry.
@@ -390,5 +391,53 @@ class EmbeddingCollector(Collector):
                 "Embedding model computations waiting for a free slot "
                 "(RAGSERVICE_MAX_CONCURRENT_EMBEDDINGS) in this process.",
                 value=float(waiting),
+            ),
+        ]
+
+
+class EmbeddedCollector(Collector):
+    """The embedded PostgreSQL's supervisor in this process: whether the server is up, how
+    often it was seen gone and started again, and the wait before the next attempt. `status`
+    returns the supervisor's status as a dict (`SupervisorStatus.describe()`)."""
+
+    def __init__(self, status: Callable[[], Mapping[str, Any]]) -> None:
+        self._status = status
+
+    def describe(self) -> Iterable[Metric]:
+        return self._families({})
+
+    def collect(self) -> Iterable[Metric]:
+        return self._families(self._status())
+
+    @staticmethod
+    def _families(status: Mapping[str, Any]) -> list[Metric]:
+        return [
+            GaugeMetricFamily(
+                "ragservice_embedded_postgres_up",
+                "1 while the embedded PostgreSQL is running and ready, else 0 (gone, being "
+                "started again, or in crash recovery).",
+                value=1.0 if status.get("state") == "running" else 0.0,
+            ),
+            CounterMetricFamily(
+                "ragservice_embedded_postgres_exits",
+                "Times this process saw the embedded PostgreSQL gone (killed, crashed, stopped).",
+                value=float(status.get("exits") or 0),
+            ),
+            CounterMetricFamily(
+                "ragservice_embedded_postgres_restarts",
+                "Times this process started the embedded PostgreSQL again after it exited.",
+                value=float(status.get("restarts") or 0),
+            ),
+            CounterMetricFamily(
+                "ragservice_embedded_postgres_restart_failures",
+                "Attempts to start the embedded PostgreSQL again that failed (retried with "
+                "back-off).",
+                value=float(status.get("restart_failures") or 0),
+            ),
+            GaugeMetricFamily(
+                "ragservice_embedded_postgres_backoff_seconds",
+                "Seconds until the next attempt to start the embedded PostgreSQL (0 when none "
+                "is waiting).",
+                value=float(status.get("next_attempt_in_seconds") or 0.0),
             ),
         ]

@@ -108,7 +108,7 @@ def create_app(
         # Each part is closed in reverse order even when a later one fails to start.
         async with AsyncExitStack() as stack:
             traced = stack.enter_context(tracing.activated(resolved, provider=tracer_provider))
-            runtime = open_runtime(resolved, embedder=embedder)
+            runtime = open_runtime(resolved, embedder=embedder, supervise=True)
             stack.callback(runtime.close)
             if traced is not None:
                 traced.instrument_engines(runtime.db.engines())

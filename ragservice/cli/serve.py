@@ -152,7 +152,7 @@ def worker(
     settings = get_settings()
     port = settings.worker_metrics_port if metrics_port is None else metrics_port
     with exit_on_error():
-        runtime = open_runtime(settings)
+        runtime = open_runtime(settings, supervise=True)
         try:
             require_unprivileged_login(runtime.db, settings)
         except BaseException:

@@ -69,6 +69,8 @@ def acquire_embedded_server(data_dir: Path) -> Any:
     # (a supervisor repeating itself) must not cut that release short.
     atexit.unregister(_ignore_termination_signals)
     atexit.register(_ignore_termination_signals)
+    atexit.unregister(adopt_current_postmaster)
+    atexit.register(adopt_current_postmaster)
     return server
 
 
@@ -79,6 +81,7 @@ def release_embedded_server(data_dir: Path) -> None:
     server = pgserver().PostgresServer._instances.get(pgdata)
     if server is None:
         return
+    adopt_current_postmaster()
     server.cleanup()
     # The wheel forgets its handle only when it stopped the server.
     pgserver().PostgresServer._instances.pop(pgdata, None)
@@ -115,6 +118,29 @@ def running_postmaster(pgdata: Path) -> psutil.Process | None:
         return process if process.name() == "postgres" else None
     except psutil.Error:
         return None
+
+
+def adopt_current_postmaster() -> None:
+    """Point this process's handles at the postmaster running now. The wheel stops a server
+    (last holder out) through the process it knows; after another holder started the server
+    again (`db.supervisor`), that process is the dead one, and the new server would outlive
+    every holder."""
+    for pgdata, server in list(pgserver().PostgresServer._instances.items()):
+        known = server._postmaster_info
+        if known is not None and _alive(known.process):
+            continue
+        with contextlib.suppress(Exception):  # at exit: never in the way of the release
+            current = pgserver().utils.PostmasterInfo.read_from_pgdata(pgdata)
+            if current is not None and _alive(current.process):
+                server._postmaster_info = current
+
+
+def _alive(process: psutil.Process | None) -> bool:
+    """Running, not a zombie (a killed postmaster is one until its parent reaps it)."""
+    try:
+        return process is not None and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 def _forget_gone_holders(holders_file: Path) -> None:

@@ -53,15 +53,17 @@ def insights(
 def health(_principal: Admin, runtime: RuntimeDep) -> JSONResponse:
     """Readiness in detail: each check, the embedding model being served (it changes within
     RAGSERVICE_MODEL_CHECK_SECONDS of an activation, plus its load), and each replica's role,
-    health, lag and last error (from the background checks). 503 when not ready, like
-    `/readyz`; a replica that is down does not make the server unready."""
+    health, lag and last error (from the background checks), and on a supervised embedded
+    PostgreSQL its state, exits, restarts and back-off. 503 when not ready, like `/readyz`;
+    a replica that is down does not make the server unready."""
     ready, body = readiness(runtime)
     return JSONResponse(body, status_code=200 if ready else 503)
 
 
 def readiness(runtime: Runtime) -> tuple[bool, dict[str, Any]]:
-    """Whether the server is ready (primary reachable, schema current, model loaded), and
-    the details: the checks, the model and the nodes."""
+    """Whether the server is ready (primary reachable, schema current, model loaded, and the
+    embedded PostgreSQL running when this process supervises it), and the details: the
+    checks, the model, the nodes and the embedded server's supervision."""
     model = runtime.models.current()
     checks = {"database": False, "migrations": False, "model": model.embedder.dimension > 0}
     try:
@@ -69,8 +71,13 @@ def readiness(runtime: Runtime) -> tuple[bool, dict[str, Any]]:
         checks["database"] = True
     except Exception:  # reported as not ready, never as a 500
         pass
+    supervised = None if runtime.supervisor is None else runtime.supervisor.status()
+    if supervised is not None:
+        checks["embedded_postgres"] = supervised.up
     ready = all(checks.values())
     body: dict[str, Any] = {"ready": ready, "checks": checks, "model": model.describe()}
     if runtime.db.router is not None:
         body["nodes"] = runtime.db.router.status()
+    if supervised is not None:
+        body["embedded_postgres"] = supervised.describe()
     return ready, body
