@@ -106,10 +106,11 @@ sys.stdin.read()  # until the test closes it: then a normal exit
 """
 
 
-def start_holder(data_dir: Path) -> subprocess.Popen[str]:
-    """A plain process holding the embedded store (no model to load) until its stdin closes."""
+def start_holder(data_dir: Path, script: str = HOLD_SCRIPT) -> subprocess.Popen[str]:
+    """A plain process holding the embedded store (no model to load) until its stdin closes;
+    `script` (run with the data folder as its argument) prints `held` once it holds it."""
     process = subprocess.Popen(
-        [sys.executable, "-c", HOLD_SCRIPT, str(data_dir)],
+        [sys.executable, "-c", script, str(data_dir)],
         env=embedded_env(data_dir),
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,

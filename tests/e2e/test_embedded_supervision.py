@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -25,7 +24,7 @@ import httpx
 import psutil
 import pytest
 
-from tests.e2e.embedded import DEADLINE_S, embedded_env, postmasters
+from tests.e2e.embedded import DEADLINE_S, embedded_env, postmasters, start_holder
 from tests.e2e.test_faults import SearchLoop, Server, _load_manuals, report
 
 pytestmark = pytest.mark.slow
@@ -185,19 +184,7 @@ supervisor.stop()
 
 def start_supervised_holder(data_dir: Path) -> subprocess.Popen[str]:
     """A process holding the embedded store and supervising it (no model, no API)."""
-    process = subprocess.Popen(
-        [sys.executable, "-c", SUPERVISED_HOLDER, str(data_dir)],
-        env=embedded_env(data_dir),
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    assert process.stdout is not None
-    if process.stdout.readline().strip() != "held":
-        _, stderr = process.communicate(timeout=DEADLINE_S)
-        raise AssertionError(f"the holder did not start: {stderr}")
-    return process
+    return start_holder(data_dir, SUPERVISED_HOLDER)
 
 
 def holder_status(process: subprocess.Popen[str]) -> dict[str, object]:
