@@ -127,15 +127,15 @@ def adopt_current_postmaster() -> None:
     every holder."""
     for pgdata, server in list(pgserver().PostgresServer._instances.items()):
         known = server._postmaster_info
-        if known is not None and _alive(known.process):
+        if known is not None and process_alive(known.process):
             continue
         with contextlib.suppress(Exception):  # at exit: never in the way of the release
             current = pgserver().utils.PostmasterInfo.read_from_pgdata(pgdata)
-            if current is not None and _alive(current.process):
+            if current is not None and process_alive(current.process):
                 server._postmaster_info = current
 
 
-def _alive(process: psutil.Process | None) -> bool:
+def process_alive(process: psutil.Process | None) -> bool:
     """Running, not a zombie (a killed postmaster is one until its parent reaps it)."""
     try:
         return process is not None and process.status() != psutil.STATUS_ZOMBIE

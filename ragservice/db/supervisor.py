@@ -42,6 +42,7 @@ from ragservice.config import Settings
 from ragservice.db.embedded import (
     pgdata_dir,
     pgserver,
+    process_alive,
     recover_abandoned_state,
     running_postmaster,
     server_lock,
@@ -332,7 +333,7 @@ def stop_all(timeout: float = 15.0) -> None:
 def probe_postmaster(pgdata: Path) -> Postmaster:
     """The live postmaster on `pgdata`, per its `postmaster.pid`, and whether it is ready."""
     process = running_postmaster(pgdata)
-    if process is None or _gone(process):
+    if process is None or not process_alive(process):
         return Postmaster(None)
     try:
         lines = (pgdata / "postmaster.pid").read_text().splitlines()
@@ -357,7 +358,7 @@ def restart_embedded_server(data_dir: Path) -> bool:
         recover_abandoned_state(pgdata)
         with server_lock():
             found = running_postmaster(pgdata)
-            started = found is None or _gone(found)
+            started = found is None or not process_alive(found)
             if started:
                 end_orphaned_backends(pgdata)
                 if found is not None:
@@ -373,7 +374,7 @@ def end_orphaned_backends(pgdata: Path) -> list[int]:
     the data directory, and would keep a new postmaster from starting): SIGQUIT, as a
     postmaster does to its children after a crash, then SIGKILL."""
     orphans = [
-        p for p in psutil.process_iter(["name"]) if _is_orphan_of(p, pgdata) and not _gone(p)
+        p for p in psutil.process_iter(["name"]) if _is_orphan_of(p, pgdata) and process_alive(p)
     ]
     if not orphans:
         return []
@@ -381,11 +382,11 @@ def end_orphaned_backends(pgdata: Path) -> list[int]:
         with contextlib.suppress(psutil.Error):
             process.send_signal(signal.SIGQUIT)
     deadline = time.monotonic() + _ORPHAN_GRACE_S
-    while time.monotonic() < deadline and not all(_gone(p) for p in orphans):
+    while time.monotonic() < deadline and any(process_alive(p) for p in orphans):
         time.sleep(0.05)
     for process in orphans:
         with contextlib.suppress(psutil.Error):
-            if not _gone(process):
+            if process_alive(process):
                 process.kill()
     log.warning("ended %d PostgreSQL processes the dead postmaster left", len(orphans))
     return [p.pid for p in orphans]
@@ -411,14 +412,6 @@ def _clear_dead_postmaster(process: psutil.Process, pgdata: Path) -> None:
         socket_lock = Path(lines[4].strip()) / f".s.PGSQL.{lines[3].strip()}.lock"
         socket_lock.unlink(missing_ok=True)
     pid_file.unlink(missing_ok=True)
-
-
-def _gone(process: psutil.Process) -> bool:
-    """Ended, or a zombie (ended; not reaped yet)."""
-    try:
-        return bool(process.status() == psutil.STATUS_ZOMBIE)
-    except psutil.Error:
-        return True
 
 
 def _is_orphan_of(process: psutil.Process, pgdata: Path) -> bool:
