@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 
 import httpx
 import pytest
@@ -25,6 +26,24 @@ def api_settings(settings: Settings) -> Settings:
     )
 
 
+@dataclass
+class ManualClock:
+    """Time that moves only when a test moves it: a slow machine refills no bucket."""
+
+    now: float = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture(autouse=True)
+def clock(client: TestClient) -> Iterator[ManualClock]:
+    manual = ManualClock()
+    limiter = RateLimiter(per_second=1.0, burst=BURST, clock=manual)
+    client.app.state.rate_limiter = limiter  # type: ignore[attr-defined]
+    yield manual
+
+
 def refused(response: httpx.Response) -> dict[str, object]:
     assert response.status_code == 429, response.text
     body: dict[str, object] = response.json()
@@ -35,7 +54,7 @@ def refused(response: httpx.Response) -> dict[str, object]:
 
 
 def test_a_key_over_its_burst_gets_429_with_retry_after_then_works_again(
-    client: TestClient, keys: Keys
+    client: TestClient, keys: Keys, clock: ManualClock
 ) -> None:
     for _ in range(BURST):
         ok(client.get("/v1/collections", headers=keys.reader))
@@ -49,7 +68,7 @@ def test_a_key_over_its_burst_gets_429_with_retry_after_then_works_again(
     ok(client.get("/v1/collections", headers=keys.writer))
     ok(client.get("/v1/collections", headers=keys.other_tenant))
 
-    time.sleep(retry_after)
+    clock.now += retry_after
     ok(client.get("/v1/collections", headers=keys.reader))
 
 
