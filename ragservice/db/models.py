@@ -198,7 +198,8 @@ class IngestJob(Base):
 
 class ChunkPosting(Base):
     """A block of BM25 postings of one (collection, lexeme, impact tier): up to 128 chunks'
-    `seq`s with their term frequencies and lengths. Triggers on `chunks` keep it current."""
+    `seq`s with their term frequencies and lengths, and the block's largest tf and smallest length
+    (what bounds its best BM25 score). Triggers on `chunks` keep it current."""
 
     __tablename__ = "chunk_postings"
 
@@ -213,6 +214,8 @@ class ChunkPosting(Base):
     seqs: Mapped[list[int]] = mapped_column(ARRAY(BigInteger))
     tfs: Mapped[list[int]] = mapped_column(ARRAY(SmallInteger))
     lengths: Mapped[list[int]] = mapped_column(ARRAY(Integer))
+    max_tf: Mapped[int] = mapped_column(SmallInteger)
+    min_len: Mapped[int] = mapped_column(Integer)
 
 
 class CollectionTextStats(Base):

@@ -636,7 +636,9 @@ def postings_mismatches(runtime: Runtime) -> list[Any]:
                 "SELECT * FROM chunk_postings WHERE n <> cardinality(seqs) OR n < 1 OR n > 128 "
                 "OR cardinality(tfs) <> n OR cardinality(lengths) <> n "
                 "OR first_seq <> (SELECT min(s) FROM unnest(seqs) s) "
-                "OR last_seq <> (SELECT max(s) FROM unnest(seqs) s)"
+                "OR last_seq <> (SELECT max(s) FROM unnest(seqs) s) "
+                "OR max_tf <> (SELECT max(t) FROM unnest(tfs) t) "
+                "OR min_len <> (SELECT min(x) FROM unnest(lengths) x)"
             )
         ).all()
     return rows
