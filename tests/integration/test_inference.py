@@ -206,7 +206,7 @@ async def test_a_retry_after_longer_than_the_call_may_wait_fails_at_once(fake: F
         started = time.monotonic()
         with pytest.raises(UpstreamError, match="retry after 120 s"):
             await client.complete(MESSAGES, **SAMPLING)
-    assert time.monotonic() - started < 0.5
+    assert time.monotonic() - started < 5  # not the 120 s asked for (slack for a busy machine)
     assert len(fake.requests) == 1
 
 
@@ -227,7 +227,7 @@ async def test_a_slow_answer_beyond_the_read_timeout_fails_quickly(fake: FakeOpe
         with pytest.raises(UpstreamTimeoutError, match=r"within 0\.3 s"):
             await client.complete(MESSAGES, **SAMPLING)
         elapsed = time.monotonic() - started
-    assert elapsed < 0.3 + 0.5
+    assert elapsed < 2.5  # well before the answer's 5 s (slack for a busy machine)
     assert len(fake.requests) == 1  # a busy model is not asked twice
 
 
@@ -243,7 +243,7 @@ async def test_the_deadline_ends_a_stream_that_trickles_within_the_read_timeout(
                 pieces.append(piece)
         elapsed = time.monotonic() - started
     assert 1 <= len(pieces) < 12
-    assert elapsed < 0.5 + 0.3
+    assert elapsed < 2.0  # before the whole stream's 2.4 s (slack for a busy machine)
 
 
 async def test_nothing_listening_is_an_upstream_error() -> None:
