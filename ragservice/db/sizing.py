@@ -28,7 +28,7 @@ directory's free disk; `min_wal_size` an eighth of that (at most 1 GB); `checkpo
 
 Workers from the CPU count C: `max_parallel_workers` C, `max_worker_processes` C + 4 (at
 least 8), `max_parallel_workers_per_gather` and `max_parallel_maintenance_workers` C/2 (at
-most 4).
+most 4, and at most one per GB of memory).
 """
 
 from __future__ import annotations
@@ -120,7 +120,7 @@ def recommend(machine: Machine) -> dict[str, str]:
     """Each setting of `TUNABLES` for `machine` (see the module's doc), in that order."""
     ram, cpus = max(machine.memory_mb, 64), max(machine.cpus, 1)
     shared_buffers = _clamp(ram // 4, 16, 16 * MB_PER_GB)
-    per_gather = min(4, cpus // 2)
+    per_gather = min(4, cpus // 2, ram // MB_PER_GB)  # none under 1 GB: not worth the memory
     maintenance = _clamp(ram // 8, 16, 2 * MB_PER_GB)
     operations = BUSY_QUERIES * (1 + per_gather) * HASH_MEM_MULTIPLIER
     work_mem = _clamp(ram // 4 // operations, 1, 256)
@@ -148,7 +148,7 @@ def recommend(machine: Machine) -> dict[str, str]:
         "max_worker_processes": str(max(8, cpus + 4)),
         "max_parallel_workers": str(cpus),
         "max_parallel_workers_per_gather": str(per_gather),
-        "max_parallel_maintenance_workers": str(min(4, cpus // 2)),
+        "max_parallel_maintenance_workers": str(per_gather),
     }
 
 
@@ -300,10 +300,10 @@ def available_memory_mb(meminfo: Path = Path("/proc/meminfo")) -> int:
     return min(available, limit) if limit else available
 
 
-def cgroup_memory_limit_mb(paths: tuple[Path, ...] = CGROUP_MEMORY_LIMITS) -> int | None:
+def cgroup_memory_limit_mb(paths: tuple[Path, ...] | None = None) -> int | None:
     """The cgroup's memory limit in MB, or None when there is none (`max`, or v1's huge
-    number) or no cgroup file."""
-    for path in paths:
+    number) or no cgroup file. `paths`: where to look (`CGROUP_MEMORY_LIMITS`)."""
+    for path in CGROUP_MEMORY_LIMITS if paths is None else paths:
         try:
             raw = path.read_text().strip()
         except OSError:
@@ -315,14 +315,15 @@ def cgroup_memory_limit_mb(paths: tuple[Path, ...] = CGROUP_MEMORY_LIMITS) -> in
     return None
 
 
-def cpu_count(cpu_max: Path = CGROUP_CPU_MAX) -> int:
-    """The CPUs this process may use: its affinity, within the cgroup's CPU quota."""
+def cpu_count(cpu_max: Path | None = None) -> int:
+    """The CPUs this process may use: its affinity, within the cgroup's CPU quota (read from
+    `cpu_max`, else `CGROUP_CPU_MAX`)."""
     try:
         cpus = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         cpus = os.cpu_count() or 1
     try:
-        quota, period = cpu_max.read_text().split()[:2]
+        quota, period = (cpu_max or CGROUP_CPU_MAX).read_text().split()[:2]
         if quota != "max":
             cpus = min(cpus, max(1, int(quota) // int(period)))
     except (OSError, ValueError):
