@@ -12,6 +12,7 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 from sqlalchemy import text
 
 from ingest.loaders import ParquetColumns, load_documents
