@@ -46,6 +46,12 @@ class Settings(BaseSettings):
         le=3600,
         description="the longest wait between attempts to start a failing embedded PostgreSQL",
     )
+    embedded_pg_settings: str = Field(
+        default="",
+        description="the embedded PostgreSQL's settings as name=value pairs, comma-separated "
+        "(e.g. shared_buffers=2GB,max_wal_size=16GB), over those sized for the machine; "
+        "`ragservice db settings` lists the names",
+    )
     region: str | None = Field(
         default=None, description="this server's region; reads prefer that region's replicas"
     )

@@ -19,10 +19,12 @@ from ragservice.feedback.exports import ExportFilter, TimeOf
 
 if TYPE_CHECKING:
     from rich.progress import Progress, TaskID
+    from sqlalchemy import Engine
     from sqlalchemy.orm import Session
 
     from ragservice.client import RagserviceClient
     from ragservice.db import Database
+    from ragservice.db.maintenance import StepResult
     from ragservice.store.indexes import BuildProgress
 
 console = Console(stderr=True)
@@ -62,6 +64,39 @@ def database() -> Iterator[Database]:
             yield db
     finally:
         db.dispose()
+
+
+def run_optimize_steps(engine: Engine) -> list[StepResult]:
+    """`ragservice db optimize` on `engine` (the owner's login), a line per step on the
+    console and the total at the end; PermissionDeniedError when the login does not own the
+    tables."""
+    from ragservice.db import maintenance
+
+    def done(result: StepResult) -> None:
+        console.print(
+            f"  {result.step.table}: {byte_size(result.bytes_before)} → "
+            f"{byte_size(result.bytes_after)} in {result.seconds:.1f} s"
+        )
+
+    results = maintenance.run_optimize(
+        engine, on_start=lambda step: console.print(f"{step.label} …"), on_done=done
+    )
+    before = sum(r.bytes_before for r in results)
+    after = sum(r.bytes_after for r in results)
+    console.print(f"optimized: {byte_size(before)} → {byte_size(after)}")
+    return results
+
+
+def byte_size(n: int) -> str:
+    """`n` bytes for people: 512 B, 1.5 MiB, 2.0 GiB."""
+    if n < 1024:
+        return f"{n} B"
+    value = n / 1024
+    for unit in ("KiB", "MiB"):
+        if value < 1024:
+            return f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} GiB"
 
 
 class IndexBar:

@@ -1,23 +1,29 @@
-"""`ragservice db`: the database schema, and the retention purge."""
+"""`ragservice db`: the database schema, the retention purge, the server's settings and the
+optimize after large loads."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Annotated
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
 
+import psycopg
 import typer
 
-from ragservice.cli.common import console, database
-from ragservice.config import get_settings
+from ragservice.cli.common import console, database, exit_on_error, fail, run_optimize_steps
+from ragservice.config import Settings, get_settings
 
 if TYPE_CHECKING:
     from ragservice.safety.injection import Verdict
     from ragservice.store.documents import ScannedChunk
 
-app = typer.Typer(help="Database schema and retention.", no_args_is_help=True)
+app = typer.Typer(
+    help="Database schema, retention, the server's settings and optimize.", no_args_is_help=True
+)
 
 
 @app.command("upgrade")
@@ -125,3 +131,90 @@ def _progress(label: str, total: int) -> Iterator[Callable[[int], None]]:
     with Progress(console=console, transient=True) as progress:
         task = progress.add_task(label, total=total)
         yield lambda n: progress.advance(task, n)
+
+
+@app.command("settings")
+def db_settings(
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+) -> None:
+    """The server's running settings beside the values recommended for this machine, and where
+    each running value came from (sized, override, server default, ...). The embedded server
+    runs the recommended ones (sized before every start, RAGSERVICE_EMBEDDED_PG_SETTINGS over
+    them); an external server (RAGSERVICE_DATABASE_URL) is only read, never changed."""
+    from ragservice.db import server_settings, sizing
+    from ragservice.db.embedded import pgdata_dir, postgres_bin_dir
+
+    settings = get_settings()
+    embedded = settings.database_url is None
+    with exit_on_error():
+        overrides = sizing.parse_overrides(settings.embedded_pg_settings)
+        with _owner_connection(settings) as conn:
+            if embedded:
+                pgdata: Path | None = pgdata_dir(settings.data_dir)
+                machine = sizing.probe_machine(pgdata, postgres_bin_dir())
+            else:
+                pgdata, machine = None, sizing.probe_machine()
+                compressions = server_settings.server_wal_compressions(conn)
+                machine = dataclasses.replace(machine, wal_compression=compressions)
+            planned = {p.name: p for p in sizing.plan(machine, overrides)}
+            running = server_settings.running_settings(conn, planned, pgdata)
+    rows = [
+        {
+            "name": r.name,
+            "running": r.value,
+            "source": r.source,
+            "pending_restart": r.pending_restart,
+            "recommended": planned[r.name].value,
+            "recommended_from": planned[r.name].origin,
+        }
+        for r in running
+    ]
+    if as_json:
+        document = {"embedded": embedded, "machine": machine.describe(), "settings": rows}
+        typer.echo(json.dumps(document, indent=2))
+        return
+    _print_settings(rows)
+    console.print(f"recommended for this machine: {machine.describe()}")
+    if not embedded:
+        console.print(
+            "an external server: nothing was changed. Its machine may differ from this one; "
+            "set these in its postgresql.conf (or ALTER SYSTEM) as fits that machine"
+        )
+
+
+def _print_settings(rows: list[dict[str, Any]]) -> None:
+    typer.echo(f"{'setting':<34}{'running':<26}{'recommended':<22}running value from")
+    for row in rows:
+        running = row["running"] + (" (restart pending)" if row["pending_restart"] else "")
+        recommended = row["recommended"]
+        if row["recommended_from"] == "override":
+            recommended += " (override)"
+        typer.echo(f"{row['name']:<34}{running:<26}{recommended:<22}{row['source']}")
+
+
+@contextmanager
+def _owner_connection(settings: Settings) -> Iterator[psycopg.Connection[Any]]:
+    """A plain connection as the owner's login (the embedded server's administrator), for
+    reading the server's settings; the embedded server is started (or joined) for it."""
+    from sqlalchemy.engine import make_url
+
+    from ragservice.db.engine import resolve_database_url, resolve_owner_url
+
+    url = resolve_owner_url(settings, resolve_database_url(settings))
+    libpq = make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+    try:
+        conn = psycopg.connect(libpq, autocommit=True)
+    except psycopg.OperationalError as exc:
+        raise fail(f"cannot connect to PostgreSQL: {exc}") from exc
+    with conn:
+        yield conn
+
+
+@app.command("optimize")
+def db_optimize() -> None:
+    """Pack the BM25 postings (VACUUM FULL) and vacuum and analyze the other big tables, as
+    the database owner, with a line per step (bytes before and after). Searches wait while
+    the postings are packed: run it after a large load (`ingest --index deferred` runs it by
+    itself) or out of hours."""
+    with database() as db, exit_on_error(), db.owner_engine() as engine:
+        run_optimize_steps(engine)

@@ -32,7 +32,7 @@ from ragservice import store
 from ragservice.bootstrap import Runtime, open_runtime
 from ragservice.config import DEFAULT_TENANT_NAME, get_settings
 from ragservice.db import tenancy
-from ragservice.errors import NotFoundError, RagServiceError
+from ragservice.errors import NotFoundError, PermissionDeniedError, RagServiceError
 from ragservice.observability.logs import configure_logging
 
 if TYPE_CHECKING:
@@ -360,7 +360,9 @@ def with_index_upkeep(
 ) -> IngestReport:
     """Run the load, with the model's HNSW index kept up to date row by row, or dropped
     before it and built once after it (`mode`, see `--index`). The build runs whether the load
-    ends well or not, so the model is never left without its index."""
+    ends well or not, so the model is never left without its index. After a load with
+    `deferred` asked for (a large load), `ragservice db optimize` runs when the owner's login
+    is at hand."""
     from ragservice.embedding import indexing
 
     with runtime.db.read() as session:
@@ -375,13 +377,36 @@ def with_index_upkeep(
     console.print(f"HNSW index of {label}: dropped for the load, built after it")
     indexing.drop_embedding_index(runtime.db, model)
     try:
-        return load()
+        report = load()
     finally:
         build = _build_index(runtime, model, label)
         console.print(
             f"built the {build.storage} HNSW index of {label} over {build.rows} rows in "
             f"{build.seconds:.1f} s"
         )
+    if mode == "deferred":
+        _optimize_after_load(runtime)
+    return report
+
+
+def _optimize_after_load(runtime: Runtime) -> None:
+    """`ragservice db optimize` after a large load, as the owner; a note when this login is
+    not the owner. (Not after `auto`: packing the postings makes every search wait.)"""
+    from ragservice.cli.common import run_optimize_steps
+    from ragservice.db import maintenance
+
+    with runtime.db.owner_engine() as engine:
+        try:
+            with engine.connect() as conn:
+                role = maintenance.check_owner(conn)
+        except PermissionDeniedError:
+            console.print(
+                "db optimize skipped: this login does not own the tables (run `ragservice db "
+                "optimize` as the database owner)"
+            )
+            return
+        console.print(f"a large load: `ragservice db optimize` as {role}")
+        run_optimize_steps(engine)
 
 
 def _build_index(runtime: Runtime, model: EmbeddingModel, label: str) -> IndexBuild:

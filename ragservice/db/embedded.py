@@ -7,6 +7,10 @@ runs that handler: its entry stays, and so would the server for good. So before 
 entries of processes that are gone are dropped, and a `postmaster.pid` naming a process that is
 not PostgreSQL (the number was reused after the server was killed) is set aside, so that the
 next start joins a live server or starts one, and the last holder out stops it again.
+
+Before each start (and each join) the server's settings are sized for this machine
+(`db.sizing`, with `RAGSERVICE_EMBEDDED_PG_SETTINGS` on top) and written into the data
+directory (`db.server_settings`): a server starts with them, a joined one reloads them.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import os
 import pwd
 import signal
 import warnings
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +32,9 @@ import psutil
 import psycopg
 from psycopg import sql
 
-from ragservice.errors import DatabaseUnavailableError
+from ragservice.config import get_settings
+from ragservice.db import server_settings, sizing
+from ragservice.errors import ConfigurationError, DatabaseUnavailableError
 
 log = logging.getLogger(__name__)
 
@@ -44,27 +51,44 @@ def pgdata_dir(data_dir: Path) -> Path:
     return data_dir.resolve() / "pgdata"
 
 
-def embedded_database_url(data_dir: Path) -> str:
-    """Start (or join) the embedded server in `data_dir` and return a SQLAlchemy URL to it."""
-    server = acquire_embedded_server(data_dir)
+def embedded_database_url(data_dir: Path, overrides: Mapping[str, str] | None = None) -> str:
+    """Start (or join) the embedded server in `data_dir` and return a SQLAlchemy URL to it.
+    `overrides`: see `acquire_embedded_server`."""
+    server = acquire_embedded_server(data_dir, overrides)
     _ensure_database(server.get_uri(), DATABASE_NAME)
     log.info("embedded PostgreSQL ready in %s", data_dir)
     return str(server.get_uri(database=DATABASE_NAME, driver="psycopg"))
 
 
-def acquire_embedded_server(data_dir: Path) -> Any:
+def acquire_embedded_server(data_dir: Path, overrides: Mapping[str, str] | None = None) -> Any:
     """Start (or join) the embedded server in `data_dir`; this process holds it until it exits.
+    Its settings are sized for this machine first, with `overrides` on top (None: those of
+    RAGSERVICE_EMBEDDED_PG_SETTINGS); a process already holding it returns its handle.
 
     Returns the wheel's `PostgresServer` (`get_uri()`, `bin_path`)."""
     data_dir.mkdir(parents=True, exist_ok=True)
     pgdata = pgdata_dir(data_dir)
+    held = pgserver().PostgresServer._instances.get(pgdata)
+    if held is not None:
+        return held
+    if overrides is None:
+        overrides = sizing.parse_overrides(get_settings().embedded_pg_settings)
     try:
         recover_abandoned_state(pgdata)
-        server = pgserver().get_server(pgdata)
+        server = pgserver().get_server(pgdata, start=False)
+        with server_lock():
+            server.ensure_pgdata_inited()
+            joining = running_postmaster(pgdata) is not None
+            changed = apply_sized_settings(pgdata, overrides)
+        server.start()
+    except ConfigurationError:
+        raise
     except Exception as exc:
         raise DatabaseUnavailableError(
-            f"could not start embedded PostgreSQL in {data_dir}"
+            f"could not start embedded PostgreSQL in {data_dir} (its log: {pgdata / 'log'})"
         ) from exc
+    if joining and changed:
+        _reload_settings(server)
     # Registered after the wheel's release, so it runs first: a second SIGTERM or SIGHUP
     # (a supervisor repeating itself) must not cut that release short.
     atexit.unregister(_ignore_termination_signals)
@@ -72,6 +96,33 @@ def acquire_embedded_server(data_dir: Path) -> Any:
     atexit.unregister(adopt_current_postmaster)
     atexit.register(adopt_current_postmaster)
     return server
+
+
+def apply_sized_settings(pgdata: Path, overrides: Mapping[str, str]) -> bool:
+    """Write the settings sized for this machine (and `overrides`) into `pgdata`, an
+    initialized data directory; True when they changed."""
+    machine = sizing.probe_machine(pgdata, postgres_bin_dir())
+    planned = sizing.plan(machine, overrides)
+    changed = server_settings.write_planned(pgdata, planned)
+    if changed:
+        values = ", ".join(f"{p.name}={p.value}" for p in planned)
+        log.info("embedded PostgreSQL sized for %s: %s", machine.describe(), values)
+    return changed
+
+
+def _reload_settings(server: Any) -> None:
+    """A running server (another process started it) reads its changed settings again."""
+    try:
+        with psycopg.connect(server.get_uri(), autocommit=True) as conn:
+            waiting = server_settings.reload_configuration(conn)
+    except psycopg.Error as exc:
+        log.warning("embedded PostgreSQL: reloading its settings failed: %s", exc)
+        return
+    if waiting:
+        log.warning(
+            "embedded PostgreSQL: the new %s apply at its next start (other processes hold it now)",
+            ", ".join(waiting),
+        )
 
 
 def release_embedded_server(data_dir: Path) -> None:

@@ -20,7 +20,6 @@ transaction, so not CONCURRENTLY): reads go on, writes to chunk_embeddings wait 
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -29,7 +28,7 @@ from pathlib import Path
 
 from ragservice import store
 from ragservice.config import Settings, get_settings
-from ragservice.db import Database, tenancy
+from ragservice.db import Database, sizing, tenancy
 from ragservice.db.models import EmbeddingModel
 from ragservice.errors import ConflictError
 from ragservice.store.indexes import BuildProgress
@@ -40,8 +39,6 @@ Progress = Callable[[BuildProgress], None]
 """Called from another thread with each new look at the build, and once at the end with
 phase `done`."""
 
-_MAX_AUTO_MB = 16 * 1024
-_MIN_MB = 64
 _POLL_SECONDS = 0.5
 
 
@@ -59,37 +56,18 @@ class IndexBuild:
 
 
 def build_memory_mb(settings: Settings) -> int:
-    """maintenance_work_mem for a build, in MB (see the module's docstring)."""
+    """maintenance_work_mem for a build, in MB (see the module's docstring and
+    `db.sizing.index_build_memory_mb`)."""
     if settings.index_build_memory_mb > 0:
         return settings.index_build_memory_mb
-    quarter = _available_mb() // 4
-    shm = _free_mb(Path("/dev/shm"))
-    limit = min(_MAX_AUTO_MB, shm // 2) if shm is not None else _MAX_AUTO_MB
-    return max(_MIN_MB, min(quarter, limit))
+    shm_free = sizing.filesystem_mb(Path("/dev/shm"), free=True)
+    return sizing.index_build_memory_mb(sizing.available_memory_mb(), shm_free)
 
 
 def build_workers(settings: Settings) -> int:
     if settings.index_build_workers is not None:
         return settings.index_build_workers
-    return max((os.cpu_count() or 1) - 1, 0)
-
-
-def _available_mb() -> int:
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) // 1024
-    except OSError:
-        pass
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // (1024 * 1024)
-
-
-def _free_mb(path: Path) -> int | None:
-    try:
-        stats = os.statvfs(path)
-    except OSError:
-        return None
-    return stats.f_bavail * stats.f_frsize // (1024 * 1024)
+    return max(sizing.cpu_count() - 1, 0)
 
 
 def drop_embedding_index(db: Database, model: EmbeddingModel) -> None:

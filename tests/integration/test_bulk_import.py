@@ -12,6 +12,7 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 from sqlalchemy import text
 
 from ingest.loaders import ParquetColumns, load_documents
@@ -271,7 +272,7 @@ def test_imported_chunks_are_checked_for_injection(runtime: Runtime, tmp_path: P
 
 
 def test_a_deferred_index_is_dropped_for_the_load_and_built_after_it(
-    runtime: Runtime, tmp_path: Path
+    runtime: Runtime, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from ragservice.cli.ingest import with_index_upkeep
 
@@ -290,6 +291,10 @@ def test_a_deferred_index_is_dropped_for_the_load_and_built_after_it(
     report = with_index_upkeep(runtime, runtime.model_id, "deferred", load)
     assert report.ok and seen == [False]  # no index while the rows went in
     assert has_index()  # built again after the load
+    # A large load asked for: `db optimize` ran after it, as the owner (the fixture's).
+    said = capsys.readouterr().err
+    assert "`ragservice db optimize` as" in said and "chunk_postings:" in said
     seen.clear()
     with_index_upkeep(runtime, runtime.model_id, "auto", load)  # the serving model, with rows
     assert seen == [True]
+    assert "optimize" not in capsys.readouterr().err
