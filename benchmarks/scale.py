@@ -286,9 +286,11 @@ def _real_chunks(runtime: Runtime, collection: uuid.UUID, model_id: int) -> _Rea
         rows = (
             driver_connection(session)
             .execute(
-                "SELECT c.text, e.embedding::vector, c.document_id FROM chunks c "
+                "SELECT c.text, coalesce(e.embedding, e.embedding_half::vector), c.document_id "
+                "FROM chunks c JOIN documents d ON d.id = c.document_id "
                 "JOIN chunk_embeddings e ON e.chunk_id = c.id AND e.model_id = %s "
-                "WHERE c.collection_id = %s ORDER BY c.document_id, c.ordinal",
+                "WHERE c.collection_id = %s AND d.external_id NOT LIKE 'synthetic-%%' "
+                "ORDER BY c.document_id, c.ordinal",
                 (model_id, collection),
             )
             .fetchall()
