@@ -7,20 +7,26 @@
 2. Distractors, N minus SciFact's chunks: text that is synthetic but shaped like SciFact's
    (words drawn from a Zipf law over SciFact's own vocabulary, ranked by frequency, extended with
    made-up words for a long tail; sentence and chunk lengths drawn from SciFact's), vectors
-   derived from the real chunk embeddings (a random real vector plus Gaussian noise of norm
-   `--noise`, normalised). Written as Parquet files (cached in DIR/parts between runs).
+   drawn from a model of the real chunk embeddings (`scale_support.DistractorModel`: k-means
+   clusters, Gaussian residuals with the real covariance, the noise scale calibrated so that a
+   real chunk's 10 nearest distractors are as close as its 10 nearest real chunks; the check
+   is printed: `distractor_neighbour_cosine` beside `scifact_neighbour_cosine`). Written as
+   Parquet files (cached in DIR/parts-* between runs).
 3. The bulk import (`ragservice ingest DIR/parts --model ... --index deferred`): chunks per
-   second, BM25 postings included, then the HNSW build, timed on its own.
+   second, BM25 postings included, and WAL bytes per chunk, then the HNSW build, timed on its
+   own.
 4. Bytes per chunk (whole database; chunks, embeddings, HNSW, postings), PostgreSQL's resident
    memory (proportional set size of its processes, so shared buffers count once).
 5. Over HTTP (a `ragservice serve` on the same store): p50 / p95 per mode at 1 and 4 clients,
    query embedding included; SciFact nDCG@10 per mode with the distractors present.
 6. In SQL (the service's own `Searcher`, query vectors computed up front): full-text p95 for the
-   SciFact test queries and for queries made of the most frequent terms; per storage option
+   SciFact test queries and for queries made of the most frequent terms, and whether each of
+   their top 10 equals exhaustive BM25 (`fulltext_exact`, every posting read in numpy); per
+   storage option
    (float32; binary, the same rows with a bit index; then halfvec, the rows rewritten; each
    converted with `ragservice models convert`, so the store ends as halfvec): bytes
    per chunk, HNSW build time, dense recall@10 against exact search over the same float32
-   vectors (numpy), dense p95.
+   vectors (numpy), dense p95, and both at ef_search 40, 100 and 200 (`recall_vs_ef`).
 
 Prints progress on stderr, a table, and a final JSON line with the keys the scaling docs use.
 `--keep` leaves the store (for `benchmarks/soak.py`); by default it is kept too, since building
@@ -56,6 +62,18 @@ import numpy.typing as npt  # noqa: E402
 import psutil  # noqa: E402
 import psycopg  # noqa: E402
 from harness import connect, free_port, percentile, wait_ready  # noqa: E402
+from scale_support import (  # noqa: E402
+    DistractorModel,
+    Postings,
+    bm25_scores,
+    calibrate,
+    distribution,
+    merge_top,
+    real_neighbour_cosines,
+    same_top,
+    top_cosines,
+    unit,
+)
 
 from ragservice import store  # noqa: E402
 from ragservice.bootstrap import Runtime, open_runtime  # noqa: E402
@@ -77,6 +95,9 @@ from ragservice.retrieval.search import Mode, Searcher, SearchOptions  # noqa: E
 Vector = npt.NDArray[np.float32]
 MODES = ("dense", "fulltext", "hybrid")
 STORAGES = ("float32", "binary", "halfvec")
+EF_SEARCH = (40, 100, 200)
+# The neighbour-cosine medians of distractors and of the real corpus may differ by this much.
+NEIGHBOUR_TOLERANCE = 0.05
 _PART_CHUNKS = 50_000
 _WORD = re.compile(r"[A-Za-z][A-Za-z\-]{1,20}")
 
@@ -113,7 +134,9 @@ def _parse_args() -> argparse.Namespace:
     parser.add_argument("--split", default="test")
     parser.add_argument("--data-dir", type=Path, default=Path(".ragservice-scale"))
     parser.add_argument("--collection", default="scale")
-    parser.add_argument("--noise", type=float, default=1.0, help="norm of a distractor's noise")
+    parser.add_argument(
+        "--check-sample", type=int, default=500, help="real chunks the neighbour check measures"
+    )
     parser.add_argument("--storages", type=lambda s: s.split(","), default=list(STORAGES))
     parser.add_argument("--frequent-queries", type=int, default=50)
     parser.add_argument("--depth", type=int, default=100, help="chunks fetched for nDCG")
@@ -161,11 +184,13 @@ def _build(args: argparse.Namespace, runtime: Runtime, report: dict[str, Any]) -
         return
     real = _real_chunks(runtime, collection, model.id)
     parts = _write_parts(args, real, args.chunks - present)
+    distractors = _neighbour_check(args, real.vectors, parts)
     _log(f"bulk import of {args.chunks - present} chunks from {parts}")
     if getattr(model, "storage", "float32") != "float32":
         _cli(args, "models", "convert", report["model"], "--storage", "float32", "--force")
         model = _model(runtime)
     indexing.drop_embedding_index(runtime.db, model)  # built once after the load, below
+    wal_before = _wal_lsn(runtime)
     import_s = _cli(
         args,
         "ingest",
@@ -177,6 +202,7 @@ def _build(args: argparse.Namespace, runtime: Runtime, report: dict[str, Any]) -
         "--index",
         "kept",
     )
+    wal_bytes = _wal_lsn(runtime) - wal_before
     _log("HNSW build")
     build_s = _cli(args, "models", "reindex", report["model"])
     report["chunks"] = _chunk_count(runtime, collection)
@@ -186,10 +212,24 @@ def _build(args: argparse.Namespace, runtime: Runtime, report: dict[str, Any]) -
         "chunks": loaded,
         "import_s": round(import_s, 1),
         "load_chunks_per_s": round(loaded / import_s, 1),
+        "load_seconds_excluding_index": round(import_s, 1),
+        "wal_bytes_per_chunk": round(wal_bytes / max(loaded, 1)),
         "hnsw_build_s": round(build_s, 1),
         **vacuum,
+        "distractors": distractors,
     }
     (args.data_dir / "load.json").write_text(json.dumps(report["load"]))
+
+
+def _wal_lsn(runtime: Runtime) -> int:
+    """The server's WAL insert position, in bytes since the start of the WAL."""
+    with runtime.db.read() as session:
+        row = (
+            driver_connection(session)
+            .execute("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint")
+            .fetchone()
+        )
+    return int(row[0]) if row else 0
 
 
 def _vacuum_postings(args: argparse.Namespace, runtime: Runtime) -> dict[str, Any]:
@@ -246,9 +286,11 @@ def _real_chunks(runtime: Runtime, collection: uuid.UUID, model_id: int) -> _Rea
         rows = (
             driver_connection(session)
             .execute(
-                "SELECT c.text, e.embedding::vector, c.document_id FROM chunks c "
+                "SELECT c.text, coalesce(e.embedding, e.embedding_half::vector), c.document_id "
+                "FROM chunks c JOIN documents d ON d.id = c.document_id "
                 "JOIN chunk_embeddings e ON e.chunk_id = c.id AND e.model_id = %s "
-                "WHERE c.collection_id = %s ORDER BY c.document_id, c.ordinal",
+                "WHERE c.collection_id = %s AND d.external_id NOT LIKE 'synthetic-%%' "
+                "ORDER BY c.document_id, c.ordinal",
                 (model_id, collection),
             )
             .fetchall()
@@ -263,24 +305,67 @@ def _write_parts(args: argparse.Namespace, real: _RealChunks, chunks: int) -> Pa
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    folder = args.data_dir / f"parts-{chunks}-{args.seed}"
+    folder = args.data_dir / f"parts-model-{chunks}-{args.seed}"
     done = folder / "complete"
     if done.exists():
         return folder
     folder.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(args.seed)
+    model = _distractor_model(args, real.vectors, chunks)
     words = _Words(real.vocabulary, rng)
     written, part = 0, 0
     _log(f"writing {chunks} synthetic chunks to {folder}")
     while written < chunks:
         size = min(_PART_CHUNKS, chunks - written)
-        table = pa.table(_part(rng, words, real, f"{chunks}-{part:04d}", size, args.noise))
+        table = pa.table(_part(rng, words, real, f"{chunks}-{part:04d}", size, model))
         pq.write_table(table, folder / f"part-{part:04d}.parquet")
         written += size
         part += 1
         _log(f"  {written}/{chunks}")
     done.touch()
     return folder
+
+
+def _distractor_model(args: argparse.Namespace, real: Vector, count: int) -> DistractorModel:
+    """The distractor model fitted to the real vectors, its scale calibrated for `count`
+    distractors against the real corpus's own neighbour-cosine median."""
+    rng = np.random.default_rng(args.seed + 1)
+    _log(f"fitting the distractor model to {len(real)} real vectors")
+    model = DistractorModel.fit(real, rng)
+    sample = rng.choice(len(real), min(200, len(real)), replace=False)
+    target = float(np.median(real_neighbour_cosines(real, sample)))
+    model.scale = calibrate(model, unit(real[sample]), target, count, rng)
+    _log(f"  {len(model.centres)} clusters; scale {model.scale:.3f} for a median of {target:.4f}")
+    return model
+
+
+def _neighbour_check(args: argparse.Namespace, real: Vector, parts: Path) -> dict[str, Any]:
+    """For a sample of real chunks, the cosines to their 10 nearest distractors (read back
+    from the Parquet parts) and to their 10 nearest other real chunks: the two distributions
+    and whether their medians are within `NEIGHBOUR_TOLERANCE`."""
+    import pyarrow.parquet as pq
+
+    rng = np.random.default_rng(args.seed + 2)
+    sample = rng.choice(len(real), min(args.check_sample, len(real)), replace=False)
+    queries = unit(real[sample])
+    best = None
+    for path in sorted(parts.glob("part-*.parquet")):
+        column = pq.read_table(path, columns=["embedding"]).column("embedding").combine_chunks()
+        flat = column.values.to_numpy(zero_copy_only=False).astype(np.float32)
+        best = merge_top(best, top_cosines(queries, unit(flat.reshape(len(column), -1))))
+    assert best is not None
+    distractor = distribution(best)
+    scifact = distribution(real_neighbour_cosines(real, sample))
+    close = abs(distractor["median"] - scifact["median"]) <= NEIGHBOUR_TOLERANCE
+    _log(f"neighbour cosine: distractors {distractor}, SciFact {scifact}, within: {close}")
+    if not close:
+        _log(f"WARNING: the medians differ by more than {NEIGHBOUR_TOLERANCE}")
+    return {
+        "distractor_neighbour_cosine": distractor,
+        "scifact_neighbour_cosine": scifact,
+        "neighbour_medians_within_0.05": close,
+        "sample": len(sample),
+    }
 
 
 class _Words:
@@ -298,7 +383,12 @@ class _Words:
 
 
 def _part(
-    rng: np.random.Generator, words: _Words, real: _RealChunks, part: str, size: int, noise: float
+    rng: np.random.Generator,
+    words: _Words,
+    real: _RealChunks,
+    part: str,
+    size: int,
+    model: DistractorModel,
 ) -> dict[str, Any]:
     lengths = rng.choice(real.chunk_words, size)
     drawn = words.draw(int(lengths.sum()))
@@ -307,10 +397,7 @@ def _part(
         texts.append(_sentences(rng, real, drawn[cursor : cursor + length]))
         cursor += length
     doc_ids, ordinals = _documents(rng, real, part, size)
-    base = real.vectors[rng.integers(0, len(real.vectors), size)]
-    jitter = rng.standard_normal(base.shape).astype(np.float32) * (noise / np.sqrt(base.shape[1]))
-    vectors = base + jitter
-    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    vectors = model.draw(rng, size)
     titles = [" ".join(words.draw(6)).capitalize() for _ in range(size)]
     return {
         "id": doc_ids,
@@ -516,6 +603,7 @@ def _sql(
     with _searcher(runtime, vectors) as searcher:
         scifact = _timed_searches(searcher, collection, texts, options)
         common = _timed_searches(searcher, collection, frequent, options)
+        exact = _fulltext_exact(runtime, searcher, collection, texts + frequent, options)
         budgets = {
             str(budget): _budget_figures(
                 searcher,
@@ -529,10 +617,71 @@ def _sql(
     return {
         "fulltext_scifact_ms": scifact,
         "fulltext_frequent_ms": common,
+        "fulltext_exact": exact["exact"],
+        "fulltext_exact_queries": exact,
         "postings_per_term": options.bm25_postings_per_term,
         "budgets": budgets,
         "frequent_queries_sample": frequent[:5],
     }
+
+
+def _fulltext_exact(
+    runtime: Runtime,
+    searcher: Searcher,
+    collection: uuid.UUID,
+    texts: list[str],
+    options: SearchOptions,
+) -> dict[str, Any]:
+    """Whether the service's full-text top 10 equals exhaustive BM25 on every query: every
+    posting of the query's lexemes read from `chunk_postings`, scored in numpy with the same
+    formula, N and avgdl (`collection_text_stats`), k1 and b; ties at the cut allowed."""
+    _log(f"full text against exhaustive BM25 ({len(texts)} queries)")
+    differ: list[str] = []
+    with runtime.db.read() as session:
+        conn = driver_connection(session)
+        chunks, tokens = conn.execute(
+            "SELECT chunk_count, token_count FROM collection_text_stats WHERE collection_id = %s",
+            (collection,),
+        ).fetchone()  # type: ignore[misc]
+    n, avgdl = float(chunks), float(tokens) / max(float(chunks), 1.0)
+    for text in texts:
+        hits = searcher.search(collection_ids=[collection], query=text, options=options).hits
+        with runtime.db.read() as session:
+            conn = driver_connection(session)
+            found = _seqs(conn, [hit.chunk_id for hit in hits])
+            postings = _all_postings(conn, collection, text)
+        seqs, scores = bm25_scores(postings, n, avgdl, options.bm25_k1, options.bm25_b)
+        if not same_top(found, seqs, scores, options.k):
+            differ.append(text)
+    return {"exact": not differ, "queries": len(texts), "differ": len(differ), "first": differ[:3]}
+
+
+def _seqs(conn: psycopg.Connection[Any], ids: list[uuid.UUID]) -> list[int]:
+    rows = conn.execute("SELECT id, seq FROM chunks WHERE id = ANY(%s)", (ids,)).fetchall()
+    seq_of = {row[0]: int(row[1]) for row in rows}
+    return [seq_of[i] for i in ids]
+
+
+def _all_postings(
+    conn: psycopg.Connection[Any], collection: uuid.UUID, text: str
+) -> list[Postings]:
+    """Every posting of the query's lexemes in the collection (blocks of migration 0014)."""
+    rows = conn.execute(
+        "SELECT p.lexeme, array_agg(u.seq), array_agg(u.tf), array_agg(u.len) "
+        "FROM chunk_postings p "
+        "CROSS JOIN LATERAL unnest(p.seqs, p.tfs, p.lengths) AS u(seq, tf, len) "
+        "WHERE p.collection_id = %s AND p.lexeme = ANY("
+        "tsvector_to_array(to_tsvector('english'::regconfig, %s))) GROUP BY p.lexeme",
+        (collection, text),
+    ).fetchall()
+    return [
+        Postings(
+            np.array(row[1], dtype=np.int64),
+            np.array(row[2], dtype=np.float64),
+            np.array(row[3], dtype=np.float64),
+        )
+        for row in rows
+    ]
 
 
 def _budget_figures(
@@ -608,6 +757,10 @@ def _storages(
                 _cli(args, "models", "convert", name, "--storage", storage, "--force"), 1
             )
         results[storage] = _storage_figures(runtime, collection, vectors, texts, exact, build_s)
+        results[storage]["recall_vs_ef"] = {
+            str(ef): _dense_figures(runtime, collection, vectors, texts, exact, ef)
+            for ef in EF_SEARCH
+        }
         _log(f"{storage}: {results[storage]}")
     return results
 
@@ -620,7 +773,32 @@ def _storage_figures(
     exact: list[set[uuid.UUID]],
     build_s: float | None,
 ) -> dict[str, Any]:
+    figures = _dense_figures(runtime, collection, vectors, texts, exact, None)
+    sizes = _embedding_bytes(runtime)
+    return {
+        "bytes_per_chunk": sizes["table"] + sizes["index"],
+        "table_bytes_per_chunk": sizes["table"],
+        "index_bytes_per_chunk": sizes["index"],
+        "recall@10": figures["recall@10"],
+        "ef_search": figures["ef_search"],
+        "dense_p50_sql_ms": figures["p50_ms"],
+        "dense_p95_sql_ms": figures["p95_ms"],
+        "convert_and_build_s": build_s,
+    }
+
+
+def _dense_figures(
+    runtime: Runtime,
+    collection: uuid.UUID,
+    vectors: dict[str, Vector],
+    texts: list[str],
+    exact: list[set[uuid.UUID]],
+    ef_search: int | None,
+) -> dict[str, Any]:
+    """Dense recall@10 against exact search and latency at one ef_search (None: the default
+    of the model's storage, from the settings)."""
     options = SearchOptions.from_settings(runtime.settings, mode=Mode.DENSE, k=10)
+    options = replace(options, ef_search=ef_search)
     recalls, timings = [], []
     with _searcher(runtime, vectors) as searcher:
         for text in texts[:10]:
@@ -630,15 +808,13 @@ def _storage_figures(
             hits = searcher.search(collection_ids=[collection], query=text, options=options).hits
             timings.append((time.perf_counter() - started) * 1000)
             recalls.append(len({h.chunk_id for h in hits} & truth) / 10)
-    sizes = _embedding_bytes(runtime)
+    summary = _summary(timings)
+    storage = getattr(_model(runtime), "storage", "float32")
     return {
-        "bytes_per_chunk": sizes["table"] + sizes["index"],
-        "table_bytes_per_chunk": sizes["table"],
-        "index_bytes_per_chunk": sizes["index"],
         "recall@10": round(mean(recalls), 4),
-        "dense_p50_sql_ms": _summary(timings)["p50"],
-        "dense_p95_sql_ms": _summary(timings)["p95"],
-        "convert_and_build_s": build_s,
+        "p50_ms": summary["p50"],
+        "p95_ms": summary["p95"],
+        "ef_search": options.ef_search_for(storage),
     }
 
 
@@ -732,14 +908,18 @@ def _print(report: dict[str, Any]) -> None:
     print(json.dumps(report, indent=1), file=sys.stderr)
     http = report["http"]["latency_ms"]
     storage = report["storage"]
+    distractors = report["load"].get("distractors", {})
     summary = {
         "chunks": report["sizes"]["chunks"],
         "load_chunks_per_s": report["load"]["load_chunks_per_s"],
+        "load_seconds_excluding_index": report["load"].get("load_seconds_excluding_index"),
+        "wal_bytes_per_chunk": report["load"].get("wal_bytes_per_chunk"),
         "hnsw_build_s": report["load"]["hnsw_build_s"],
         "db_bytes_per_chunk": report["sizes"]["db_bytes_per_chunk"],
         "hybrid_p95_http_ms": http["hybrid@1"]["p95"],
         "fulltext_p95_sql_ms": report["sql"]["fulltext_scifact_ms"]["p95"],
         "fulltext_frequent_p95_sql_ms": report["sql"]["fulltext_frequent_ms"]["p95"],
+        "fulltext_exact": report["sql"]["fulltext_exact"],
         "scifact_hybrid_ndcg@10": report["http"]["ndcg@10"]["hybrid"],
         "storage": {
             name: {
@@ -748,6 +928,17 @@ def _print(report: dict[str, Any]) -> None:
                 "dense_p95_sql_ms": figures["dense_p95_sql_ms"],
             }
             for name, figures in storage.items()
+        },
+        "recall_vs_ef": {
+            name: {
+                ef: {"recall@10": f["recall@10"], "p95_ms": f["p95_ms"]}
+                for ef, f in figures["recall_vs_ef"].items()
+            }
+            for name, figures in storage.items()
+        },
+        **{
+            key: distractors.get(key)
+            for key in ("distractor_neighbour_cosine", "scifact_neighbour_cosine")
         },
         "postgres_pss_mb": report["postgres_pss_mb"],
         "seconds": report["seconds"],

@@ -222,12 +222,13 @@ def _skipped(row: Row) -> Figures:
 
 
 def _describe(options: SearchOptions) -> str:
+    ef = options.ef_search or "default"
     parts = {
-        Mode.DENSE: f"ef {options.ef_search}",
+        Mode.DENSE: f"ef {ef}",
         Mode.FULLTEXT: f"k1 {options.bm25_k1} b {options.bm25_b}",
         Mode.HYBRID: (
             f"rrf {options.rrf_k} cand {options.dense_candidates}/{options.text_candidates} "
-            f"ef {options.ef_search} k1 {options.bm25_k1} b {options.bm25_b}"
+            f"ef {ef} k1 {options.bm25_k1} b {options.bm25_b}"
         ),
     }
     return parts[options.mode]

@@ -14,6 +14,11 @@ DEFAULT_EMBEDDING_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 DEFAULT_TENANT_ID = "00000000-0000-0000-0000-000000000001"
 DEFAULT_TENANT_NAME = "default"
 """The name of tenant `DEFAULT_TENANT_ID` (migration 0001): the CLI's tenant unless told."""
+DEFAULT_EF_SEARCH = {"float32": 100, "halfvec": 100, "binary": 40}
+"""HNSW ef_search per vector storage when no setting names one (docs/benchmarks.md: the
+recall@10 / latency curve of `benchmarks/scale.py`'s `recall_vs_ef`). float32 and halfvec: 100
+(recall 0.96 at 40, 0.98 at 100, 0.99 at 200 for +50% p95); binary: 40, since its recall is set
+by the re-scored candidates (`binary_rescore_factor`), which ef_search is raised to anyway."""
 
 
 class Settings(BaseSettings):
@@ -93,8 +98,33 @@ class Settings(BaseSettings):
     )
     hnsw_m: int = Field(default=16, ge=2, le=100)
     hnsw_ef_construction: int = Field(default=64, ge=4, le=1000)
-    hnsw_ef_search: int = Field(
-        default=100, ge=1, le=1000, description="HNSW candidate list per query (raised to k)"
+    hnsw_ef_search: int | None = Field(
+        default=None,
+        ge=1,
+        le=1000,
+        description="HNSW candidate list per query (raised to k) for every storage; unset: "
+        "each storage's own (`hnsw_ef_search_<storage>`, else its built-in default)",
+    )
+    hnsw_ef_search_float32: int | None = Field(
+        default=None,
+        ge=1,
+        le=1000,
+        description="ef_search of a float32 model; wins over "
+        "`hnsw_ef_search`; unset: that, else 100",
+    )
+    hnsw_ef_search_halfvec: int | None = Field(
+        default=None,
+        ge=1,
+        le=1000,
+        description="ef_search of a halfvec model; wins over "
+        "`hnsw_ef_search`; unset: that, else 100",
+    )
+    hnsw_ef_search_binary: int | None = Field(
+        default=None,
+        ge=1,
+        le=1000,
+        description="ef_search of a binary model's bit index; "
+        "wins over `hnsw_ef_search`; unset: that, else 40",
     )
     vector_storage: Literal["float32", "halfvec", "binary"] = Field(
         default="float32",
@@ -421,6 +451,14 @@ class Settings(BaseSettings):
     def _replicas_parse(self) -> Settings:
         self.replica_urls()
         return self
+
+    def ef_search_by_storage(self) -> dict[str, int]:
+        """The HNSW ef_search of each vector storage: `hnsw_ef_search_<storage>`, else
+        `hnsw_ef_search` (one value for all, as before), else `DEFAULT_EF_SEARCH`."""
+        return {
+            storage: getattr(self, f"hnsw_ef_search_{storage}") or self.hnsw_ef_search or default
+            for storage, default in DEFAULT_EF_SEARCH.items()
+        }
 
     def link_hosts(self) -> frozenset[str]:
         """`RAGSERVICE_ANSWER_LINK_HOSTS` as lower-case host names."""

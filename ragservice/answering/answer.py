@@ -220,16 +220,16 @@ class AnswerPipeline:
         assert self._cache is not None
         with tracing.span("cache_lookup"):
             return self._cache.lookup(
-                self._scope(question, model.id),
+                self._scope(question, model),
                 question.text,
                 lambda: _embed_traced(model, question.text),
                 model_id=model.id,
                 dimension=model.dimension,
             )
 
-    def _scope(self, question: Question, model_id: int) -> str:
+    def _scope(self, question: Question, model: QueryModel) -> str:
         """The cache scope; it holds the embedding model, so entries of another model never
-        match after a switch."""
+        match after a switch, and the ef_search its storage searches with."""
         max_tokens, temperature = self._sampling(question)
         settings = self._settings
         return scope_fingerprint(
@@ -240,7 +240,7 @@ class AnswerPipeline:
                 "mode": str(question.options.mode),
                 "k": question.options.k,
                 "retrieval": [
-                    settings.hnsw_ef_search,
+                    question.options.ef_search_for(model.storage),
                     settings.search_rrf_k,
                     settings.search_dense_candidates,
                     settings.search_text_candidates,
@@ -254,7 +254,7 @@ class AnswerPipeline:
                     settings.search_prf_terms,
                     settings.search_prf_query_weight,
                 ],
-                "embedding_model": model_id,
+                "embedding_model": model.id,
                 "rerank": self._reranker.name
                 if self._reranks(question) and self._reranker
                 else None,
@@ -294,7 +294,7 @@ class AnswerPipeline:
         self._cache.put(
             session,
             tenant_id=question.tenant_id,
-            scope=self._scope(question, prepared.model.id),
+            scope=self._scope(question, prepared.model),
             collection_ids=question.collection_ids,
             prompt=question.text,
             vector=prepared.vector,

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from ragservice.config import Settings
+from ragservice.config import DEFAULT_EF_SEARCH, Settings
 from ragservice.errors import InvalidInputError
 from ragservice.retrieval.filters import CompiledFilter
 from ragservice.retrieval.fusion import Fusion, FusionSpec
@@ -49,7 +49,9 @@ class SearchOptions:
     mode: Mode = Mode.HYBRID
     k: int = 10
     filters: CompiledFilter | None = None
-    ef_search: int = 100
+    # HNSW ef_search: given for this search, or (None) the default of the model's storage.
+    ef_search: int | None = None
+    ef_search_defaults: tuple[tuple[str, int], ...] = tuple(DEFAULT_EF_SEARCH.items())
     rrf_k: int = 30
     dense_candidates: int = 100
     text_candidates: int = 100
@@ -77,9 +79,10 @@ class SearchOptions:
     def __post_init__(self) -> None:
         # Accept the plain strings an API layer may pass; compare as the enum from here on.
         object.__setattr__(self, "mode", _mode(self.mode))
+        if self.ef_search is not None and self.ef_search < 1:
+            raise InvalidInputError("ef_search must be at least 1")
         for name in (
             "k",
-            "ef_search",
             "rrf_k",
             "dense_candidates",
             "text_candidates",
@@ -114,7 +117,7 @@ class SearchOptions:
             mode=mode,
             k=k,
             filters=filters,
-            ef_search=settings.hnsw_ef_search,
+            ef_search_defaults=tuple(settings.ef_search_by_storage().items()),
             rrf_k=settings.search_rrf_k,
             dense_candidates=settings.search_dense_candidates,
             text_candidates=settings.search_text_candidates,
@@ -143,6 +146,13 @@ class SearchOptions:
         """Rows the dense side returns: k alone, or the candidate list (hybrid, documents)."""
         alone = self.mode is Mode.DENSE and not self.group_documents
         return self.k if alone else max(self.dense_candidates, self.k)
+
+    def ef_search_for(self, storage: str) -> int:
+        """The ef_search a search over a model of this storage runs with (before it is raised
+        to the rows read from the index): the one given, else the storage's default."""
+        if self.ef_search is not None:
+            return self.ef_search
+        return dict(self.ef_search_defaults).get(storage, DEFAULT_EF_SEARCH["float32"])
 
     def index_limit(self, storage: str) -> int:
         """Rows the dense side reads from the HNSW index: binary storage reads

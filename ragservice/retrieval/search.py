@@ -369,7 +369,7 @@ class Searcher:
         # The HNSW candidate list must hold at least the rows asked for: pgvector's default of
         # 40 silently caps LIMIT 100 at 40 rows.
         wanted = options.index_limit(model.storage)
-        ef_search = min(max(options.ef_search, wanted), MAX_EF_SEARCH)
+        ef_search = min(max(options.ef_search_for(model.storage), wanted), MAX_EF_SEARCH)
         params = self._params(collections, options, vector=vector)
         return _Statement(query, params, ef_search)
 

@@ -535,6 +535,37 @@ def test_selective_filter_still_returns_k(corpus: Corpus) -> None:
     assert sum(h.document_metadata["group"] == 0 for h in unfiltered.hits) < 10
 
 
+@pytest.mark.parametrize(("storage", "expected"), [("float32", 50), ("binary", 120)])
+def test_a_search_runs_with_its_models_storage_ef_search(
+    corpus: Corpus, monkeypatch: pytest.MonkeyPatch, storage: str, expected: int
+) -> None:
+    """No ef_search given: the dense statement runs with the default of the model's storage
+    (binary reads its bit index; without it, the same rows in order, only slower)."""
+    from ragservice.retrieval.search import FixedModel
+
+    used: list[int | None] = []
+    run = Searcher._run
+
+    def spy(self: Searcher, statement: Any, then: Any = None) -> Any:
+        used.append(statement.ef_search)
+        return run(self, statement, then)
+
+    monkeypatch.setattr(Searcher, "_run", spy)
+    model = FixedModel(
+        id=corpus.bulk_model,
+        dimension=BULK_DIMENSION,
+        embed=lambda _query: corpus.bulk_vectors[7],
+        storage=storage,
+    )
+    options = SearchOptions(
+        mode=Mode.DENSE, k=10, ef_search_defaults=(("float32", 50), ("binary", 120))
+    )
+    with Searcher(corpus.runtime.db, models=lambda: model) as searcher:
+        hits = searcher.search(collection_ids=[corpus.bulk], query="", options=options).hits
+    assert used == [expected]
+    assert hits[0].external_id == "bulk-7"
+
+
 # -- filters ---------------------------------------------------------------------------------
 
 PUBMED = {"aspirin", "statins", "exercise", "coffee", "antibiotics"}

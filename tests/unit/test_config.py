@@ -68,3 +68,47 @@ def test_chunk_size_defaults_to_and_never_exceeds_the_model() -> None:
         chunking_options(Settings(chunk_max_tokens=512), 254)
     with pytest.raises(ConfigurationError, match="overlap"):
         chunking_options(Settings(chunk_overlap_tokens=200), 254)
+
+
+def _ef_settings(monkeypatch: pytest.MonkeyPatch, **env: str) -> Settings:
+    for storage in ("", "_FLOAT32", "_HALFVEC", "_BINARY"):
+        monkeypatch.delenv(f"RAGSERVICE_HNSW_EF_SEARCH{storage}", raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(f"RAGSERVICE_{name}", value)
+    return Settings()
+
+
+def test_each_storage_searches_with_its_own_ef_search_by_default(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from ragservice.config import DEFAULT_EF_SEARCH
+    from ragservice.retrieval.options import SearchOptions
+
+    options = SearchOptions.from_settings(_ef_settings(monkeypatch))
+    assert {s: options.ef_search_for(s) for s in DEFAULT_EF_SEARCH} == DEFAULT_EF_SEARCH
+
+
+def test_one_ef_search_still_sets_every_storage_and_a_storage_setting_wins(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from ragservice.retrieval.options import SearchOptions
+
+    settings = _ef_settings(monkeypatch, HNSW_EF_SEARCH="300", HNSW_EF_SEARCH_HALFVEC="60")
+    assert settings.ef_search_by_storage() == {"float32": 300, "halfvec": 60, "binary": 300}
+    options = SearchOptions.from_settings(settings)
+    assert (options.ef_search_for("float32"), options.ef_search_for("halfvec")) == (300, 60)
+
+
+def test_an_ef_search_given_for_a_search_wins_over_every_default(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from dataclasses import replace
+
+    from ragservice.errors import InvalidInputError
+    from ragservice.retrieval.options import SearchOptions
+
+    options = SearchOptions.from_settings(_ef_settings(monkeypatch, HNSW_EF_SEARCH_BINARY="70"))
+    given = replace(options, ef_search=25)
+    assert [given.ef_search_for(s) for s in ("float32", "halfvec", "binary")] == [25, 25, 25]
+    with pytest.raises(InvalidInputError):
+        replace(options, ef_search=0)
