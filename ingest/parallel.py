@@ -34,7 +34,7 @@ from typing import Any
 
 from pydantic import SecretStr
 
-from ingest.pipeline import IngestReport, ProgressCallback
+from ingest.pipeline import IngestReport, ProgressCallback, pack_postings
 from ingest.targets import ingest_pipeline
 from ragservice import store
 from ragservice.bootstrap import Runtime, open_runtime
@@ -139,6 +139,9 @@ def run_parallel(
             pool.finish(report, progress)
             if error is not None:
                 raise error
+        if report.chunks_written >= store.postings.APPEND_MIN_CHUNKS:
+            with tenancy.as_tenant(tenant_id):
+                pack_postings(runtime.db, collection_id, report)
         if prune:
             _prune(runtime, tenant_id, collection_id, seen, report)
     finally:
@@ -411,6 +414,7 @@ def _run_worker(
                 collection=task.collection,
                 on_progress=sender,
                 report=report,
+                pack=False,  # the parent packs once, after every worker
             )
         finally:
             sender.flush()

@@ -185,14 +185,22 @@ class IngestPipeline:
         prune: bool = False,
         on_progress: ProgressCallback | None = None,
         report: IngestReport | None = None,
+        pack: bool = True,
     ) -> IngestReport:
         """Ingest `items` into `collection`; `prune` deletes documents absent from `items`.
 
         Pass `report` to keep the counts of the batches committed before an interruption.
         Everything it reads and writes is the pipeline's tenant's, whatever the caller's scope.
+        `pack`: once the batches are written, pack the postings blocks the large ones appended
+        (`store.postings`); a caller that runs several pipelines packs once after them.
         """
         with tenancy.as_tenant(self._tenant_id):
-            return self._run(items, collection, dry_run, prune, on_progress, report)
+            report = self._run(items, collection, dry_run, prune, on_progress, report)
+            if pack and not dry_run and report.chunks_written >= store.postings.APPEND_MIN_CHUNKS:
+                packing = report.pack_seconds
+                pack_postings(self._db, self._collection_id(collection, create=False), report)
+                report.seconds += report.pack_seconds - packing
+            return report
 
     def _run(
         self,
@@ -501,3 +509,18 @@ def _groups(items: Iterable[LoadedDocument], size: int) -> Iterator[list[LoadedD
     iterator = iter(items)
     while group := list(islice(iterator, size)):
         yield group
+
+
+def pack_postings(db: Database, collection_id: uuid.UUID | None, report: IngestReport) -> None:
+    """Pack the collection's postings blocks after a load (`store.postings.pack_postings`)."""
+    if collection_id is None:
+        return
+    with db.write() as session:
+        packed = store.postings.pack_postings(session, collection_id)
+    report.pack_seconds += packed.seconds
+    log.info(
+        "packed %d short postings blocks into %d in %.1f s",
+        packed.blocks_before,
+        packed.blocks_after,
+        packed.seconds,
+    )

@@ -32,6 +32,8 @@ class IngestReport:
     """Time the model's thread waited for the preparation (loading, tokenizing, chunking)."""
     write_wait_seconds: float = 0.0
     """Time the model's thread waited for the writer to take the next batch."""
+    pack_seconds: float = 0.0
+    """Time spent packing the postings blocks that large batches appended (once, at the end)."""
     dry_run: bool = False
 
     @property

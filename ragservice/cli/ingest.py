@@ -248,6 +248,7 @@ class _Outcome:
             "counts": report.counts(),
             "seconds": round(report.seconds, 3),
             "write_seconds": round(report.write_seconds, 3),
+            "pack_seconds": round(report.pack_seconds, 3),
             "failures": [{"source": f.source, "error": f.reason} for f in report.failed],
         }
 

@@ -219,13 +219,15 @@ class ChunkPosting(Base):
 
 
 class CollectionTextStats(Base):
-    """Chunk and token totals per collection, the N and average length of BM25."""
+    """Chunk and token totals per collection (the sum of its rows), BM25's N and average length."""
 
     __tablename__ = "collection_text_stats"
 
     collection_id: Mapped[uuid.UUID] = mapped_column(
         ForeignKey("collections.id", ondelete="CASCADE"), primary_key=True
     )
+    slot: Mapped[int] = mapped_column(Integer, primary_key=True, server_default="0")
+    """The writing backend's pid (0: totals folded by a pack); a collection's rows add up."""
     chunk_count: Mapped[int] = mapped_column(BigInteger)
     token_count: Mapped[int] = mapped_column(BigInteger)
 

@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 
 from ragservice.db.engine import driver_connection
 from ragservice.db.models import Chunk, Document
-from ragservice.store import bulk, indexes
+from ragservice.store import bulk, indexes, postings
 from ragservice.types import TextChunk
 
 _CHUNK_COLUMNS = (
@@ -140,13 +140,20 @@ def write_documents(
     collection_id: uuid.UUID,
     model_id: int,
     documents: Sequence[DocumentWrite],
+    append: bool | None = None,
 ) -> BatchWriteResult:
     """Insert new documents and replace changed ones with their chunks and embeddings.
 
     A document whose stored hash already matches (another writer got there first) is left
     alone. Old chunks of a changed document are deleted (their embeddings cascade) and the
-    document's version goes up by one.
+    document's version goes up by one. `append` (default: for a batch of at least
+    `postings.APPEND_MIN_CHUNKS` chunks) writes the postings in append mode, for a load that
+    ends with `postings.pack_postings`.
     """
+    if append is None:
+        append = sum(len(d.chunks) for d in documents) >= postings.APPEND_MIN_CHUNKS
+    if append:
+        postings.append_postings(session)
     conn = driver_connection(session)
     written = _upsert_documents(conn, tenant_id, collection_id, documents)
     result = BatchWriteResult(written=written)

@@ -164,8 +164,9 @@ _HALF_WRITTEN: dict[str, LiteralString] = {
             SELECT 1 FROM chunk_embeddings e JOIN embedding_models m ON m.id = e.model_id
             WHERE e.chunk_id = k.id AND m.active)""",
     "text_stats_differ": """
-        SELECT count(*) FROM collection_text_stats s WHERE s.collection_id = %(c)s
-        AND s.chunk_count <> (SELECT count(*) FROM chunks k WHERE k.collection_id = %(c)s)""",
+        SELECT count(*) FROM (SELECT sum(chunk_count) AS n FROM collection_text_stats
+                              WHERE collection_id = %(c)s) s
+        WHERE s.n <> (SELECT count(*) FROM chunks k WHERE k.collection_id = %(c)s)""",
 }
 
 # Documents of collection `c` unlike those of a clean ingest (collection `r`) or missing there,

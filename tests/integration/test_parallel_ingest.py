@@ -95,7 +95,7 @@ _POSTINGS = """
     WHERE c.name = :c ORDER BY 1, 2, 3, 4
 """
 _TOTALS = """
-    SELECT s.chunk_count, s.token_count FROM collection_text_stats s
+    SELECT sum(s.chunk_count), sum(s.token_count) FROM collection_text_stats s
     JOIN collections c ON c.id = s.collection_id WHERE c.name = :c
 """
 

@@ -1,0 +1,148 @@
+"""The bulk write path of the BM25 postings (migration 0021): large batches append their blocks
+without merging or taking turns, `pack_postings` merges them once, and the result is, posting
+for posting, what the ordinary (merging) trigger path builds for the same writes."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+import psycopg
+import pytest
+from sqlalchemy import text
+from sqlalchemy.orm import Session
+
+from ragservice import store
+from ragservice.bootstrap import Runtime
+from tests.integration.test_postings import document
+from tests.integration.test_search import postings_mismatches
+
+# Each posting by its chunk's (document, ordinal): seqs differ between collections.
+_POSTINGS = """
+    SELECT d.external_id, k.ordinal, p.lexeme, p.tier, u.tf, u.len
+    FROM chunk_postings p
+    CROSS JOIN LATERAL unnest(p.seqs, p.tfs, p.lengths) AS u(seq, tf, len)
+    JOIN chunks k ON k.seq = u.seq JOIN documents d ON d.id = k.document_id
+    WHERE p.collection_id = :c ORDER BY 1, 2, 3, 4
+"""
+_TOTALS = (
+    "SELECT sum(chunk_count), sum(token_count) FROM collection_text_stats WHERE collection_id = :c"
+)
+_SHORT_BLOCKS = (
+    "SELECT max(c) FROM (SELECT count(*) AS c FROM chunk_postings WHERE collection_id = :c "
+    "AND n < 128 GROUP BY lexeme, tier) AS s"
+)
+
+
+def write_in(
+    session: Session,
+    runtime: Runtime,
+    collection: str,
+    docs: Sequence[store.documents.DocumentWrite],
+    *,
+    append: bool,
+) -> uuid.UUID:
+    """One batch of documents into `collection`, in append mode or the ordinary way."""
+    model = store.models.ensure_model(
+        session, name="flat-4d", dimension=4, path=None, hnsw_m=8, hnsw_ef_construction=16
+    )
+    found = store.collections.ensure_collection(session, runtime.default_tenant_id, collection)
+    write_to(session, runtime, (found, model.id), docs, append=append)
+    return found
+
+
+def write_to(
+    session: Session,
+    runtime: Runtime,
+    target: tuple[uuid.UUID, int],
+    docs: Sequence[store.documents.DocumentWrite],
+    *,
+    append: bool,
+) -> None:
+    """One batch into an existing collection (`target`: its id and the model's): no other
+    lock taken than the write's own."""
+    store.documents.write_documents(
+        session,
+        tenant_id=runtime.default_tenant_id,
+        collection_id=target[0],
+        model_id=target[1],
+        documents=docs,
+        append=append,
+    )
+
+
+def load(runtime: Runtime, collection: str, *, append: bool) -> uuid.UUID:
+    """Batches, a replacement and deletes in between, then more batches."""
+    batches = [
+        [document("a", range(0, 150)), document("b", range(150, 200))],
+        [document("c", range(200, 330))],
+        [document("a", range(400, 470))],  # replaces a
+        [document("d", range(500, 520)), document("e", range(520, 521))],
+    ]
+    for i, batch in enumerate(batches):
+        with runtime.db.write() as session:
+            found = write_in(session, runtime, collection, batch, append=append)
+        if i == 1:
+            with runtime.db.write() as session:
+                store.documents.delete_documents(session, found, ["b"])
+    return found
+
+
+def query(runtime: Runtime, sql: str, collection: uuid.UUID) -> Any:
+    with runtime.db.read() as session:
+        return session.execute(text(sql), {"c": collection}).all()
+
+
+def test_appended_then_packed_postings_equal_the_merged_ones(runtime: Runtime) -> None:
+    merged = load(runtime, "merged", append=False)
+    appended = load(runtime, "appended", append=True)
+    assert postings_mismatches(runtime) == []
+    assert query(runtime, _SHORT_BLOCKS, merged) == [(1,)]
+    assert query(runtime, _SHORT_BLOCKS, appended)[0][0] > 1  # a key's blocks, one per batch
+
+    with runtime.db.write() as session:
+        packed = store.postings.pack_postings(session, appended)
+    assert packed.collections == 1 and packed.blocks_after < packed.blocks_before
+    assert postings_mismatches(runtime) == []
+    assert query(runtime, _SHORT_BLOCKS, appended) == [(1,)]
+    assert query(runtime, _POSTINGS, appended) == query(runtime, _POSTINGS, merged)
+    assert query(runtime, _TOTALS, appended) == query(runtime, _TOTALS, merged)
+    with runtime.db.read() as session:
+        slots = session.execute(
+            text("SELECT slot FROM collection_text_stats WHERE collection_id = :c"),
+            {"c": appended},
+        ).all()
+    assert slots == [(0,)]  # the pack folded the writers' rows
+
+
+def test_bulk_loaders_do_not_take_turns_and_small_writes_stay_exact(runtime: Runtime) -> None:
+    """Two uncommitted bulk batches into one collection, and an ordinary write and delete
+    beside them: none waits (a wait would fail at once: lock_timeout). Two ordinary writers
+    of one collection still take turns on its lock."""
+    collection = load(runtime, "shared", append=False)
+    with runtime.db.read() as session:
+        model = store.models.get_model_by_name(session, "flat-4d")
+    assert model is not None
+    target = (collection, model.id)
+
+    def no_waiting(session: Session, timeout: str = "2s") -> None:
+        session.execute(text(f"SET LOCAL lock_timeout = '{timeout}'"))
+
+    with runtime.db.write() as first, runtime.db.write() as second:
+        no_waiting(first)
+        no_waiting(second)
+        write_to(first, runtime, target, [document("bulk-1", range(600, 900))], append=True)
+        write_to(second, runtime, target, [document("bulk-2", range(900, 1200))], append=True)
+        with runtime.db.write() as small:
+            no_waiting(small)
+            write_to(small, runtime, target, [document("one", [1300])], append=False)
+            store.documents.delete_documents(small, collection, ["c"])
+            with pytest.raises(psycopg.errors.LockNotAvailable), runtime.db.write() as other:
+                no_waiting(other, "200ms")  # it would wait for `small` to commit
+                write_to(other, runtime, target, [document("two", [1301])], append=False)
+    assert postings_mismatches(runtime) == []
+    with runtime.db.write() as session:
+        store.postings.pack_postings(session, None)
+    assert postings_mismatches(runtime) == []
+    assert query(runtime, _SHORT_BLOCKS, collection) == [(1,)]
