@@ -42,6 +42,11 @@ def optimize_steps() -> list[Step]:
     """What `ragservice db optimize` runs, in order."""
     return [
         Step(
+            "merge the short BM25 postings blocks",
+            "chunk_postings",
+            "SELECT count(*) FROM collections c, ragservice_pack_postings(c.id)",
+        ),
+        Step(
             "pack the BM25 postings",
             "chunk_postings",
             "VACUUM (FULL, ANALYZE) chunk_postings",
