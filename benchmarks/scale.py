@@ -640,7 +640,8 @@ def _fulltext_exact(
     with runtime.db.read() as session:
         conn = driver_connection(session)
         chunks, tokens = conn.execute(
-            "SELECT chunk_count, token_count FROM collection_text_stats WHERE collection_id = %s",
+            "SELECT coalesce(sum(chunk_count), 0), coalesce(sum(token_count), 0) "
+            "FROM collection_text_stats WHERE collection_id = %s",
             (collection,),
         ).fetchone()  # type: ignore[misc]
     n, avgdl = float(chunks), float(tokens) / max(float(chunks), 1.0)

@@ -164,7 +164,7 @@ def _collections_query(tenant_id: uuid.UUID) -> Select[Any]:
         .label("document_count")
     )
     chunks = (
-        select(CollectionTextStats.chunk_count)
+        select(func.coalesce(func.sum(CollectionTextStats.chunk_count), 0))
         .where(CollectionTextStats.collection_id == Collection.id)
         .scalar_subquery()
         .label("chunk_count")

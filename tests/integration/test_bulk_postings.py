@@ -94,6 +94,13 @@ def query(runtime: Runtime, sql: str, collection: uuid.UUID) -> Any:
         return session.execute(text(sql), {"c": collection}).all()
 
 
+def listed_chunks(runtime: Runtime, collection: uuid.UUID) -> int:
+    """The chunk count that listing the collections reports (it sums the writers' rows)."""
+    with runtime.db.read() as session:
+        listed = store.collections.list_collections(session, runtime.default_tenant_id)
+    return next(info.chunk_count for info in listed if info.id == collection)
+
+
 def test_appended_then_packed_postings_equal_the_merged_ones(runtime: Runtime) -> None:
     merged = load(runtime, "merged", append=False)
     appended = load(runtime, "appended", append=True)
@@ -142,7 +149,20 @@ def test_bulk_loaders_do_not_take_turns_and_small_writes_stay_exact(runtime: Run
                 no_waiting(other, "200ms")  # it would wait for `small` to commit
                 write_to(other, runtime, target, [document("two", [1301])], append=False)
     assert postings_mismatches(runtime) == []
+    assert (
+        len(
+            query(
+                runtime,
+                "SELECT slot FROM collection_text_stats WHERE collection_id = :c",
+                collection,
+            )
+        )
+        > 1
+    )
+    listed_before_pack = listed_chunks(runtime, collection)
     with runtime.db.write() as session:
         store.postings.pack_postings(session, None)
+    assert listed_before_pack == query(runtime, _TOTALS, collection)[0][0]
+    assert listed_chunks(runtime, collection) == listed_before_pack
     assert postings_mismatches(runtime) == []
     assert query(runtime, _SHORT_BLOCKS, collection) == [(1,)]
