@@ -166,3 +166,13 @@ def test_bulk_loaders_do_not_take_turns_and_small_writes_stay_exact(runtime: Run
     assert listed_chunks(runtime, collection) == listed_before_pack
     assert postings_mismatches(runtime) == []
     assert query(runtime, _SHORT_BLOCKS, collection) == [(1,)]
+
+
+def test_the_pack_plans_no_nested_loops(runtime: Runtime) -> None:
+    """The pack runs before the new blocks are analyzed; with the old statistics a nested loop
+    made it quadratic in the collection's short blocks (migration 0022)."""
+    with runtime.db.read() as session:
+        config = session.execute(
+            text("SELECT proconfig FROM pg_proc WHERE proname = 'ragservice_pack_postings'")
+        ).scalar_one()
+    assert "enable_nestloop=off" in config
