@@ -175,4 +175,18 @@ def test_the_pack_plans_no_nested_loops(runtime: Runtime) -> None:
         config = session.execute(
             text("SELECT proconfig FROM pg_proc WHERE proname = 'ragservice_pack_postings'")
         ).scalar_one()
-    assert "enable_nestloop=off" in config
+    assert "enable_nestloop=off" in config and "plan_cache_mode=force_custom_plan" in config
+
+
+def test_a_pack_in_many_lexeme_ranges_equals_the_merged_postings(runtime: Runtime) -> None:
+    """Ranges of 3 short blocks instead of 200,000: every range boundary of a real pack."""
+    merged = load(runtime, "merged-r", append=False)
+    appended = load(runtime, "ranges", append=True)
+    with runtime.db.write() as session:
+        before, after = session.execute(
+            text("SELECT * FROM ragservice_pack_postings(:c, 3)"), {"c": appended}
+        ).one()
+    assert before > 3 * 10 and after < before  # blocks taken over ten ranges and more
+    assert postings_mismatches(runtime) == []
+    assert query(runtime, _SHORT_BLOCKS, appended) == [(1,)]
+    assert query(runtime, _POSTINGS, appended) == query(runtime, _POSTINGS, merged)
