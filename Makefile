@@ -25,7 +25,7 @@ export HF_HUB_OFFLINE
 # Idle torch threads otherwise spin and steal CPU from PostgreSQL on small machines.
 export OMP_WAIT_POLICY := PASSIVE
 
-.PHONY: run test browser lint typecheck lock bench-ingest bench-ingest-compare bench-search bench-query bench-tracing bench-cache bench-replicas bench-feedback bench-reranker bench-rls bench-hostile bench-injection bench-scale bench-soak clean
+.PHONY: run test browser lint typecheck lock bench-ingest bench-ingest-compare bench-write bench-search bench-query bench-tracing bench-cache bench-replicas bench-feedback bench-reranker bench-rls bench-hostile bench-injection bench-scale bench-soak clean
 
 # The locked packages without their dependencies (the lock holds them all), then the project.
 $(STAMP): pyproject.toml requirements.lock
@@ -91,6 +91,9 @@ bench-ingest: $(DEV_STAMP)
 
 bench-ingest-compare: $(DEV_STAMP)
 	$(BIN)/python benchmarks/ingest.py --corpus ../shared/data/scifact --compare
+
+bench-write: $(DEV_STAMP)
+	$(BIN)/python benchmarks/write_path.py --corpus ../shared/data/scifact --repeat 10
 
 bench-search: $(DEV_STAMP)
 	$(BIN)/python benchmarks/eval_beir.py --data ../shared/data/scifact

