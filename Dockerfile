@@ -31,6 +31,14 @@ COPY ingest ./ingest
 COPY migrations ./migrations
 RUN pip install --no-deps . && pip check
 
+# The exact BM25 extension, built with PGXS against the embedded PostgreSQL and installed into
+# its folder in the environment (migration 0023 creates it in the database).
+COPY extension ./extension
+RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev make \
+    && make -C extension install \
+       PG_CONFIG="$(python -c 'from ragservice.db.embedded import postgres_bin_dir; print(postgres_bin_dir() / "pg_config")')" \
+    && rm -rf /var/lib/apt/lists/*
+
 # -- runtime: the environment and an unprivileged user, no build files ----------------------
 FROM ${PYTHON_IMAGE}
 

@@ -6,6 +6,9 @@ BIN := $(VENV)/bin
 # (requirements-dev.lock). Both lock files pin every package with its hashes.
 STAMP := $(VENV)/.installed
 DEV_STAMP := $(VENV)/.installed-dev
+# The exact BM25 extension (extension/), built with PGXS against the embedded PostgreSQL and
+# installed into its folder in the virtual environment.
+BM25_STAMP := $(VENV)/.installed-bm25
 
 # torch is installed first, pinned, from TORCH_INDEX; the lock files leave it out. Unset, pip's
 # own configuration decides, and on Linux the public index (PyPI) serves the CUDA build (several
@@ -25,7 +28,7 @@ export HF_HUB_OFFLINE
 # Idle torch threads otherwise spin and steal CPU from PostgreSQL on small machines.
 export OMP_WAIT_POLICY := PASSIVE
 
-.PHONY: run test browser lint typecheck lock bench-ingest bench-ingest-compare bench-write bench-search bench-query bench-tracing bench-cache bench-replicas bench-feedback bench-reranker bench-rls bench-hostile bench-injection bench-scale bench-soak clean
+.PHONY: run test browser lint typecheck lock bench-ingest bench-ingest-compare bench-write bench-bm25 bench-search bench-query bench-tracing bench-cache bench-replicas bench-feedback bench-reranker bench-rls bench-hostile bench-injection bench-scale bench-soak clean
 
 # The locked packages without their dependencies (the lock holds them all), then the project.
 $(STAMP): pyproject.toml requirements.lock
@@ -40,6 +43,17 @@ $(DEV_STAMP): $(STAMP) requirements-dev.lock
 	$(BIN)/pip install --quiet --no-deps -r requirements-dev.lock
 	$(BIN)/pip check
 	touch $(DEV_STAMP)
+
+# A C compiler is needed once, for the extension: Debian's gcc is installed when none is found
+# (as root, or through sudo), as chromium is for the browser tests.
+$(BM25_STAMP): $(STAMP) $(wildcard extension/*.c extension/*.sql extension/*.control extension/Makefile)
+	@if ! command -v gcc >/dev/null; then \
+	  if [ "$$(id -u)" = 0 ]; then SUDO=; elif command -v sudo >/dev/null; then SUDO=sudo; \
+	  else echo "no C compiler found: install Debian's gcc and libc6-dev as root"; exit 1; fi; \
+	  $$SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q --no-install-recommends gcc libc6-dev; \
+	fi
+	$(MAKE) -C extension --no-print-directory PG_CONFIG="$$($(BIN)/python -c 'from ragservice.db.embedded import postgres_bin_dir; print(postgres_bin_dir() / "pg_config")')" install
+	touch $(BM25_STAMP)
 
 # Regenerates both lock files from pyproject.toml (needs the package index; a few minutes).
 # Pins move only where pyproject.toml asks; `make lock LOCK_ARGS=--upgrade` takes the newest
@@ -59,7 +73,7 @@ lock:
 	$(PIP_COMPILE) --extra onnx --extra parquet --extra otel --extra mcp -o requirements.lock pyproject.toml
 
 # Local use: loopback only, and without API keys unless RAGSERVICE_AUTH_DISABLED=0 is given.
-run: $(STAMP)
+run: $(STAMP) $(BM25_STAMP)
 	RAGSERVICE_AUTH_DISABLED=$${RAGSERVICE_AUTH_DISABLED:-1} $(BIN)/ragservice serve --host 127.0.0.1
 
 # The console's browser tests drive the system's Chromium (Playwright's own browser download is
@@ -73,7 +87,7 @@ browser:
 
 # pytest exits 5 when it collected no test at all; say so instead of failing obscurely.
 # RAGSERVICE_REQUIRE_BROWSER: the browser tests fail instead of skipping without a browser.
-test: $(DEV_STAMP) browser
+test: $(DEV_STAMP) $(BM25_STAMP) browser
 	RAGSERVICE_REQUIRE_BROWSER=1 $(BIN)/pytest; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests were collected"; fi; exit $$rc
 
 lint: $(DEV_STAMP)
@@ -94,6 +108,10 @@ bench-ingest-compare: $(DEV_STAMP)
 
 bench-write: $(DEV_STAMP)
 	$(BIN)/python benchmarks/write_path.py --corpus ../shared/data/scifact --repeat 10
+
+# Exact BM25 (the extension) against the SQL statement, on SciFact x 10 (kept in .ragservice-bm25).
+bench-bm25: $(DEV_STAMP) $(BM25_STAMP)
+	$(BIN)/python benchmarks/exact_bm25.py --corpus ../shared/data/scifact --repeat 10 --data-dir .ragservice-bm25
 
 bench-search: $(DEV_STAMP)
 	$(BIN)/python benchmarks/eval_beir.py --data ../shared/data/scifact

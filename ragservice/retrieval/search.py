@@ -6,8 +6,12 @@
   score = cosine similarity (1 - cosine distance).
 - fulltext: BM25 over the `chunk_postings` blocks, OR over the query's lexemes, with N, average
   length and document frequencies taken over the searched collections; score = the BM25 sum.
-  Each term's postings are read by impact, highest first, up to `bm25_postings_per_term`: exact
-  for terms in fewer chunks, the low-impact postings of more frequent terms skipped. With
+  Where the database has the `ragservice_bm25` extension (built and installed by `make`;
+  migration 0023), an unfiltered search is exact: its C function reads the blocks from the
+  highest score bound down and skips the blocks that cannot bring a chunk into the top k
+  (block-max pruning). Otherwise, and for filtered searches, each term's postings are read by
+  impact, highest first, up to `bm25_postings_per_term`: exact for terms in fewer chunks, the
+  low-impact postings of more frequent terms skipped. With
   pseudo-relevance feedback (`prf`), a first pass's best chunks give RM3 expansion lexemes and
   the weighted, expanded query is searched again.
 - hybrid: the dense and the full-text candidates fused (`retrieval.fusion`): reciprocal rank
@@ -149,8 +153,12 @@ class Searcher:
         dimension: int | None = None,
         models: Callable[[], QueryModel] | None = None,
         workers: int = 4,
+        exact_bm25: bool | None = None,
     ) -> None:
         self._db = db
+        # None: exact BM25 where the database has the extension (asked at the first search);
+        # False: the SQL statement with its per-term budget always.
+        self._has_exact_bm25 = exact_bm25
         self._models = models or _fixed(embed_query, model_id, dimension)
         # Full-text candidates of hybrid searches run here, overlapping the query's embedding.
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="search")
@@ -245,7 +253,10 @@ class Searcher:
     ) -> tuple[_Statement, str]:
         """The final statement of the mode and the name of its timing stage."""
         if options.mode is Mode.FULLTEXT:
-            bm25 = statements.with_ctes(self._bm25(options), select=statements.HITS)
+            bm25 = statements.with_ctes(
+                statements.bm25(options.filters, options.text_limit, exact=self._exact_bm25()),
+                select=statements.HITS,
+            )
             return _Statement(bm25, self._params(collections, options, query=query)), "fulltext"
         if options.mode is Mode.DENSE:
             with timed(timings, "embed"):
@@ -336,7 +347,9 @@ class Searcher:
     ) -> _Statement:
         """BM25's ranked CTEs (bare: callers add their SELECT) over the query's lexemes, or
         over weighted `terms`."""
-        bm25 = statements.bm25(options.filters, limit, weighted=terms is not None)
+        bm25 = statements.bm25(
+            options.filters, limit, weighted=terms is not None, exact=self._exact_bm25()
+        )
         params = self._params(collections, options, query=query)
         if terms is not None:
             params |= {"terms": terms[0], "weights": terms[1]}
@@ -398,9 +411,11 @@ class Searcher:
                 rows = conn.execute(follow.query, follow.params, prepare=False).fetchall()
             return rows
 
-    @staticmethod
-    def _bm25(options: SearchOptions) -> sql.Composed:
-        return statements.bm25(options.filters, options.text_limit)
+    def _exact_bm25(self) -> bool:
+        """Whether unfiltered full text is exact: the database has the extension (asked once)."""
+        if self._has_exact_bm25 is None:
+            self._has_exact_bm25 = bool(self._run(_Statement(statements.HAS_EXACT_BM25, {}))[0][0])
+        return self._has_exact_bm25
 
     @staticmethod
     def _params(

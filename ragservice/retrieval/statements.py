@@ -106,6 +106,29 @@ ranked AS (
     LIMIT {limit}
 )""")
 
+# Exact BM25 (the same scores as above, every posting counted) by the `ragservice_bm25`
+# extension (extension/, migration 0023): its C function reads the terms' blocks from the highest
+# score bound down and skips those that cannot bring a chunk into the top {limit} (block-max
+# pruning). It returns the chunks at or above the limit-th best score; unfiltered searches only
+# (a filter applies to chunks the function does not see).
+BM25_EXACT = sql.SQL("""
+bm25 AS MATERIALIZED (
+    SELECT t.seq, t.score
+    FROM ragservice_bm25_topk(%(collections)s::uuid[], {terms}, {weights}, {limit},
+                              %(k1)s, %(b)s) AS t
+),
+ranked AS (
+    SELECT c.id AS chunk_id, c.document_id, b.score
+    FROM bm25 b JOIN chunks c ON c.seq = b.seq
+    ORDER BY b.score DESC, c.id
+    LIMIT {limit}
+)""")
+
+# Whether this database has the extension (an external server may not: the SQL above is used).
+HAS_EXACT_BM25 = sql.Composed(
+    [sql.SQL("SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'ragservice_bm25')")]
+)
+
 # The query's lexemes, each weighing 1 (BM25's OR over the query's words)...
 QUERY_LEXEMES = sql.SQL("tsvector_to_array(to_tsvector('english'::regconfig, %(query)s))")
 # ... or given lexemes with their weights (a query expanded by pseudo-relevance feedback).
@@ -208,11 +231,21 @@ def bm25_filter_join(filters: CompiledFilter | None, limit: int) -> sql.Composab
     return sql.SQL("{docs} WHERE {where}").format(docs=document_join(filters), where=filters.where)
 
 
-def bm25(filters: CompiledFilter | None, limit: int, *, weighted: bool = False) -> sql.Composed:
+def bm25(
+    filters: CompiledFilter | None, limit: int, *, weighted: bool = False, exact: bool = False
+) -> sql.Composed:
     """BM25's CTEs down to `ranked` (the best `limit` chunks): over the query's lexemes, or
-    `weighted` over %(terms)s with their %(weights)s (an expanded query)."""
+    `weighted` over %(terms)s with their %(weights)s (an expanded query). `exact` (the database
+    has the extension) makes an unfiltered search exact with block-max pruning."""
+    terms = WEIGHTED_LEXEMES if weighted else QUERY_LEXEMES
+    if exact and filters is None:
+        return BM25_EXACT.format(
+            terms=terms,
+            weights=sql.SQL("%(weights)s::float8[]") if weighted else sql.SQL("NULL"),
+            limit=sql.Literal(limit),
+        )
     return BM25.format(
-        terms=WEIGHTED_LEXEMES if weighted else QUERY_LEXEMES,
+        terms=terms,
         weight=sql.SQL("w.weight * ") if weighted else sql.SQL(""),
         weight_join=WEIGHT_JOIN if weighted else sql.SQL(""),
         filter_join=bm25_filter_join(filters, limit),

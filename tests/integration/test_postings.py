@@ -94,7 +94,11 @@ def assert_equal_scores(hits: list[SearchHit], expected: dict[uuid.UUID, float])
 
 
 def fulltext(runtime: Runtime, collection: uuid.UUID, query: str, budget: int) -> list[uuid.UUID]:
-    with Searcher(runtime.db, lambda _: np.zeros(4, np.float32), model_id=0, dimension=4) as s:
+    """The SQL statement's ranking within a per-term budget (not the exact extension's)."""
+    searcher = Searcher(
+        runtime.db, lambda _: np.zeros(4, np.float32), model_id=0, dimension=4, exact_bm25=False
+    )
+    with searcher as s:
         options = SearchOptions(mode=Mode.FULLTEXT, k=1000, bm25_postings_per_term=budget)
         hits = s.search(collection_ids=[collection], query=query, options=options).hits
     return [h.chunk_id for h in hits]

@@ -135,7 +135,8 @@ def test_dockerfile_installs_torch_then_the_lock_then_the_code() -> None:
     )
     first_code = _index(build, r"^COPY (ragservice|ingest|migrations|pyproject\.toml)")
     install_code = _index(build, r"^RUN pip install --no-deps \. ")
-    assert torch < copy_lock < install_lock < first_code < install_code
+    extension = _index(build, r"^RUN .*make -C extension install")
+    assert torch < copy_lock < install_lock < first_code < install_code < extension
     assert not any("requirements-dev.lock" in step or "[dev]" in step for step in build)
     text = (ROOT / "Dockerfile").read_text()
     assert re.search(r"^ARG TORCH_VERSION=2\.13\.0$", text, re.M)
@@ -159,8 +160,8 @@ def test_dockerfile_runtime_is_unprivileged_offline_by_default_and_serves() -> N
 def test_makefile_installs_test_tools_for_tests_only() -> None:
     text = (ROOT / "Makefile").read_text()
     rules = dict(re.findall(r"^([$()\w.-]+):([^=\n]*)$", text, re.M))
-    assert rules["run"].split() == ["$(STAMP)"]
-    assert rules["test"].split() == ["$(DEV_STAMP)", "browser"]
+    assert rules["run"].split() == ["$(STAMP)", "$(BM25_STAMP)"]
+    assert rules["test"].split() == ["$(DEV_STAMP)", "$(BM25_STAMP)", "browser"]
     # The browser tests' chromium comes from Debian's package, installed only when missing.
     browser = re.search(r"^browser:.*?(?=^\S)", text, re.M | re.S)
     assert browser is not None

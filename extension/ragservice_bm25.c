@@ -1,0 +1,812 @@
+/*
+ * ragservice_bm25: the exact top k of BM25 over ragservice's postings blocks, with block-max
+ * pruning (the blocks' max_tf and min_len bound every score inside them).
+ *
+ * `chunk_postings` holds, per (collection, lexeme, impact tier), blocks of up to 128 postings
+ * (seqs, tfs, lengths), each with the seq range it covers and the largest tf and smallest
+ * length in it (migrations 0014, 0020). A posting's BM25 part,
+ *     w * idf * tf * (k1 + 1) / (tf + k1 * (1 - b + b * len / avgdl)),
+ * grows with tf and shrinks with len (k1 >= 0, 0 <= b <= 1, w * idf >= 0), so
+ * part(max_tf, min_len) bounds every posting of a block.
+ *
+ * The search:
+ *   1. reads the bounds of every block of the query's terms (from the primary key's index
+ *      alone) and the collections' totals (N, average length); df is the sum of a term's
+ *      blocks' sizes, as in the SQL path;
+ *   2. reads blocks from the highest bound down, in rounds that double, adding each posting to
+ *      its chunk's partial score (a lower bound of its final score). After each round, theta is
+ *      the k-th best partial score, and (MaxScore) the terms whose highest unread bounds add up
+ *      to less than theta are not essential: a chunk found only in them cannot reach the top k,
+ *      so only the essential terms' blocks are read on, until no term is essential;
+ *   3. keeps the seen chunks that still could (partial score plus the highest unread bound of
+ *      each term not yet seen in the chunk >= theta) and, again from the highest bound down in
+ *      rounds, reads only the unread blocks whose seq range holds one of them, which completes
+ *      their scores exactly (theta rises and the bounds fall as it goes, so fewer stay);
+ *   4. returns the chunks scoring at least the k-th best (ties at the cut included).
+ * Every chunk in BM25's exact top k is returned, with its exact score. When the parameters do
+ * not allow the bounds (k1 < 0, b outside [0, 1], a negative weight), every block is read.
+ *
+ * The tables (public.chunk_postings, public.collection_text_stats: never a temporary table of
+ * the same name) are read through SPI as the caller: row-level security and grants apply as to
+ * any statement of the caller's.
+ */
+#include "postgres.h"
+
+#include <math.h>
+
+#include "access/htup_details.h"
+#include "catalog/pg_type.h"
+#include "executor/spi.h"
+#include "fmgr.h"
+#include "funcapi.h"
+#include "miscadmin.h"
+#include "utils/array.h"
+#include "utils/builtins.h"
+#include "utils/tuplestore.h"
+#include "utils/uuid.h"
+
+PG_MODULE_MAGIC;
+
+PG_FUNCTION_INFO_V1(ragservice_bm25_topk);
+PG_FUNCTION_INFO_V1(ragservice_bm25_last_stats);
+
+/* A chunk's partial score, and the terms (the first 64) whose posting it has been seen in. */
+typedef struct Accum
+{
+	int64		seq;
+	double		score;
+	uint64		seen;
+	bool		live;
+	char		status;
+} Accum;
+
+/* splitmix64's finalizer: seqs are dense integers, their low bits alone hash badly */
+static inline uint32
+seq_hash(int64 seq)
+{
+	uint64		h = (uint64) seq;
+
+	h ^= h >> 30;
+	h *= UINT64CONST(0xbf58476d1ce4e5b9);
+	h ^= h >> 27;
+	h *= UINT64CONST(0x94d049bb133111eb);
+	h ^= h >> 31;
+	return (uint32) h;
+}
+
+#define SH_PREFIX acc
+#define SH_ELEMENT_TYPE Accum
+#define SH_KEY_TYPE int64
+#define SH_KEY seq
+#define SH_HASH_KEY(tb, key) seq_hash(key)
+#define SH_EQUAL(tb, a, b) ((a) == (b))
+#define SH_SCOPE static inline
+#define SH_DECLARE
+#define SH_DEFINE
+#include "lib/simplehash.h"
+
+typedef struct Term
+{
+	const char *lexeme;
+	int			length;
+	Datum		text;			/* the lexeme as a text datum */
+	double		weight;
+	double		df;
+	double		idf_weight;		/* weight * idf */
+	double		unread_bound;	/* the highest bound among its unread blocks */
+	bool		essential;		/* its unread blocks may hold a chunk of the top k not seen yet */
+} Term;
+
+typedef struct PostingsBlock
+{
+	pg_uuid_t	collection;
+	int			term;
+	int16		tier;
+	int64		first_seq;
+	int64		last_seq;
+	int32		n;
+	int16		max_tf;
+	int32		min_len;
+	double		bound;
+	bool		read;
+} PostingsBlock;
+
+typedef struct Scoring
+{
+	double		k1;
+	double		b;
+	double		avgdl;
+} Scoring;
+
+typedef struct Stats
+{
+	int64		blocks;
+	int64		blocks_read;
+	int64		postings_read;
+	int32		rounds;
+} Stats;
+
+static Stats last_stats;
+
+#define FIRST_ROUND 16
+#define MAX_K 100000
+/* Relative slack on every pruning comparison: sums in another order may differ by an ulp. */
+#define SLACK 1e-9
+
+static const char *BLOCKS_QUERY =
+	"SELECT k.i, p.seqs, p.tfs, p.lengths "
+	"FROM unnest($1::uuid[], $2::text[], $3::int2[], $4::int8[]) WITH ORDINALITY "
+	"     AS k(collection_id, lexeme, tier, first_seq, i) "
+	"CROSS JOIN LATERAL (SELECT p.seqs, p.tfs, p.lengths FROM public.chunk_postings p "
+	"                    WHERE p.collection_id = k.collection_id AND p.lexeme = k.lexeme "
+	"                      AND p.tier = k.tier AND p.first_seq = k.first_seq OFFSET 0) AS p";
+
+static double
+term_part(const Scoring *s, double tf, double len)
+{
+	return tf * (s->k1 + 1) / (tf + s->k1 * (1 - s->b + s->b * len / s->avgdl));
+}
+
+static int
+compare_bound_desc(const void *a, const void *b)
+{
+	double		x = ((const PostingsBlock *) a)->bound;
+	double		y = ((const PostingsBlock *) b)->bound;
+
+	return (x < y) - (x > y);
+}
+
+/* sort_live(Accum **, size_t): by seq, with the comparison inlined */
+typedef Accum *AccumPointer;
+
+#define ST_SORT sort_live
+#define ST_ELEMENT_TYPE AccumPointer
+#define ST_COMPARE(a, b) (((*(a))->seq > (*(b))->seq) - ((*(a))->seq < (*(b))->seq))
+#define ST_SCOPE static
+#define ST_DEFINE
+#include "lib/sort_template.h"
+
+/* Offers v to a min-heap of the k largest values seen. */
+static void
+heap_offer(double *heap, int *size, int k, double v)
+{
+	int			i;
+
+	if (*size < k)
+	{
+		i = (*size)++;
+		while (i > 0 && heap[(i - 1) / 2] > v)
+		{
+			heap[i] = heap[(i - 1) / 2];
+			i = (i - 1) / 2;
+		}
+		heap[i] = v;
+		return;
+	}
+	if (v <= heap[0])
+		return;
+	i = 0;
+	for (;;)
+	{
+		int			c = 2 * i + 1;
+
+		if (c >= *size)
+			break;
+		if (c + 1 < *size && heap[c + 1] < heap[c])
+			c++;
+		if (heap[c] >= v)
+			break;
+		heap[i] = heap[c];
+		i = c;
+	}
+	heap[i] = v;
+}
+
+/* The k-th largest score (k >= 1) of the chunks (the live ones), or -infinity if fewer. */
+static double
+kth_largest(acc_hash *acc, int k, bool live_only)
+{
+	double	   *heap = palloc(sizeof(double) * k);
+	int			size = 0;
+	double		result;
+	acc_iterator it;
+	Accum	   *e;
+
+	acc_start_iterate(acc, &it);
+	while ((e = acc_iterate(acc, &it)) != NULL)
+		if (!live_only || e->live)
+			heap_offer(heap, &size, k, e->score);
+	result = size < k ? -INFINITY : heap[0];
+	pfree(heap);
+	return result;
+}
+
+static double
+kth_largest_of(Accum **items, int count, int k)
+{
+	double	   *heap = palloc(sizeof(double) * k);
+	int			size = 0;
+	double		result;
+	int			i;
+
+	for (i = 0; i < count; i++)
+		heap_offer(heap, &size, k, items[i]->score);
+	result = size < k ? -INFINITY : heap[0];
+	pfree(heap);
+	return result;
+}
+
+/* Each term's highest bound among the unread blocks (blocks are sorted by bound, highest first). */
+static double
+unread_bounds(Term *terms, int nterms, const PostingsBlock *blocks, int nblocks)
+{
+	int			found = 0;
+	double		sum = 0;
+	int			t;
+	int			i;
+
+	for (t = 0; t < nterms; t++)
+		terms[t].unread_bound = -1;
+	for (i = 0; i < nblocks && found < nterms; i++)
+	{
+		if (blocks[i].read || terms[blocks[i].term].unread_bound >= 0)
+			continue;
+		terms[blocks[i].term].unread_bound = blocks[i].bound;
+		found++;
+	}
+	for (t = 0; t < nterms; t++)
+	{
+		if (terms[t].unread_bound < 0)
+			terms[t].unread_bound = 0;
+		sum += terms[t].unread_bound;
+	}
+	return sum;
+}
+
+static int
+compare_unread_bound(const void *a, const void *b)
+{
+	double		x = (*(Term *const *) a)->unread_bound;
+	double		y = (*(Term *const *) b)->unread_bound;
+
+	return (x > y) - (x < y);
+}
+
+/*
+ * MaxScore's split: the terms with the lowest unread bounds, as many as add up to less than
+ * theta, are not essential; returns how many terms are.
+ */
+static int
+mark_essential_terms(Term *terms, int nterms, double theta)
+{
+	Term	  **order = palloc(sizeof(Term *) * nterms);
+	double		sum = 0;
+	int			essential = 0;
+	int			i;
+
+	for (i = 0; i < nterms; i++)
+		order[i] = &terms[i];
+	qsort(order, nterms, sizeof(Term *), compare_unread_bound);
+	for (i = 0; i < nterms; i++)
+	{
+		sum += order[i]->unread_bound;
+		order[i]->essential = sum >= theta - SLACK * theta;
+		if (order[i]->essential)
+			essential++;
+	}
+	pfree(order);
+	return essential;
+}
+
+/*
+ * Reads the given blocks and adds their postings to the chunks' scores: to every chunk (new
+ * ones entered) when `enter`, else only to the live chunks already there.
+ */
+static void
+read_blocks(SPIPlanPtr plan, PostingsBlock **batch, int count, const Term *terms,
+			const Scoring *scoring, acc_hash *acc, bool enter)
+{
+	Datum	   *collections = palloc(sizeof(Datum) * count);
+	Datum	   *lexemes = palloc(sizeof(Datum) * count);
+	Datum	   *tiers = palloc(sizeof(Datum) * count);
+	Datum	   *firsts = palloc(sizeof(Datum) * count);
+	Datum		args[4];
+	int			i;
+	uint64		row;
+	int			rc;
+
+	for (i = 0; i < count; i++)
+	{
+		collections[i] = UUIDPGetDatum(&batch[i]->collection);
+		lexemes[i] = terms[batch[i]->term].text;
+		tiers[i] = Int16GetDatum(batch[i]->tier);
+		firsts[i] = Int64GetDatum(batch[i]->first_seq);
+		batch[i]->read = true;
+	}
+	args[0] = PointerGetDatum(construct_array(collections, count, UUIDOID, UUID_LEN, false,
+											  TYPALIGN_CHAR));
+	args[1] = PointerGetDatum(construct_array_builtin(lexemes, count, TEXTOID));
+	args[2] = PointerGetDatum(construct_array_builtin(tiers, count, INT2OID));
+	args[3] = PointerGetDatum(construct_array_builtin(firsts, count, INT8OID));
+
+	rc = SPI_execute_plan(plan, args, NULL, true, 0);
+	if (rc != SPI_OK_SELECT)
+		elog(ERROR, "ragservice_bm25: reading postings blocks failed: %s", SPI_result_code_string(rc));
+
+	for (row = 0; row < SPI_processed; row++)
+	{
+		HeapTuple	tuple = SPI_tuptable->vals[row];
+		TupleDesc	desc = SPI_tuptable->tupdesc;
+		bool		isnull;
+		int64		ordinal = DatumGetInt64(SPI_getbinval(tuple, desc, 1, &isnull));
+		ArrayType  *seqs = DatumGetArrayTypeP(SPI_getbinval(tuple, desc, 2, &isnull));
+		ArrayType  *tfs = DatumGetArrayTypeP(SPI_getbinval(tuple, desc, 3, &isnull));
+		ArrayType  *lengths = DatumGetArrayTypeP(SPI_getbinval(tuple, desc, 4, &isnull));
+		const PostingsBlock *block = batch[ordinal - 1];
+		const Term *term = &terms[block->term];
+		int			n = ArrayGetNItems(ARR_NDIM(seqs), ARR_DIMS(seqs));
+		const int64 *seq = (const int64 *) ARR_DATA_PTR(seqs);
+		const int16 *tf = (const int16 *) ARR_DATA_PTR(tfs);
+		const int32 *len = (const int32 *) ARR_DATA_PTR(lengths);
+		uint64		bit = block->term < 64 ? UINT64CONST(1) << block->term : 0;
+		int			j;
+
+		CHECK_FOR_INTERRUPTS();
+		if (ARR_HASNULL(seqs) || ARR_HASNULL(tfs) || ARR_HASNULL(lengths)
+			|| ArrayGetNItems(ARR_NDIM(tfs), ARR_DIMS(tfs)) != n
+			|| ArrayGetNItems(ARR_NDIM(lengths), ARR_DIMS(lengths)) != n)
+			elog(ERROR, "ragservice_bm25: malformed postings block");
+		for (j = 0; j < n; j++)
+		{
+			double		part = term->idf_weight * tf[j] * (scoring->k1 + 1)
+				/ (tf[j] + scoring->k1 * (1 - scoring->b + scoring->b * len[j] / scoring->avgdl));
+			Accum	   *e;
+
+			if (enter)
+			{
+				bool		found;
+
+				e = acc_insert(acc, seq[j], &found);
+				if (!found)
+				{
+					e->score = 0;
+					e->seen = 0;
+					e->live = true;
+				}
+			}
+			else
+			{
+				e = acc_lookup(acc, seq[j]);
+				if (e == NULL || !e->live)
+					continue;
+			}
+			e->score += part;
+			e->seen |= bit;
+		}
+		last_stats.postings_read += n;
+	}
+	last_stats.blocks_read += count;
+	SPI_freetuptable(SPI_tuptable);
+}
+
+/* The query's terms, each once (a repeated term's weights add up, as the SQL path's join does). */
+static int
+collect_terms(ArrayType *terms_array, ArrayType *weights_array, Term **out)
+{
+	Datum	   *texts;
+	bool	   *text_nulls;
+	int			ntexts;
+	Datum	   *weights = NULL;
+	bool	   *weight_nulls = NULL;
+	int			nweights = 0;
+	Term	   *terms;
+	int			nterms = 0;
+	int			i;
+
+	deconstruct_array_builtin(terms_array, TEXTOID, &texts, &text_nulls, &ntexts);
+	if (weights_array != NULL)
+	{
+		deconstruct_array_builtin(weights_array, FLOAT8OID, &weights, &weight_nulls, &nweights);
+		if (nweights != ntexts)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("terms and weights must have the same length")));
+	}
+	terms = palloc0(sizeof(Term) * Max(ntexts, 1));
+	for (i = 0; i < ntexts; i++)
+	{
+		text	   *t;
+		const char *lexeme;
+		int			length;
+		double		weight = 1.0;
+		int			j;
+
+		if (text_nulls[i] || (weights != NULL && weight_nulls[i]))
+			continue;
+		if (weights != NULL)
+			weight = DatumGetFloat8(weights[i]);
+		t = DatumGetTextPP(texts[i]);
+		lexeme = VARDATA_ANY(t);
+		length = VARSIZE_ANY_EXHDR(t);
+		for (j = 0; j < nterms; j++)
+			if (terms[j].length == length && memcmp(terms[j].lexeme, lexeme, length) == 0)
+				break;
+		if (j < nterms)
+		{
+			terms[j].weight += weight;
+			continue;
+		}
+		terms[nterms].lexeme = lexeme;
+		terms[nterms].length = length;
+		terms[nterms].text = PointerGetDatum(cstring_to_text_with_len(lexeme, length));
+		terms[nterms].weight = weight;
+		nterms++;
+	}
+	*out = terms;
+	return nterms;
+}
+
+static int
+find_term(const Term *terms, int nterms, text *lexeme, int hint)
+{
+	const char *data = VARDATA_ANY(lexeme);
+	int			length = VARSIZE_ANY_EXHDR(lexeme);
+	int			t;
+
+	if (hint >= 0 && terms[hint].length == length && memcmp(terms[hint].lexeme, data, length) == 0)
+		return hint;
+	for (t = 0; t < nterms; t++)
+		if (terms[t].length == length && memcmp(terms[t].lexeme, data, length) == 0)
+			return t;
+	return -1;
+}
+
+/* N and the average length over the collections (their totals rows summed). */
+static void
+read_totals(Datum collections, double *n, double *avgdl)
+{
+	Oid			types[1] = {UUIDARRAYOID};
+	Datum		args[1] = {collections};
+	bool		isnull;
+	double		chunks;
+	double		tokens;
+	int			rc;
+
+	rc = SPI_execute_with_args(
+		"SELECT coalesce(sum(chunk_count), 0)::float8, coalesce(sum(token_count), 0)::float8 "
+		"FROM public.collection_text_stats WHERE collection_id = ANY($1)",
+		1, types, args, NULL, true, 1);
+	if (rc != SPI_OK_SELECT || SPI_processed != 1)
+		elog(ERROR, "ragservice_bm25: reading the collections' totals failed");
+	chunks = DatumGetFloat8(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
+	tokens = DatumGetFloat8(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2, &isnull));
+	SPI_freetuptable(SPI_tuptable);
+	*n = chunks;
+	*avgdl = tokens / Max(chunks, 1.0);
+}
+
+/* Every block of the terms in the collections, with its bound; the terms' df and idf. */
+static int
+read_block_bounds(Datum collections, Datum terms_datum, Term *terms, int nterms,
+				  const Scoring *scoring, double n, PostingsBlock **out)
+{
+	Oid			types[2] = {UUIDARRAYOID, TEXTARRAYOID};
+	Datum		args[2] = {collections, terms_datum};
+	PostingsBlock	   *blocks;
+	int			nblocks = 0;
+	int			hint = -1;
+	uint64		row;
+	int			rc;
+	int			i;
+
+	rc = SPI_execute_with_args(
+		"SELECT p.collection_id, p.lexeme, p.tier, p.first_seq, p.last_seq, p.n, p.max_tf, "
+		"p.min_len FROM public.chunk_postings p "
+		"WHERE p.collection_id = ANY($1) AND p.lexeme = ANY($2)",
+		2, types, args, NULL, true, 0);
+	if (rc != SPI_OK_SELECT)
+		elog(ERROR, "ragservice_bm25: reading postings bounds failed");
+	blocks = palloc(sizeof(PostingsBlock) * Max(SPI_processed, 1));
+	for (row = 0; row < SPI_processed; row++)
+	{
+		HeapTuple	tuple = SPI_tuptable->vals[row];
+		TupleDesc	desc = SPI_tuptable->tupdesc;
+		bool		isnull;
+		PostingsBlock	   *block = &blocks[nblocks];
+		int			t = find_term(terms, nterms,
+								  DatumGetTextPP(SPI_getbinval(tuple, desc, 2, &isnull)), hint);
+
+		if (t < 0)
+			continue;
+		hint = t;
+		memcpy(&block->collection, DatumGetUUIDP(SPI_getbinval(tuple, desc, 1, &isnull)),
+			   sizeof(pg_uuid_t));
+		block->term = t;
+		block->tier = DatumGetInt16(SPI_getbinval(tuple, desc, 3, &isnull));
+		block->first_seq = DatumGetInt64(SPI_getbinval(tuple, desc, 4, &isnull));
+		block->last_seq = DatumGetInt64(SPI_getbinval(tuple, desc, 5, &isnull));
+		block->n = DatumGetInt32(SPI_getbinval(tuple, desc, 6, &isnull));
+		block->max_tf = DatumGetInt16(SPI_getbinval(tuple, desc, 7, &isnull));
+		block->min_len = DatumGetInt32(SPI_getbinval(tuple, desc, 8, &isnull));
+		block->read = false;
+		terms[t].df += block->n;
+		nblocks++;
+	}
+	SPI_freetuptable(SPI_tuptable);
+
+	for (i = 0; i < nterms; i++)
+		terms[i].idf_weight = terms[i].weight
+			* log(1 + (n - terms[i].df + 0.5) / (terms[i].df + 0.5));
+	for (i = 0; i < nblocks; i++)
+		blocks[i].bound = terms[blocks[i].term].idf_weight
+			* term_part(scoring, blocks[i].max_tf, blocks[i].min_len);
+	*out = blocks;
+	return nblocks;
+}
+
+static bool
+bounds_hold(const Term *terms, int nterms, const Scoring *scoring)
+{
+	int			i;
+
+	if (!(scoring->k1 >= 0 && scoring->b >= 0 && scoring->b <= 1 && scoring->avgdl > 0))
+		return false;
+	for (i = 0; i < nterms; i++)
+		if (!(terms[i].idf_weight >= 0))
+			return false;
+	return true;
+}
+
+/* Whether the sorted seqs hold one in [first, last]. */
+static bool
+holds_seq_in(const int64 *seqs, int count, int64 first, int64 last)
+{
+	int			lo = 0;
+	int			hi = count;
+
+	while (lo < hi)
+	{
+		int			mid = lo + (hi - lo) / 2;
+
+		if (seqs[mid] < first)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return lo < count && seqs[lo] <= last;
+}
+
+/* A chunk's partial score plus the highest unread bound of each term not yet seen in it. */
+static double
+unseen_bound(const Accum *e, const Term *terms, int nterms)
+{
+	double		bound = e->score;
+	int			t;
+
+	for (t = 0; t < nterms; t++)
+		if (t >= 64 || (e->seen & (UINT64CONST(1) << t)) == 0)
+			bound += terms[t].unread_bound;
+	return bound;
+}
+
+/*
+ * Phase 3: completes the scores of the seen chunks that can still reach theta (live: partial
+ * score plus the highest unread bound of each term not yet seen in the chunk). In rounds, from
+ * the highest bound down, it reads the unread blocks of a term t whose seq range holds a live
+ * chunk not yet seen in t; a block that holds none is settled unread (no live chunk has a
+ * posting there, and live chunks only ever get fewer), which lowers its term's unread bound.
+ * Each round raises theta and lowers the bounds, so fewer chunks stay live.
+ */
+static void
+complete_live_chunks(SPIPlanPtr plan, acc_hash *acc, Term *terms, int nterms,
+					 PostingsBlock *blocks, int nblocks, int k, const Scoring *scoring,
+					 PostingsBlock **batch)
+{
+	Accum	  **live = palloc(sizeof(Accum *) * Max(acc->members, 1));
+	int64	  **wanted = palloc(sizeof(int64 *) * nterms);
+	int		   *nwanted = palloc0(sizeof(int) * nterms);
+	int			nlive = 0;
+	int			round_size = FIRST_ROUND;
+	double		theta;
+	acc_iterator it;
+	Accum	   *e;
+	int			t;
+	int			i;
+
+	/* the chunks live by phase 2's bounds, in seq order (the wanted lists come out sorted) */
+	theta = kth_largest(acc, k, false);
+	unread_bounds(terms, nterms, blocks, nblocks);
+	acc_start_iterate(acc, &it);
+	while ((e = acc_iterate(acc, &it)) != NULL)
+	{
+		e->live = unseen_bound(e, terms, nterms) >= theta - SLACK * fabs(theta);
+		if (e->live)
+			live[nlive++] = e;
+	}
+	sort_live(live, nlive);
+	for (t = 0; t < nterms; t++)
+		wanted[t] = palloc(sizeof(int64) * Max(nlive, 1));
+
+	for (;;)
+	{
+		double		slack;
+		int			kept = 0;
+		int			count = 0;
+
+		theta = kth_largest_of(live, nlive, k);
+		slack = SLACK * fabs(theta);
+		unread_bounds(terms, nterms, blocks, nblocks);
+		for (t = 0; t < nterms; t++)
+			nwanted[t] = 0;
+		for (i = 0; i < nlive; i++)
+		{
+			e = live[i];
+			e->live = unseen_bound(e, terms, nterms) >= theta - slack;
+			if (!e->live)
+				continue;
+			live[kept++] = e;
+			for (t = 0; t < nterms; t++)
+				if (t >= 64 || (e->seen & (UINT64CONST(1) << t)) == 0)
+					wanted[t][nwanted[t]++] = e->seq;
+		}
+		nlive = kept;
+		for (i = 0; i < nblocks; i++)
+		{
+			if (blocks[i].read)
+				continue;
+			t = blocks[i].term;
+			if (!holds_seq_in(wanted[t], nwanted[t], blocks[i].first_seq, blocks[i].last_seq))
+				blocks[i].read = true;	/* settled: no live chunk's posting is there */
+			else if (count < round_size)
+				batch[count++] = &blocks[i];
+		}
+		if (count == 0)
+			break;
+		read_blocks(plan, batch, count, terms, scoring, acc, false);
+		last_stats.rounds++;
+		round_size *= 2;
+	}
+}
+
+Datum
+ragservice_bm25_topk(PG_FUNCTION_ARGS)
+{
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	Datum		collections;
+	Datum		terms_datum;
+	Term	   *terms;
+	int			nterms;
+	int			k;
+	Scoring		scoring;
+	double		n;
+	PostingsBlock	   *blocks;
+	PostingsBlock	  **batch;
+	int			nblocks;
+	int			round_size = FIRST_ROUND;
+	bool		prune;
+	bool		live_only = false;
+	double		cut;
+	SPIPlanPtr	plan;
+	acc_hash   *acc;
+	int64	   *result_seqs;
+	double	   *result_scores;
+	int			nresults = 0;
+	acc_iterator it;
+	Accum	   *e;
+	int			i;
+	Oid			block_types[4] = {UUIDARRAYOID, TEXTARRAYOID, INT2ARRAYOID, INT8ARRAYOID};
+
+	InitMaterializedSRF(fcinfo, 0);
+	memset(&last_stats, 0, sizeof(last_stats));
+	if (PG_ARGISNULL(0) || PG_ARGISNULL(1) || PG_ARGISNULL(3) || PG_ARGISNULL(4) || PG_ARGISNULL(5))
+		return (Datum) 0;
+	collections = PG_GETARG_DATUM(0);
+	terms_datum = PG_GETARG_DATUM(1);
+	k = PG_GETARG_INT32(3);
+	scoring.k1 = PG_GETARG_FLOAT8(4);
+	scoring.b = PG_GETARG_FLOAT8(5);
+	if (k <= 0)
+		return (Datum) 0;
+	if (k > MAX_K)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("k must be at most %d", MAX_K)));
+	nterms = collect_terms(PG_GETARG_ARRAYTYPE_P(1),
+						   PG_ARGISNULL(2) ? NULL : PG_GETARG_ARRAYTYPE_P(2), &terms);
+	if (nterms == 0)
+		return (Datum) 0;
+
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "ragservice_bm25: SPI_connect failed");
+	read_totals(collections, &n, &scoring.avgdl);
+	nblocks = read_block_bounds(collections, terms_datum, terms, nterms, &scoring, n, &blocks);
+	last_stats.blocks = nblocks;
+	prune = bounds_hold(terms, nterms, &scoring);
+	if (prune)
+		qsort(blocks, nblocks, sizeof(PostingsBlock), compare_bound_desc);
+
+	plan = SPI_prepare(BLOCKS_QUERY, 4, block_types);
+	if (plan == NULL)
+		elog(ERROR, "ragservice_bm25: preparing the blocks query failed: %s",
+			 SPI_result_code_string(SPI_result));
+	acc = acc_create(CurrentMemoryContext, 1024, NULL);
+	batch = palloc(sizeof(PostingsBlock *) * Max(nblocks, 1));
+
+	/*
+	 * Phase 2: the blocks with the highest bounds first, in rounds, from the essential terms only
+	 * (MaxScore: a chunk found only in the non-essential terms, whose highest unread bounds add
+	 * up to less than theta, cannot enter the top k), until no essential term is left.
+	 */
+	for (i = 0; i < nterms; i++)
+		terms[i].essential = true;
+	for (;;)
+	{
+		int			count = 0;
+		double		theta;
+
+		for (i = 0; i < nblocks && (!prune || count < round_size); i++)
+			if (!blocks[i].read && terms[blocks[i].term].essential)
+				batch[count++] = &blocks[i];
+		if (count == 0)
+			break;
+		read_blocks(plan, batch, count, terms, &scoring, acc, true);
+		last_stats.rounds++;
+		round_size *= 2;
+		if (!prune)
+			break;
+		theta = kth_largest(acc, k, false);
+		unread_bounds(terms, nterms, blocks, nblocks);
+		if (theta > 0 && mark_essential_terms(terms, nterms, theta) == 0)
+			break;
+	}
+
+	/* Phase 3: complete the chunks that still could reach theta, if any block is left unread. */
+	if (prune && last_stats.blocks_read < nblocks)
+	{
+		complete_live_chunks(plan, acc, terms, nterms, blocks, nblocks, k, &scoring, batch);
+		live_only = true;
+	}
+
+	/* Phase 4: the chunks at or above the k-th best score. */
+	cut = kth_largest(acc, k, live_only);
+	result_seqs = SPI_palloc(sizeof(int64) * Max(acc->members, 1));
+	result_scores = SPI_palloc(sizeof(double) * Max(acc->members, 1));
+	acc_start_iterate(acc, &it);
+	while ((e = acc_iterate(acc, &it)) != NULL)
+	{
+		if ((live_only && !e->live) || e->score < cut)
+			continue;
+		result_seqs[nresults] = e->seq;
+		result_scores[nresults] = e->score;
+		nresults++;
+	}
+	SPI_finish();
+
+	for (i = 0; i < nresults; i++)
+	{
+		Datum		values[2];
+		bool		nulls[2] = {false, false};
+
+		values[0] = Int64GetDatum(result_seqs[i]);
+		values[1] = Float8GetDatum(result_scores[i]);
+		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+	}
+	return (Datum) 0;
+}
+
+Datum
+ragservice_bm25_last_stats(PG_FUNCTION_ARGS)
+{
+	TupleDesc	desc;
+	Datum		values[4];
+	bool		nulls[4] = {false, false, false, false};
+
+	if (get_call_result_type(fcinfo, NULL, &desc) != TYPEFUNC_COMPOSITE)
+		elog(ERROR, "ragservice_bm25_last_stats: a record type is expected");
+	desc = BlessTupleDesc(desc);
+	values[0] = Int64GetDatum(last_stats.blocks);
+	values[1] = Int64GetDatum(last_stats.blocks_read);
+	values[2] = Int64GetDatum(last_stats.postings_read);
+	values[3] = Int32GetDatum(last_stats.rounds);
+	PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(desc, values, nulls)));
+}

@@ -1,0 +1,268 @@
+"""Exact BM25 with block-max pruning (the `ragservice_bm25` extension, migration 0023): its top k
+equals exhaustive BM25 computed in Python for random queries, weights, k, k1 and b over a corpus
+of very frequent terms; it skips blocks when it can; it reads as its caller (row-level
+security); and the searcher uses it for unfiltered full text."""
+
+from __future__ import annotations
+
+import math
+import random
+import uuid
+from collections import Counter
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from sqlalchemy import text
+
+from ingest.pipeline import text_hash
+from ragservice import store
+from ragservice.bootstrap import Runtime
+from ragservice.db import tenancy
+from ragservice.retrieval.search import Mode, Searcher, SearchOptions
+from ragservice.types import TextChunk
+from tests.integration.test_postings import write
+
+# A Zipf vocabulary: the first words are in most chunks (very frequent terms, low idf), the
+# last in a handful.
+VOCABULARY = [f"{stem}{suffix}" for suffix in ("", "ic", "ate") for stem in (
+    "protein", "membrane", "cell", "gene", "tissue", "sample", "signal", "enzyme", "neuron",
+    "plasma", "cortex", "kinase", "ligand", "vector", "strain", "serum", "lesion", "muscle",
+    "glucose", "insulin",
+)]  # fmt: skip
+# ... and rare words, each in a handful of chunks.
+RARE = [f"rare{letter}" for letter in "abcdefghij"]
+CHUNKS = 6_000
+
+_TOPK = (
+    "SELECT seq, score FROM ragservice_bm25_topk(CAST(:c AS uuid[]), CAST(:terms AS text[]), "
+    "CAST(:weights AS float8[]), :k, :k1, :b)"
+)
+
+
+def zipf_text(rng: random.Random) -> str:
+    words = rng.choices(VOCABULARY, weights=[1 / (r + 1) for r in range(len(VOCABULARY))], k=20)
+    words = words[: rng.randint(3, 20)]
+    if rng.random() < 0.005:
+        words.append(rng.choice(RARE))
+    return " ".join(words) + "."
+
+
+def zipf_document(name: str, texts: list[str]) -> store.documents.DocumentWrite:
+    chunks = [
+        TextChunk(ordinal=o, text=t, start_char=0, end_char=len(t), token_count=len(t.split()))
+        for o, t in enumerate(texts)
+    ]
+    return store.documents.DocumentWrite(
+        external_id=name,
+        title=None,
+        source="",
+        metadata={},
+        content_hash=text_hash("\n".join(texts)),
+        char_count=sum(map(len, texts)),
+        chunks=chunks,
+        chunk_hashes=[text_hash(t) for t in texts],
+        embeddings=np.ones((len(texts), 4), dtype=np.float32),
+    )
+
+
+def fill_frequent(runtime: Runtime) -> uuid.UUID:
+    """CHUNKS chunks of 3-20 Zipf-drawn words, in one bulk statement."""
+    rng = random.Random(29)
+    docs = [
+        zipf_document(f"doc-{d}", [zipf_text(rng) for _ in range(100)])
+        for d in range(CHUNKS // 100)
+    ]
+    return write(runtime, "frequent", docs)
+
+
+def lexemes_of(runtime: Runtime, query: str) -> list[str]:
+    with runtime.db.read() as session:
+        return list(
+            session.execute(
+                text("SELECT tsvector_to_array(to_tsvector('english', :q))"), {"q": query}
+            ).scalar_one()
+        )
+
+
+@dataclass(frozen=True)
+class Reference:
+    """Every chunk's lexemes with their tf, and its length, read once from its tsvector."""
+
+    tf: dict[int, dict[str, int]]
+    lengths: dict[int, int]
+
+    @classmethod
+    def load(cls, runtime: Runtime, collection: uuid.UUID) -> Reference:
+        with runtime.db.read() as session:
+            rows = session.execute(
+                text(
+                    "SELECT c.seq, t.lexeme, coalesce(array_length(t.positions, 1), 1) "
+                    "FROM chunks c CROSS JOIN LATERAL unnest(to_tsvector('english', c.text)) t "
+                    "WHERE c.collection_id = :c"
+                ),
+                {"c": collection},
+            ).all()
+        tf: dict[int, dict[str, int]] = {}
+        for seq, lexeme, count in rows:
+            tf.setdefault(seq, {})[lexeme] = count
+        return cls(tf, {seq: sum(terms.values()) for seq, terms in tf.items()})
+
+    def scores(self, weights: dict[str, float], k1: float, b: float) -> dict[int, float]:
+        n = len(self.tf)
+        avgdl = sum(self.lengths.values()) / n
+        df = Counter(t for terms in self.tf.values() for t in terms if t in weights)
+        scores: dict[int, float] = {}
+        for seq, terms in self.tf.items():
+            matched = [t for t in terms if t in weights]
+            if matched:
+                scores[seq] = sum(
+                    weights[t]
+                    * math.log(1 + (n - df[t] + 0.5) / (df[t] + 0.5))
+                    * terms[t]
+                    * (k1 + 1)
+                    / (terms[t] + k1 * (1 - b + b * self.lengths[seq] / avgdl))
+                    for t in matched
+                )
+        return scores
+
+
+def assert_exact_top_k(found: dict[int, float], expected: dict[int, float], k: int) -> None:
+    """`found` holds BM25's top k with their exact scores: every chunk scoring above the k-th
+    best score, and chunks tying with it (those at the cut may be any of the ties)."""
+    ranked = sorted(expected.values(), reverse=True)
+    if not ranked:
+        assert found == {}
+        return
+    cut = ranked[min(k, len(ranked)) - 1]
+    tolerance = 1e-9 * max(1.0, abs(cut))
+    assert len(found) >= min(k, len(ranked))
+    for seq, score in found.items():
+        assert score == pytest.approx(expected[seq], rel=1e-9)
+        assert score >= cut - tolerance
+    above = {seq for seq, score in expected.items() if score > cut + tolerance}
+    assert above <= set(found)
+
+
+def top_k(
+    runtime: Runtime,
+    collection: uuid.UUID,
+    terms: list[str],
+    weights: list[float] | None,
+    k: int,
+    k1: float = 1.2,
+    b: float = 0.75,
+) -> tuple[dict[int, float], tuple[int, int]]:
+    """The function's rows, and the blocks it read of those in the terms' lists."""
+    with runtime.db.read() as session:
+        params = {"c": [collection], "terms": terms, "weights": weights, "k": k, "k1": k1, "b": b}
+        rows = session.execute(text(_TOPK), params).all()
+        stats = session.execute(
+            text("SELECT blocks, blocks_read FROM ragservice_bm25_last_stats()")
+        ).one()
+    return {int(seq): float(score) for seq, score in rows}, (stats[0], stats[1])
+
+
+@pytest.fixture
+def frequent(runtime: Runtime) -> tuple[uuid.UUID, Reference]:
+    collection = fill_frequent(runtime)
+    return collection, Reference.load(runtime, collection)
+
+
+def test_the_migration_installs_the_extension(runtime: Runtime) -> None:
+    with runtime.db.read() as session:
+        installed = session.execute(
+            text("SELECT extversion FROM pg_extension WHERE extname = 'ragservice_bm25'")
+        ).scalar()
+    assert installed == "1.0"
+
+
+def test_top_k_equals_exhaustive_bm25_for_random_queries(
+    runtime: Runtime, frequent: tuple[uuid.UUID, Reference]
+) -> None:
+    collection, reference = frequent
+    lexemes = sorted({t for terms in reference.tf.values() for t in terms})
+
+    @settings(max_examples=60, deadline=None, derandomize=True)
+    @given(
+        terms=st.lists(st.sampled_from([*lexemes, "absent"]), min_size=1, max_size=8),
+        weighted=st.booleans(),
+        seed=st.integers(0, 2**16),
+        k=st.integers(1, 60),
+        k1=st.floats(0, 3),
+        b=st.floats(0, 1),
+    )
+    def check(terms: list[str], weighted: bool, seed: int, k: int, k1: float, b: float) -> None:
+        rng = random.Random(seed)
+        weights = [round(rng.uniform(0.05, 2), 3) for _ in terms] if weighted else None
+        merged: dict[str, float] = {}
+        for i, term in enumerate(terms):  # a repeated term's weights add up
+            merged[term] = merged.get(term, 0.0) + (weights[i] if weights else 1.0)
+        if not weighted:
+            merged = dict.fromkeys(merged, 1.0)
+            terms = list(merged)
+        found, _ = top_k(runtime, collection, terms, weights, k, k1, b)
+        assert_exact_top_k(found, reference.scores(merged, k1, b), k)
+
+    check()
+
+
+def test_blocks_that_cannot_reach_the_top_k_are_skipped(
+    runtime: Runtime, frequent: tuple[uuid.UUID, Reference]
+) -> None:
+    collection, reference = frequent
+    df = Counter(t for terms in reference.tf.values() for t in terms)
+    ranked = [t for t, _ in df.most_common()]
+    terms = [*ranked[:3], "rarea", "rareb"]  # three very frequent terms, two rare ones
+    found, (blocks, read) = top_k(runtime, collection, terms, None, 3)
+    assert_exact_top_k(found, reference.scores(dict.fromkeys(terms, 1.0), 1.2, 0.75), 3)
+    assert blocks > 100
+    assert read < blocks / 2
+    # Asked for every chunk, it reads every block.
+    _, (blocks, read) = top_k(runtime, collection, terms, None, CHUNKS)
+    assert read == blocks
+
+
+def test_it_reads_as_its_caller_so_another_tenant_finds_nothing(
+    runtime: Runtime, frequent: tuple[uuid.UUID, Reference]
+) -> None:
+    collection, _ = frequent
+    with tenancy.as_system(), runtime.db.write() as session:
+        other = store.tenants.ensure_tenant(session, "other-bm25")
+    with tenancy.as_tenant(other):
+        found, (blocks, _) = top_k(runtime, collection, ["protein", "cell"], None, 10)
+    assert found == {} and blocks == 0
+    found, _ = top_k(runtime, collection, ["protein", "cell"], None, 10)
+    assert len(found) >= 10
+
+
+def test_the_searcher_uses_it_for_unfiltered_full_text(
+    runtime: Runtime, frequent: tuple[uuid.UUID, Reference]
+) -> None:
+    collection, reference = frequent
+    query = "protein membrane cells insulinate"
+    options = SearchOptions(mode=Mode.FULLTEXT, k=10, bm25_postings_per_term=50)
+
+    def search(exact: bool | None) -> list[tuple[uuid.UUID, float]]:
+        searcher = Searcher(
+            runtime.db, lambda _: np.zeros(4, np.float32), model_id=0, dimension=4,
+            exact_bm25=exact,
+        )  # fmt: skip
+        with searcher as s:
+            hits = s.search(collection_ids=[collection], query=query, options=options).hits
+        return [(h.chunk_id, h.score) for h in hits]
+
+    with runtime.db.read() as session:
+        seqs = dict(
+            session.execute(
+                text("SELECT id, seq FROM chunks WHERE collection_id = :c"), {"c": collection}
+            ).all()
+        )
+    exact = search(None)
+    weights = dict.fromkeys(lexemes_of(runtime, query), 1.0)
+    expected = reference.scores(weights, options.bm25_k1, options.bm25_b)
+    assert_exact_top_k({seqs[c]: score for c, score in exact}, expected, 10)
+    # The budgeted statement reads 50 postings a term: not the same ranking here.
+    assert search(False) != exact
