@@ -56,6 +56,7 @@ typedef struct Accum
 	int64		seq;
 	double		score;
 	uint64		seen;
+	uint32		round;			/* the last phase-2 round that added to it */
 	bool		live;
 	char		status;
 } Accum;
@@ -127,6 +128,26 @@ typedef struct Stats
 } Stats;
 
 static Stats last_stats;
+
+/*
+ * Theta's candidates in phase 2: the chunks a round added to (each once) and the top k after
+ * the round before. A chunk in neither kept its score, which was at most the old k-th best.
+ */
+typedef struct Leaders
+{
+	int64	   *touched;
+	int			ntouched;
+	int			capacity;
+	int64	   *top;
+	int			ntop;
+	uint32		round;
+} Leaders;
+
+typedef struct ScoredSeq
+{
+	double		score;
+	int64		seq;
+} ScoredSeq;
 
 #define FIRST_ROUND 16
 #define MAX_K 100000
@@ -236,6 +257,79 @@ kth_largest_of(Accum **items, int count, int k)
 	return result;
 }
 
+/* Offers (score, seq) to a min-heap (by score) of the k best. */
+static void
+heap_offer_scored(ScoredSeq *heap, int *size, int k, ScoredSeq v)
+{
+	int			i;
+
+	if (*size < k)
+	{
+		i = (*size)++;
+		while (i > 0 && heap[(i - 1) / 2].score > v.score)
+		{
+			heap[i] = heap[(i - 1) / 2];
+			i = (i - 1) / 2;
+		}
+		heap[i] = v;
+		return;
+	}
+	if (v.score <= heap[0].score)
+		return;
+	i = 0;
+	for (;;)
+	{
+		int			c = 2 * i + 1;
+
+		if (c >= *size)
+			break;
+		if (c + 1 < *size && heap[c + 1].score < heap[c].score)
+			c++;
+		if (heap[c].score >= v.score)
+			break;
+		heap[i] = heap[c];
+		i = c;
+	}
+	heap[i] = v;
+}
+
+/*
+ * Theta after a phase-2 round: the k-th best partial score (-infinity if fewer than k chunks),
+ * from the round's leaders alone; they become the next round's top.
+ */
+static double
+round_theta(acc_hash *acc, Leaders *leaders, int k)
+{
+	ScoredSeq  *heap = palloc(sizeof(ScoredSeq) * k);
+	int			size = 0;
+	double		theta;
+	int			i;
+
+	for (i = 0; i < leaders->ntouched; i++)
+	{
+		Accum	   *e = acc_lookup(acc, leaders->touched[i]);
+		ScoredSeq	v = {e->score, e->seq};
+
+		heap_offer_scored(heap, &size, k, v);
+	}
+	for (i = 0; i < leaders->ntop; i++)
+	{
+		Accum	   *e = acc_lookup(acc, leaders->top[i]);
+		ScoredSeq	v = {e->score, e->seq};
+
+		if (e->round != leaders->round)
+			heap_offer_scored(heap, &size, k, v);
+	}
+	theta = size < k ? -INFINITY : heap[0].score;
+	for (i = 0; i < size; i++)
+		leaders->top[i] = heap[i].seq;
+	leaders->ntop = size;
+	leaders->ntouched = 0;
+	leaders->round++;
+	pfree(heap);
+	return theta;
+}
+
 /* Each term's highest bound among the unread blocks (blocks are sorted by bound, highest first). */
 static double
 unread_bounds(Term *terms, int nterms, const PostingsBlock *blocks, int nblocks)
@@ -300,11 +394,12 @@ mark_essential_terms(Term *terms, int nterms, double theta)
 
 /*
  * Reads the given blocks and adds their postings to the chunks' scores: to every chunk (new
- * ones entered) when `enter`, else only to the live chunks already there.
+ * ones entered, each noted in `leaders`) in phase 2, else (NULL) only to the live chunks
+ * already there.
  */
 static void
 read_blocks(SPIPlanPtr plan, PostingsBlock **batch, int count, const Term *terms,
-			const Scoring *scoring, acc_hash *acc, bool enter)
+			const Scoring *scoring, acc_hash *acc, Leaders *leaders)
 {
 	Datum	   *collections = palloc(sizeof(Datum) * count);
 	Datum	   *lexemes = palloc(sizeof(Datum) * count);
@@ -362,7 +457,7 @@ read_blocks(SPIPlanPtr plan, PostingsBlock **batch, int count, const Term *terms
 				/ (tf[j] + scoring->k1 * (1 - scoring->b + scoring->b * len[j] / scoring->avgdl));
 			Accum	   *e;
 
-			if (enter)
+			if (leaders != NULL)
 			{
 				bool		found;
 
@@ -371,7 +466,19 @@ read_blocks(SPIPlanPtr plan, PostingsBlock **batch, int count, const Term *terms
 				{
 					e->score = 0;
 					e->seen = 0;
+					e->round = 0;
 					e->live = true;
+				}
+				if (e->round != leaders->round)
+				{
+					e->round = leaders->round;
+					if (leaders->ntouched == leaders->capacity)
+					{
+						leaders->capacity *= 2;
+						leaders->touched = repalloc_huge(leaders->touched,
+														 sizeof(int64) * leaders->capacity);
+					}
+					leaders->touched[leaders->ntouched++] = e->seq;
 				}
 			}
 			else
@@ -599,8 +706,8 @@ unseen_bound(const Accum *e, const Term *terms, int nterms)
  */
 static void
 complete_live_chunks(SPIPlanPtr plan, acc_hash *acc, Term *terms, int nterms,
-					 PostingsBlock *blocks, int nblocks, int k, const Scoring *scoring,
-					 PostingsBlock **batch)
+					 PostingsBlock *blocks, int nblocks, int64 postings, int k,
+					 const Scoring *scoring, PostingsBlock **batch)
 {
 	Accum	  **live = palloc(sizeof(Accum *) * Max(acc->members, 1));
 	int64	  **wanted = palloc(sizeof(int64 *) * nterms);
@@ -632,6 +739,8 @@ complete_live_chunks(SPIPlanPtr plan, acc_hash *acc, Term *terms, int nterms,
 		double		slack;
 		int			kept = 0;
 		int			count = 0;
+		int64		wanted_postings = 0;
+		bool		all;
 
 		theta = kth_largest_of(live, nlive, k);
 		slack = SLACK * fabs(theta);
@@ -657,14 +766,25 @@ complete_live_chunks(SPIPlanPtr plan, acc_hash *acc, Term *terms, int nterms,
 			t = blocks[i].term;
 			if (!holds_seq_in(wanted[t], nwanted[t], blocks[i].first_seq, blocks[i].last_seq))
 				blocks[i].read = true;	/* settled: no live chunk's posting is there */
-			else if (count < round_size)
+			else
+			{
 				batch[count++] = &blocks[i];
+				wanted_postings += blocks[i].n;
+			}
 		}
 		if (count == 0)
 			break;
-		read_blocks(plan, batch, count, terms, scoring, acc, false);
+		/*
+		 * A round reads the wanted blocks with the highest bounds; when they hold a quarter of
+		 * the query's postings or more, all of them at once (the rounds would not pay for
+		 * their bookkeeping), which completes every live chunk.
+		 */
+		all = wanted_postings * 4 >= postings;
+		read_blocks(plan, batch, all ? count : Min(count, round_size), terms, scoring, acc, NULL);
 		last_stats.rounds++;
 		round_size *= 2;
+		if (all)
+			break;
 	}
 }
 
@@ -683,6 +803,8 @@ ragservice_bm25_topk(PG_FUNCTION_ARGS)
 	PostingsBlock	  **batch;
 	int			nblocks;
 	int			round_size = FIRST_ROUND;
+	int64		postings = 0;
+	Leaders		leaders;
 	bool		prune;
 	bool		live_only = false;
 	double		cut;
@@ -721,6 +843,8 @@ ragservice_bm25_topk(PG_FUNCTION_ARGS)
 	read_totals(collections, &n, &scoring.avgdl);
 	nblocks = read_block_bounds(collections, terms_datum, terms, nterms, &scoring, n, &blocks);
 	last_stats.blocks = nblocks;
+	for (i = 0; i < nblocks; i++)
+		postings += blocks[i].n;
 	prune = bounds_hold(terms, nterms, &scoring);
 	if (prune)
 		qsort(blocks, nblocks, sizeof(PostingsBlock), compare_bound_desc);
@@ -729,8 +853,19 @@ ragservice_bm25_topk(PG_FUNCTION_ARGS)
 	if (plan == NULL)
 		elog(ERROR, "ragservice_bm25: preparing the blocks query failed: %s",
 			 SPI_result_code_string(SPI_result));
-	acc = acc_create(CurrentMemoryContext, 1024, NULL);
+	/*
+	 * Sized for half the postings up front (at most 1M chunks): a query that reads most of them
+	 * rehashes once at most as it fills, one that prunes does not zero much it never uses.
+	 */
+	acc = acc_create(CurrentMemoryContext,
+					 (uint32) Min(Max(postings / 2, 1024), INT64CONST(1) << 20), NULL);
 	batch = palloc(sizeof(PostingsBlock *) * Max(nblocks, 1));
+	leaders.capacity = 1024;
+	leaders.touched = palloc(sizeof(int64) * leaders.capacity);
+	leaders.ntouched = 0;
+	leaders.top = palloc(sizeof(int64) * k);
+	leaders.ntop = 0;
+	leaders.round = 1;
 
 	/*
 	 * Phase 2: the blocks with the highest bounds first, in rounds, from the essential terms only
@@ -749,12 +884,27 @@ ragservice_bm25_topk(PG_FUNCTION_ARGS)
 				batch[count++] = &blocks[i];
 		if (count == 0)
 			break;
-		read_blocks(plan, batch, count, terms, &scoring, acc, true);
+		read_blocks(plan, batch, count, terms, &scoring, acc, &leaders);
 		last_stats.rounds++;
 		round_size *= 2;
 		if (!prune)
 			break;
-		theta = kth_largest(acc, k, false);
+		if (last_stats.postings_read * 2 >= postings)
+		{
+			/*
+			 * Half the postings read and still going: the bounds are not paying for their
+			 * bookkeeping on this query, so read the rest at once (exhaustive from here).
+			 */
+			count = 0;
+			for (i = 0; i < nblocks; i++)
+				if (!blocks[i].read)
+					batch[count++] = &blocks[i];
+			if (count > 0)
+				read_blocks(plan, batch, count, terms, &scoring, acc, &leaders);
+			last_stats.rounds++;
+			break;
+		}
+		theta = round_theta(acc, &leaders, k);
 		unread_bounds(terms, nterms, blocks, nblocks);
 		if (theta > 0 && mark_essential_terms(terms, nterms, theta) == 0)
 			break;
@@ -763,7 +913,8 @@ ragservice_bm25_topk(PG_FUNCTION_ARGS)
 	/* Phase 3: complete the chunks that still could reach theta, if any block is left unread. */
 	if (prune && last_stats.blocks_read < nblocks)
 	{
-		complete_live_chunks(plan, acc, terms, nterms, blocks, nblocks, k, &scoring, batch);
+		complete_live_chunks(plan, acc, terms, nterms, blocks, nblocks, postings, k, &scoring,
+							 batch);
 		live_only = true;
 	}
 
