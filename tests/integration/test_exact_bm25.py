@@ -15,15 +15,16 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from sqlalchemy import text
+from sqlalchemy import create_engine, text
 
 from ingest.pipeline import text_hash
 from ragservice import store
 from ragservice.bootstrap import Runtime
-from ragservice.db import tenancy
+from ragservice.db import migrate, tenancy
+from ragservice.retrieval import statements
 from ragservice.retrieval.search import Mode, Searcher, SearchOptions
 from ragservice.types import TextChunk
-from tests.integration.test_postings import write
+from tests.integration.test_postings import _downgrade, write
 
 # A Zipf vocabulary: the first words are in most chunks (very frequent terms, low idf), the
 # last in a handful.
@@ -266,3 +267,39 @@ def test_the_searcher_uses_it_for_unfiltered_full_text(
     assert_exact_top_k({seqs[c]: score for c, score in exact}, expected, 10)
     # The budgeted statement reads 50 postings a term: not the same ranking here.
     assert search(False) != exact
+
+
+def test_without_the_extension_full_text_falls_back_to_the_sql_statement(
+    runtime: Runtime, frequent: tuple[uuid.UUID, Reference], database_url: str
+) -> None:
+    """A database without the extension (migration 0023 down, as on a server without its
+    files): the searcher notices and ranks by the budgeted SQL statement; the upgrade puts the
+    extension back and the search is exact again."""
+    collection, _ = frequent
+    options = SearchOptions(mode=Mode.FULLTEXT, k=10, bm25_postings_per_term=10**6)
+
+    def search() -> list[tuple[uuid.UUID, float]]:
+        searcher = Searcher(runtime.db, lambda _: np.zeros(4, np.float32), model_id=0, dimension=4)
+        with searcher as s:
+            hits = s.search(collection_ids=[collection], query="protein cells", options=options)
+        return [(h.chunk_id, h.score) for h in hits.hits]
+
+    def installed() -> bool:
+        with runtime.db.read() as session:
+            return bool(session.execute(text(statements.HAS_EXACT_BM25.as_string())).scalar())
+
+    exact = search()
+    engine = create_engine(database_url)
+    try:
+        _downgrade(engine, "0022")
+        runtime.db.dispose()
+        assert not installed()
+        fallback = search()  # an unlimited budget: every posting, the same ranking
+        assert [c for c, _ in fallback] == [c for c, _ in exact]
+        assert [s for _, s in fallback] == pytest.approx([s for _, s in exact], rel=1e-9)
+        migrate.upgrade(engine)
+    finally:
+        engine.dispose()
+    runtime.db.dispose()
+    assert installed()
+    assert search() == exact
