@@ -194,7 +194,14 @@ class Settings(BaseSettings):
     bm25_postings_per_term: int = Field(
         default=2_000,
         ge=1,
-        description="BM25 postings read per query term, highest impact first (exact below it)",
+        description="BM25 postings read per query term, highest impact first (exact below it), "
+        "where full text is not exact",
+    )
+    bm25_exact: bool = Field(
+        default=True,
+        description="unfiltered full text is exact BM25 where the database has the "
+        "ragservice_bm25 extension; false: the budgeted SQL statement always (faster on "
+        "collections of a million chunks, see docs/benchmarks.md)",
     )
     query_encoder: Literal["auto", "onnx", "torch"] = Field(
         default="auto", description="how single queries are embedded; auto: ONNX on CPU"

@@ -246,6 +246,8 @@ class AnswerPipeline:
                     settings.search_text_candidates,
                     settings.bm25_k1,
                     settings.bm25_b,
+                    settings.bm25_exact,
+                    settings.bm25_postings_per_term,
                     settings.search_fusion,
                     settings.search_text_weight,
                     settings.search_adaptive_weight,

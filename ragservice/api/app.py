@@ -233,8 +233,10 @@ def make_pipeline(
 
 
 def make_searcher(runtime: Runtime) -> Searcher:
-    """A searcher on the serving model, resolved as each search starts."""
-    return Searcher(runtime.db, models=runtime.models.current)
+    """A searcher on the serving model, resolved as each search starts; exact full text where
+    the database allows and the settings ask for it."""
+    exact = None if runtime.settings.bm25_exact else False
+    return Searcher(runtime.db, models=runtime.models.current, exact_bm25=exact)
 
 
 def check_auth_binding(settings: Settings, host: str) -> None:

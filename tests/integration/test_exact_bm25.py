@@ -5,6 +5,7 @@ security); and the searcher uses it for unfiltered full text."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 import uuid
@@ -19,6 +20,7 @@ from sqlalchemy import create_engine, text
 
 from ingest.pipeline import text_hash
 from ragservice import store
+from ragservice.api.app import make_searcher
 from ragservice.bootstrap import Runtime
 from ragservice.db import migrate, tenancy
 from ragservice.retrieval import statements
@@ -266,7 +268,13 @@ def test_the_searcher_uses_it_for_unfiltered_full_text(
     expected = reference.scores(weights, options.bm25_k1, options.bm25_b)
     assert_exact_top_k({seqs[c]: score for c, score in exact}, expected, 10)
     # The budgeted statement reads 50 postings a term: not the same ranking here.
-    assert search(False) != exact
+    budgeted = search(False)
+    assert budgeted != exact
+    # RAGSERVICE_BM25_EXACT=false: the service's searcher takes the budgeted statement.
+    settings = runtime.settings.model_copy(update={"bm25_exact": False})
+    with make_searcher(dataclasses.replace(runtime, settings=settings)) as s:
+        hits = s.search(collection_ids=[collection], query=query, options=options).hits
+    assert [(h.chunk_id, h.score) for h in hits] == budgeted
 
 
 def test_without_the_extension_full_text_falls_back_to_the_sql_statement(
