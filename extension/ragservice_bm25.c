@@ -187,76 +187,6 @@ typedef Accum *AccumPointer;
 #define ST_DEFINE
 #include "lib/sort_template.h"
 
-/* Offers v to a min-heap of the k largest values seen. */
-static void
-heap_offer(double *heap, int *size, int k, double v)
-{
-	int			i;
-
-	if (*size < k)
-	{
-		i = (*size)++;
-		while (i > 0 && heap[(i - 1) / 2] > v)
-		{
-			heap[i] = heap[(i - 1) / 2];
-			i = (i - 1) / 2;
-		}
-		heap[i] = v;
-		return;
-	}
-	if (v <= heap[0])
-		return;
-	i = 0;
-	for (;;)
-	{
-		int			c = 2 * i + 1;
-
-		if (c >= *size)
-			break;
-		if (c + 1 < *size && heap[c + 1] < heap[c])
-			c++;
-		if (heap[c] >= v)
-			break;
-		heap[i] = heap[c];
-		i = c;
-	}
-	heap[i] = v;
-}
-
-/* The k-th largest score (k >= 1) of the chunks (the live ones), or -infinity if fewer. */
-static double
-kth_largest(acc_hash *acc, int k, bool live_only)
-{
-	double	   *heap = palloc(sizeof(double) * k);
-	int			size = 0;
-	double		result;
-	acc_iterator it;
-	Accum	   *e;
-
-	acc_start_iterate(acc, &it);
-	while ((e = acc_iterate(acc, &it)) != NULL)
-		if (!live_only || e->live)
-			heap_offer(heap, &size, k, e->score);
-	result = size < k ? -INFINITY : heap[0];
-	pfree(heap);
-	return result;
-}
-
-static double
-kth_largest_of(Accum **items, int count, int k)
-{
-	double	   *heap = palloc(sizeof(double) * k);
-	int			size = 0;
-	double		result;
-	int			i;
-
-	for (i = 0; i < count; i++)
-		heap_offer(heap, &size, k, items[i]->score);
-	result = size < k ? -INFINITY : heap[0];
-	pfree(heap);
-	return result;
-}
-
 /* Offers (score, seq) to a min-heap (by score) of the k best. */
 static void
 heap_offer_scored(ScoredSeq *heap, int *size, int k, ScoredSeq v)
@@ -291,6 +221,40 @@ heap_offer_scored(ScoredSeq *heap, int *size, int k, ScoredSeq v)
 		i = c;
 	}
 	heap[i] = v;
+}
+
+/* The k-th largest score (k >= 1) of the chunks (the live ones), or -infinity if fewer. */
+static double
+kth_largest(acc_hash *acc, int k, bool live_only)
+{
+	ScoredSeq  *heap = palloc(sizeof(ScoredSeq) * k);
+	int			size = 0;
+	double		result;
+	acc_iterator it;
+	Accum	   *e;
+
+	acc_start_iterate(acc, &it);
+	while ((e = acc_iterate(acc, &it)) != NULL)
+		if (!live_only || e->live)
+			heap_offer_scored(heap, &size, k, (ScoredSeq) {e->score, e->seq});
+	result = size < k ? -INFINITY : heap[0].score;
+	pfree(heap);
+	return result;
+}
+
+static double
+kth_largest_of(Accum **items, int count, int k)
+{
+	ScoredSeq  *heap = palloc(sizeof(ScoredSeq) * k);
+	int			size = 0;
+	double		result;
+	int			i;
+
+	for (i = 0; i < count; i++)
+		heap_offer_scored(heap, &size, k, (ScoredSeq) {items[i]->score, items[i]->seq});
+	result = size < k ? -INFINITY : heap[0].score;
+	pfree(heap);
+	return result;
 }
 
 /*

@@ -18,15 +18,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sqlalchemy import create_engine, text
 
-from ingest.pipeline import text_hash
 from ragservice import store
 from ragservice.api.app import make_searcher
 from ragservice.bootstrap import Runtime
 from ragservice.db import migrate, tenancy
 from ragservice.retrieval import statements
 from ragservice.retrieval.search import Mode, Searcher, SearchOptions
-from ragservice.types import TextChunk
-from tests.integration.test_postings import _downgrade, write
+from tests.integration.test_postings import _downgrade, document_of, write
 
 # A Zipf vocabulary: the first words are in most chunks (very frequent terms, low idf), the
 # last in a handful.
@@ -53,30 +51,11 @@ def zipf_text(rng: random.Random) -> str:
     return " ".join(words) + "."
 
 
-def zipf_document(name: str, texts: list[str]) -> store.documents.DocumentWrite:
-    chunks = [
-        TextChunk(ordinal=o, text=t, start_char=0, end_char=len(t), token_count=len(t.split()))
-        for o, t in enumerate(texts)
-    ]
-    return store.documents.DocumentWrite(
-        external_id=name,
-        title=None,
-        source="",
-        metadata={},
-        content_hash=text_hash("\n".join(texts)),
-        char_count=sum(map(len, texts)),
-        chunks=chunks,
-        chunk_hashes=[text_hash(t) for t in texts],
-        embeddings=np.ones((len(texts), 4), dtype=np.float32),
-    )
-
-
 def fill_frequent(runtime: Runtime) -> uuid.UUID:
     """CHUNKS chunks of 3-20 Zipf-drawn words, in one bulk statement."""
     rng = random.Random(29)
     docs = [
-        zipf_document(f"doc-{d}", [zipf_text(rng) for _ in range(100)])
-        for d in range(CHUNKS // 100)
+        document_of(f"doc-{d}", [zipf_text(rng) for _ in range(100)]) for d in range(CHUNKS // 100)
     ]
     return write(runtime, "frequent", docs)
 

@@ -34,7 +34,11 @@ def body(i: int) -> str:
 
 
 def document(name: str, numbers: Sequence[int]) -> store.documents.DocumentWrite:
-    texts = [body(i) for i in numbers]
+    return document_of(name, [body(i) for i in numbers])
+
+
+def document_of(name: str, texts: Sequence[str]) -> store.documents.DocumentWrite:
+    """A document of the given chunk texts (flat 4-d vectors)."""
     chunks = [
         TextChunk(ordinal=o, text=t, start_char=0, end_char=len(t), token_count=len(t.split()))
         for o, t in enumerate(texts)
