@@ -42,24 +42,63 @@
 #include "miscadmin.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
+#include "utils/guc.h"
 #include "utils/tuplestore.h"
 #include "utils/uuid.h"
 
 PG_MODULE_MAGIC;
 
+/* ragservice_bm25.accumulator: how the partial scores are kept (auto: by the seq range). */
+typedef enum AccumulatorChoice
+{
+	ACCUMULATOR_AUTO,
+	ACCUMULATOR_HASH,
+	ACCUMULATOR_ARRAY
+} AccumulatorChoice;
+
+static const struct config_enum_entry accumulator_options[] = {
+	{"auto", ACCUMULATOR_AUTO, false},
+	{"hash", ACCUMULATOR_HASH, false},
+	{"array", ACCUMULATOR_ARRAY, false},
+	{NULL, 0, false}
+};
+
+static int	accumulator_choice = ACCUMULATOR_AUTO;
+
+void		_PG_init(void);
+
+void
+_PG_init(void)
+{
+	DefineCustomEnumVariable("ragservice_bm25.accumulator",
+							 "How ragservice_bm25_topk keeps partial scores.",
+							 "auto: an array over the seq range when it is dense enough, else a "
+							 "hash; array: the array whenever the range allows it; hash: always "
+							 "the hash.",
+							 &accumulator_choice, ACCUMULATOR_AUTO, accumulator_options,
+							 PGC_USERSET, 0, NULL, NULL, NULL);
+	MarkGUCPrefixReserved("ragservice_bm25");
+}
+
 PG_FUNCTION_INFO_V1(ragservice_bm25_topk);
 PG_FUNCTION_INFO_V1(ragservice_bm25_last_stats);
 
-/* A chunk's partial score, and the terms (the first 64) whose posting it has been seen in. */
+/*
+ * A chunk's partial score, and the terms (the first 32) whose posting it has been seen in; 24
+ * bytes, so that a million of them stay in a large last-level cache.
+ */
 typedef struct Accum
 {
 	int64		seq;
 	double		score;
-	uint64		seen;
-	uint32		round;			/* the last phase-2 round that added to it */
+	uint32		seen;
+	uint16		round;			/* the last phase-2 round that added to it */
 	bool		live;
 	char		status;
 } Accum;
+
+#define SEEN_TERMS 32
+#define SEEN_BIT(t) ((t) < SEEN_TERMS ? (uint32) 1 << (t) : 0)
 
 /* splitmix64's finalizer: seqs are dense integers, their low bits alone hash badly */
 static inline uint32
@@ -85,6 +124,211 @@ seq_hash(int64 seq)
 #define SH_DECLARE
 #define SH_DEFINE
 #include "lib/simplehash.h"
+
+/*
+ * The chunks' partial scores: a direct-mapped array over the seq range of the blocks when it is
+ * dense enough (postings of one block sit next to each other, and nothing is hashed), else a
+ * hash. The array is calloc'd (fresh pages are zero without being written) and freed with the
+ * memory context that holds the accumulator.
+ */
+typedef struct Accumulator
+{
+	acc_hash   *hash;			/* sparse; NULL when dense */
+	Accum	   *slots;			/* dense: slots[seq - base], status 1 when present */
+	int64		base;
+	int64		range;
+	Accum	  **members;		/* dense: the present slots, in the order they came */
+	uint32		nmembers;
+	uint32		capacity;
+	uint64	   *live_bits;		/* phase 3: a bit per seq from base, set for the live chunks */
+} Accumulator;
+
+typedef struct AccumIterator
+{
+	acc_iterator hash_it;
+	uint32		next;
+} AccumIterator;
+
+/* The widest seq range worth an array: 24 bytes a slot, 96 MB at most, 4 slots a posting. */
+#define DENSE_MAX_RANGE (INT64CONST(1) << 22)
+#define DENSE_SLOTS_PER_POSTING 4
+
+/*
+ * A backend keeps one array of up to 32 MB between calls: a fresh one per call costs a page
+ * fault per 4 KB, more than clearing the part in use.
+ */
+#define KEPT_SLOTS_MAX ((INT64CONST(32) << 20) / (int64) sizeof(Accum))
+
+static Accum *kept_slots = NULL;
+static int64 kept_capacity = 0;
+static bool kept_in_use = false;
+
+static void
+free_slots(void *arg)
+{
+	free(arg);
+}
+
+static void
+release_kept_slots(void *arg)
+{
+	kept_in_use = false;
+}
+
+/* A zeroed array of `range` slots, freed (or handed back) with the current memory context. */
+static Accum *
+allocate_slots(int64 range)
+{
+	MemoryContextCallback *cb = palloc(sizeof(MemoryContextCallback));
+
+	if (range <= KEPT_SLOTS_MAX && !kept_in_use)
+	{
+		if (kept_capacity < range)
+		{
+			free(kept_slots);
+			kept_capacity = 0;
+			kept_slots = malloc(sizeof(Accum) * (size_t) range);
+			if (kept_slots == NULL)
+				return NULL;
+			kept_capacity = range;
+		}
+		memset(kept_slots, 0, sizeof(Accum) * (size_t) range);
+		kept_in_use = true;
+		cb->func = release_kept_slots;
+		cb->arg = NULL;
+		MemoryContextRegisterResetCallback(CurrentMemoryContext, cb);
+		return kept_slots;
+	}
+	cb->arg = calloc((size_t) range, sizeof(Accum));
+	if (cb->arg == NULL)
+		return NULL;
+	cb->func = free_slots;
+	MemoryContextRegisterResetCallback(CurrentMemoryContext, cb);
+	return cb->arg;
+}
+
+static Accumulator *
+accum_create(int64 first_seq, int64 last_seq, int64 postings)
+{
+	Accumulator *a = palloc0(sizeof(Accumulator));
+	int64		range = last_seq - first_seq + 1;
+
+	a->base = first_seq;
+	a->range = range;
+
+	if (postings > 0 && range > 0 && range <= DENSE_MAX_RANGE
+		&& accumulator_choice != ACCUMULATOR_HASH
+		&& (accumulator_choice == ACCUMULATOR_ARRAY || range <= DENSE_SLOTS_PER_POSTING * postings))
+		a->slots = allocate_slots(range);
+	if (a->slots != NULL)
+	{
+		a->capacity = (uint32) Min(Max(postings / 2, 1024), range);
+		a->members = palloc_extended(sizeof(Accum *) * a->capacity, MCXT_ALLOC_HUGE);
+		return a;
+	}
+
+	/*
+	 * Sized for half the postings up front (at most 1M chunks): a query that reads most of them
+	 * rehashes once at most as it fills, one that prunes does not zero much it never uses.
+	 */
+	a->hash = acc_create(CurrentMemoryContext,
+						 (uint32) Min(Max(postings / 2, 1024), INT64CONST(1) << 20), NULL);
+	return a;
+}
+
+static inline uint32
+accum_count(const Accumulator *a)
+{
+	return a->hash != NULL ? a->hash->members : a->nmembers;
+}
+
+/* The chunk's entry, entered (zero) if new. */
+static inline Accum *
+accum_upsert(Accumulator *a, int64 seq)
+{
+	Accum	   *e;
+	bool		found;
+
+	if (a->hash != NULL)
+	{
+		e = acc_insert(a->hash, seq, &found);
+		if (found)
+			return e;
+	}
+	else
+	{
+		e = &a->slots[seq - a->base];
+		if (e->status != 0)
+			return e;
+		e->status = 1;
+		e->seq = seq;
+		if (a->nmembers == a->capacity)
+		{
+			a->capacity = (uint32) Min((int64) a->capacity * 2, a->range);
+			a->members = repalloc_huge(a->members, sizeof(Accum *) * a->capacity);
+		}
+		a->members[a->nmembers++] = e;
+	}
+	e->score = 0;
+	e->seen = 0;
+	e->round = 0;
+	e->live = true;
+	return e;
+}
+
+static inline Accum *
+accum_find(Accumulator *a, int64 seq)
+{
+	Accum	   *e;
+
+	if (a->hash != NULL)
+		return acc_lookup(a->hash, seq);
+	if (seq < a->base || seq - a->base >= a->range)
+		return NULL;
+	e = &a->slots[seq - a->base];
+	return e->status != 0 ? e : NULL;
+}
+
+/* The widest seq range given a bitmap of the live chunks in phase 3: 16 MB of bits. */
+#define LIVE_BITS_MAX_RANGE (INT64CONST(1) << 27)
+
+static inline bool
+live_bit(const Accumulator *a, int64 seq)
+{
+	uint64		off = (uint64) (seq - a->base);
+
+	return off < (uint64) a->range
+		&& (a->live_bits[off >> 6] & (UINT64CONST(1) << (off & 63))) != 0;
+}
+
+static inline void
+set_live_bit(Accumulator *a, int64 seq, bool live)
+{
+	uint64		off = (uint64) (seq - a->base);
+	uint64		mask = UINT64CONST(1) << (off & 63);
+
+	if (live)
+		a->live_bits[off >> 6] |= mask;
+	else
+		a->live_bits[off >> 6] &= ~mask;
+}
+
+static inline void
+accum_start(Accumulator *a, AccumIterator *it)
+{
+	memset(it, 0, sizeof(AccumIterator));
+	if (a->hash != NULL)
+		acc_start_iterate(a->hash, &it->hash_it);
+	it->next = 0;
+}
+
+static inline Accum *
+accum_next(Accumulator *a, AccumIterator *it)
+{
+	if (a->hash != NULL)
+		return acc_iterate(a->hash, &it->hash_it);
+	return it->next < a->nmembers ? a->members[it->next++] : NULL;
+}
 
 typedef struct Term
 {
@@ -140,7 +384,7 @@ typedef struct Leaders
 	int			capacity;
 	int64	   *top;
 	int			ntop;
-	uint32		round;
+	uint16		round;
 } Leaders;
 
 typedef struct ScoredSeq
@@ -150,6 +394,7 @@ typedef struct ScoredSeq
 } ScoredSeq;
 
 #define FIRST_ROUND 16
+#define FETCH_BLOCKS 256
 #define MAX_K 100000
 /* Relative slack on every pruning comparison: sums in another order may differ by an ulp. */
 #define SLACK 1e-9
@@ -225,16 +470,16 @@ heap_offer_scored(ScoredSeq *heap, int *size, int k, ScoredSeq v)
 
 /* The k-th largest score (k >= 1) of the chunks (the live ones), or -infinity if fewer. */
 static double
-kth_largest(acc_hash *acc, int k, bool live_only)
+kth_largest(Accumulator *acc, int k, bool live_only)
 {
 	ScoredSeq  *heap = palloc(sizeof(ScoredSeq) * k);
 	int			size = 0;
 	double		result;
-	acc_iterator it;
+	AccumIterator it;
 	Accum	   *e;
 
-	acc_start_iterate(acc, &it);
-	while ((e = acc_iterate(acc, &it)) != NULL)
+	accum_start(acc, &it);
+	while ((e = accum_next(acc, &it)) != NULL)
 		if (!live_only || e->live)
 			heap_offer_scored(heap, &size, k, (ScoredSeq) {e->score, e->seq});
 	result = size < k ? -INFINITY : heap[0].score;
@@ -262,7 +507,7 @@ kth_largest_of(Accum **items, int count, int k)
  * from the round's leaders alone; they become the next round's top.
  */
 static double
-round_theta(acc_hash *acc, Leaders *leaders, int k)
+round_theta(Accumulator *acc, Leaders *leaders, int k)
 {
 	ScoredSeq  *heap = palloc(sizeof(ScoredSeq) * k);
 	int			size = 0;
@@ -271,14 +516,14 @@ round_theta(acc_hash *acc, Leaders *leaders, int k)
 
 	for (i = 0; i < leaders->ntouched; i++)
 	{
-		Accum	   *e = acc_lookup(acc, leaders->touched[i]);
+		Accum	   *e = accum_find(acc, leaders->touched[i]);
 		ScoredSeq	v = {e->score, e->seq};
 
 		heap_offer_scored(heap, &size, k, v);
 	}
 	for (i = 0; i < leaders->ntop; i++)
 	{
-		Accum	   *e = acc_lookup(acc, leaders->top[i]);
+		Accum	   *e = accum_find(acc, leaders->top[i]);
 		ScoredSeq	v = {e->score, e->seq};
 
 		if (e->round != leaders->round)
@@ -356,6 +601,65 @@ mark_essential_terms(Term *terms, int nterms, double theta)
 	return essential;
 }
 
+/* Adds a block's postings (a row of BLOCKS_QUERY) to the chunks' scores; see read_blocks. */
+static void
+add_block_postings(HeapTuple tuple, TupleDesc desc, PostingsBlock **batch, const Term *terms,
+				   const Scoring *scoring, Accumulator *acc, Leaders *leaders)
+{
+	bool		isnull;
+	int64		ordinal = DatumGetInt64(SPI_getbinval(tuple, desc, 1, &isnull));
+	ArrayType  *seqs = DatumGetArrayTypeP(SPI_getbinval(tuple, desc, 2, &isnull));
+	ArrayType  *tfs = DatumGetArrayTypeP(SPI_getbinval(tuple, desc, 3, &isnull));
+	ArrayType  *lengths = DatumGetArrayTypeP(SPI_getbinval(tuple, desc, 4, &isnull));
+	const PostingsBlock *block = batch[ordinal - 1];
+	const Term *term = &terms[block->term];
+	int			n = ArrayGetNItems(ARR_NDIM(seqs), ARR_DIMS(seqs));
+	const int64 *seq = (const int64 *) ARR_DATA_PTR(seqs);
+	const int16 *tf = (const int16 *) ARR_DATA_PTR(tfs);
+	const int32 *len = (const int32 *) ARR_DATA_PTR(lengths);
+	uint32		bit = SEEN_BIT(block->term);
+	int			j;
+
+	CHECK_FOR_INTERRUPTS();
+	if (ARR_HASNULL(seqs) || ARR_HASNULL(tfs) || ARR_HASNULL(lengths)
+		|| ArrayGetNItems(ARR_NDIM(tfs), ARR_DIMS(tfs)) != n
+		|| ArrayGetNItems(ARR_NDIM(lengths), ARR_DIMS(lengths)) != n)
+		elog(ERROR, "ragservice_bm25: malformed postings block");
+	for (j = 0; j < n; j++)
+	{
+		double		part = term->idf_weight * tf[j] * (scoring->k1 + 1)
+			/ (tf[j] + scoring->k1 * (1 - scoring->b + scoring->b * len[j] / scoring->avgdl));
+		Accum	   *e;
+
+		if (leaders != NULL)
+		{
+			e = accum_upsert(acc, seq[j]);
+			if (e->round != leaders->round)
+			{
+				e->round = leaders->round;
+				if (leaders->ntouched == leaders->capacity)
+				{
+					leaders->capacity *= 2;
+					leaders->touched = repalloc_huge(leaders->touched,
+													 sizeof(int64) * leaders->capacity);
+				}
+				leaders->touched[leaders->ntouched++] = e->seq;
+			}
+		}
+		else
+		{
+			if (acc->live_bits != NULL && !live_bit(acc, seq[j]))
+				continue;
+			e = accum_find(acc, seq[j]);
+			if (e == NULL || !e->live)
+				continue;
+		}
+		e->score += part;
+		e->seen |= bit;
+	}
+	last_stats.postings_read += n;
+}
+
 /*
  * Reads the given blocks and adds their postings to the chunks' scores: to every chunk (new
  * ones entered, each noted in `leaders`) in phase 2, else (NULL) only to the live chunks
@@ -363,7 +667,7 @@ mark_essential_terms(Term *terms, int nterms, double theta)
  */
 static void
 read_blocks(SPIPlanPtr plan, PostingsBlock **batch, int count, const Term *terms,
-			const Scoring *scoring, acc_hash *acc, Leaders *leaders)
+			const Scoring *scoring, Accumulator *acc, Leaders *leaders)
 {
 	Datum	   *collections = palloc(sizeof(Datum) * count);
 	Datum	   *lexemes = palloc(sizeof(Datum) * count);
@@ -372,7 +676,7 @@ read_blocks(SPIPlanPtr plan, PostingsBlock **batch, int count, const Term *terms
 	Datum		args[4];
 	int			i;
 	uint64		row;
-	int			rc;
+	Portal		portal;
 
 	for (i = 0; i < count; i++)
 	{
@@ -388,76 +692,21 @@ read_blocks(SPIPlanPtr plan, PostingsBlock **batch, int count, const Term *terms
 	args[2] = PointerGetDatum(construct_array_builtin(tiers, count, INT2OID));
 	args[3] = PointerGetDatum(construct_array_builtin(firsts, count, INT8OID));
 
-	rc = SPI_execute_plan(plan, args, NULL, true, 0);
-	if (rc != SPI_OK_SELECT)
-		elog(ERROR, "ragservice_bm25: reading postings blocks failed: %s", SPI_result_code_string(rc));
-
-	for (row = 0; row < SPI_processed; row++)
+	/* through a cursor, a few hundred blocks at a time: their copies reuse the same memory */
+	portal = SPI_cursor_open(NULL, plan, args, NULL, true);
+	for (;;)
 	{
-		HeapTuple	tuple = SPI_tuptable->vals[row];
-		TupleDesc	desc = SPI_tuptable->tupdesc;
-		bool		isnull;
-		int64		ordinal = DatumGetInt64(SPI_getbinval(tuple, desc, 1, &isnull));
-		ArrayType  *seqs = DatumGetArrayTypeP(SPI_getbinval(tuple, desc, 2, &isnull));
-		ArrayType  *tfs = DatumGetArrayTypeP(SPI_getbinval(tuple, desc, 3, &isnull));
-		ArrayType  *lengths = DatumGetArrayTypeP(SPI_getbinval(tuple, desc, 4, &isnull));
-		const PostingsBlock *block = batch[ordinal - 1];
-		const Term *term = &terms[block->term];
-		int			n = ArrayGetNItems(ARR_NDIM(seqs), ARR_DIMS(seqs));
-		const int64 *seq = (const int64 *) ARR_DATA_PTR(seqs);
-		const int16 *tf = (const int16 *) ARR_DATA_PTR(tfs);
-		const int32 *len = (const int32 *) ARR_DATA_PTR(lengths);
-		uint64		bit = block->term < 64 ? UINT64CONST(1) << block->term : 0;
-		int			j;
-
-		CHECK_FOR_INTERRUPTS();
-		if (ARR_HASNULL(seqs) || ARR_HASNULL(tfs) || ARR_HASNULL(lengths)
-			|| ArrayGetNItems(ARR_NDIM(tfs), ARR_DIMS(tfs)) != n
-			|| ArrayGetNItems(ARR_NDIM(lengths), ARR_DIMS(lengths)) != n)
-			elog(ERROR, "ragservice_bm25: malformed postings block");
-		for (j = 0; j < n; j++)
-		{
-			double		part = term->idf_weight * tf[j] * (scoring->k1 + 1)
-				/ (tf[j] + scoring->k1 * (1 - scoring->b + scoring->b * len[j] / scoring->avgdl));
-			Accum	   *e;
-
-			if (leaders != NULL)
-			{
-				bool		found;
-
-				e = acc_insert(acc, seq[j], &found);
-				if (!found)
-				{
-					e->score = 0;
-					e->seen = 0;
-					e->round = 0;
-					e->live = true;
-				}
-				if (e->round != leaders->round)
-				{
-					e->round = leaders->round;
-					if (leaders->ntouched == leaders->capacity)
-					{
-						leaders->capacity *= 2;
-						leaders->touched = repalloc_huge(leaders->touched,
-														 sizeof(int64) * leaders->capacity);
-					}
-					leaders->touched[leaders->ntouched++] = e->seq;
-				}
-			}
-			else
-			{
-				e = acc_lookup(acc, seq[j]);
-				if (e == NULL || !e->live)
-					continue;
-			}
-			e->score += part;
-			e->seen |= bit;
-		}
-		last_stats.postings_read += n;
+		SPI_cursor_fetch(portal, true, FETCH_BLOCKS);
+		if (SPI_processed == 0)
+			break;
+		for (row = 0; row < SPI_processed; row++)
+			add_block_postings(SPI_tuptable->vals[row], SPI_tuptable->tupdesc, batch, terms,
+							   scoring, acc, leaders);
+		SPI_freetuptable(SPI_tuptable);
 	}
-	last_stats.blocks_read += count;
 	SPI_freetuptable(SPI_tuptable);
+	SPI_cursor_close(portal);
+	last_stats.blocks_read += count;
 }
 
 /* The query's terms, each once (a repeated term's weights add up, as the SQL path's join does). */
@@ -655,7 +904,7 @@ unseen_bound(const Accum *e, const Term *terms, int nterms)
 	int			t;
 
 	for (t = 0; t < nterms; t++)
-		if (t >= 64 || (e->seen & (UINT64CONST(1) << t)) == 0)
+		if ((e->seen & SEEN_BIT(t)) == 0)
 			bound += terms[t].unread_bound;
 	return bound;
 }
@@ -669,17 +918,17 @@ unseen_bound(const Accum *e, const Term *terms, int nterms)
  * Each round raises theta and lowers the bounds, so fewer chunks stay live.
  */
 static void
-complete_live_chunks(SPIPlanPtr plan, acc_hash *acc, Term *terms, int nterms,
+complete_live_chunks(SPIPlanPtr plan, Accumulator *acc, Term *terms, int nterms,
 					 PostingsBlock *blocks, int nblocks, int64 postings, int k,
 					 const Scoring *scoring, PostingsBlock **batch)
 {
-	Accum	  **live = palloc(sizeof(Accum *) * Max(acc->members, 1));
+	Accum	  **live = palloc_extended(sizeof(Accum *) * Max(accum_count(acc), 1), MCXT_ALLOC_HUGE);
 	int64	  **wanted = palloc(sizeof(int64 *) * nterms);
 	int		   *nwanted = palloc0(sizeof(int) * nterms);
 	int			nlive = 0;
 	int			round_size = FIRST_ROUND;
 	double		theta;
-	acc_iterator it;
+	AccumIterator it;
 	Accum	   *e;
 	int			t;
 	int			i;
@@ -687,14 +936,21 @@ complete_live_chunks(SPIPlanPtr plan, acc_hash *acc, Term *terms, int nterms,
 	/* the chunks live by phase 2's bounds, in seq order (the wanted lists come out sorted) */
 	theta = kth_largest(acc, k, false);
 	unread_bounds(terms, nterms, blocks, nblocks);
-	acc_start_iterate(acc, &it);
-	while ((e = acc_iterate(acc, &it)) != NULL)
+	accum_start(acc, &it);
+	while ((e = accum_next(acc, &it)) != NULL)
 	{
 		e->live = unseen_bound(e, terms, nterms) >= theta - SLACK * fabs(theta);
 		if (e->live)
 			live[nlive++] = e;
 	}
 	sort_live(live, nlive);
+	/* most postings read from here on belong to no live chunk: a bitmap says so from cache */
+	if (acc->range <= LIVE_BITS_MAX_RANGE)
+	{
+		acc->live_bits = palloc0(sizeof(uint64) * ((acc->range + 63) / 64));
+		for (i = 0; i < nlive; i++)
+			set_live_bit(acc, live[i]->seq, true);
+	}
 	for (t = 0; t < nterms; t++)
 		wanted[t] = palloc(sizeof(int64) * Max(nlive, 1));
 
@@ -716,10 +972,14 @@ complete_live_chunks(SPIPlanPtr plan, acc_hash *acc, Term *terms, int nterms,
 			e = live[i];
 			e->live = unseen_bound(e, terms, nterms) >= theta - slack;
 			if (!e->live)
+			{
+				if (acc->live_bits != NULL)
+					set_live_bit(acc, e->seq, false);
 				continue;
+			}
 			live[kept++] = e;
 			for (t = 0; t < nterms; t++)
-				if (t >= 64 || (e->seen & (UINT64CONST(1) << t)) == 0)
+				if ((e->seen & SEEN_BIT(t)) == 0)
 					wanted[t][nwanted[t]++] = e->seq;
 		}
 		nlive = kept;
@@ -773,12 +1033,14 @@ ragservice_bm25_topk(PG_FUNCTION_ARGS)
 	bool		live_only = false;
 	double		cut;
 	SPIPlanPtr	plan;
-	acc_hash   *acc;
+	Accumulator *acc;
 	int64	   *result_seqs;
 	double	   *result_scores;
 	int			nresults = 0;
-	acc_iterator it;
+	AccumIterator it;
 	Accum	   *e;
+	int64		first_seq = PG_INT64_MAX;
+	int64		last_seq = PG_INT64_MIN;
 	int			i;
 	Oid			block_types[4] = {UUIDARRAYOID, TEXTARRAYOID, INT2ARRAYOID, INT8ARRAYOID};
 
@@ -817,12 +1079,12 @@ ragservice_bm25_topk(PG_FUNCTION_ARGS)
 	if (plan == NULL)
 		elog(ERROR, "ragservice_bm25: preparing the blocks query failed: %s",
 			 SPI_result_code_string(SPI_result));
-	/*
-	 * Sized for half the postings up front (at most 1M chunks): a query that reads most of them
-	 * rehashes once at most as it fills, one that prunes does not zero much it never uses.
-	 */
-	acc = acc_create(CurrentMemoryContext,
-					 (uint32) Min(Max(postings / 2, 1024), INT64CONST(1) << 20), NULL);
+	for (i = 0; i < nblocks; i++)
+	{
+		first_seq = Min(first_seq, blocks[i].first_seq);
+		last_seq = Max(last_seq, blocks[i].last_seq);
+	}
+	acc = accum_create(first_seq, last_seq, postings);
 	batch = palloc(sizeof(PostingsBlock *) * Max(nblocks, 1));
 	leaders.capacity = 1024;
 	leaders.touched = palloc(sizeof(int64) * leaders.capacity);
@@ -884,10 +1146,10 @@ ragservice_bm25_topk(PG_FUNCTION_ARGS)
 
 	/* Phase 4: the chunks at or above the k-th best score. */
 	cut = kth_largest(acc, k, live_only);
-	result_seqs = SPI_palloc(sizeof(int64) * Max(acc->members, 1));
-	result_scores = SPI_palloc(sizeof(double) * Max(acc->members, 1));
-	acc_start_iterate(acc, &it);
-	while ((e = acc_iterate(acc, &it)) != NULL)
+	result_seqs = SPI_palloc(sizeof(int64) * Max(accum_count(acc), 1));
+	result_scores = SPI_palloc(sizeof(double) * Max(accum_count(acc), 1));
+	accum_start(acc, &it);
+	while ((e = accum_next(acc, &it)) != NULL)
 	{
 		if ((live_only && !e->live) || e->score < cut)
 			continue;

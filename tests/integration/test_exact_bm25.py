@@ -17,6 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from sqlalchemy import create_engine, text
+from sqlalchemy.exc import DBAPIError
 
 from ragservice import store
 from ragservice.api.app import make_searcher
@@ -136,9 +137,14 @@ def top_k(
     k: int,
     k1: float = 1.2,
     b: float = 0.75,
+    accumulator: str = "auto",
 ) -> tuple[dict[int, float], tuple[int, int]]:
-    """The function's rows, and the blocks it read of those in the terms' lists."""
+    """The function's rows, and the blocks it read of those in the terms' lists
+    (`accumulator`: the `ragservice_bm25.accumulator` setting for the call)."""
     with runtime.db.read() as session:
+        session.execute(
+            text("SELECT set_config('ragservice_bm25.accumulator', :a, true)"), {"a": accumulator}
+        )
         params = {"c": [collection], "terms": terms, "weights": weights, "k": k, "k1": k1, "b": b}
         rows = session.execute(text(_TOPK), params).all()
         stats = session.execute(
@@ -161,9 +167,11 @@ def test_the_migration_installs_the_extension(runtime: Runtime) -> None:
     assert installed == "1.0"
 
 
+@pytest.mark.parametrize("accumulator", ["hash", "array"])
 def test_top_k_equals_exhaustive_bm25_for_random_queries(
-    runtime: Runtime, frequent: tuple[uuid.UUID, Reference]
+    runtime: Runtime, frequent: tuple[uuid.UUID, Reference], accumulator: str
 ) -> None:
+    """Both ways of keeping the partial scores: a hash, and an array over the seq range."""
     collection, reference = frequent
     lexemes = sorted({t for terms in reference.tf.values() for t in terms})
 
@@ -185,10 +193,36 @@ def test_top_k_equals_exhaustive_bm25_for_random_queries(
         if not weighted:
             merged = dict.fromkeys(merged, 1.0)
             terms = list(merged)
-        found, _ = top_k(runtime, collection, terms, weights, k, k1, b)
+        found, _ = top_k(runtime, collection, terms, weights, k, k1, b, accumulator)
         assert_exact_top_k(found, reference.scores(merged, k1, b), k)
 
     check()
+
+
+@pytest.mark.parametrize("accumulator", ["hash", "array"])
+def test_a_query_of_more_terms_than_the_seen_bits_is_still_exact(
+    runtime: Runtime, frequent: tuple[uuid.UUID, Reference], accumulator: str
+) -> None:
+    """A chunk remembers which of the first 32 terms it was seen in; the others always count
+    as unseen (their bound is added), which prunes less but never wrongly."""
+    collection, reference = frequent
+    lexemes = sorted({t for terms in reference.tf.values() for t in terms})
+    assert len(lexemes) > 40
+    rng = random.Random(3)
+    for k in (1, 10, 50):
+        terms = rng.sample(lexemes, 40)
+        weights = [round(rng.uniform(0.05, 2), 3) for _ in terms]
+        found, (blocks, read) = top_k(runtime, collection, terms, weights, k, 0.9, 0.4, accumulator)
+        expected = reference.scores(dict(zip(terms, weights, strict=True)), 0.9, 0.4)
+        assert_exact_top_k(found, expected, k)
+        assert read <= blocks
+
+
+def test_the_accumulator_setting_refuses_an_unknown_value(runtime: Runtime) -> None:
+    with runtime.db.read() as session:
+        session.execute(text("SELECT ragservice_bm25_last_stats()"))  # loads the library
+        with pytest.raises(DBAPIError, match="invalid value"):
+            session.execute(text("SET ragservice_bm25.accumulator = 'vector'"))
 
 
 def test_blocks_that_cannot_reach_the_top_k_are_skipped(
