@@ -3,13 +3,16 @@ is timed is preparation (parsing, chunking) and the database writes — COPY, th
 trigger, the pack at the end and the WAL they write.
 
     python benchmarks/write_path.py --corpus ../shared/data/scifact [--repeat 10]
-        [--index deferred|kept] [--batch-chunks 2048] [--no-postings]
+        [--index deferred|kept] [--batch-chunks 2048] [--no-postings | --postings-in-sql]
 
 `--repeat R` loads the corpus R times under new document ids (one collection of R times its
 chunks: the vocabulary of a real corpus at a larger size). `--index deferred` drops the model's
 HNSW index before the load and builds it after (`hnsw_build_s`), as `ingest --index deferred`
 does; `kept` keeps it up to date row by row. `--no-postings` disables the postings insert trigger
-(as the database owner) to show what the rest of the write costs; the store is thrown away.
+(as the database owner) to show what the rest of the write costs; `--postings-in-sql` takes the
+`ragservice_bm25` extension back to 1.0, so that bulk batches build their postings blocks with the
+trigger's SQL instead of the extension's C function (migration 0025), as on a server without the
+extension. The store is thrown away either way.
 
 The final JSON line: `chunks`, `load_chunks_per_s` (the whole load, HNSW build excluded),
 `store_chunks_per_s` (chunks over the seconds spent inside write transactions),
@@ -68,6 +71,9 @@ def _load(
     if args.no_postings:
         with runtime.db.owner_engine() as engine, engine.begin() as conn:
             conn.execute(text("ALTER TABLE chunks DISABLE TRIGGER chunks_postings_insert"))
+    if args.postings_in_sql:
+        with runtime.db.owner_engine() as engine, engine.begin() as conn:
+            conn.execute(text("ALTER EXTENSION ragservice_bm25 UPDATE TO '1.0'"))
     with tenancy.as_system(), runtime.db.write() as session:
         tenant_id = store.tenants.ensure_tenant(session, f"write-{uuid.uuid4().hex[:6]}")
         model = store.models.get_model(session, runtime.model_id)
@@ -97,7 +103,11 @@ def _load(
         "chunks": chunks,
         "batch_chunks": settings.ingest_batch_chunks,
         "index": args.index,
-        "postings": not args.no_postings,
+        "postings": "off"
+        if args.no_postings
+        else "sql"
+        if args.postings_in_sql
+        else _builder(runtime),
         "load_chunks_per_s": round(chunks / seconds, 1),
         "store_chunks_per_s": round(chunks / max(report.write_seconds, 1e-9), 1),
         "wal_bytes_per_chunk": round(wal / max(chunks, 1)),
@@ -107,6 +117,15 @@ def _load(
         "pack_seconds": round(report.pack_seconds, 2),
         "hnsw_build_s": round(hnsw, 2),
     }
+
+
+def _builder(runtime: Runtime) -> str:
+    """Who builds a bulk batch's postings blocks: the extension's C function, or SQL."""
+    with runtime.db.read() as session:
+        found = session.execute(
+            text("SELECT to_regprocedure('ragservice_bm25_blocks(bigint[],tsvector[])')")
+        ).scalar()
+    return "c" if found is not None else "sql"
 
 
 def _repeated(corpus: Path, repeat: int) -> Iterator[LoadedDocument | LoadFailure]:
@@ -147,8 +166,14 @@ def _parse_args() -> argparse.Namespace:
     parser.add_argument("--repeat", type=int, default=1, help="load the corpus this many times")
     parser.add_argument("--index", choices=("deferred", "kept"), default="deferred")
     parser.add_argument("--batch-chunks", type=int, default=Settings().ingest_batch_chunks)
-    parser.add_argument(
+    postings = parser.add_mutually_exclusive_group()
+    postings.add_argument(
         "--no-postings", action="store_true", help="disable the postings trigger (diagnosis)"
+    )
+    postings.add_argument(
+        "--postings-in-sql",
+        action="store_true",
+        help="build bulk postings blocks in SQL, not in the extension's C (diagnosis)",
     )
     args = parser.parse_args()
     if args.repeat < 1 or args.batch_chunks < 1:

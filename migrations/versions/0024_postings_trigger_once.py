@@ -49,9 +49,13 @@ _DELETE_ONCE = (
 
 
 def upgrade() -> None:
-    previous = _revision_0021()
-    op.execute(_changed(previous._INSERT, _INSERT_ONCE, _INSERT_BYTEWISE, count=2))
-    op.execute(_changed(previous._DELETE, _DELETE_ONCE, count=1))
+    op.execute(insert_function())
+    op.execute(_changed(_revision_0021()._DELETE, _DELETE_ONCE, count=1))
+
+
+def insert_function() -> str:
+    """The insert trigger's function as this revision defines it (`CREATE OR REPLACE`)."""
+    return _changed(_revision_0021()._INSERT, _INSERT_ONCE, _INSERT_BYTEWISE, count=2)
 
 
 def downgrade() -> None:

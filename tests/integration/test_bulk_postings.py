@@ -1,6 +1,7 @@
 """The bulk write path of the BM25 postings (migration 0021): large batches append their blocks
-without merging or taking turns, `pack_postings` merges them once, and the result is, posting
-for posting, what the ordinary (merging) trigger path builds for the same writes."""
+without merging or taking turns (built in C by the extension's `ragservice_bm25_blocks` where it
+is installed, migration 0025), `pack_postings` merges them once, and the result is, posting for
+posting, what the ordinary (merging) trigger path builds for the same writes."""
 
 from __future__ import annotations
 
@@ -10,12 +11,13 @@ from typing import Any
 
 import psycopg
 import pytest
-from sqlalchemy import text
+from sqlalchemy import create_engine, make_url, text
 from sqlalchemy.orm import Session
 
 from ragservice import store
 from ragservice.bootstrap import Runtime
-from tests.integration.test_postings import document
+from ragservice.db import migrate
+from tests.integration.test_postings import _downgrade, document, document_of
 from tests.integration.test_search import postings_mismatches
 
 # Each posting by its chunk's (document, ordinal): seqs differ between collections.
@@ -190,3 +192,92 @@ def test_a_pack_in_many_lexeme_ranges_equals_the_merged_postings(runtime: Runtim
     assert postings_mismatches(runtime) == []
     assert query(runtime, _SHORT_BLOCKS, appended) == [(1,)]
     assert query(runtime, _POSTINGS, appended) == query(runtime, _POSTINGS, merged)
+
+
+# Each block with its chunks by ordinal: seqs differ between collections.
+_BLOCKS = """
+    SELECT p.lexeme, p.tier, p.n, p.tfs, p.lengths, p.max_tf, p.min_len,
+           ARRAY(SELECT k.ordinal FROM unnest(p.seqs) WITH ORDINALITY AS u(seq, i)
+                 JOIN chunks k ON k.seq = u.seq ORDER BY u.i) AS ordinals
+    FROM chunk_postings p WHERE p.collection_id = :c ORDER BY 1, 2, 8
+"""
+
+
+def extreme_texts() -> list[str]:
+    """Chunks whose shared word has tf 1 to 256 (a tsvector keeps at most 256 positions) in
+    lengths of 1 to ~1,500 lexemes, a chunk of stop words only (no postings, length 0), and
+    more than 128 chunks per (lexeme, tier) for the commonest keys."""
+    texts: list[str] = []
+    for tf in (1, 2, 3, 5, 8, 13, 40, 100, 256, 300):
+        for length in (1, 2, 7, 20, 60, 99, 100, 101, 180, 400, 1500):
+            filler = " ".join(f"w{i}" for i in range(max(length - tf, 0)))
+            texts.append(f"{'common ' * min(tf, length)}{filler} rare{tf}x{length}")
+    texts += ["the of and to a", "common"] * 150
+    return texts
+
+
+def test_bulk_blocks_built_in_c_equal_those_built_in_sql(
+    runtime: Runtime, database_url: str
+) -> None:
+    """Append mode through the extension's C function, and through the trigger's SQL branch
+    (the extension at 1.0, as where its files are older): the same blocks, row for row."""
+    with runtime.db.read() as session:
+        found = session.execute(
+            text("SELECT to_regprocedure('ragservice_bm25_blocks(bigint[],tsvector[])')")
+        ).scalar()
+    assert found is not None  # the trigger takes the C branch
+    texts = extreme_texts()
+    with runtime.db.write() as session:
+        in_c = write_in(session, runtime, "in-c", [document_of("x", texts)], append=True)
+    owner_url = make_url(database_url).set(drivername="postgresql").render_as_string(False)
+    with psycopg.connect(owner_url, autocommit=True) as owner:
+        owner.execute("ALTER EXTENSION ragservice_bm25 UPDATE TO '1.0'")
+    try:
+        with runtime.db.write() as session:
+            in_sql = write_in(session, runtime, "in-sql", [document_of("x", texts)], append=True)
+    finally:
+        with psycopg.connect(owner_url, autocommit=True) as owner:
+            owner.execute("ALTER EXTENSION ragservice_bm25 UPDATE TO '1.1'")
+    built_in_c = query(runtime, _BLOCKS, in_c)
+    assert len(built_in_c) > len(texts)  # many keys, and keys of several blocks
+    assert max(row.n for row in built_in_c) == 128
+    assert built_in_c == query(runtime, _BLOCKS, in_sql)
+    assert query(runtime, _TOTALS, in_c) == query(runtime, _TOTALS, in_sql)
+    assert postings_mismatches(runtime) == []
+
+
+def test_the_migration_updates_the_extension_and_the_trigger_both_ways(
+    runtime: Runtime, database_url: str
+) -> None:
+    """0025 takes a store whose extension is at 1.0 (made before it) to 1.1 and gives its
+    append-mode trigger the C branch; its downgrade takes both back."""
+
+    def state() -> tuple[str, bool]:
+        with runtime.db.read() as session:
+            version = session.execute(
+                text("SELECT extversion FROM pg_extension WHERE extname = 'ragservice_bm25'")
+            ).scalar_one()
+            source = session.execute(
+                text(
+                    "SELECT prosrc FROM pg_proc WHERE proname = 'ragservice_chunk_postings_insert'"
+                )
+            ).scalar_one()
+        return version, "ragservice_bm25_blocks" in source
+
+    assert state() == ("1.1", True)
+    engine = create_engine(database_url)
+    try:
+        _downgrade(engine, "0024")
+        runtime.db.dispose()
+        assert state() == ("1.0", False)
+        with runtime.db.write() as session:  # the SQL branch, as before 0025
+            before = write_in(session, runtime, "before", [document("x", range(600))], append=True)
+        migrate.upgrade(engine)
+    finally:
+        engine.dispose()
+    runtime.db.dispose()
+    assert state() == ("1.1", True)
+    with runtime.db.write() as session:
+        after = write_in(session, runtime, "after", [document("x", range(600))], append=True)
+    assert query(runtime, _BLOCKS, after) == query(runtime, _BLOCKS, before)
+    assert postings_mismatches(runtime) == []

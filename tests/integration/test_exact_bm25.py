@@ -164,7 +164,7 @@ def test_the_migration_installs_the_extension(runtime: Runtime) -> None:
         installed = session.execute(
             text("SELECT extversion FROM pg_extension WHERE extname = 'ragservice_bm25'")
         ).scalar()
-    assert installed == "1.0"
+    assert installed == "1.1"
 
 
 @pytest.mark.parametrize("accumulator", ["hash", "array"])
