@@ -103,11 +103,7 @@ def _load(
         "chunks": chunks,
         "batch_chunks": settings.ingest_batch_chunks,
         "index": args.index,
-        "postings": "off"
-        if args.no_postings
-        else "sql"
-        if args.postings_in_sql
-        else _builder(runtime),
+        "postings": _postings(runtime, args),
         "load_chunks_per_s": round(chunks / seconds, 1),
         "store_chunks_per_s": round(chunks / max(report.write_seconds, 1e-9), 1),
         "wal_bytes_per_chunk": round(wal / max(chunks, 1)),
@@ -119,8 +115,11 @@ def _load(
     }
 
 
-def _builder(runtime: Runtime) -> str:
-    """Who builds a bulk batch's postings blocks: the extension's C function, or SQL."""
+def _postings(runtime: Runtime, args: argparse.Namespace) -> str:
+    """Who built the bulk batches' postings blocks: nobody (`off`), the extension's C function
+    (`c`), or the trigger's SQL (`sql`)."""
+    if args.no_postings:
+        return "off"
     with runtime.db.read() as session:
         found = session.execute(
             text("SELECT to_regprocedure('ragservice_bm25_blocks(bigint[],tsvector[])')")

@@ -47,7 +47,7 @@ typedef struct Posting
 	int16		tf;
 } Posting;
 
-/* A chunk: its seq and tsvector, and its place in the input. */
+/* A chunk: its seq and tsvector. */
 typedef struct Chunk
 {
 	int64		seq;
