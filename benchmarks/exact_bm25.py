@@ -92,7 +92,9 @@ def _run(args: argparse.Namespace, data_dir: Path) -> dict[str, Any]:
 
 def _load(runtime: Runtime, settings: Settings, args: argparse.Namespace) -> None:
     corpus = args.corpus / "corpus.jsonl" if args.corpus.is_dir() else args.corpus
-    load_args = argparse.Namespace(no_postings=False, index="deferred", repeat=args.repeat)
+    load_args = argparse.Namespace(
+        no_postings=False, postings_in_sql=False, index="deferred", repeat=args.repeat
+    )
     _log(f"loading {corpus} x {args.repeat}")
     write_path._load(runtime, settings, corpus, load_args)
     with runtime.db.owner_engine() as engine:

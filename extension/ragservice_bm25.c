@@ -23,8 +23,20 @@
  *      rounds, reads only the unread blocks whose seq range holds one of them, which completes
  *      their scores exactly (theta rises and the bounds fall as it goes, so fewer stay);
  *   4. returns the chunks scoring at least the k-th best (ties at the cut included).
- * Every chunk in BM25's exact top k is returned, with its exact score. When the parameters do
- * not allow the bounds (k1 < 0, b outside [0, 1], a negative weight), every block is read.
+ * Every chunk in BM25's exact top k is returned, with its exact score.
+ *
+ * The exhaustive scan: when the pruning does not pay (a 32nd of the postings read in phase 2
+ * without finishing, or phase 3 wanting a quarter of them; on queries whose terms hold at least
+ * ragservice_bm25.exhaustive_min_postings), or the parameters do not allow the bounds (k1 < 0,
+ * b outside [0, 1], a negative weight), every block of the terms is read in one scan of the
+ * primary key and each posting added to a dense array of scores over the seq range: about
+ * 7 ns a posting against 50 for the pruning's partial scores, and no block looked up by key.
+ * A large collection's natural-language queries mostly go this way: their many common terms
+ * leave the bounds far above the k-th score (docs/benchmarks.md).
+ *
+ * Blocks are read in place: the rows of the blocks queries go to a receiver that reads their
+ * arrays in the scan's buffer (no copy); a batch of more than LOOKUP_BLOCKS_MAX blocks is read
+ * by one scan of the primary key with an array per key column, not one lookup a block.
  *
  * The tables (public.chunk_postings, public.collection_text_stats: never a temporary table of
  * the same name) are read through SPI as the caller: row-level security and grants apply as to
@@ -40,9 +52,13 @@
 #include "fmgr.h"
 #include "funcapi.h"
 #include "miscadmin.h"
+#include "port/pg_bitutils.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
 #include "utils/guc.h"
+#include "nodes/params.h"
+#include "tcop/dest.h"
+#include "utils/memutils.h"
 #include "utils/tuplestore.h"
 #include "utils/uuid.h"
 
@@ -65,6 +81,13 @@ static const struct config_enum_entry accumulator_options[] = {
 
 static int	accumulator_choice = ACCUMULATOR_AUTO;
 
+/*
+ * ragservice_bm25.exhaustive_min_postings: a query whose terms hold at least this many postings
+ * may give up the pruning for the exhaustive scan (see ragservice_bm25_topk); below it, both
+ * take a millisecond or two and the pruning carries on.
+ */
+static int	exhaustive_min_postings = 65536;
+
 void		_PG_init(void);
 
 void
@@ -77,6 +100,13 @@ _PG_init(void)
 							 "the hash.",
 							 &accumulator_choice, ACCUMULATOR_AUTO, accumulator_options,
 							 PGC_USERSET, 0, NULL, NULL, NULL);
+	DefineCustomIntVariable("ragservice_bm25.exhaustive_min_postings",
+							"The fewest postings in a query's terms for which ragservice_bm25_topk "
+							"may give up the pruning for one exhaustive scan.",
+							"Once the pruning has read a 32nd of the postings without finishing, "
+							"the scan reads them all at a fraction of the cost each. 0: any query.",
+							&exhaustive_min_postings, 65536, 0, INT_MAX,
+							PGC_USERSET, 0, NULL, NULL, NULL);
 	MarkGUCPrefixReserved("ragservice_bm25");
 }
 
@@ -154,55 +184,58 @@ typedef struct AccumIterator
 #define DENSE_SLOTS_PER_POSTING 4
 
 /*
- * A backend keeps one array of up to 32 MB between calls: a fresh one per call costs a page
- * fault per 4 KB, more than clearing the part in use.
+ * A backend keeps one zeroed buffer of up to 32 MB between calls: a fresh one per call costs a
+ * page fault per 4 KB, more than clearing the part in use.
  */
-#define KEPT_SLOTS_MAX ((INT64CONST(32) << 20) / (int64) sizeof(Accum))
+#define KEPT_BYTES_MAX ((size_t) 32 << 20)
 
-static Accum *kept_slots = NULL;
-static int64 kept_capacity = 0;
+static void *kept_buffer = NULL;
+static size_t kept_capacity = 0;
 static bool kept_in_use = false;
 
 static void
-free_slots(void *arg)
+free_buffer(void *arg)
 {
 	free(arg);
 }
 
 static void
-release_kept_slots(void *arg)
+release_kept_buffer(void *arg)
 {
 	kept_in_use = false;
 }
 
-/* A zeroed array of `range` slots, freed (or handed back) with the current memory context. */
-static Accum *
-allocate_slots(int64 range)
+/*
+ * `bytes` of zeroes, freed (or handed back) with the current memory context; NULL when the
+ * memory is not there.
+ */
+static void *
+allocate_zeroed(size_t bytes)
 {
 	MemoryContextCallback *cb = palloc(sizeof(MemoryContextCallback));
 
-	if (range <= KEPT_SLOTS_MAX && !kept_in_use)
+	if (bytes <= KEPT_BYTES_MAX && !kept_in_use)
 	{
-		if (kept_capacity < range)
+		if (kept_capacity < bytes)
 		{
-			free(kept_slots);
+			free(kept_buffer);
 			kept_capacity = 0;
-			kept_slots = malloc(sizeof(Accum) * (size_t) range);
-			if (kept_slots == NULL)
+			kept_buffer = malloc(bytes);
+			if (kept_buffer == NULL)
 				return NULL;
-			kept_capacity = range;
+			kept_capacity = bytes;
 		}
-		memset(kept_slots, 0, sizeof(Accum) * (size_t) range);
+		memset(kept_buffer, 0, bytes);
 		kept_in_use = true;
-		cb->func = release_kept_slots;
+		cb->func = release_kept_buffer;
 		cb->arg = NULL;
 		MemoryContextRegisterResetCallback(CurrentMemoryContext, cb);
-		return kept_slots;
+		return kept_buffer;
 	}
-	cb->arg = calloc((size_t) range, sizeof(Accum));
+	cb->arg = calloc(bytes, 1);
 	if (cb->arg == NULL)
 		return NULL;
-	cb->func = free_slots;
+	cb->func = free_buffer;
 	MemoryContextRegisterResetCallback(CurrentMemoryContext, cb);
 	return cb->arg;
 }
@@ -219,7 +252,7 @@ accum_create(int64 first_seq, int64 last_seq, int64 postings)
 	if (postings > 0 && range > 0 && range <= DENSE_MAX_RANGE
 		&& accumulator_choice != ACCUMULATOR_HASH
 		&& (accumulator_choice == ACCUMULATOR_ARRAY || range <= DENSE_SLOTS_PER_POSTING * postings))
-		a->slots = allocate_slots(range);
+		a->slots = allocate_zeroed(sizeof(Accum) * (size_t) range);
 	if (a->slots != NULL)
 	{
 		a->capacity = (uint32) Min(Max(postings / 2, 1024), range);
@@ -394,18 +427,50 @@ typedef struct ScoredSeq
 } ScoredSeq;
 
 #define FIRST_ROUND 16
-#define FETCH_BLOCKS 256
 #define MAX_K 100000
 /* Relative slack on every pruning comparison: sums in another order may differ by an ulp. */
 #define SLACK 1e-9
 
-static const char *BLOCKS_QUERY =
-	"SELECT k.i, p.seqs, p.tfs, p.lengths "
-	"FROM unnest($1::uuid[], $2::text[], $3::int2[], $4::int8[]) WITH ORDINALITY "
-	"     AS k(collection_id, lexeme, tier, first_seq, i) "
-	"CROSS JOIN LATERAL (SELECT p.seqs, p.tfs, p.lengths FROM public.chunk_postings p "
+/*
+ * The blocks of a batch, by key. Few blocks: one primary-key lookup each (a nested loop over the
+ * keys). Many: one scan of the primary key with an array per key column (the index skips from
+ * key to key within one descent), which returns a superset (the arrays' cross product) that
+ * read_blocks filters; from a few hundred blocks on it costs a third or less a block.
+ */
+#define LOOKUP_BLOCKS_MAX 256
+
+static const char *BLOCKS_BY_LOOKUP =
+	"SELECT p.collection_id, p.lexeme, p.tier, p.first_seq, p.seqs, p.tfs, p.lengths "
+	"FROM unnest($1::uuid[], $2::text[], $3::int2[], $4::int8[]) "
+	"     AS k(collection_id, lexeme, tier, first_seq) "
+	"CROSS JOIN LATERAL (SELECT p.* FROM public.chunk_postings p "
 	"                    WHERE p.collection_id = k.collection_id AND p.lexeme = k.lexeme "
 	"                      AND p.tier = k.tier AND p.first_seq = k.first_seq OFFSET 0) AS p";
+
+static const char *BLOCKS_BY_SCAN =
+	"SELECT p.collection_id, p.lexeme, p.tier, p.first_seq, p.seqs, p.tfs, p.lengths "
+	"FROM public.chunk_postings p "
+	"WHERE p.collection_id = ANY($1) AND p.lexeme = ANY($2) AND p.tier = ANY($3) "
+	"  AND p.first_seq = ANY($4)";
+
+/* Every block of the terms, in the primary key's order (the exhaustive path). */
+static const char *BLOCKS_OF_TERMS =
+	"SELECT p.collection_id, p.lexeme, p.tier, p.first_seq, p.seqs, p.tfs, p.lengths "
+	"FROM public.chunk_postings p WHERE p.collection_id = ANY($1) AND p.lexeme = ANY($2)";
+
+/*
+ * The exhaustive path keeps a score (8 bytes) and a bit a slot over the seq range: worth it up
+ * to 8 slots a posting (at most 32 MB of scores).
+ */
+#define EXHAUSTIVE_MAX_RANGE (INT64CONST(1) << 22)
+#define EXHAUSTIVE_SLOTS_PER_POSTING 8
+
+/* The two prepared statements that read blocks. */
+typedef struct BlockReader
+{
+	SPIPlanPtr	by_lookup;
+	SPIPlanPtr	by_scan;
+} BlockReader;
 
 static double
 term_part(const Scoring *s, double tf, double len)
@@ -601,30 +666,35 @@ mark_essential_terms(Term *terms, int nterms, double theta)
 	return essential;
 }
 
-/* Adds a block's postings (a row of BLOCKS_QUERY) to the chunks' scores; see read_blocks. */
-static void
-add_block_postings(HeapTuple tuple, TupleDesc desc, PostingsBlock **batch, const Term *terms,
-				   const Scoring *scoring, Accumulator *acc, Leaders *leaders)
+/*
+ * A row of a blocks query, its key and its postings (read in place, in the scan's buffer, for
+ * as long as the row is handled).
+ */
+typedef struct BlockRow
 {
-	bool		isnull;
-	int64		ordinal = DatumGetInt64(SPI_getbinval(tuple, desc, 1, &isnull));
-	ArrayType  *seqs = DatumGetArrayTypeP(SPI_getbinval(tuple, desc, 2, &isnull));
-	ArrayType  *tfs = DatumGetArrayTypeP(SPI_getbinval(tuple, desc, 3, &isnull));
-	ArrayType  *lengths = DatumGetArrayTypeP(SPI_getbinval(tuple, desc, 4, &isnull));
-	const PostingsBlock *block = batch[ordinal - 1];
-	const Term *term = &terms[block->term];
-	int			n = ArrayGetNItems(ARR_NDIM(seqs), ARR_DIMS(seqs));
-	const int64 *seq = (const int64 *) ARR_DATA_PTR(seqs);
-	const int16 *tf = (const int16 *) ARR_DATA_PTR(tfs);
-	const int32 *len = (const int32 *) ARR_DATA_PTR(lengths);
-	uint32		bit = SEEN_BIT(block->term);
+	int			term;
+	const pg_uuid_t *collection;
+	int16		tier;
+	int64		first_seq;
+	int			n;
+	const int64 *seqs;
+	const int16 *tfs;
+	const int32 *lengths;
+} BlockRow;
+
+/* Adds a block's postings to the chunks' scores; see read_blocks. */
+static void
+add_block_postings(const BlockRow *row, const Term *terms, const Scoring *scoring,
+				   Accumulator *acc, Leaders *leaders)
+{
+	const Term *term = &terms[row->term];
+	int			n = row->n;
+	const int64 *seq = row->seqs;
+	const int16 *tf = row->tfs;
+	const int32 *len = row->lengths;
+	uint32		bit = SEEN_BIT(row->term);
 	int			j;
 
-	CHECK_FOR_INTERRUPTS();
-	if (ARR_HASNULL(seqs) || ARR_HASNULL(tfs) || ARR_HASNULL(lengths)
-		|| ArrayGetNItems(ARR_NDIM(tfs), ARR_DIMS(tfs)) != n
-		|| ArrayGetNItems(ARR_NDIM(lengths), ARR_DIMS(lengths)) != n)
-		elog(ERROR, "ragservice_bm25: malformed postings block");
 	for (j = 0; j < n; j++)
 	{
 		double		part = term->idf_weight * tf[j] * (scoring->k1 + 1)
@@ -660,24 +730,274 @@ add_block_postings(HeapTuple tuple, TupleDesc desc, PostingsBlock **batch, const
 	last_stats.postings_read += n;
 }
 
+static int	find_term(const Term *terms, int nterms, text *lexeme, int hint);
+
+/* Blocks by key: term, tier, first seq, collection. */
+static int
+compare_block_key(const PostingsBlock *x, const PostingsBlock *y)
+{
+	if (x->term != y->term)
+		return (x->term > y->term) - (x->term < y->term);
+	if (x->tier != y->tier)
+		return (x->tier > y->tier) - (x->tier < y->tier);
+	if (x->first_seq != y->first_seq)
+		return (x->first_seq > y->first_seq) - (x->first_seq < y->first_seq);
+	return memcmp(&x->collection, &y->collection, sizeof(pg_uuid_t));
+}
+
+static int
+compare_block_pointer_key(const void *a, const void *b)
+{
+	return compare_block_key(*(PostingsBlock *const *) a, *(PostingsBlock *const *) b);
+}
+
+/* The batch's block of a row's key (the batch sorted by key), or NULL when it is not one. */
+static PostingsBlock *
+batch_block(PostingsBlock **batch, int count, const BlockRow *row)
+{
+	PostingsBlock key;
+	int			lo = 0;
+	int			hi = count;
+
+	key.term = row->term;
+	memcpy(&key.collection, row->collection, sizeof(pg_uuid_t));
+	key.tier = row->tier;
+	key.first_seq = row->first_seq;
+	while (lo < hi)
+	{
+		int			mid = lo + (hi - lo) / 2;
+		int			c = compare_block_key(batch[mid], &key);
+
+		if (c == 0)
+			return batch[mid];
+		if (c < 0)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return NULL;
+}
+
+/*
+ * The rows of a blocks query (collection_id, lexeme, tier, first_seq, seqs, tfs, lengths),
+ * handed one by one to `handle` where they are, in the scan's buffer: no copy of a block.
+ */
+typedef void (*BlockRowHandler) (const BlockRow *row, void *arg);
+
+typedef struct BlockReceiver
+{
+	DestReceiver pub;
+	const Term *terms;
+	int			nterms;
+	int			hint;
+	BlockRowHandler handle;
+	void	   *arg;
+	MemoryContext row_context;	/* reset after each row (a detoasted array, if any) */
+} BlockReceiver;
+
+static bool
+receive_block(TupleTableSlot *slot, DestReceiver *self)
+{
+	BlockReceiver *r = (BlockReceiver *) self;
+	MemoryContext old;
+	ArrayType  *seqs;
+	ArrayType  *tfs;
+	ArrayType  *lengths;
+	BlockRow	row;
+	int			i;
+
+	CHECK_FOR_INTERRUPTS();
+	slot_getsomeattrs(slot, 7);
+	for (i = 0; i < 7; i++)
+		if (slot->tts_isnull[i])
+			elog(ERROR, "ragservice_bm25: malformed postings block");
+	row.term = find_term(r->terms, r->nterms, DatumGetTextPP(slot->tts_values[1]), r->hint);
+	if (row.term < 0)
+		return true;
+	r->hint = row.term;
+	old = MemoryContextSwitchTo(r->row_context);
+	row.collection = DatumGetUUIDP(slot->tts_values[0]);
+	row.tier = DatumGetInt16(slot->tts_values[2]);
+	row.first_seq = DatumGetInt64(slot->tts_values[3]);
+	seqs = DatumGetArrayTypeP(slot->tts_values[4]);
+	tfs = DatumGetArrayTypeP(slot->tts_values[5]);
+	lengths = DatumGetArrayTypeP(slot->tts_values[6]);
+	row.n = ArrayGetNItems(ARR_NDIM(seqs), ARR_DIMS(seqs));
+	if (ARR_HASNULL(seqs) || ARR_HASNULL(tfs) || ARR_HASNULL(lengths)
+		|| ARR_ELEMTYPE(seqs) != INT8OID || ARR_ELEMTYPE(tfs) != INT2OID
+		|| ARR_ELEMTYPE(lengths) != INT4OID
+		|| ArrayGetNItems(ARR_NDIM(tfs), ARR_DIMS(tfs)) != row.n
+		|| ArrayGetNItems(ARR_NDIM(lengths), ARR_DIMS(lengths)) != row.n)
+		elog(ERROR, "ragservice_bm25: malformed postings block");
+	row.seqs = (const int64 *) ARR_DATA_PTR(seqs);
+	row.tfs = (const int16 *) ARR_DATA_PTR(tfs);
+	row.lengths = (const int32 *) ARR_DATA_PTR(lengths);
+	r->handle(&row, r->arg);
+	MemoryContextSwitchTo(old);
+	MemoryContextReset(r->row_context);
+	return true;
+}
+
+static void
+receiver_startup(DestReceiver *self, int operation, TupleDesc typeinfo)
+{
+}
+
+static void
+receiver_shutdown(DestReceiver *self)
+{
+}
+
+/* Runs a prepared blocks query (parameters of the given types), its rows to `handle`. */
+static void
+run_blocks_query(SPIPlanPtr plan, int nargs, const Datum *values, const Oid *types,
+				 const Term *terms, int nterms, BlockRowHandler handle, void *arg)
+{
+	ParamListInfo params = makeParamList(nargs);
+	SPIExecuteOptions options;
+	BlockReceiver receiver;
+	int			rc;
+	int			i;
+
+	for (i = 0; i < nargs; i++)
+	{
+		params->params[i].value = values[i];
+		params->params[i].isnull = false;
+		params->params[i].pflags = PARAM_FLAG_CONST;
+		params->params[i].ptype = types[i];
+	}
+	memset(&receiver, 0, sizeof(receiver));
+	receiver.pub.receiveSlot = receive_block;
+	receiver.pub.rStartup = receiver_startup;
+	receiver.pub.rShutdown = receiver_shutdown;
+	receiver.pub.rDestroy = receiver_shutdown;
+	receiver.pub.mydest = DestNone;
+	receiver.terms = terms;
+	receiver.nterms = nterms;
+	receiver.hint = -1;
+	receiver.handle = handle;
+	receiver.arg = arg;
+	receiver.row_context = AllocSetContextCreate(CurrentMemoryContext, "ragservice_bm25 row",
+												 ALLOCSET_SMALL_SIZES);
+	memset(&options, 0, sizeof(options));
+	options.params = params;
+	options.read_only = true;
+	options.dest = &receiver.pub;
+	rc = SPI_execute_plan_extended(plan, &options);
+	/* a SELECT whose rows went to a receiver of its own is reported as a utility statement */
+	if (rc != SPI_OK_SELECT && rc != SPI_OK_UTILITY)
+		elog(ERROR, "ragservice_bm25: reading postings blocks failed: %s",
+			 SPI_result_code_string(rc));
+	MemoryContextDelete(receiver.row_context);
+}
+
+/* The distinct datums of a sorted array (by the given equality). */
+static int
+distinct_datums(Datum *values, int count, bool (*equal) (Datum, Datum))
+{
+	int			kept = 0;
+	int			i;
+
+	for (i = 0; i < count; i++)
+		if (kept == 0 || !equal(values[kept - 1], values[i]))
+			values[kept++] = values[i];
+	return kept;
+}
+
+static bool
+same_uuid(Datum a, Datum b)
+{
+	return memcmp(DatumGetUUIDP(a), DatumGetUUIDP(b), sizeof(pg_uuid_t)) == 0;
+}
+
+static bool
+same_pointer(Datum a, Datum b)
+{
+	return a == b;				/* a term's text datum is one pointer */
+}
+
+static bool
+same_int16(Datum a, Datum b)
+{
+	return DatumGetInt16(a) == DatumGetInt16(b);
+}
+
+static bool
+same_int64(Datum a, Datum b)
+{
+	return DatumGetInt64(a) == DatumGetInt64(b);
+}
+
+static int
+compare_int16_datum(const void *a, const void *b)
+{
+	int16		x = DatumGetInt16(*(const Datum *) a);
+	int16		y = DatumGetInt16(*(const Datum *) b);
+
+	return (x > y) - (x < y);
+}
+
+static int
+compare_int64_datum(const void *a, const void *b)
+{
+	int64		x = DatumGetInt64(*(const Datum *) a);
+	int64		y = DatumGetInt64(*(const Datum *) b);
+
+	return (x > y) - (x < y);
+}
+
+static int
+compare_uuid_datum(const void *a, const void *b)
+{
+	return memcmp(DatumGetUUIDP(*(const Datum *) a), DatumGetUUIDP(*(const Datum *) b),
+				  sizeof(pg_uuid_t));
+}
+
+/* What read_blocks hands each row to. */
+typedef struct BatchTarget
+{
+	PostingsBlock **batch;
+	int			count;
+	const Term *terms;
+	const Scoring *scoring;
+	Accumulator *acc;
+	Leaders    *leaders;
+} BatchTarget;
+
+static void
+add_batch_row(const BlockRow *row, void *arg)
+{
+	BatchTarget *target = (BatchTarget *) arg;
+
+	/* a key of the scan's cross product that is not in the batch is left alone */
+	if (batch_block(target->batch, target->count, row) != NULL)
+		add_block_postings(row, target->terms, target->scoring, target->acc, target->leaders);
+}
+
 /*
  * Reads the given blocks and adds their postings to the chunks' scores: to every chunk (new
  * ones entered, each noted in `leaders`) in phase 2, else (NULL) only to the live chunks
- * already there.
+ * already there. Sorts the batch by key.
  */
 static void
-read_blocks(SPIPlanPtr plan, PostingsBlock **batch, int count, const Term *terms,
-			const Scoring *scoring, Accumulator *acc, Leaders *leaders)
+read_blocks(const BlockReader *reader, PostingsBlock **batch, int count, const Term *terms,
+			int nterms, const Scoring *scoring, Accumulator *acc, Leaders *leaders)
 {
 	Datum	   *collections = palloc(sizeof(Datum) * count);
 	Datum	   *lexemes = palloc(sizeof(Datum) * count);
 	Datum	   *tiers = palloc(sizeof(Datum) * count);
 	Datum	   *firsts = palloc(sizeof(Datum) * count);
+	int			ncollections = count;
+	int			nlexemes = count;
+	int			ntiers = count;
+	int			nfirsts = count;
+	bool		by_scan = count > LOOKUP_BLOCKS_MAX;
 	Datum		args[4];
+	Oid			types[4] = {UUIDARRAYOID, TEXTARRAYOID, INT2ARRAYOID, INT8ARRAYOID};
+	BatchTarget target = {batch, count, terms, scoring, acc, leaders};
 	int			i;
-	uint64		row;
-	Portal		portal;
 
+	qsort(batch, count, sizeof(PostingsBlock *), compare_block_pointer_key);
 	for (i = 0; i < count; i++)
 	{
 		collections[i] = UUIDPGetDatum(&batch[i]->collection);
@@ -686,26 +1006,24 @@ read_blocks(SPIPlanPtr plan, PostingsBlock **batch, int count, const Term *terms
 		firsts[i] = Int64GetDatum(batch[i]->first_seq);
 		batch[i]->read = true;
 	}
-	args[0] = PointerGetDatum(construct_array(collections, count, UUIDOID, UUID_LEN, false,
-											  TYPALIGN_CHAR));
-	args[1] = PointerGetDatum(construct_array_builtin(lexemes, count, TEXTOID));
-	args[2] = PointerGetDatum(construct_array_builtin(tiers, count, INT2OID));
-	args[3] = PointerGetDatum(construct_array_builtin(firsts, count, INT8OID));
-
-	/* through a cursor, a few hundred blocks at a time: their copies reuse the same memory */
-	portal = SPI_cursor_open(NULL, plan, args, NULL, true);
-	for (;;)
+	if (by_scan)
 	{
-		SPI_cursor_fetch(portal, true, FETCH_BLOCKS);
-		if (SPI_processed == 0)
-			break;
-		for (row = 0; row < SPI_processed; row++)
-			add_block_postings(SPI_tuptable->vals[row], SPI_tuptable->tupdesc, batch, terms,
-							   scoring, acc, leaders);
-		SPI_freetuptable(SPI_tuptable);
+		/* each column's distinct values (the batch is sorted by term: lexemes come in runs) */
+		qsort(collections, count, sizeof(Datum), compare_uuid_datum);
+		ncollections = distinct_datums(collections, count, same_uuid);
+		nlexemes = distinct_datums(lexemes, count, same_pointer);
+		qsort(tiers, count, sizeof(Datum), compare_int16_datum);
+		ntiers = distinct_datums(tiers, count, same_int16);
+		qsort(firsts, count, sizeof(Datum), compare_int64_datum);
+		nfirsts = distinct_datums(firsts, count, same_int64);
 	}
-	SPI_freetuptable(SPI_tuptable);
-	SPI_cursor_close(portal);
+	args[0] = PointerGetDatum(construct_array(collections, ncollections, UUIDOID, UUID_LEN,
+											  false, TYPALIGN_CHAR));
+	args[1] = PointerGetDatum(construct_array_builtin(lexemes, nlexemes, TEXTOID));
+	args[2] = PointerGetDatum(construct_array_builtin(tiers, ntiers, INT2OID));
+	args[3] = PointerGetDatum(construct_array_builtin(firsts, nfirsts, INT8OID));
+	run_blocks_query(by_scan ? reader->by_scan : reader->by_lookup, 4, args, types, terms, nterms,
+					 add_batch_row, &target);
 	last_stats.blocks_read += count;
 }
 
@@ -917,10 +1235,10 @@ unseen_bound(const Accum *e, const Term *terms, int nterms)
  * posting there, and live chunks only ever get fewer), which lowers its term's unread bound.
  * Each round raises theta and lowers the bounds, so fewer chunks stay live.
  */
-static void
-complete_live_chunks(SPIPlanPtr plan, Accumulator *acc, Term *terms, int nterms,
+static bool
+complete_live_chunks(const BlockReader *reader, Accumulator *acc, Term *terms, int nterms,
 					 PostingsBlock *blocks, int nblocks, int64 postings, int k,
-					 const Scoring *scoring, PostingsBlock **batch)
+					 const Scoring *scoring, PostingsBlock **batch, bool may_give_up)
 {
 	Accum	  **live = palloc_extended(sizeof(Accum *) * Max(accum_count(acc), 1), MCXT_ALLOC_HUGE);
 	int64	  **wanted = palloc(sizeof(int64 *) * nterms);
@@ -933,24 +1251,43 @@ complete_live_chunks(SPIPlanPtr plan, Accumulator *acc, Term *terms, int nterms,
 	int			t;
 	int			i;
 
-	/* the chunks live by phase 2's bounds, in seq order (the wanted lists come out sorted) */
+	/*
+	 * The chunks live by phase 2's bounds, in seq order (the wanted lists come out sorted): with
+	 * the array, read off the bitmap of live chunks, else sorted. Most postings read from here on
+	 * belong to no live chunk: the bitmap says so from cache.
+	 */
 	theta = kth_largest(acc, k, false);
 	unread_bounds(terms, nterms, blocks, nblocks);
+	if (acc->range <= LIVE_BITS_MAX_RANGE)
+		acc->live_bits = palloc0(sizeof(uint64) * ((acc->range + 63) / 64));
 	accum_start(acc, &it);
 	while ((e = accum_next(acc, &it)) != NULL)
 	{
 		e->live = unseen_bound(e, terms, nterms) >= theta - SLACK * fabs(theta);
-		if (e->live)
-			live[nlive++] = e;
+		if (!e->live)
+			continue;
+		if (acc->live_bits != NULL)
+			set_live_bit(acc, e->seq, true);
+		live[nlive++] = e;
 	}
-	sort_live(live, nlive);
-	/* most postings read from here on belong to no live chunk: a bitmap says so from cache */
-	if (acc->range <= LIVE_BITS_MAX_RANGE)
+	if (acc->slots != NULL && acc->live_bits != NULL)
 	{
-		acc->live_bits = palloc0(sizeof(uint64) * ((acc->range + 63) / 64));
-		for (i = 0; i < nlive; i++)
-			set_live_bit(acc, live[i]->seq, true);
+		int64		word;
+
+		nlive = 0;
+		for (word = 0; word < (acc->range + 63) / 64; word++)
+		{
+			uint64		bits = acc->live_bits[word];
+
+			while (bits != 0)
+			{
+				live[nlive++] = &acc->slots[word * 64 + pg_rightmost_one_pos64(bits)];
+				bits &= bits - 1;
+			}
+		}
 	}
+	else
+		sort_live(live, nlive);
 	for (t = 0; t < nterms; t++)
 		wanted[t] = palloc(sizeof(int64) * Max(nlive, 1));
 
@@ -1004,12 +1341,165 @@ complete_live_chunks(SPIPlanPtr plan, Accumulator *acc, Term *terms, int nterms,
 		 * their bookkeeping), which completes every live chunk.
 		 */
 		all = wanted_postings * 4 >= postings;
-		read_blocks(plan, batch, all ? count : Min(count, round_size), terms, scoring, acc, NULL);
+		if (all && may_give_up)
+			return false;		/* cheaper exhaustive: see score_exhaustively */
+		read_blocks(reader, batch, all ? count : Min(count, round_size), terms, nterms, scoring,
+					acc, NULL);
 		last_stats.rounds++;
 		round_size *= 2;
 		if (all)
 			break;
 	}
+	return true;
+}
+
+/* The chunks at or above the k-th best score, with their scores. */
+typedef struct Results
+{
+	int64	   *seqs;
+	double	   *scores;
+	int			count;
+} Results;
+
+/* Whether the exhaustive path's dense array suits the seq range. */
+static bool
+exhaustive_fits(int64 first_seq, int64 last_seq, int64 postings)
+{
+	int64		range = last_seq - first_seq + 1;
+
+	return postings > 0 && range > 0 && range <= EXHAUSTIVE_MAX_RANGE
+		&& range <= EXHAUSTIVE_SLOTS_PER_POSTING * postings;
+}
+
+/* The exhaustive path's scores: a slot per seq from base, and a bit per seen chunk. */
+typedef struct DenseScores
+{
+	const Term *terms;
+	const Scoring *scoring;
+	double	   *scores;
+	uint64	   *seen;
+	int64		base;
+	int64		range;
+} DenseScores;
+
+/* Adds a row of BLOCKS_OF_TERMS to the dense scores and marks its chunks seen. */
+static void
+add_dense_row(const BlockRow *row, void *arg)
+{
+	DenseScores *d = (DenseScores *) arg;
+	const Scoring *scoring = d->scoring;
+	double		scale = d->terms[row->term].idf_weight * (scoring->k1 + 1);
+	double		flat = scoring->k1 * (1 - scoring->b);
+	double		per_length = scoring->k1 * scoring->b / scoring->avgdl;
+	double	   *scores = d->scores;
+	uint64	   *seen = d->seen;
+	int			j;
+
+	for (j = 0; j < row->n; j++)
+	{
+		uint64		off = (uint64) (row->seqs[j] - d->base);
+		double		tf = row->tfs[j];
+
+		/* the blocks' bounds were read in the same snapshot: every seq is in the range */
+		if (off >= (uint64) d->range)
+			elog(ERROR, "ragservice_bm25: a posting outside its blocks' seq range");
+		scores[off] += scale * tf / (tf + flat + per_length * row->lengths[j]);
+		seen[off >> 6] |= UINT64CONST(1) << (off & 63);
+	}
+	last_stats.postings_read += row->n;
+	last_stats.blocks_read++;
+}
+
+/*
+ * Exhaustive BM25 when the bounds do not pay: every block of the terms in one scan of the
+ * primary key (a third of the cost a block of reading them by key, and none of the pruning's
+ * bookkeeping), each posting added to a dense array of scores over the seq range; then the
+ * seen chunks at or above the k-th best score.
+ */
+static void
+score_exhaustively(SPIPlanPtr plan, Datum collections, Datum terms_datum, const Term *terms,
+				   int nterms, const Scoring *scoring, int64 base, int64 range, int k,
+				   Results *out)
+{
+	DenseScores d = {terms, scoring, NULL, NULL, base, range};
+	Datum		args[2] = {collections, terms_datum};
+	Oid			types[2] = {UUIDARRAYOID, TEXTARRAYOID};
+	ScoredSeq  *heap = palloc(sizeof(ScoredSeq) * k);
+	int			size = 0;
+	double		cut;
+	int64		word;
+
+	d.scores = allocate_zeroed(sizeof(double) * (size_t) range);
+	if (d.scores == NULL)
+		ereport(ERROR,
+				(errcode(ERRCODE_OUT_OF_MEMORY),
+				 errmsg("ragservice_bm25: out of memory for %lld scores", (long long) range)));
+	d.seen = palloc0(sizeof(uint64) * ((range + 63) / 64));
+	run_blocks_query(plan, 2, args, types, terms, nterms, add_dense_row, &d);
+	last_stats.rounds++;
+
+	for (word = 0; word < (range + 63) / 64; word++)
+	{
+		uint64		bits = d.seen[word];
+
+		while (bits != 0)
+		{
+			int64		off = word * 64 + pg_rightmost_one_pos64(bits);
+
+			bits &= bits - 1;
+			if (size < k || d.scores[off] > heap[0].score)
+				heap_offer_scored(heap, &size, k, (ScoredSeq) {d.scores[off], base + off});
+		}
+	}
+	cut = size < k ? -INFINITY : heap[0].score;
+	out->count = 0;
+	for (word = 0; word < (range + 63) / 64; word++)
+	{
+		uint64		bits = d.seen[word];
+
+		while (bits != 0)
+		{
+			int64		off = word * 64 + pg_rightmost_one_pos64(bits);
+
+			bits &= bits - 1;
+			out->count += d.scores[off] >= cut;
+		}
+	}
+	out->seqs = SPI_palloc(sizeof(int64) * (size_t) Max(out->count, 1));
+	out->scores = SPI_palloc(sizeof(double) * (size_t) Max(out->count, 1));
+	out->count = 0;
+	for (word = 0; word < (range + 63) / 64; word++)
+	{
+		uint64		bits = d.seen[word];
+
+		while (bits != 0)
+		{
+			int64		off = word * 64 + pg_rightmost_one_pos64(bits);
+
+			bits &= bits - 1;
+			if (d.scores[off] < cut)
+				continue;
+			out->seqs[out->count] = base + off;
+			out->scores[out->count] = d.scores[off];
+			out->count++;
+		}
+	}
+	pfree(heap);
+}
+
+/*
+ * A statement planned once for any parameters: a custom plan would plan again for every call,
+ * with arrays of thousands of keys.
+ */
+static SPIPlanPtr
+prepare_generic(const char *query, int nargs, Oid *types)
+{
+	SPIPlanPtr	plan = SPI_prepare_cursor(query, nargs, types, CURSOR_OPT_GENERIC_PLAN);
+
+	if (plan == NULL)
+		elog(ERROR, "ragservice_bm25: preparing a blocks query failed: %s",
+			 SPI_result_code_string(SPI_result));
+	return plan;
 }
 
 Datum
@@ -1032,17 +1522,21 @@ ragservice_bm25_topk(PG_FUNCTION_ARGS)
 	bool		prune;
 	bool		live_only = false;
 	double		cut;
-	SPIPlanPtr	plan;
+	BlockReader reader;
 	Accumulator *acc;
-	int64	   *result_seqs;
-	double	   *result_scores;
-	int			nresults = 0;
+	Results		results;
+	bool		dense;
+	bool		may_give_up;
+	bool		exhaustive;
+	MemoryContext outer;
+	MemoryContext pruning;
 	AccumIterator it;
 	Accum	   *e;
 	int64		first_seq = PG_INT64_MAX;
 	int64		last_seq = PG_INT64_MIN;
 	int			i;
 	Oid			block_types[4] = {UUIDARRAYOID, TEXTARRAYOID, INT2ARRAYOID, INT8ARRAYOID};
+	Oid			term_types[2] = {UUIDARRAYOID, TEXTARRAYOID};
 
 	InitMaterializedSRF(fcinfo, 0);
 	memset(&last_stats, 0, sizeof(last_stats));
@@ -1075,15 +1569,24 @@ ragservice_bm25_topk(PG_FUNCTION_ARGS)
 	if (prune)
 		qsort(blocks, nblocks, sizeof(PostingsBlock), compare_bound_desc);
 
-	plan = SPI_prepare(BLOCKS_QUERY, 4, block_types);
-	if (plan == NULL)
-		elog(ERROR, "ragservice_bm25: preparing the blocks query failed: %s",
-			 SPI_result_code_string(SPI_result));
+	reader.by_lookup = prepare_generic(BLOCKS_BY_LOOKUP, 4, block_types);
+	reader.by_scan = prepare_generic(BLOCKS_BY_SCAN, 4, block_types);
 	for (i = 0; i < nblocks; i++)
 	{
 		first_seq = Min(first_seq, blocks[i].first_seq);
 		last_seq = Max(last_seq, blocks[i].last_seq);
 	}
+	dense = accumulator_choice != ACCUMULATOR_HASH
+		&& (accumulator_choice == ACCUMULATOR_ARRAY
+			? postings > 0 && last_seq - first_seq < EXHAUSTIVE_MAX_RANGE
+			: exhaustive_fits(first_seq, last_seq, postings));
+	exhaustive = !prune && dense;
+	may_give_up = dense && postings >= exhaustive_min_postings;
+
+	/* the pruning's memory, given back at once if it gives up (the exhaustive path reuses it) */
+	outer = CurrentMemoryContext;
+	pruning = AllocSetContextCreate(outer, "ragservice_bm25 pruning", ALLOCSET_DEFAULT_SIZES);
+	MemoryContextSwitchTo(pruning);
 	acc = accum_create(first_seq, last_seq, postings);
 	batch = palloc(sizeof(PostingsBlock *) * Max(nblocks, 1));
 	leaders.capacity = 1024;
@@ -1100,7 +1603,7 @@ ragservice_bm25_topk(PG_FUNCTION_ARGS)
 	 */
 	for (i = 0; i < nterms; i++)
 		terms[i].essential = true;
-	for (;;)
+	while (!exhaustive)
 	{
 		int			count = 0;
 		double		theta;
@@ -1110,23 +1613,30 @@ ragservice_bm25_topk(PG_FUNCTION_ARGS)
 				batch[count++] = &blocks[i];
 		if (count == 0)
 			break;
-		read_blocks(plan, batch, count, terms, &scoring, acc, &leaders);
+		read_blocks(&reader, batch, count, terms, nterms, &scoring, acc, &leaders);
 		last_stats.rounds++;
 		round_size *= 2;
 		if (!prune)
 			break;
-		if (last_stats.postings_read * 2 >= postings)
+		if (may_give_up && last_stats.postings_read * 32 >= postings)
 		{
 			/*
-			 * Half the postings read and still going: the bounds are not paying for their
-			 * bookkeeping on this query, so read the rest at once (exhaustive from here).
+			 * A 32nd of the postings read and still going: the bounds are not paying for
+			 * their bookkeeping on this query. The exhaustive scan costs a seventh a posting
+			 * of reading by key into the partial scores.
 			 */
+			exhaustive = true;
+			break;
+		}
+		if (last_stats.postings_read * 2 >= postings)
+		{
+			/* Half the postings read and no array for the exhaustive path: read the rest. */
 			count = 0;
 			for (i = 0; i < nblocks; i++)
 				if (!blocks[i].read)
 					batch[count++] = &blocks[i];
 			if (count > 0)
-				read_blocks(plan, batch, count, terms, &scoring, acc, &leaders);
+				read_blocks(&reader, batch, count, terms, nterms, &scoring, acc, &leaders);
 			last_stats.rounds++;
 			break;
 		}
@@ -1137,35 +1647,48 @@ ragservice_bm25_topk(PG_FUNCTION_ARGS)
 	}
 
 	/* Phase 3: complete the chunks that still could reach theta, if any block is left unread. */
-	if (prune && last_stats.blocks_read < nblocks)
+	if (!exhaustive && prune && last_stats.blocks_read < nblocks)
 	{
-		complete_live_chunks(plan, acc, terms, nterms, blocks, nblocks, postings, k, &scoring,
-							 batch);
+		exhaustive = !complete_live_chunks(&reader, acc, terms, nterms, blocks, nblocks, postings,
+										   k, &scoring, batch, may_give_up);
 		live_only = true;
 	}
 
-	/* Phase 4: the chunks at or above the k-th best score. */
-	cut = kth_largest(acc, k, live_only);
-	result_seqs = SPI_palloc(sizeof(int64) * Max(accum_count(acc), 1));
-	result_scores = SPI_palloc(sizeof(double) * Max(accum_count(acc), 1));
-	accum_start(acc, &it);
-	while ((e = accum_next(acc, &it)) != NULL)
+	if (exhaustive)
 	{
-		if ((live_only && !e->live) || e->score < cut)
-			continue;
-		result_seqs[nresults] = e->seq;
-		result_scores[nresults] = e->score;
-		nresults++;
+		MemoryContextSwitchTo(outer);
+		MemoryContextDelete(pruning);
+		score_exhaustively(prepare_generic(BLOCKS_OF_TERMS, 2, term_types), collections,
+						   terms_datum, terms, nterms, &scoring, first_seq,
+						   last_seq - first_seq + 1, k, &results);
+	}
+	else
+	{
+		/* Phase 4: the chunks at or above the k-th best score. */
+		cut = kth_largest(acc, k, live_only);
+		results.seqs = SPI_palloc(sizeof(int64) * Max(accum_count(acc), 1));
+		results.scores = SPI_palloc(sizeof(double) * Max(accum_count(acc), 1));
+		results.count = 0;
+		accum_start(acc, &it);
+		while ((e = accum_next(acc, &it)) != NULL)
+		{
+			if ((live_only && !e->live) || e->score < cut)
+				continue;
+			results.seqs[results.count] = e->seq;
+			results.scores[results.count] = e->score;
+			results.count++;
+		}
+		MemoryContextSwitchTo(outer);
 	}
 	SPI_finish();
 
-	for (i = 0; i < nresults; i++)
+	for (i = 0; i < results.count; i++)
 	{
 		Datum		values[2];
 		bool		nulls[2] = {false, false};
 
-		values[0] = Int64GetDatum(result_seqs[i]);
-		values[1] = Float8GetDatum(result_scores[i]);
+		values[0] = Int64GetDatum(results.seqs[i]);
+		values[1] = Float8GetDatum(results.scores[i]);
 		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
 	}
 	return (Datum) 0;

@@ -212,9 +212,9 @@ def _owner_connection(settings: Settings) -> Iterator[psycopg.Connection[Any]]:
 
 @app.command("optimize")
 def db_optimize() -> None:
-    """Pack the BM25 postings (VACUUM FULL) and vacuum and analyze the other big tables, as
-    the database owner, with a line per step (bytes before and after). Searches wait while
-    the postings are packed: run it after a large load (`ingest --index deferred` runs it by
-    itself) or out of hours."""
+    """Pack the BM25 postings (rewritten in key order) and vacuum and analyze the other big
+    tables, as the database owner, with a line per step (bytes before and after). Searches
+    wait while the postings are packed: run it after a large load (`ingest --index deferred`
+    runs it by itself) or out of hours."""
     with database() as db, exit_on_error(), db.owner_engine() as engine:
         run_optimize_steps(engine)

@@ -117,3 +117,10 @@ def test_db_optimize_runs_as_the_owner_and_refuses_anyone_else(
     for table in ("chunk_postings", "chunks", "chunk_embeddings", "documents"):
         assert f"  {table}: " in done.stderr
     assert "pack the BM25 postings" in done.stderr and "optimized: " in done.stderr
+    # The postings were rewritten in the order of their primary key (a term's blocks together).
+    libpq = make_url(database_url).set(drivername="postgresql").render_as_string(False)
+    with psycopg.connect(libpq) as conn:
+        clustered = conn.execute(
+            "SELECT indisclustered FROM pg_index WHERE indexrelid = 'chunk_postings_pkey'::regclass"
+        ).fetchone()
+    assert clustered == (True,)

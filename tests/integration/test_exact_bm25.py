@@ -138,12 +138,17 @@ def top_k(
     k1: float = 1.2,
     b: float = 0.75,
     accumulator: str = "auto",
+    exhaustive_min_postings: int = 65536,
 ) -> tuple[dict[int, float], tuple[int, int]]:
     """The function's rows, and the blocks it read of those in the terms' lists
-    (`accumulator`: the `ragservice_bm25.accumulator` setting for the call)."""
+    (`accumulator`, `exhaustive_min_postings`: the extension's settings for the call)."""
     with runtime.db.read() as session:
         session.execute(
-            text("SELECT set_config('ragservice_bm25.accumulator', :a, true)"), {"a": accumulator}
+            text(
+                "SELECT set_config('ragservice_bm25.accumulator', :a, true), "
+                "set_config('ragservice_bm25.exhaustive_min_postings', :m, true)"
+            ),
+            {"a": accumulator, "m": str(exhaustive_min_postings)},
         )
         params = {"c": [collection], "terms": terms, "weights": weights, "k": k, "k1": k1, "b": b}
         rows = session.execute(text(_TOPK), params).all()
@@ -167,11 +172,19 @@ def test_the_migration_installs_the_extension(runtime: Runtime) -> None:
     assert installed == "1.1"
 
 
-@pytest.mark.parametrize("accumulator", ["hash", "array"])
+# The ways the function may go: partial scores in a hash or in an array over the seq range,
+# and (exhaustive_min_postings 0) giving up the pruning for the exhaustive scan whenever a 32nd
+# of the postings is read without finishing.
+PATHS = [("hash", 65536), ("array", 65536), ("array", 0)]
+
+
+@pytest.mark.parametrize(("accumulator", "exhaustive_min_postings"), PATHS)
 def test_top_k_equals_exhaustive_bm25_for_random_queries(
-    runtime: Runtime, frequent: tuple[uuid.UUID, Reference], accumulator: str
+    runtime: Runtime,
+    frequent: tuple[uuid.UUID, Reference],
+    accumulator: str,
+    exhaustive_min_postings: int,
 ) -> None:
-    """Both ways of keeping the partial scores: a hash, and an array over the seq range."""
     collection, reference = frequent
     lexemes = sorted({t for terms in reference.tf.values() for t in terms})
 
@@ -193,15 +206,20 @@ def test_top_k_equals_exhaustive_bm25_for_random_queries(
         if not weighted:
             merged = dict.fromkeys(merged, 1.0)
             terms = list(merged)
-        found, _ = top_k(runtime, collection, terms, weights, k, k1, b, accumulator)
+        found, _ = top_k(
+            runtime, collection, terms, weights, k, k1, b, accumulator, exhaustive_min_postings
+        )
         assert_exact_top_k(found, reference.scores(merged, k1, b), k)
 
     check()
 
 
-@pytest.mark.parametrize("accumulator", ["hash", "array"])
+@pytest.mark.parametrize(("accumulator", "exhaustive_min_postings"), PATHS)
 def test_a_query_of_more_terms_than_the_seen_bits_is_still_exact(
-    runtime: Runtime, frequent: tuple[uuid.UUID, Reference], accumulator: str
+    runtime: Runtime,
+    frequent: tuple[uuid.UUID, Reference],
+    accumulator: str,
+    exhaustive_min_postings: int,
 ) -> None:
     """A chunk remembers which of the first 32 terms it was seen in; the others always count
     as unseen (their bound is added), which prunes less but never wrongly."""
@@ -212,10 +230,13 @@ def test_a_query_of_more_terms_than_the_seen_bits_is_still_exact(
     for k in (1, 10, 50):
         terms = rng.sample(lexemes, 40)
         weights = [round(rng.uniform(0.05, 2), 3) for _ in terms]
-        found, (blocks, read) = top_k(runtime, collection, terms, weights, k, 0.9, 0.4, accumulator)
+        found, (blocks, read) = top_k(
+            runtime, collection, terms, weights, k, 0.9, 0.4, accumulator, exhaustive_min_postings
+        )
         expected = reference.scores(dict(zip(terms, weights, strict=True)), 0.9, 0.4)
         assert_exact_top_k(found, expected, k)
-        assert read <= blocks
+        # each block once, or (giving up) once more by the exhaustive scan
+        assert read <= (blocks if exhaustive_min_postings else 2 * blocks)
 
 
 def test_the_accumulator_setting_refuses_an_unknown_value(runtime: Runtime) -> None:
@@ -238,6 +259,25 @@ def test_blocks_that_cannot_reach_the_top_k_are_skipped(
     assert read < blocks / 2
     # Asked for every chunk, it reads every block.
     _, (blocks, read) = top_k(runtime, collection, terms, None, CHUNKS)
+    assert read == blocks
+
+
+def test_a_query_the_bounds_cannot_prune_is_scored_in_one_scan(
+    runtime: Runtime, frequent: tuple[uuid.UUID, Reference]
+) -> None:
+    """Asked for every chunk, the pruning has read a 32nd of the postings without finishing and
+    gives up: the exhaustive scan reads every block once more. With a negative weight the
+    bounds do not hold and the scan is all it reads. The ranking is exhaustive BM25's."""
+    collection, reference = frequent
+    df = Counter(t for terms in reference.tf.values() for t in terms)
+    terms = [t for t, _ in df.most_common(4)]
+    found, (blocks, read) = top_k(runtime, collection, terms, None, CHUNKS, 1.2, 0.75, "auto", 0)
+    assert_exact_top_k(found, reference.scores(dict.fromkeys(terms, 1.0), 1.2, 0.75), CHUNKS)
+    assert blocks < read <= 2 * blocks
+    weights = [1.0, -0.5, 2.0, 1.0]
+    found, (blocks, read) = top_k(runtime, collection, terms, weights, 10, 0.9, 0.4, "array")
+    expected = reference.scores(dict(zip(terms, weights, strict=True)), 0.9, 0.4)
+    assert_exact_top_k(found, expected, 10)
     assert read == blocks
 
 
