@@ -25,7 +25,7 @@
  *   4. returns the chunks scoring at least the k-th best (ties at the cut included).
  * Every chunk in BM25's exact top k is returned, with its exact score.
  *
- * The exhaustive scan: when the pruning does not pay (a 32nd of the postings read in phase 2
+ * The exhaustive scan: when the pruning does not pay (a 128th of the postings read in phase 2
  * without finishing, or phase 3 wanting a quarter of them; on queries whose terms hold at least
  * ragservice_bm25.exhaustive_min_postings), or the parameters do not allow the bounds (k1 < 0,
  * b outside [0, 1], a negative weight), every block of the terms is read in one scan of the
@@ -103,7 +103,7 @@ _PG_init(void)
 	DefineCustomIntVariable("ragservice_bm25.exhaustive_min_postings",
 							"The fewest postings in a query's terms for which ragservice_bm25_topk "
 							"may give up the pruning for one exhaustive scan.",
-							"Once the pruning has read a 32nd of the postings without finishing, "
+							"Once the pruning has read a 128th of the postings without finishing, "
 							"the scan reads them all at a fraction of the cost each. 0: any query.",
 							&exhaustive_min_postings, 65536, 0, INT_MAX,
 							PGC_USERSET, 0, NULL, NULL, NULL);
@@ -1618,10 +1618,10 @@ ragservice_bm25_topk(PG_FUNCTION_ARGS)
 		round_size *= 2;
 		if (!prune)
 			break;
-		if (may_give_up && last_stats.postings_read * 32 >= postings)
+		if (may_give_up && last_stats.postings_read * 128 >= postings)
 		{
 			/*
-			 * A 32nd of the postings read and still going: the bounds are not paying for
+			 * A 128th of the postings read and still going: the bounds are not paying for
 			 * their bookkeeping on this query. The exhaustive scan costs a seventh a posting
 			 * of reading by key into the partial scores.
 			 */

@@ -173,7 +173,7 @@ def test_the_migration_installs_the_extension(runtime: Runtime) -> None:
 
 
 # The ways the function may go: partial scores in a hash or in an array over the seq range,
-# and (exhaustive_min_postings 0) giving up the pruning for the exhaustive scan whenever a 32nd
+# and (exhaustive_min_postings 0) giving up the pruning for the exhaustive scan whenever a 128th
 # of the postings is read without finishing.
 PATHS = [("hash", 65536), ("array", 65536), ("array", 0)]
 
@@ -265,7 +265,7 @@ def test_blocks_that_cannot_reach_the_top_k_are_skipped(
 def test_a_query_the_bounds_cannot_prune_is_scored_in_one_scan(
     runtime: Runtime, frequent: tuple[uuid.UUID, Reference]
 ) -> None:
-    """Asked for every chunk, the pruning has read a 32nd of the postings without finishing and
+    """Asked for every chunk, the pruning has read a 128th of the postings without finishing and
     gives up: the exhaustive scan reads every block once more. With a negative weight the
     bounds do not hold and the scan is all it reads. The ranking is exhaustive BM25's."""
     collection, reference = frequent
