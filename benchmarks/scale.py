@@ -200,7 +200,7 @@ def _parse_args() -> argparse.Namespace:
     parser.add_argument("--frequent-queries", type=int, default=50)
     parser.add_argument("--depth", type=int, default=100, help="chunks fetched for nDCG")
     parser.add_argument("--seed", type=int, default=16)
-    parser.add_argument("--batch-chunks", type=int, default=8192, help="chunks per import batch")
+    parser.add_argument("--batch-chunks", type=int, default=32768, help="chunks per import batch")
     parser.add_argument(
         "--budgets",
         type=lambda s: [int(x) for x in s.split(",")],
@@ -298,7 +298,7 @@ def _wal_lsn(runtime: Runtime) -> int:
 
 def _vacuum_postings(runtime: Runtime) -> dict[str, Any]:
     """`ragservice db optimize`'s steps as the database owner, as an operator runs them after
-    a large import (short postings blocks merged, the postings table packed by `VACUUM FULL`,
+    a large import (short postings blocks merged, the postings table rewritten in key order,
     the other big tables vacuumed and analyzed). Returns the postings' bytes per chunk before
     and after, the seconds the postings' steps took and the whole optimize's."""
     from ragservice.db import maintenance
