@@ -322,6 +322,36 @@ accum_find(Accumulator *a, int64 seq)
 	return e->status != 0 ? e : NULL;
 }
 
+/* The set bits of a bitmap, in order (see bit_walk_next). */
+typedef struct BitWalk
+{
+	const uint64 *words;
+	int64		nwords;
+	int64		word;			/* the word `rest` came from */
+	uint64		rest;			/* its bits not yet returned */
+} BitWalk;
+
+static inline BitWalk
+bit_walk(const uint64 *words, int64 nbits)
+{
+	return (BitWalk) {words, (nbits + 63) / 64, -1, 0};
+}
+
+/* The next set bit's offset into *off; false after the last. */
+static inline bool
+bit_walk_next(BitWalk *w, int64 *off)
+{
+	while (w->rest == 0)
+	{
+		if (++w->word >= w->nwords)
+			return false;
+		w->rest = w->words[w->word];
+	}
+	*off = w->word * 64 + pg_rightmost_one_pos64(w->rest);
+	w->rest &= w->rest - 1;
+	return true;
+}
+
 /* The widest seq range given a bitmap of the live chunks in phase 3: 16 MB of bits. */
 #define LIVE_BITS_MAX_RANGE (INT64CONST(1) << 27)
 
@@ -394,6 +424,8 @@ typedef struct Scoring
 	double		k1;
 	double		b;
 	double		avgdl;
+	double		flat;			/* k1 * (1 - b), see set_length_norm */
+	double		per_length;		/* k1 * b / avgdl */
 } Scoring;
 
 typedef struct Stats
@@ -472,10 +504,19 @@ typedef struct BlockReader
 	SPIPlanPtr	by_scan;
 } BlockReader;
 
-static double
+/* BM25's length normalisation as two coefficients, once k1, b and avgdl are known. */
+static void
+set_length_norm(Scoring *s)
+{
+	s->flat = s->k1 * (1 - s->b);
+	s->per_length = s->k1 * s->b / s->avgdl;
+}
+
+/* A posting's BM25 part before idf: tf (k1 + 1) / (tf + k1 (1 - b + b len / avgdl)). */
+static inline double
 term_part(const Scoring *s, double tf, double len)
 {
-	return tf * (s->k1 + 1) / (tf + s->k1 * (1 - s->b + s->b * len / s->avgdl));
+	return tf * (s->k1 + 1) / (tf + s->flat + s->per_length * len);
 }
 
 static int
@@ -697,8 +738,7 @@ add_block_postings(const BlockRow *row, const Term *terms, const Scoring *scorin
 
 	for (j = 0; j < n; j++)
 	{
-		double		part = term->idf_weight * tf[j] * (scoring->k1 + 1)
-			/ (tf[j] + scoring->k1 * (1 - scoring->b + scoring->b * len[j] / scoring->avgdl));
+		double		part = term->idf_weight * term_part(scoring, tf[j], len[j]);
 		Accum	   *e;
 
 		if (leaders != NULL)
@@ -891,41 +931,28 @@ run_blocks_query(SPIPlanPtr plan, int nargs, const Datum *values, const Oid *typ
 	MemoryContextDelete(receiver.row_context);
 }
 
-/* The distinct datums of a sorted array (by the given equality). */
+/* The distinct values of an array of datums, sorted by `compare` (in place; their count). */
 static int
-distinct_datums(Datum *values, int count, bool (*equal) (Datum, Datum))
+distinct_datums(Datum *values, int count, int (*compare) (const void *, const void *))
 {
 	int			kept = 0;
 	int			i;
 
+	qsort(values, count, sizeof(Datum), compare);
 	for (i = 0; i < count; i++)
-		if (kept == 0 || !equal(values[kept - 1], values[i]))
+		if (kept == 0 || compare(&values[kept - 1], &values[i]) != 0)
 			values[kept++] = values[i];
 	return kept;
 }
 
-static bool
-same_uuid(Datum a, Datum b)
+/* By the datum itself: a term's text datum is one pointer, shared by its blocks. */
+static int
+compare_pointer_datum(const void *a, const void *b)
 {
-	return memcmp(DatumGetUUIDP(a), DatumGetUUIDP(b), sizeof(pg_uuid_t)) == 0;
-}
+	Datum		x = *(const Datum *) a;
+	Datum		y = *(const Datum *) b;
 
-static bool
-same_pointer(Datum a, Datum b)
-{
-	return a == b;				/* a term's text datum is one pointer */
-}
-
-static bool
-same_int16(Datum a, Datum b)
-{
-	return DatumGetInt16(a) == DatumGetInt16(b);
-}
-
-static bool
-same_int64(Datum a, Datum b)
-{
-	return DatumGetInt64(a) == DatumGetInt64(b);
+	return (x > y) - (x < y);
 }
 
 static int
@@ -1008,14 +1035,11 @@ read_blocks(const BlockReader *reader, PostingsBlock **batch, int count, const T
 	}
 	if (by_scan)
 	{
-		/* each column's distinct values (the batch is sorted by term: lexemes come in runs) */
-		qsort(collections, count, sizeof(Datum), compare_uuid_datum);
-		ncollections = distinct_datums(collections, count, same_uuid);
-		nlexemes = distinct_datums(lexemes, count, same_pointer);
-		qsort(tiers, count, sizeof(Datum), compare_int16_datum);
-		ntiers = distinct_datums(tiers, count, same_int16);
-		qsort(firsts, count, sizeof(Datum), compare_int64_datum);
-		nfirsts = distinct_datums(firsts, count, same_int64);
+		/* each column's distinct values: the scan reads their cross product */
+		ncollections = distinct_datums(collections, count, compare_uuid_datum);
+		nlexemes = distinct_datums(lexemes, count, compare_pointer_datum);
+		ntiers = distinct_datums(tiers, count, compare_int16_datum);
+		nfirsts = distinct_datums(firsts, count, compare_int64_datum);
 	}
 	args[0] = PointerGetDatum(construct_array(collections, ncollections, UUIDOID, UUID_LEN,
 											  false, TYPALIGN_CHAR));
@@ -1272,19 +1296,12 @@ complete_live_chunks(const BlockReader *reader, Accumulator *acc, Term *terms, i
 	}
 	if (acc->slots != NULL && acc->live_bits != NULL)
 	{
-		int64		word;
+		BitWalk		walk = bit_walk(acc->live_bits, acc->range);
+		int64		off;
 
 		nlive = 0;
-		for (word = 0; word < (acc->range + 63) / 64; word++)
-		{
-			uint64		bits = acc->live_bits[word];
-
-			while (bits != 0)
-			{
-				live[nlive++] = &acc->slots[word * 64 + pg_rightmost_one_pos64(bits)];
-				bits &= bits - 1;
-			}
-		}
+		while (bit_walk_next(&walk, &off))
+			live[nlive++] = &acc->slots[off];
 	}
 	else
 		sort_live(live, nlive);
@@ -1387,10 +1404,7 @@ static void
 add_dense_row(const BlockRow *row, void *arg)
 {
 	DenseScores *d = (DenseScores *) arg;
-	const Scoring *scoring = d->scoring;
-	double		scale = d->terms[row->term].idf_weight * (scoring->k1 + 1);
-	double		flat = scoring->k1 * (1 - scoring->b);
-	double		per_length = scoring->k1 * scoring->b / scoring->avgdl;
+	double		idf_weight = d->terms[row->term].idf_weight;
 	double	   *scores = d->scores;
 	uint64	   *seen = d->seen;
 	int			j;
@@ -1398,12 +1412,11 @@ add_dense_row(const BlockRow *row, void *arg)
 	for (j = 0; j < row->n; j++)
 	{
 		uint64		off = (uint64) (row->seqs[j] - d->base);
-		double		tf = row->tfs[j];
 
 		/* the blocks' bounds were read in the same snapshot: every seq is in the range */
 		if (off >= (uint64) d->range)
 			elog(ERROR, "ragservice_bm25: a posting outside its blocks' seq range");
-		scores[off] += scale * tf / (tf + flat + per_length * row->lengths[j]);
+		scores[off] += idf_weight * term_part(d->scoring, row->tfs[j], row->lengths[j]);
 		seen[off >> 6] |= UINT64CONST(1) << (off & 63);
 	}
 	last_stats.postings_read += row->n;
@@ -1427,7 +1440,8 @@ score_exhaustively(SPIPlanPtr plan, Datum collections, Datum terms_datum, const 
 	ScoredSeq  *heap = palloc(sizeof(ScoredSeq) * k);
 	int			size = 0;
 	double		cut;
-	int64		word;
+	BitWalk		walk;
+	int64		off;
 
 	d.scores = allocate_zeroed(sizeof(double) * (size_t) range);
 	if (d.scores == NULL)
@@ -1438,51 +1452,26 @@ score_exhaustively(SPIPlanPtr plan, Datum collections, Datum terms_datum, const 
 	run_blocks_query(plan, 2, args, types, terms, nterms, add_dense_row, &d);
 	last_stats.rounds++;
 
-	for (word = 0; word < (range + 63) / 64; word++)
-	{
-		uint64		bits = d.seen[word];
-
-		while (bits != 0)
-		{
-			int64		off = word * 64 + pg_rightmost_one_pos64(bits);
-
-			bits &= bits - 1;
-			if (size < k || d.scores[off] > heap[0].score)
-				heap_offer_scored(heap, &size, k, (ScoredSeq) {d.scores[off], base + off});
-		}
-	}
+	walk = bit_walk(d.seen, range);
+	while (bit_walk_next(&walk, &off))
+		if (size < k || d.scores[off] > heap[0].score)
+			heap_offer_scored(heap, &size, k, (ScoredSeq) {d.scores[off], base + off});
 	cut = size < k ? -INFINITY : heap[0].score;
 	out->count = 0;
-	for (word = 0; word < (range + 63) / 64; word++)
-	{
-		uint64		bits = d.seen[word];
-
-		while (bits != 0)
-		{
-			int64		off = word * 64 + pg_rightmost_one_pos64(bits);
-
-			bits &= bits - 1;
-			out->count += d.scores[off] >= cut;
-		}
-	}
+	walk = bit_walk(d.seen, range);
+	while (bit_walk_next(&walk, &off))
+		out->count += d.scores[off] >= cut;
 	out->seqs = SPI_palloc(sizeof(int64) * (size_t) Max(out->count, 1));
 	out->scores = SPI_palloc(sizeof(double) * (size_t) Max(out->count, 1));
 	out->count = 0;
-	for (word = 0; word < (range + 63) / 64; word++)
+	walk = bit_walk(d.seen, range);
+	while (bit_walk_next(&walk, &off))
 	{
-		uint64		bits = d.seen[word];
-
-		while (bits != 0)
-		{
-			int64		off = word * 64 + pg_rightmost_one_pos64(bits);
-
-			bits &= bits - 1;
-			if (d.scores[off] < cut)
-				continue;
-			out->seqs[out->count] = base + off;
-			out->scores[out->count] = d.scores[off];
-			out->count++;
-		}
+		if (d.scores[off] < cut)
+			continue;
+		out->seqs[out->count] = base + off;
+		out->scores[out->count] = d.scores[off];
+		out->count++;
 	}
 	pfree(heap);
 }
@@ -1561,6 +1550,7 @@ ragservice_bm25_topk(PG_FUNCTION_ARGS)
 	if (SPI_connect() != SPI_OK_CONNECT)
 		elog(ERROR, "ragservice_bm25: SPI_connect failed");
 	read_totals(collections, &n, &scoring.avgdl);
+	set_length_norm(&scoring);
 	nblocks = read_block_bounds(collections, terms_datum, terms, nterms, &scoring, n, &blocks);
 	last_stats.blocks = nblocks;
 	for (i = 0; i < nblocks; i++)
@@ -1630,7 +1620,7 @@ ragservice_bm25_topk(PG_FUNCTION_ARGS)
 		}
 		if (last_stats.postings_read * 2 >= postings)
 		{
-			/* Half the postings read and no array for the exhaustive path: read the rest. */
+			/* Half the postings read, the exhaustive scan not open to it: read the rest. */
 			count = 0;
 			for (i = 0; i < nblocks; i++)
 				if (!blocks[i].read)
