@@ -12,8 +12,10 @@ The layers, bottom up (docs/architecture.md draws them):
    server, a front end that reaches the service through `client` only; `console/`, the web
    console's static files, which the API serves;
 5. `ingest/`: loaders, the ingest pipeline and the job worker;
-6. the composition roots `api/` and `cli/`, which may import anything (`cli/` alone imports the
-   development cluster in `dev/`).
+6. `services/`: what the service does (search, answer, ingest, jobs, documents), called alike
+   by every interface;
+7. the composition roots `api/` and `cli/`, which may import anything (`cli/` alone imports the
+   development cluster in `dev/`), except that no command but `serve` imports `api/`.
 A module imports only from its own layer or below.
 """
 
@@ -96,8 +98,9 @@ def layer(dotted: str) -> int:
         "mcp_server": 4,
         "console": 4,
         "dev": 5,
-        "api": 6,
-        "cli": 6,
+        "services": 6,
+        "api": 7,
+        "cli": 7,
     }
     if name in CAPABILITIES:
         return 3
@@ -139,6 +142,24 @@ def test_the_top_level_holds_at_most_a_dozen_modules() -> None:
     entry_points = ("__init__.py", "__main__.py")
     modules = [p.name for p in (ROOT / "ragservice").glob("*.py") if p.name not in entry_points]
     assert len(modules) <= 12, sorted(modules)
+
+
+# Commands that still build what a router builds; the service layer takes their place.
+CLI_IMPORTING_API_FOR_NOW = {"query.py", "jobs.py"}
+
+
+@pytest.mark.parametrize(
+    "path",
+    sorted((ROOT / "ragservice" / "cli").rglob("*.py")),
+    ids=lambda p: str(p.relative_to(ROOT)),
+)
+def test_commands_other_than_serve_reach_the_service_through_the_service_layer(
+    path: Path,
+) -> None:
+    """The CLI's local mode calls `services/`, as the routers do, never the REST layer."""
+    if path.name == "serve.py" or path.name in CLI_IMPORTING_API_FOR_NOW:
+        return
+    assert {n for n in internal(path) if n.startswith("ragservice.api")} == set()
 
 
 CLIENT_SIDE = ("mcp_server", "integrations")
