@@ -51,7 +51,7 @@ def service_modules() -> list[Path]:
     return [
         p
         for p in (ROOT / "ragservice").rglob("*.py")
-        if not {"api", "cli"} & set(p.relative_to(ROOT / "ragservice").parts)
+        if not {"api", "cli", "services"} & set(p.relative_to(ROOT / "ragservice").parts)
         and p != ROOT / "ragservice" / "__main__.py"
     ]
 
