@@ -151,7 +151,9 @@ class Settings(BaseSettings):
         le=64,
         description="parallel maintenance workers of an HNSW index build; unset: cores - 1",
     )
-    search_rrf_k: int = Field(default=30, ge=1, description="reciprocal rank fusion constant")
+    search_rrf_k: int = Field(
+        default=30, ge=1, le=1000, description="reciprocal rank fusion constant"
+    )
     search_dense_candidates: int = Field(
         default=100, ge=1, le=1000, description="dense candidates fused by hybrid search"
     )
@@ -189,7 +191,7 @@ class Settings(BaseSettings):
         description="document results: each of a document's next 2 best chunks adds this "
         "share of its score to the best chunk's (0: documents rank by their best chunk)",
     )
-    bm25_k1: float = Field(default=0.9, ge=0)
+    bm25_k1: float = Field(default=0.9, ge=0, le=10)
     bm25_b: float = Field(default=0.4, ge=0, le=1)
     bm25_postings_per_term: int = Field(
         default=2_000,

@@ -19,7 +19,8 @@ from ragservice.bootstrap import Runtime
 from ragservice.db.scope import current_scope
 from ragservice.errors import AuthenticationError, InvalidInputError, PermissionDeniedError
 from ragservice.limits import text_problem
-from ragservice.retrieval.search import Searcher
+from ragservice.services.answers import AnswerService
+from ragservice.services.search import SearchService
 
 _bearer = HTTPBearer(auto_error=False, description="`Authorization: Bearer <API key>`")
 _api_key_header = APIKeyHeader(name="X-API-Key", auto_error=False)
@@ -30,18 +31,23 @@ def get_runtime(request: Request) -> Runtime:
     return runtime
 
 
-def get_searcher(request: Request) -> Searcher:
-    searcher: Searcher = request.app.state.searcher
-    return searcher
+def get_search(request: Request) -> SearchService:
+    search: SearchService = request.app.state.search
+    return search
+
+
+def get_answers(request: Request) -> AnswerService:
+    answers: AnswerService = request.app.state.answers
+    return answers
 
 
 def get_pipeline(request: Request) -> AnswerPipeline:
-    pipeline: AnswerPipeline = request.app.state.pipeline
-    return pipeline
+    return get_answers(request).pipeline
 
 
 RuntimeDep = Annotated[Runtime, Depends(get_runtime)]
-SearcherDep = Annotated[Searcher, Depends(get_searcher)]
+SearchDep = Annotated[SearchService, Depends(get_search)]
+AnswersDep = Annotated[AnswerService, Depends(get_answers)]
 PipelineDep = Annotated[AnswerPipeline, Depends(get_pipeline)]
 
 

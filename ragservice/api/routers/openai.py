@@ -24,7 +24,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import StreamingResponse
 
 from ragservice import store
-from ragservice.answering.answer import Answer, Question
+from ragservice.answering.answer import Answer
 from ragservice.answering.context import Source
 from ragservice.answering.prompt import ChatMessage
 from ragservice.api.checks import (
@@ -33,11 +33,9 @@ from ragservice.api.checks import (
     check_chat,
     check_embedding_count,
     check_embedding_texts,
-    check_text,
 )
-from ragservice.api.deps import PipelineDep, Reader, RuntimeDep, collection_ids, replica_reads
+from ragservice.api.deps import AnswersDep, Reader, RuntimeDep, replica_reads
 from ragservice.api.error_handlers import stopped_stream_error, stream_error
-from ragservice.api.schemas.answers import answer_out
 from ragservice.api.schemas.common import error_responses
 from ragservice.api.schemas.openai import ChatCompletionRequest, ChatMessageIn, EmbeddingsRequest
 from ragservice.api.stopping import first_unless_stopping, next_unless_stopping, stopping_of
@@ -48,8 +46,10 @@ from ragservice.embedding.token_ids import tiktoken_texts
 from ragservice.embedding.tokens import BatchTokenizer, TokenIds
 from ragservice.errors import InvalidInputError, NotFoundError
 from ragservice.limits import MAX_COLLECTIONS_PER_REQUEST
-from ragservice.retrieval.search import SearchOptions
 from ragservice.safety.html import AnswerText
+from ragservice.services.answers import AskQuery
+from ragservice.services.search import SearchQuery, check_text
+from ragservice.services.views import answer_out
 
 router = APIRouter(
     prefix="/v1",
@@ -89,7 +89,7 @@ async def chat_completions(
     body: ChatCompletionRequest,
     principal: Reader,
     runtime: RuntimeDep,
-    pipeline: PipelineDep,
+    answers: AnswersDep,
     request: Request,
 ) -> Any:
     """Answer the last user message from the model's collections, OpenAI style. A stream
@@ -102,13 +102,8 @@ async def chat_completions(
     forwarded = len(question_text) + sum(len(turn.content) for turn in history)
     check_chat(len(body.messages), forwarded, max_tokens, settings)
     charge(request, principal.key_id, ANSWER_COST, what="an answer")
-    question = Question(
-        text=question_text,
-        tenant_id=principal.tenant_id,
-        collection_ids=await anyio.to_thread.run_sync(
-            collection_ids, runtime, principal.tenant_id, _collections(body.model)
-        ),
-        options=SearchOptions.from_settings(settings, k=8),
+    ask = AskQuery(
+        search=SearchQuery(text=question_text, collections=_collections(body.model), k=8),
         history=history,
         endpoint="chat.completions",
         max_tokens=max_tokens,
@@ -121,8 +116,9 @@ async def chat_completions(
     # Titles in the sources footer are document text too: their links and HTML are cleaned.
     footer = _Footer(AnswerText(settings.link_hosts(), settings.answer_html)) if block else None
     if not body.stream:
-        return _completion(completion_id, body.model, await pipeline.answer(question), footer)
-    events = pipeline.stream(question)
+        answer = await answers.answer(principal.tenant_id, ask)
+        return _completion(completion_id, body.model, answer, footer)
+    events = await answers.stream(principal.tenant_id, ask)
     # Failures before the first token keep their status code (a stop: 503 ServiceStopping).
     first = await first_unless_stopping(events, stopping_of(request))
     return StreamingResponse(
