@@ -13,7 +13,6 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import AsyncGenerator, Callable
-from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
@@ -144,25 +143,32 @@ class AnswerPipeline:
         if lookup.answer is not None:
             prepared = _replayed(lookup, model, vector, scope)
             generation = self._replay(lookup)
+            async for text in self._cleaned(generation):
+                yield text
         else:
             prepared = await anyio.to_thread.run_sync(
                 self._prepare, question, lookup, model, vector, scope
             )
-        with nullcontext() if lookup.answer is not None else timed(prepared.timings, "generate"):
-            if lookup.answer is None:
+            with timed(prepared.timings, "generate"):
                 generation = self._generation(question, prepared, live=live)
-            if generation.live:
-                shown = self._text.stream()  # cleaned as the text passes
-                async for piece in generation.pieces():
-                    if text := shown.feed(piece):
-                        yield text
-                if text := shown.finish():
+                async for text in self._cleaned(generation):
                     yield text
-            generated = replace(generation.result, text=self._text.clean(generation.result.text))
-            if not generation.live:
-                for piece in generation.split(generated.text):
-                    yield piece
+        generated = replace(generation.result, text=self._text.clean(generation.result.text))
         yield await self._finish(question, prepared, generated, started, lookup)
+
+    async def _cleaned(self, generation: Generation) -> AsyncGenerator[str, None]:
+        """The generation's text, cleaned (`safety`): a live one piece by piece as it passes,
+        a finished one whole, then split."""
+        if not generation.live:
+            for piece in generation.split(self._text.clean(generation.result.text)):
+                yield piece
+            return
+        shown = self._text.stream()
+        async for piece in generation.pieces():
+            if text := shown.feed(piece):
+                yield text
+        if text := shown.finish():
+            yield text
 
     def _answering(self, question: Question) -> dict[str, Any]:
         """What shapes an answer beyond the search: part of its cache scope."""
