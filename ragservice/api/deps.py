@@ -1,4 +1,6 @@
-"""Dependencies the routes declare: the runtime, the caller's identity, role and rate limit."""
+"""Dependencies the routes declare: what the app opened (the database, the settings, the model
+registry, the search and answer pipelines; the whole runtime for the routes that still take
+it), the caller's identity, role and rate limit."""
 
 from __future__ import annotations
 
@@ -16,7 +18,10 @@ from ragservice.api.authn import Principal as Principal  # routers name the call
 from ragservice.api.checks import spend
 from ragservice.auth.keys import Role
 from ragservice.bootstrap import Runtime
+from ragservice.config import Settings
+from ragservice.db import Database
 from ragservice.db.scope import current_scope
+from ragservice.embedding.registry import ModelRegistry
 from ragservice.errors import AuthenticationError, InvalidInputError, PermissionDeniedError
 from ragservice.limits import text_problem
 from ragservice.retrieval.search import Searcher
@@ -40,7 +45,23 @@ def get_pipeline(request: Request) -> AnswerPipeline:
     return pipeline
 
 
+def get_database(request: Request) -> Database:
+    return get_runtime(request).db
+
+
+def get_settings(request: Request) -> Settings:
+    """The settings the app was built with (not the environment's at this moment)."""
+    return get_runtime(request).settings
+
+
+def get_models(request: Request) -> ModelRegistry:
+    return get_runtime(request).models
+
+
 RuntimeDep = Annotated[Runtime, Depends(get_runtime)]
+DatabaseDep = Annotated[Database, Depends(get_database)]
+SettingsDep = Annotated[Settings, Depends(get_settings)]
+ModelsDep = Annotated[ModelRegistry, Depends(get_models)]
 SearcherDep = Annotated[Searcher, Depends(get_searcher)]
 PipelineDep = Annotated[AnswerPipeline, Depends(get_pipeline)]
 

@@ -145,7 +145,7 @@ def test_the_top_level_holds_at_most_a_dozen_modules() -> None:
 
 
 # Commands that still build what a router builds; the service layer takes their place.
-CLI_IMPORTING_API_FOR_NOW = {"query.py", "jobs.py"}
+CLI_IMPORTING_API_FOR_NOW = {"query.py"}
 
 
 @pytest.mark.parametrize(
