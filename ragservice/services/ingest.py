@@ -1,15 +1,18 @@
-"""Documents queued for ingestion: JSON texts and uploaded files become one ingest job each,
-which a worker runs (`ingest/worker.py`). The caller checks the request's configured limits
-and reads the files; this resolves the options, refuses duplicates and queues the job."""
+"""Documents for ingestion. Queued: JSON texts and uploaded files become one ingest job each,
+which a worker runs (`ingest/worker.py`); the caller checks the request's configured limits
+and reads the files, this resolves the options, refuses duplicates and queues the job. Run
+in the caller's process (`ragservice ingest`): the run recorded as a job of its own."""
 
 from __future__ import annotations
 
 import hashlib
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from ingest.report import IngestReport
 from ragservice import store
 from ragservice.db import Database
 from ragservice.embedding.registry import get_model_by_name
@@ -128,3 +131,41 @@ def _enqueue(
         job = store.jobs.get_job(session, tenant_id, job_id)
     assert job is not None
     return job_view(job)
+
+
+@contextmanager
+def recorded_run(
+    db: Database,
+    tenant_id: uuid.UUID,
+    collection: str,
+    params: dict[str, object],
+    report: IngestReport,
+    *,
+    worker: str,
+) -> Iterator[uuid.UUID]:
+    """A run in this process recorded as a running job (its collection created when it is
+    missing), which ends `done` or `failed` with the counts and failures of `report`
+    (`failed` too when the run raises). Workers never take such a job."""
+    with db.write() as session:
+        collection_id = store.collections.ensure_collection(session, tenant_id, collection)
+        job_id = store.jobs.start_job(
+            session,
+            tenant_id=tenant_id,
+            collection_id=collection_id,
+            kind="cli",
+            params=params,
+            worker=worker,
+        )
+    status = "failed"
+    try:
+        yield job_id
+        status = "done" if report.ok else "failed"
+    finally:
+        with db.write() as session:
+            store.jobs.finish_job(
+                session,
+                job_id,
+                status=status,
+                counts=report.counts(),
+                errors=[{"source": f.source, "error": f.reason} for f in report.failed],
+            )
