@@ -434,7 +434,8 @@ def _with_job_record(
 
     report = outcome.report
     if report.dry_run:
-        return _with_progress(run, report)
+        _with_progress(run, report)
+        return report
     worker = f"{socket.gethostname()}:{os.getpid()}"
     with recorded_run(runtime.db, tenant_id, collection, params, report, worker=worker) as job_id:
         outcome.job_id = job_id
