@@ -23,7 +23,6 @@ import numpy as np
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import StreamingResponse
 
-from ragservice import store
 from ragservice.answering.answer import Answer
 from ragservice.answering.context import Source
 from ragservice.answering.prompt import ChatMessage
@@ -34,7 +33,14 @@ from ragservice.api.checks import (
     check_embedding_count,
     check_embedding_texts,
 )
-from ragservice.api.deps import AnswersDep, Reader, RuntimeDep, replica_reads
+from ragservice.api.deps import (
+    AnswersDep,
+    DatabaseDep,
+    ModelsDep,
+    Reader,
+    SettingsDep,
+    replica_reads,
+)
 from ragservice.api.error_handlers import stopped_stream_error, stream_error
 from ragservice.api.schemas.common import error_responses
 from ragservice.api.schemas.openai import ChatCompletionRequest, ChatMessageIn, EmbeddingsRequest
@@ -48,6 +54,7 @@ from ragservice.errors import InvalidInputError, NotFoundError
 from ragservice.limits import MAX_COLLECTIONS_PER_REQUEST
 from ragservice.safety.html import AnswerText
 from ragservice.services.answers import AskQuery
+from ragservice.services.collections import collection_names
 from ragservice.services.search import SearchQuery, check_text
 from ragservice.services.views import answer_out
 
@@ -62,11 +69,10 @@ MODEL_PREFIX = "rag"
 
 
 @router.get("/models")
-def list_models(principal: Reader, runtime: RuntimeDep) -> dict[str, Any]:
+def list_models(principal: Reader, db: DatabaseDep, models: ModelsDep) -> dict[str, Any]:
     """One `rag:<collection>` chat model per collection of the key's tenant, `rag` for all, and
     the embedding models `/v1/embeddings` takes (`type` tells them apart)."""
-    with runtime.db.read() as session:
-        names = sorted(store.collections.collection_ids(session, principal.tenant_id, None))
+    names = collection_names(db, principal.tenant_id)
     chat = [MODEL_PREFIX, *(f"{MODEL_PREFIX}:{name}" for name in names)]
     return {
         "object": "list",
@@ -74,7 +80,7 @@ def list_models(principal: Reader, runtime: RuntimeDep) -> dict[str, Any]:
             *({**_model_entry(m), "type": "chat"} for m in chat),
             *(
                 {**_model_entry(_model_id(m, i)), "type": "embedding", "dimension": m.dimension}
-                for i, m in enumerate(runtime.models.loaded())
+                for i, m in enumerate(models.loaded())
             ),
         ],
     }
@@ -88,7 +94,7 @@ def _model_entry(model_id: str) -> dict[str, Any]:
 async def chat_completions(
     body: ChatCompletionRequest,
     principal: Reader,
-    runtime: RuntimeDep,
+    settings: SettingsDep,
     answers: AnswersDep,
     request: Request,
 ) -> Any:
@@ -96,7 +102,6 @@ async def chat_completions(
     cut short because the server is stopping ends with a `data:` chunk whose `error` is
     `ServiceStopping`, then `data: [DONE]`."""
     question_text, history = _split_messages(body.messages)
-    settings = runtime.settings
     check_text(question_text, settings, field="messages")
     max_tokens = body.max_completion_tokens or body.max_tokens
     forwarded = len(question_text) + sum(len(turn.content) for turn in history)
@@ -129,13 +134,16 @@ async def chat_completions(
 
 @router.post("/embeddings")
 async def embeddings(
-    body: EmbeddingsRequest, principal: Reader, runtime: RuntimeDep, request: Request
+    body: EmbeddingsRequest,
+    principal: Reader,
+    settings: SettingsDep,
+    models: ModelsDep,
+    request: Request,
 ) -> Any:
     """Embed texts, or token id arrays (tiktoken's ids, decoded to their texts; or the model's
     own tokenizer's, RAGSERVICE_EMBEDDING_TOKEN_IDS), with the requested embedding model
     (normalized vectors, cosine-ready)."""
-    settings = runtime.settings
-    model, model_id = _embedding_model(runtime.models, body.model)  # one for the request
+    model, model_id = _embedding_model(models, body.model)  # one for the request
     embedder = model.embedder
     inputs = _inputs(body.input)
     texts = [text for text in inputs if isinstance(text, str)]
