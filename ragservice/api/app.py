@@ -113,8 +113,8 @@ def create_app(
             require_unprivileged_login(runtime.db, resolved)
             app.state.runtime = runtime
             runtime.models.start()  # follows `ragservice models activate` without a restart
-            searcher = stack.enter_context(open_searcher(runtime))
-            app.state.search = SearchService(runtime, searcher)
+            searcher = stack.enter_context(open_searcher(runtime.db, runtime.models))
+            app.state.search = SearchService(runtime.db, runtime.models, resolved, searcher)
             inference = InferenceClient.from_settings(
                 resolved,
                 owner=tenancy.current_tenant_id,
@@ -122,9 +122,16 @@ def create_app(
             )
             if inference is not None:
                 stack.push_async_callback(inference.aclose)
-            pipeline = open_pipeline(runtime, searcher, inference, metrics)
+            pipeline = open_pipeline(
+                runtime.db,
+                runtime.models,
+                resolved,
+                searcher=searcher,
+                inference=inference,
+                metrics=metrics,
+            )
             stack.callback(pipeline.close)
-            app.state.answers = AnswerService(runtime, pipeline)
+            app.state.answers = AnswerService(runtime.db, resolved, pipeline)
             stack.callback(metrics.watch(runtime_collectors(runtime)))
             app.state.services = _start_services(stack, runtime, services, metrics.jobs, stopping)
             if resolved.metrics_port is not None:

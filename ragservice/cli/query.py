@@ -141,8 +141,11 @@ def _search_locally(
     from ragservice.services.views import found_out
 
     asked = SearchQuery(text=query, collections=collections, mode=mode, k=k)
-    with _local_runtime(tenant) as (runtime, tenant_id), open_searcher(runtime) as searcher:
-        found = SearchService(runtime, searcher).search(tenant_id, asked)
+    with _local_runtime(tenant) as (runtime, tenant_id):
+        searcher = open_searcher(runtime.db, runtime.models)
+        with searcher:
+            service = SearchService(runtime.db, runtime.models, runtime.settings, searcher)
+            found = service.search(tenant_id, asked)
     return found_out(found).model_dump(mode="json")
 
 
@@ -180,10 +183,17 @@ async def _stream_answer(
 
     inference = InferenceClient.from_settings(runtime.settings, owner=tenancy.current_tenant_id)
     try:
-        with open_searcher(runtime) as searcher:
-            pipeline = open_pipeline(runtime, searcher, inference, Metrics())
+        with open_searcher(runtime.db, runtime.models) as searcher:
+            pipeline = open_pipeline(
+                runtime.db,
+                runtime.models,
+                runtime.settings,
+                searcher=searcher,
+                inference=inference,
+                metrics=Metrics(),
+            )
             try:
-                answers = AnswerService(runtime, pipeline)
+                answers = AnswerService(runtime.db, runtime.settings, pipeline)
                 answers.check(asked, field="question")
                 async for item in await answers.stream(tenant_id, asked):
                     if not isinstance(item, Answer):

@@ -15,8 +15,10 @@ from ragservice.answering.answer import Answer, AnswerPipeline
 from ragservice.answering.inference import InferenceClient
 from ragservice.answering.prompt import ChatMessage
 from ragservice.answering.question import Question
-from ragservice.bootstrap import Runtime
 from ragservice.cache.prompt_cache import PromptCache
+from ragservice.config import Settings
+from ragservice.db import Database
+from ragservice.embedding.registry import ModelRegistry
 from ragservice.metrics import Metrics
 from ragservice.retrieval.rerank import make_reranker
 from ragservice.retrieval.reranker_registry import registered_folder
@@ -45,20 +47,25 @@ class AskQuery:
 
 
 def open_pipeline(
-    runtime: Runtime, searcher: Searcher, inference: InferenceClient | None, metrics: Metrics
+    db: Database,
+    models: ModelRegistry,
+    settings: Settings,
+    *,
+    searcher: Searcher,
+    inference: InferenceClient | None,
+    metrics: Metrics,
 ) -> AnswerPipeline:
     """The query path, with the reranker (loaded here) and the inference client if configured."""
-    settings = runtime.settings
-    reranker = make_reranker(settings, resolve=lambda ref: registered_folder(runtime.db, ref))
+    reranker = make_reranker(settings, resolve=lambda ref: registered_folder(db, ref))
     if reranker is not None:
         reranker.warm_up()
     cache = None
     if settings.cache_enabled:
-        cache = PromptCache(runtime.db, settings=settings, metrics=metrics)
+        cache = PromptCache(db, settings=settings, metrics=metrics)
     return AnswerPipeline(
-        db=runtime.db,
+        db=db,
         searcher=searcher,
-        models=runtime.models.current,
+        models=models.current,
         settings=settings,
         reranker=reranker,
         inference=inference,
@@ -68,10 +75,11 @@ def open_pipeline(
 
 
 class AnswerService:
-    """Answers of one process: its runtime and its answering pipeline."""
+    """Answers of one process: its database, settings and answering pipeline."""
 
-    def __init__(self, runtime: Runtime, pipeline: AnswerPipeline) -> None:
-        self._runtime = runtime
+    def __init__(self, db: Database, settings: Settings, pipeline: AnswerPipeline) -> None:
+        self._db = db
+        self._settings = settings
         self._pipeline = pipeline
 
     @property
@@ -80,13 +88,13 @@ class AnswerService:
 
     def check(self, ask: AskQuery, *, field: str) -> None:
         """The limits on the question and k (before the caller is charged for an answer)."""
-        check_query(ask.search.text, ask.search.k, self._runtime.settings, field=field)
+        check_query(ask.search.text, ask.search.k, self._settings, field=field)
 
     async def question(self, tenant_id: uuid.UUID, ask: AskQuery) -> Question:
         """The question `ask` makes, its search resolved and its collections the tenant's."""
-        options = resolve_options(ask.search, self._runtime.settings)
+        options = resolve_options(ask.search, self._settings)
         ids = await anyio.to_thread.run_sync(
-            collection_ids, self._runtime.db, tenant_id, ask.search.collections
+            collection_ids, self._db, tenant_id, ask.search.collections
         )
         return Question(
             text=ask.search.text,

@@ -10,10 +10,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ragservice import store
-from ragservice.bootstrap import Runtime
 from ragservice.config import Settings
 from ragservice.db import Database
-from ragservice.embedding.registry import ServingModel
+from ragservice.embedding.registry import ModelRegistry, ServingModel
 from ragservice.errors import InvalidInputError
 from ragservice.retrieval.filters import parse_and_compile
 from ragservice.retrieval.search import Mode, Searcher, SearchHit, SearchOptions
@@ -83,16 +82,20 @@ def resolve_options(query: SearchQuery, settings: Settings) -> SearchOptions:
     )
 
 
-def open_searcher(runtime: Runtime) -> Searcher:
+def open_searcher(db: Database, models: ModelRegistry) -> Searcher:
     """A searcher on the serving model, resolved as each search starts (close it after)."""
-    return Searcher(runtime.db, models=runtime.models.current)
+    return Searcher(db, models=models.current)
 
 
 class SearchService:
     """Searches of one process: its database, its serving model, its settings."""
 
-    def __init__(self, runtime: Runtime, searcher: Searcher) -> None:
-        self._runtime = runtime
+    def __init__(
+        self, db: Database, models: ModelRegistry, settings: Settings, searcher: Searcher
+    ) -> None:
+        self._db = db
+        self._models = models
+        self._settings = settings
         self._searcher = searcher
 
     @property
@@ -102,11 +105,10 @@ class SearchService:
     def search(self, tenant_id: uuid.UUID, query: SearchQuery, *, field: str = "query") -> Found:
         """The tenant's best chunks for `query` (or documents, grouped); `field` names the
         query in a limit's error."""
-        settings = self._runtime.settings
-        check_query(query.text, query.k, settings, field=field)
-        options = resolve_options(query, settings)
-        ids = collection_ids(self._runtime.db, tenant_id, query.collections)
-        model = self._runtime.models.current()
+        check_query(query.text, query.k, self._settings, field=field)
+        options = resolve_options(query, self._settings)
+        ids = collection_ids(self._db, tenant_id, query.collections)
+        model = self._models.current()
         result = self._searcher.search(
             collection_ids=ids, query=query.text, options=options, model=model
         )

@@ -3,7 +3,6 @@ invalidation by document changes, the meaning guard, concurrency, bypass, stats 
 
 from __future__ import annotations
 
-import dataclasses
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -118,9 +117,7 @@ def test_a_changed_retrieval_setting_is_a_new_scope(
     ask(client, keys.reader)
     assert ask(client, keys.reader)["cache"]["hit"] is True
     answers = client.app.state.answers  # type: ignore[attr-defined]
-    runtime = answers._runtime
-    changed = runtime.settings.model_copy(update=setting)
-    monkeypatch.setattr(answers, "_runtime", dataclasses.replace(runtime, settings=changed))
+    monkeypatch.setattr(answers, "_settings", answers._settings.model_copy(update=setting))
     assert ask(client, keys.reader)["cache"]["hit"] is False
     assert ask(client, keys.reader)["cache"]["hit"] is True
 

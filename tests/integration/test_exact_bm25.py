@@ -327,7 +327,7 @@ def test_the_searcher_uses_it_for_unfiltered_full_text(
     resolved = SearchOptions.from_settings(
         settings, mode=Mode.FULLTEXT, k=10, bm25_postings_per_term=50
     )
-    with open_searcher(runtime) as s:
+    with open_searcher(runtime.db, runtime.models) as s:
         hits = s.search(collection_ids=[collection], query=query, options=resolved).hits
     assert [(h.chunk_id, h.score) for h in hits] == budgeted
 
