@@ -81,7 +81,6 @@ from scale_support import (  # noqa: E402
 )
 
 from ragservice import store  # noqa: E402
-from ragservice.bootstrap import Runtime, open_runtime  # noqa: E402
 from ragservice.client import Mode as ApiMode  # noqa: E402
 from ragservice.client import RagserviceClient, SearchResponse  # noqa: E402
 from ragservice.config import Settings  # noqa: E402
@@ -97,6 +96,7 @@ from ragservice.embedding.evaluation import (  # noqa: E402
 )
 from ragservice.retrieval import statements  # noqa: E402
 from ragservice.retrieval.search import Mode, Searcher, SearchOptions  # noqa: E402
+from ragservice.runtime import Runtime, open_runtime  # noqa: E402
 
 Vector = npt.NDArray[np.float32]
 MODES = ("dense", "fulltext", "hybrid")

@@ -44,11 +44,11 @@ from sqlalchemy import text  # noqa: E402
 from ingest.loaders import load_documents  # noqa: E402
 from ingest.pipeline import IngestPipeline  # noqa: E402
 from ragservice import store  # noqa: E402
-from ragservice.bootstrap import Runtime, open_runtime  # noqa: E402
 from ragservice.config import Settings  # noqa: E402
 from ragservice.db import tenancy  # noqa: E402
 from ragservice.embedding import indexing  # noqa: E402
 from ragservice.embedding.null import null_embedder  # noqa: E402
+from ragservice.runtime import Runtime, open_runtime  # noqa: E402
 from ragservice.types import LoadedDocument, LoadFailure  # noqa: E402
 
 

@@ -37,11 +37,11 @@ from pydantic import SecretStr
 from ingest.pipeline import IngestReport, ProgressCallback, pack_postings
 from ingest.targets import ingest_pipeline
 from ragservice import store
-from ragservice.bootstrap import Runtime, open_runtime
 from ragservice.config import Settings
 from ragservice.db import tenancy
 from ragservice.embedding.embedder import Embedder, available_cpus
 from ragservice.errors import NotFoundError, RagServiceError
+from ragservice.runtime import Runtime, open_runtime
 from ragservice.types import LoadedDocument, LoadFailure
 
 log = logging.getLogger(__name__)

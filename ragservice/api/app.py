@@ -35,13 +35,6 @@ from ragservice.api.routers import (
 )
 from ragservice.api.stopping import JOBS_SHARE, Stopping
 from ragservice.auth.ratelimit import RateLimiter
-from ragservice.bootstrap import (
-    RetentionPurger,
-    Runtime,
-    open_runtime,
-    require_unprivileged_login,
-    runtime_collectors,
-)
 from ragservice.cache.prompt_cache import CachePurger, PromptCache
 from ragservice.config import Settings, get_settings, is_loopback
 from ragservice.db import tenancy
@@ -49,9 +42,12 @@ from ragservice.embedding.embedder import SentenceTransformerEmbedder
 from ragservice.errors import AuthenticationError, ConfigurationError
 from ragservice.metrics import JobMetrics, Metrics
 from ragservice.observability import tracing
+from ragservice.retention import RetentionPurger
 from ragservice.retrieval.rerank import make_reranker
 from ragservice.retrieval.reranker_registry import registered_folder
 from ragservice.retrieval.search import Searcher
+from ragservice.runtime import Runtime, open_runtime, require_unprivileged_login
+from ragservice.runtime_metrics import runtime_collectors
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
@@ -191,7 +187,7 @@ def _start_services(
     parts = [factory(runtime, metrics=job_metrics) for factory in factories]
     if settings.cache_enabled:
         parts.append(CachePurger(runtime.db, interval=settings.cache_purge_seconds))
-    parts.append(RetentionPurger(runtime))
+    parts.append(RetentionPurger(runtime.db, runtime.settings))
     for service in parts:
         service.start()
         stack.callback(_stop_quietly, service, stopping)

@@ -27,7 +27,6 @@ from ragservice import store
 from ragservice.api.middleware import REQUEST_ID_HEADER
 from ragservice.auth.keys import Role, hash_key
 from ragservice.auth.ratelimit import RateLimiter
-from ragservice.bootstrap import Runtime
 from ragservice.db import tenancy
 from ragservice.db.models import ApiKey
 from ragservice.db.scope import current_scope
@@ -39,6 +38,7 @@ from ragservice.errors import (
 )
 from ragservice.metrics import Metrics
 from ragservice.observability import logs
+from ragservice.runtime import Runtime
 
 log = logging.getLogger(__name__)
 

@@ -15,11 +15,11 @@ from ragservice.answering.answer import AnswerPipeline
 from ragservice.api.authn import Principal as Principal  # routers name the caller's type here
 from ragservice.api.checks import spend
 from ragservice.auth.keys import Role
-from ragservice.bootstrap import Runtime
 from ragservice.db.scope import current_scope
 from ragservice.errors import AuthenticationError, InvalidInputError, PermissionDeniedError
 from ragservice.limits import text_problem
 from ragservice.retrieval.search import Searcher
+from ragservice.runtime import Runtime
 
 _bearer = HTTPBearer(auto_error=False, description="`Authorization: Bearer <API key>`")
 _api_key_header = APIKeyHeader(name="X-API-Key", auto_error=False)

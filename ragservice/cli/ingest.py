@@ -29,11 +29,11 @@ from ingest.loaders import JsonlFields, ParquetColumns, load_documents
 from ingest.pipeline import IngestReport, ProgressCallback
 from ingest.targets import ingest_pipeline, resolve_model
 from ragservice import store
-from ragservice.bootstrap import Runtime, open_runtime
 from ragservice.config import DEFAULT_TENANT_NAME, get_settings
 from ragservice.db import tenancy
 from ragservice.errors import NotFoundError, PermissionDeniedError, RagServiceError
 from ragservice.observability.logs import configure_logging
+from ragservice.runtime import Runtime, open_runtime
 
 if TYPE_CHECKING:
     from ragservice.db.models import EmbeddingModel

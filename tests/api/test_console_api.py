@@ -16,10 +16,10 @@ from psycopg.rows import dict_row
 from ragservice import store
 from ragservice.api.app import create_app
 from ragservice.auth.keys import new_key
-from ragservice.bootstrap import Runtime
 from ragservice.config import DEFAULT_TENANT_ID, DEFAULT_TENANT_NAME, Settings
 from ragservice.db import tenancy
 from ragservice.embedding.embedder import SentenceTransformerEmbedder
+from ragservice.runtime import Runtime
 from tests.api.conftest import Keys, ok
 from tests.api.test_query import add_corpus
 from tests.integration.test_analytics import libpq, new_analyst

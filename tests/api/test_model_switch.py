@@ -17,13 +17,13 @@ from typer.testing import CliRunner
 from ingest.worker import JobWorker
 from ragservice import store
 from ragservice.api.app import create_app
-from ragservice.bootstrap import Runtime
 from ragservice.config import Settings, get_settings
 from ragservice.db import tenancy
 from ragservice.db.models import EmbeddingModel
 from ragservice.embedding import registry
 from ragservice.embedding.embedder import SentenceTransformerEmbedder
 from ragservice.embedding.reembed import reembed
+from ragservice.runtime import Runtime
 from tests.api.conftest import Keys, ok
 from tests.api.test_query import add_corpus
 

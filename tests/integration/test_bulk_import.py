@@ -19,8 +19,8 @@ from ingest.loaders import ParquetColumns, load_documents
 from ingest.pipeline import NO_EMBEDDER, IngestPipeline, IngestReport
 from ingest.targets import ingest_pipeline
 from ragservice import store
-from ragservice.bootstrap import Runtime
 from ragservice.retrieval.search import Mode, Searcher, SearchOptions
+from ragservice.runtime import Runtime
 
 COLLECTION = "imported"
 DIM = 384

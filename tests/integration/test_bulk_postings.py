@@ -15,8 +15,8 @@ from sqlalchemy import create_engine, make_url, text
 from sqlalchemy.orm import Session
 
 from ragservice import store
-from ragservice.bootstrap import Runtime
 from ragservice.db import migrate
+from ragservice.runtime import Runtime
 from tests.integration.test_postings import _downgrade, document, document_of
 from tests.integration.test_search import postings_mismatches
 

@@ -21,10 +21,10 @@ from sqlalchemy.exc import DBAPIError
 
 from ragservice import store
 from ragservice.api.app import make_searcher
-from ragservice.bootstrap import Runtime
 from ragservice.db import migrate, tenancy
 from ragservice.retrieval import statements
 from ragservice.retrieval.search import Mode, Searcher, SearchOptions
+from ragservice.runtime import Runtime
 from tests.integration.test_postings import _downgrade, document_of, write
 
 # A Zipf vocabulary: the first words are in most chunks (very frequent terms, low idf), the

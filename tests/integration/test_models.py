@@ -16,7 +16,6 @@ from typer.testing import CliRunner
 
 from ingest.pipeline import IngestPipeline
 from ragservice import store
-from ragservice.bootstrap import Runtime, open_runtime
 from ragservice.config import Settings, get_settings
 from ragservice.db.models import EmbeddingModel, ModelActivation
 from ragservice.embedding import registry
@@ -24,6 +23,7 @@ from ragservice.embedding.embedder import SentenceTransformerEmbedder, Vectors
 from ragservice.embedding.finetune import BaseModel, TrainingOptions, finetune, resolve_base
 from ragservice.embedding.reembed import count_missing, reembed
 from ragservice.errors import ConflictError, InvalidInputError, NotFoundError
+from ragservice.runtime import Runtime, open_runtime
 from ragservice.types import LoadedDocument
 from tests.tiny_models import TOPIC_WORDS
 

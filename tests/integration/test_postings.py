@@ -14,9 +14,9 @@ from sqlalchemy import Engine, create_engine, text
 
 from ingest.pipeline import text_hash
 from ragservice import store
-from ragservice.bootstrap import Runtime
 from ragservice.db import migrate
 from ragservice.retrieval.search import Mode, Searcher, SearchHit, SearchOptions
+from ragservice.runtime import Runtime
 from ragservice.types import TextChunk
 from tests.integration.test_search import postings_mismatches, reference_bm25
 

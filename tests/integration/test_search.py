@@ -24,13 +24,13 @@ from sqlalchemy.engine import make_url
 
 from ingest.pipeline import IngestPipeline, text_hash
 from ragservice import store
-from ragservice.bootstrap import Runtime, open_runtime
 from ragservice.config import Settings
 from ragservice.db import Database, tenancy
 from ragservice.embedding.embedder import SentenceTransformerEmbedder, Vectors
 from ragservice.retrieval.filters import parse_and_compile
 from ragservice.retrieval.fusion import Fusion
 from ragservice.retrieval.search import Mode, Searcher, SearchHit, SearchOptions, SearchResult
+from ragservice.runtime import Runtime, open_runtime
 from ragservice.types import LoadedDocument, TextChunk
 
 GUIDE = "# Guide\n\nIntro text.\n\n## Install\n\nRun the installer.\n\n## Use\n\nAsk questions."

@@ -6,11 +6,13 @@ The layers, bottom up (docs/architecture.md draws them):
 1. `db/`: engines, models, migrations, routing, tenancy;
 2. `store/`: the SQL on tenant data, one module per subject;
 3. the capabilities: chunking, `retrieval/`, `embedding/`, `cache/`, `answering/`, `feedback/`,
-   `auth/`, `safety/`: they may use each other; and `client`, the REST API's HTTP client, with
-   `integrations/`, the LangChain and LlamaIndex retrievers over it;
-4. `bootstrap`: opens the database and the serving model for a process; `mcp_server/`, the MCP
-   server, a front end that reaches the service through `client` only; `console/`, the web
-   console's static files, which the API serves;
+   `auth/`, `safety/`, `retention` (the retention purge): they may use each other; and `client`,
+   the REST API's HTTP client, with `integrations/`, the LangChain and LlamaIndex retrievers over
+   it;
+4. `runtime`: opens the database and the serving model for a process, and `runtime_metrics`,
+   what the metrics read from it at scrape time; `mcp_server/`, the MCP server, a front end
+   that reaches the service through `client` only; `console/`, the web console's static files,
+   which the API serves;
 5. `ingest/`: loaders, the ingest pipeline and the job worker;
 6. `services/`: what the service does (search, answer, ingest, jobs, documents), called alike
    by every interface;
@@ -79,6 +81,7 @@ CAPABILITIES = (
     "feedback",
     "auth",
     "safety",
+    "retention",
 )
 
 
@@ -94,7 +97,8 @@ def layer(dotted: str) -> int:
         "store": 2,
         "client": 3,
         "integrations": 3,
-        "bootstrap": 4,
+        "runtime": 4,
+        "runtime_metrics": 4,
         "mcp_server": 4,
         "console": 4,
         "dev": 5,

@@ -22,7 +22,7 @@ from ragservice.api.schemas.collections import (
     collection_out,
 )
 from ragservice.api.schemas.common import error_responses
-from ragservice.bootstrap import Runtime
+from ragservice.runtime import Runtime
 
 router = APIRouter(prefix="/v1/collections", tags=["collections"], responses=error_responses(409))
 

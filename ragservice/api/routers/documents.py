@@ -23,7 +23,6 @@ from ragservice.api.schemas.documents import (
     document_out,
 )
 from ragservice.api.schemas.jobs import JobOut, job_out
-from ragservice.bootstrap import Runtime
 from ragservice.config import Settings
 from ragservice.embedding.registry import get_model_by_name
 from ragservice.errors import (
@@ -40,6 +39,7 @@ from ragservice.limits import (
     json_text_problem,
     too_deep,
 )
+from ragservice.runtime import Runtime
 from ragservice.types import SUPPORTED_SUFFIXES, file_type
 
 router = APIRouter(

@@ -24,7 +24,6 @@ from ragservice.api.schemas.feedback import (
     FeedbackRequest,
     feedback_out,
 )
-from ragservice.bootstrap import Runtime
 from ragservice.feedback import exports
 from ragservice.feedback.collect import FeedbackInput, submit_feedback
 from ragservice.feedback.exports import (
@@ -34,6 +33,7 @@ from ragservice.feedback.exports import (
     ExportFormat,
     TimeOf,
 )
+from ragservice.runtime import Runtime
 
 router = APIRouter(prefix="/v1", tags=["feedback"], responses=error_responses())
 

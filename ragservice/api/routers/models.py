@@ -17,9 +17,9 @@ from ragservice.api.schemas.models import (
     RollbackIn,
     SwitchOut,
 )
-from ragservice.bootstrap import Runtime
 from ragservice.db import tenancy
 from ragservice.embedding import registry
+from ragservice.runtime import Runtime
 
 router = APIRouter(prefix="/v1/admin/models", tags=["admin"], responses=error_responses(409))
 
