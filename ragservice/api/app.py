@@ -34,12 +34,12 @@ from ragservice.api.routers import (
     search,
 )
 from ragservice.api.stopping import JOBS_SHARE, Stopping
-from ragservice.auth.ratelimit import RateLimiter
 from ragservice.cache.prompt_cache import CachePurger, PromptCache
 from ragservice.config import Settings, get_settings, is_loopback
 from ragservice.db import tenancy
 from ragservice.embedding.embedder import SentenceTransformerEmbedder
 from ragservice.errors import AuthenticationError, ConfigurationError
+from ragservice.limits.rate_limits import RateLimiter
 from ragservice.metrics import JobMetrics, Metrics
 from ragservice.observability import tracing
 from ragservice.retention import RetentionPurger

@@ -13,11 +13,11 @@ from sqlalchemy.orm import Session
 from ragservice import store
 from ragservice.answering.answer import AnswerPipeline
 from ragservice.api.authn import Principal as Principal  # routers name the caller's type here
-from ragservice.api.checks import spend
+from ragservice.api.charges import spend
 from ragservice.auth.keys import Role
 from ragservice.db.scope import current_scope
 from ragservice.errors import AuthenticationError, InvalidInputError, PermissionDeniedError
-from ragservice.limits import text_problem
+from ragservice.limits.text import text_problem
 from ragservice.retrieval.search import Searcher
 from ragservice.runtime import Runtime
 

@@ -137,8 +137,8 @@ def _search_locally(
 ) -> dict[str, Any]:
     from ragservice import store
     from ragservice.api.app import make_searcher
-    from ragservice.api.checks import check_query
     from ragservice.api.schemas.search import SearchResponse, embedding_model_out, hit_out
+    from ragservice.limits.request_bounds import check_query
     from ragservice.retrieval.search import SearchOptions
 
     with _local_runtime(tenant) as (runtime, tenant_id), make_searcher(runtime) as searcher:
@@ -169,7 +169,7 @@ def _ask_locally(
 
     from ragservice import store
     from ragservice.answering.answer import Question
-    from ragservice.api.checks import check_query
+    from ragservice.limits.request_bounds import check_query
     from ragservice.retrieval.search import SearchOptions
 
     with _local_runtime(tenant) as (runtime, tenant_id):

@@ -35,7 +35,7 @@ from ragservice.embedding.embedder import (
     make_embedder,
 )
 from ragservice.errors import ConflictError, EmbeddingError, InvalidInputError, NotFoundError
-from ragservice.limits import MAX_INT4
+from ragservice.limits.shape import MAX_INT4
 from ragservice.store.audit import SYSTEM_ACTOR
 
 log = logging.getLogger(__name__)

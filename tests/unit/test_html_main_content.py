@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from ingest.loaders.html_files import html_text, parse_html
-from ingest.loaders.limits import DocumentLimits
+from ragservice.limits.documents import DocumentLimits
 
 PAGES = Path(__file__).resolve().parents[1] / "fixtures" / "html"
 EXPECTED: dict[str, dict[str, list[str]]] = json.loads((PAGES / "expected.json").read_text())

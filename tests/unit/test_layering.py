@@ -1,8 +1,9 @@
 """The dependency direction of the layout: leaves stay leaves, nothing imports the top layers.
 
 The layers, bottom up (docs/architecture.md draws them):
-0. leaves: config, errors, types, limits, timing, metrics, periodic: import nothing internal;
-   and `observability/` (traces, log lines), which imports those leaves only;
+0. leaves: config, errors, types, timing, metrics, periodic, extras: import nothing internal;
+   and `limits/` (every kind of limit) and `observability/` (traces, log lines), which import
+   those leaves only;
 1. `db/`: engines, models, migrations, routing, tenancy;
 2. `store/`: the SQL on tenant data, one module per subject;
 3. the capabilities: chunking, `retrieval/`, `embedding/`, `cache/`, `answering/`, `feedback/`,
@@ -69,9 +70,9 @@ def test_nothing_below_the_top_imports_api_cli_or_ingest(path: Path) -> None:
     assert {n for n in internal(path) if n.split(".")[0] == "ingest"} | top == set()
 
 
-LEAVES = ("config", "errors", "types", "limits", "timing", "metrics", "periodic", "extras")
+LEAVES = ("config", "errors", "types", "timing", "metrics", "periodic", "extras")
 # Layer 0 too, but built on the leaves: they may import those and nothing else.
-LEAF_PACKAGES = ("observability",)
+LEAF_PACKAGES = ("limits", "observability")
 CAPABILITIES = (
     "chunking",
     "retrieval",
@@ -228,7 +229,7 @@ def test_adapters_never_touch_the_database(adapter: str) -> None:
     ids=lambda p: str(p.relative_to(ROOT)),
 )
 def test_no_router_imports_another_router(path: Path) -> None:
-    """What routers share lives beside them (`api.checks`, `api.schemas.*`, `api.deps`)."""
+    """What routers share lives beside them (`api.charges`, `api.schemas.*`, `api.deps`)."""
     tree = ast.parse(path.read_text(), filename=str(path))
     relative = [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level]
     routers = {n for n in imports_of(path) if n.startswith("ragservice.api.routers")}

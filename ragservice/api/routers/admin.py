@@ -13,7 +13,7 @@ from ragservice.api.schemas.audit import MAX_AUDIT_PAGE, AuditPage, audit_page
 from ragservice.api.schemas.common import error_responses
 from ragservice.api.schemas.insights import MAX_INSIGHT_DAYS, InsightsOut, insights_out
 from ragservice.db import migrate
-from ragservice.limits import MAX_INT8
+from ragservice.limits.shape import MAX_INT8
 from ragservice.runtime import Runtime
 
 router = APIRouter(prefix="/v1", tags=["admin"], responses=error_responses())

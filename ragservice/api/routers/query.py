@@ -12,13 +12,14 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import StreamingResponse
 
 from ragservice.answering.answer import Answer, Question
-from ragservice.api.checks import charge, check_query
+from ragservice.api.charges import charge
 from ragservice.api.deps import PipelineDep, Reader, RuntimeDep, collection_ids, replica_reads
 from ragservice.api.error_handlers import stopped_stream_error, stream_error
 from ragservice.api.schemas.answers import QueryRequest, answer_out
 from ragservice.api.schemas.common import error_responses
 from ragservice.api.stopping import first_unless_stopping, next_unless_stopping, stopping_of
-from ragservice.auth.ratelimit import ANSWER_COST
+from ragservice.limits.rate_limits import ANSWER_COST
+from ragservice.limits.request_bounds import check_query
 from ragservice.retrieval.filters import parse_and_compile
 from ragservice.retrieval.search import SearchOptions
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Depends
 
-from ragservice.api.checks import check_query
 from ragservice.api.deps import Reader, RuntimeDep, SearcherDep, collection_ids, replica_reads
 from ragservice.api.schemas.common import error_responses
 from ragservice.api.schemas.search import (
@@ -13,6 +12,7 @@ from ragservice.api.schemas.search import (
     embedding_model_out,
     hit_out,
 )
+from ragservice.limits.request_bounds import check_query
 from ragservice.retrieval.filters import parse_and_compile
 
 router = APIRouter(
