@@ -942,7 +942,7 @@ def _exact_top10(matrix: Vector, queries: Vector, ids: list[uuid.UUID]) -> list[
 
 def _model(runtime: Runtime) -> Any:
     with runtime.db.read() as session:
-        model = store.models.active_model(session)
+        model = store.embedding_models.active_model(session)
         if model is None:
             raise SystemExit("no active embedding model")
         session.expunge(model)

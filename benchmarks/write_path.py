@@ -76,7 +76,7 @@ def _load(
             conn.execute(text("ALTER EXTENSION ragservice_bm25 UPDATE TO '1.0'"))
     with tenancy.as_system(), runtime.db.write() as session:
         tenant_id = store.tenants.ensure_tenant(session, f"write-{uuid.uuid4().hex[:6]}")
-        model = store.models.get_model(session, runtime.model_id)
+        model = store.embedding_models.get_model(session, runtime.model_id)
     assert model is not None
     if args.index == "deferred":
         indexing.drop_embedding_index(runtime.db, model)

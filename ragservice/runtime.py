@@ -124,7 +124,7 @@ def _initial_model(
 ) -> ServingModel:
     if embedder is None:
         with db.read() as session:
-            active = store.models.active_model(session)
+            active = store.embedding_models.active_model(session)
         if active is not None and loadable(active, settings):
             if not warm:
                 return serve_embedder(active, load_embedder(settings, active))
@@ -132,7 +132,7 @@ def _initial_model(
         embedder = make_embedder(settings, owner=tenancy.current_tenant_id)
         embedder.warm_up()
     with db.write() as session:
-        model = store.models.ensure_model(
+        model = store.embedding_models.ensure_model(
             session,
             name=embedder.name,
             dimension=embedder.dimension,

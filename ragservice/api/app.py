@@ -26,9 +26,9 @@ from ragservice.api.routers import (
     admin,
     collections,
     documents,
+    embedding_models,
     feedback,
     jobs,
-    models,
     openai,
     query,
     search,
@@ -162,7 +162,7 @@ def create_app(
         openai,
         feedback,
         admin,
-        models,
+        embedding_models,
     ):
         # Starlette's multipart parser stops at 1,000 files unless told the configured limit.
         app.include_router(module.router, form_limits={"max_files": resolved.max_files_per_upload})

@@ -367,8 +367,8 @@ def with_index_upkeep(
     from ragservice.embedding import indexing
 
     with runtime.db.read() as session:
-        model = store.models.get_model(session, model_id)
-        embedded = store.models.embedded_counts(session).get(model_id, 0) if model else 0
+        model = store.embedding_models.get_model(session, model_id)
+        embedded = store.embedding_models.embedded_counts(session).get(model_id, 0) if model else 0
     if model is None:
         return load()
     deferred = mode == "deferred" or (mode == "auto" and (not model.active or embedded == 0))

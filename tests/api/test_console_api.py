@@ -80,8 +80,8 @@ def test_models_are_listed_to_admins_and_switched_by_the_service_admin_only(
 ) -> None:
     add_corpus(client, keys.writer)
     with tenancy.as_system(), runtime_of(client).db.write() as session:
-        chunks = store.models.chunk_total(session)
-        tiny = store.models.register_model_version(
+        chunks = store.embedding_models.chunk_total(session)
+        tiny = store.embedding_models.register_model_version(
             session,
             name="tiny",
             version=1,

@@ -61,7 +61,7 @@ def write(
 ) -> uuid.UUID:
     """One statement per call: all the documents' chunks go in one INSERT."""
     with runtime.db.write() as session:
-        model = store.models.ensure_model(
+        model = store.embedding_models.ensure_model(
             session, name="flat-4d", dimension=4, path=None, hnsw_m=8, hnsw_ef_construction=16
         )
         found = store.collections.ensure_collection(session, runtime.default_tenant_id, collection)

@@ -275,7 +275,7 @@ def _write_bulk(runtime: Runtime, *, n: int) -> tuple[int, npt.NDArray[np.float3
     vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
     writes = [_bulk_document(i, vectors[i : i + 1]) for i in range(n)]
     with runtime.db.write() as session:
-        model = store.models.ensure_model(
+        model = store.embedding_models.ensure_model(
             session,
             name="random-8d",
             dimension=BULK_DIMENSION,

@@ -10,7 +10,7 @@ from fastapi import APIRouter
 
 from ragservice.api.deps import Admin, RuntimeDep, ServiceAdmin
 from ragservice.api.schemas.common import error_responses
-from ragservice.api.schemas.models import (
+from ragservice.api.schemas.embedding_models import (
     ActivateIn,
     ModelOut,
     ModelsOut,
