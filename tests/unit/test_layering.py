@@ -237,7 +237,7 @@ def test_no_router_imports_another_router(path: Path) -> None:
 
 
 def test_sql_on_documents_lives_in_the_store() -> None:
-    """No module outside the db layer and store.py writes SQL against the core tables."""
+    """No module outside the db layer and `store/` writes SQL against the core tables."""
     # The ranking statements are composed SQL fragments, kept beside the searcher that runs them.
     allowed = {ROOT / "ragservice" / "retrieval" / "statements.py"}
     offenders = []

@@ -1,5 +1,6 @@
-"""Main-content extraction on realistic pages (tests/fixtures/html): menus, cookie banners,
-sidebars, related links and footers built from plain `div`s are dropped, the main text kept."""
+"""Main-content extraction (`ingest/loaders/html_main.py`) on realistic pages
+(tests/fixtures/html): menus, cookie banners, sidebars, related links and footers built from
+plain `div`s are dropped, the main text kept."""
 
 from __future__ import annotations
 
