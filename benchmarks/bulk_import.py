@@ -43,9 +43,9 @@ from sqlalchemy import text  # noqa: E402
 from ingest import pipeline as pipeline_module  # noqa: E402
 from ingest.loaders import load_documents  # noqa: E402
 from ingest.targets import ingest_pipeline  # noqa: E402
-from ragservice.bootstrap import open_runtime  # noqa: E402
 from ragservice.config import Settings  # noqa: E402
 from ragservice.db import tenancy  # noqa: E402
+from ragservice.runtime import open_runtime  # noqa: E402
 from ragservice.store import bulk  # noqa: E402
 
 

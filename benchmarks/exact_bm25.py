@@ -41,10 +41,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import psycopg  # noqa: E402
 from psycopg import sql  # noqa: E402
 
-from ragservice.bootstrap import Runtime, open_runtime  # noqa: E402
 from ragservice.config import Settings  # noqa: E402
 from ragservice.db import maintenance  # noqa: E402
 from ragservice.retrieval import statements  # noqa: E402
+from ragservice.runtime import Runtime, open_runtime  # noqa: E402
 
 sys.path.insert(0, str(_HERE))
 import write_path  # noqa: E402

@@ -41,9 +41,9 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from ingest.loaders import load_documents  # noqa: E402
 from ingest.pipeline import IngestPipeline, text_hash  # noqa: E402
-from ragservice.bootstrap import Runtime, open_runtime  # noqa: E402
 from ragservice.chunking import chunk_text  # noqa: E402
 from ragservice.config import Settings  # noqa: E402
+from ragservice.runtime import Runtime, open_runtime  # noqa: E402
 from ragservice.types import LoadedDocument  # noqa: E402
 
 

@@ -26,7 +26,6 @@ from ingest.loaders import load_documents
 from ingest.parallel import max_workers, run_parallel
 from ingest.pipeline import IngestPipeline, IngestReport
 from ragservice import store
-from ragservice.bootstrap import Runtime, open_runtime
 from ragservice.config import Settings
 from ragservice.db import tenancy
 from ragservice.embedding.embedder import Embedder, make_embedder
@@ -38,6 +37,7 @@ from ragservice.embedding.evaluation import (
     rank_documents,
 )
 from ragservice.embedding.null import null_embedder
+from ragservice.runtime import Runtime, open_runtime
 
 _COLLECTION = "bench"
 _QUERY_REPEATS = 3  # each query is timed this many times; the p50 is over all of them

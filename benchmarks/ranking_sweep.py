@@ -33,7 +33,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from ragservice import store  # noqa: E402
-from ragservice.bootstrap import open_runtime  # noqa: E402
 from ragservice.config import Settings  # noqa: E402
 from ragservice.db import tenancy  # noqa: E402
 from ragservice.embedding.evaluation import (  # noqa: E402
@@ -45,6 +44,7 @@ from ragservice.embedding.evaluation import (  # noqa: E402
 )
 from ragservice.retrieval.fusion import Fusion, FusionSpec, document_scores, fuse  # noqa: E402
 from ragservice.retrieval.search import Mode, Searcher, SearchOptions  # noqa: E402
+from ragservice.runtime import open_runtime  # noqa: E402
 
 Side = list[tuple[str, str, float]]  # (chunk id, document external id, score), best first
 BM25 = {"0.9/0.4": (0.9, 0.4), "1.2/0.75": (1.2, 0.75)}

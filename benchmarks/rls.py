@@ -39,12 +39,12 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 from sqlalchemy.orm import sessionmaker  # noqa: E402
 
 from ragservice import store  # noqa: E402
-from ragservice.bootstrap import Runtime, open_runtime  # noqa: E402
 from ragservice.config import Settings  # noqa: E402
 from ragservice.db import Database, tenancy  # noqa: E402
 from ragservice.db.engine import make_engine  # noqa: E402
 from ragservice.embedding.evaluation import load_beir_queries  # noqa: E402
 from ragservice.retrieval.search import Mode, Searcher, SearchOptions  # noqa: E402
+from ragservice.runtime import Runtime, open_runtime  # noqa: E402
 
 K = 10
 

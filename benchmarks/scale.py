@@ -81,7 +81,6 @@ from scale_support import (  # noqa: E402
 )
 
 from ragservice import store  # noqa: E402
-from ragservice.bootstrap import Runtime, open_runtime  # noqa: E402
 from ragservice.client import Mode as ApiMode  # noqa: E402
 from ragservice.client import RagserviceClient, SearchResponse  # noqa: E402
 from ragservice.config import Settings  # noqa: E402
@@ -97,6 +96,7 @@ from ragservice.embedding.evaluation import (  # noqa: E402
 )
 from ragservice.retrieval import statements  # noqa: E402
 from ragservice.retrieval.search import Mode, Searcher, SearchOptions  # noqa: E402
+from ragservice.runtime import Runtime, open_runtime  # noqa: E402
 
 Vector = npt.NDArray[np.float32]
 MODES = ("dense", "fulltext", "hybrid")
@@ -942,7 +942,7 @@ def _exact_top10(matrix: Vector, queries: Vector, ids: list[uuid.UUID]) -> list[
 
 def _model(runtime: Runtime) -> Any:
     with runtime.db.read() as session:
-        model = store.models.active_model(session)
+        model = store.embedding_models.active_model(session)
         if model is None:
             raise SystemExit("no active embedding model")
         session.expunge(model)

@@ -44,7 +44,6 @@ import numpy as np  # noqa: E402
 import numpy.typing as npt  # noqa: E402
 
 from ragservice import store  # noqa: E402
-from ragservice.bootstrap import Runtime, open_runtime  # noqa: E402
 from ragservice.config import Settings  # noqa: E402
 from ragservice.db import tenancy  # noqa: E402
 from ragservice.embedding.evaluation import (  # noqa: E402
@@ -56,6 +55,7 @@ from ragservice.embedding.evaluation import (  # noqa: E402
     recall_at_k,
 )
 from ragservice.retrieval.search import Mode, Searcher, SearchOptions  # noqa: E402
+from ragservice.runtime import Runtime, open_runtime  # noqa: E402
 
 LATENCY_K = 10
 Vector = npt.NDArray[np.float32]

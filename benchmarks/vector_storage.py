@@ -166,7 +166,7 @@ def main() -> None:
     with tenancy.as_system():
         with db.write() as session:
             name = f"bench-{uuid.uuid4().hex[:6]}"
-            model = store.models.register_model_version(
+            model = store.embedding_models.register_model_version(
                 session,
                 name=name,
                 version=1,
@@ -183,7 +183,7 @@ def main() -> None:
         for storage in args.storages.split(","):
             indexing.convert_storage(db, model, storage, settings=settings)
             with db.read() as session:
-                model = store.models.get_model(session, model.id)  # type: ignore[assignment]
+                model = store.embedding_models.get_model(session, model.id)  # type: ignore[assignment]
             results[storage] = measure(db, settings, model, data, queries)
             print(storage, json.dumps(results[storage]), file=sys.stderr, flush=True)
         report["storage"] = results

@@ -44,11 +44,11 @@ from sqlalchemy import text  # noqa: E402
 from ingest.loaders import load_documents  # noqa: E402
 from ingest.pipeline import IngestPipeline  # noqa: E402
 from ragservice import store  # noqa: E402
-from ragservice.bootstrap import Runtime, open_runtime  # noqa: E402
 from ragservice.config import Settings  # noqa: E402
 from ragservice.db import tenancy  # noqa: E402
 from ragservice.embedding import indexing  # noqa: E402
 from ragservice.embedding.null import null_embedder  # noqa: E402
+from ragservice.runtime import Runtime, open_runtime  # noqa: E402
 from ragservice.types import LoadedDocument, LoadFailure  # noqa: E402
 
 
@@ -76,7 +76,7 @@ def _load(
             conn.execute(text("ALTER EXTENSION ragservice_bm25 UPDATE TO '1.0'"))
     with tenancy.as_system(), runtime.db.write() as session:
         tenant_id = store.tenants.ensure_tenant(session, f"write-{uuid.uuid4().hex[:6]}")
-        model = store.models.get_model(session, runtime.model_id)
+        model = store.embedding_models.get_model(session, runtime.model_id)
     assert model is not None
     if args.index == "deferred":
         indexing.drop_embedding_index(runtime.db, model)

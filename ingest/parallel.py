@@ -37,11 +37,11 @@ from pydantic import SecretStr
 from ingest.pipeline import IngestReport, ProgressCallback, pack_postings
 from ingest.targets import ingest_pipeline
 from ragservice import store
-from ragservice.bootstrap import Runtime, open_runtime
 from ragservice.config import Settings
 from ragservice.db import tenancy
 from ragservice.embedding.embedder import Embedder, available_cpus
 from ragservice.errors import NotFoundError, RagServiceError
+from ragservice.runtime import Runtime, open_runtime
 from ragservice.types import LoadedDocument, LoadFailure
 
 log = logging.getLogger(__name__)
@@ -394,7 +394,7 @@ def _run_worker(
     try:
         embedder = task.embedder_factory(task.settings) if task.embedder_factory else None
         with tenancy.as_tenant(task.tenant_id), runtime.db.read() as session:
-            model = store.models.get_model(session, task.model_id)
+            model = store.embedding_models.get_model(session, task.model_id)
         if model is None:
             raise NotFoundError(f"no embedding model with id {task.model_id}")
         # Each group is looked up as it arrives: a worker never waits for more groups than

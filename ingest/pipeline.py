@@ -170,7 +170,7 @@ class IngestPipeline:
     def _model_dimension(self) -> int:
         if self._dimension is None:
             with self._db.read() as session:
-                model = store.models.get_model(session, self._model_id)
+                model = store.embedding_models.get_model(session, self._model_id)
             if model is None:
                 raise NotFoundError(f"no embedding model with id {self._model_id}")
             self._dimension = model.dimension
@@ -408,7 +408,7 @@ class IngestPipeline:
             return {}
         assert self._embedder is not None  # `_prepare` let no text document in without one
         with self._db.read() as session:
-            vectors: dict[str, Any] = store.models.stored_embeddings(
+            vectors: dict[str, Any] = store.embedding_models.stored_embeddings(
                 session, tenant_id=self._tenant_id, model_id=self._model_id, hashes=wanted
             )
         missing = [h for h in wanted if h not in vectors]

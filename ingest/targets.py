@@ -12,12 +12,12 @@ import uuid
 from collections.abc import Callable
 
 from ingest.pipeline import LOOKUP_BATCH, IngestPipeline
-from ragservice.bootstrap import Runtime, chunking_options
 from ragservice.chunking import ChunkingOptions
 from ragservice.db.models import EmbeddingModel
 from ragservice.embedding.embedder import Embedder
 from ragservice.embedding.registry import get_model_by_name, load_embedder, loadable
 from ragservice.errors import ConfigurationError
+from ragservice.runtime import Runtime, chunking_options
 
 
 def resolve_model(runtime: Runtime, ref: str | None) -> EmbeddingModel | None:

@@ -40,11 +40,11 @@ from ingest.loaders import (
 from ingest.pipeline import IngestPipeline, IngestReport
 from ingest.targets import ingest_pipeline, resolve_model
 from ragservice import store
-from ragservice.bootstrap import Runtime
 from ragservice.db import tenancy
 from ragservice.db.locks import SessionLock
 from ragservice.errors import NotFoundError, RagServiceError
 from ragservice.metrics import JobMetrics
+from ragservice.runtime import Runtime
 
 log = logging.getLogger(__name__)
 

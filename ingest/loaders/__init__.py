@@ -7,16 +7,16 @@ one such value would fail a whole COPY batch.
 
 One module per format (`text_files`, `html_files`, `pdf_files`, `docx_files`, `jsonl_files`,
 `parquet_files`); `loading` picks the format by suffix, `walking` selects files under folders,
-`cleaning` makes text safe to store and `limits` bounds each document.
+`cleaning` makes text safe to store; `ragservice.limits.documents` bounds each document.
 """
 
 from ingest.loaders.cleaning import clean_text, decode_bytes
 from ingest.loaders.jsonl_files import JsonlFields
-from ingest.loaders.limits import NO_TEXT, DocumentLimits
 from ingest.loaders.loading import load_bytes, load_documents, load_file, load_text, upload_name
 from ingest.loaders.parquet_files import ParquetColumns
 from ingest.loaders.parsing import LoadResult
 from ingest.loaders.walking import iter_files
+from ragservice.limits.documents import NO_TEXT, DocumentLimits
 from ragservice.types import SUPPORTED_SUFFIXES
 
 __all__ = [

@@ -12,8 +12,8 @@ from docx.table import Table, _Row
 from docx.text.paragraph import Paragraph
 
 from ingest.loaders.cleaning import clean_text, clean_title, collapse
-from ingest.loaders.limits import DocumentLimits
 from ingest.loaders.parsing import Parsed, ParseError, bad_content
+from ragservice.limits.documents import DocumentLimits
 
 _HEADING_STYLE = re.compile(r"heading ([1-9])", re.I)
 # A DOCX is a zip archive: refuse one that would unpack into far more than any real document.

@@ -17,8 +17,8 @@ from bs4.element import NavigableString, PageElement, PreformattedString
 
 from ingest.loaders.cleaning import BOMS, clean_text, clean_title, collapse, decode_bytes
 from ingest.loaders.html_main import Block, main_blocks
-from ingest.loaders.limits import DocumentLimits
 from ingest.loaders.parsing import Parsed, bad_content
+from ragservice.limits.documents import DocumentLimits
 
 _DROPPED = (
     "script, style, noscript, nav, header, footer, aside, form, template, iframe, svg, "

@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 from ingest.loaders.cleaning import clean_json, clean_text, clean_title, guess_encoding
-from ingest.loaders.limits import ID_TOO_LONG, NO_TEXT, TOO_DEEP, DocumentLimits, too_long
 from ingest.loaders.parsing import LoadResult, ParseError, describe
 from ingest.loaders.vectors import (
     chunk_metadata,
@@ -22,7 +21,8 @@ from ingest.loaders.vectors import (
     precomputed_document,
     vector_matrix,
 )
-from ragservice.limits import external_id_too_long, too_deep
+from ragservice.limits.documents import ID_TOO_LONG, NO_TEXT, TOO_DEEP, DocumentLimits, too_long
+from ragservice.limits.shape import external_id_too_long, too_deep
 from ragservice.types import LoadedDocument, LoadFailure, PrecomputedChunks
 
 

@@ -14,7 +14,11 @@ from typing import Any
 
 from ingest.loaders.cleaning import clean_json, clean_text, clean_title, collapse
 from ingest.loaders.jsonl_files import JsonlFields, jsonl_results, load_jsonl
-from ingest.loaders.limits import (
+from ingest.loaders.parquet_files import ParquetColumns, batch_documents
+from ingest.loaders.parsing import LoadResult, ParseError
+from ingest.loaders.sandbox import PARSERS, parse_isolated, stream_isolated
+from ingest.loaders.walking import iter_files
+from ragservice.limits.documents import (
     ID_TOO_LONG,
     NO_TEXT,
     TOO_DEEP,
@@ -22,11 +26,7 @@ from ingest.loaders.limits import (
     resolve_limits,
     too_long,
 )
-from ingest.loaders.parquet_files import ParquetColumns, batch_documents
-from ingest.loaders.parsing import LoadResult, ParseError
-from ingest.loaders.sandbox import PARSERS, parse_isolated, stream_isolated
-from ingest.loaders.walking import iter_files
-from ragservice.limits import external_id_too_long, too_deep
+from ragservice.limits.shape import external_id_too_long, too_deep
 from ragservice.types import LoadedDocument, LoadFailure, file_type
 
 # The defaults read BEIR `corpus.jsonl`; frozen, so one shared instance is safe.

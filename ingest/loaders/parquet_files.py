@@ -23,10 +23,10 @@ import numpy as np
 import numpy.typing as npt
 
 from ingest.loaders.cleaning import clean_json, clean_text, clean_title
-from ingest.loaders.limits import ID_TOO_LONG, TOO_DEEP, DocumentLimits
 from ingest.loaders.parsing import LoadResult, ParseError, describe
 from ingest.loaders.vectors import chunk_texts, finite, precomputed_document
-from ragservice.limits import external_id_too_long, too_deep
+from ragservice.limits.documents import ID_TOO_LONG, TOO_DEEP, DocumentLimits
+from ragservice.limits.shape import external_id_too_long, too_deep
 from ragservice.types import LoadFailure, PrecomputedChunks
 
 ROWS_PER_BATCH = 8192  # rows read at a time; the child sends the documents they complete

@@ -11,8 +11,8 @@ from pypdf import PasswordType, PdfReader
 from pypdf.errors import DependencyError
 
 from ingest.loaders.cleaning import clean_text, clean_title
-from ingest.loaders.limits import DocumentLimits
 from ingest.loaders.parsing import Parsed, ParseError, bad_content, describe
+from ragservice.limits.documents import DocumentLimits
 from ragservice.types import PAGE_SEPARATOR
 
 

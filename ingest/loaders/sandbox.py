@@ -44,11 +44,11 @@ from typing import Any, BinaryIO
 
 from ingest.loaders.docx_files import parse_docx
 from ingest.loaders.html_files import parse_html
-from ingest.loaders.limits import DocumentLimits
 from ingest.loaders.parquet_files import Frame, ParquetColumns, parquet_batches
 from ingest.loaders.parsing import Parsed, ParseError
 from ingest.loaders.pdf_files import parse_pdf
 from ingest.loaders.text_files import parse_markdown, parse_text
+from ragservice.limits.documents import DocumentLimits
 
 Parser = Callable[[bytes, DocumentLimits], Parsed]
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 
 from ingest.loaders.cleaning import clean_title, decode_bytes
-from ingest.loaders.limits import DocumentLimits
 from ingest.loaders.parsing import Parsed
+from ragservice.limits.documents import DocumentLimits
 
 
 def parse_text(data: bytes, _limits: DocumentLimits) -> Parsed:

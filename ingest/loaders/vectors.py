@@ -13,9 +13,9 @@ import numpy as np
 import numpy.typing as npt
 
 from ingest.loaders.cleaning import clean_json, clean_text
-from ingest.loaders.limits import TOO_DEEP, DocumentLimits, too_long
 from ingest.loaders.parsing import ParseError
-from ragservice.limits import too_deep
+from ragservice.limits.documents import TOO_DEEP, DocumentLimits, too_long
+from ragservice.limits.shape import too_deep
 from ragservice.types import CHUNK_SEPARATOR, LoadedDocument, PrecomputedChunks
 
 

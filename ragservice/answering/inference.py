@@ -9,7 +9,7 @@ Retries: connection failures, 429 and 5xx, with exponential backoff and jitter, 
 At most `max_concurrent` calls run at once; the others wait for a slot within that deadline.
 Slots are shared fairly between owners (tenants, told by `owner`): a freed slot goes to the
 waiting owner holding the fewest, so one tenant's burst cannot queue another's calls behind it
-(`limits.FairSlots`); `max_per_owner` caps what one owner holds at once.
+(`FairSlots`, limits/fair_slots.py); `max_per_owner` caps what one owner holds at once.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from httpx_sse import EventSource, ServerSentEvent
 from ragservice.answering.prompt import ChatMessage
 from ragservice.config import Settings, is_loopback
 from ragservice.errors import ConfigurationError, UpstreamError, UpstreamTimeoutError
-from ragservice.limits import FairSlots
+from ragservice.limits.fair_slots import FairSlots
 
 log = logging.getLogger(__name__)
 

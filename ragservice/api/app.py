@@ -25,29 +25,25 @@ from ragservice.api.routers import (
     admin,
     collections,
     documents,
+    embedding_models,
     feedback,
     jobs,
-    models,
     openai,
     query,
     search,
 )
 from ragservice.api.stopping import JOBS_SHARE, Stopping
-from ragservice.auth.ratelimit import RateLimiter
-from ragservice.bootstrap import (
-    RetentionPurger,
-    Runtime,
-    open_runtime,
-    require_unprivileged_login,
-    runtime_collectors,
-)
 from ragservice.cache.prompt_cache import CachePurger
 from ragservice.config import Settings, get_settings, is_loopback
 from ragservice.db import tenancy
 from ragservice.embedding.embedder import SentenceTransformerEmbedder
 from ragservice.errors import AuthenticationError, ConfigurationError
+from ragservice.limits.rate_limits import RateLimiter
 from ragservice.metrics import JobMetrics, Metrics
 from ragservice.observability import tracing
+from ragservice.retention import RetentionPurger
+from ragservice.runtime import Runtime, open_runtime, require_unprivileged_login
+from ragservice.runtime_metrics import runtime_collectors
 from ragservice.services.answers import AnswerService, open_pipeline
 from ragservice.services.search import SearchService, open_searcher
 
@@ -172,7 +168,7 @@ def create_app(
         openai,
         feedback,
         admin,
-        models,
+        embedding_models,
     ):
         # Starlette's multipart parser stops at 1,000 files unless told the configured limit.
         app.include_router(module.router, form_limits={"max_files": resolved.max_files_per_upload})
@@ -197,7 +193,7 @@ def _start_services(
     parts = [factory(runtime, metrics=job_metrics) for factory in factories]
     if settings.cache_enabled:
         parts.append(CachePurger(runtime.db, interval=settings.cache_purge_seconds))
-    parts.append(RetentionPurger(runtime))
+    parts.append(RetentionPurger(runtime.db, runtime.settings))
     for service in parts:
         service.start()
         stack.callback(_stop_quietly, service, stopping)

@@ -26,8 +26,6 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from ragservice import store
 from ragservice.api.middleware import REQUEST_ID_HEADER
 from ragservice.auth.keys import Role, hash_key
-from ragservice.auth.ratelimit import RateLimiter
-from ragservice.bootstrap import Runtime
 from ragservice.db import tenancy
 from ragservice.db.models import ApiKey
 from ragservice.db.scope import current_scope
@@ -37,8 +35,10 @@ from ragservice.errors import (
     RagServiceError,
     RateLimitedError,
 )
+from ragservice.limits.rate_limits import RateLimiter
 from ragservice.metrics import Metrics
 from ragservice.observability import logs
+from ragservice.runtime import Runtime
 
 log = logging.getLogger(__name__)
 

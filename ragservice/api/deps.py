@@ -13,16 +13,16 @@ from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBea
 
 from ragservice.answering.answer import AnswerPipeline
 from ragservice.api.authn import Principal as Principal  # routers name the caller's type here
-from ragservice.api.checks import spend
+from ragservice.api.charges import spend
 from ragservice.auth.keys import Role
-from ragservice.bootstrap import Runtime
 from ragservice.config import DEFAULT_TENANT_ID, Settings
 from ragservice.db import Database
 from ragservice.db.scope import current_scope
 from ragservice.db.supervisor import EmbeddedSupervisor
 from ragservice.embedding.registry import ModelRegistry
 from ragservice.errors import AuthenticationError, InvalidInputError, PermissionDeniedError
-from ragservice.limits import text_problem
+from ragservice.limits.text import text_problem
+from ragservice.runtime import Runtime
 from ragservice.services.answers import AnswerService
 from ragservice.services.search import SearchService
 

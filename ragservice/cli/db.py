@@ -60,7 +60,7 @@ def db_purge(
 ) -> None:
     """Run the retention purge once (servers run it every RAGSERVICE_RETENTION_PURGE_SECONDS):
     logged queries past the retention with their feedback, and the uploads of ended jobs."""
-    from ragservice.bootstrap import purge_retention
+    from ragservice.retention import purge_retention
 
     with database() as db:
         report = purge_retention(

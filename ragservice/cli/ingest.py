@@ -29,11 +29,11 @@ from ingest.loaders import JsonlFields, ParquetColumns, load_documents
 from ingest.pipeline import IngestReport, ProgressCallback
 from ingest.targets import ingest_pipeline, resolve_model
 from ragservice import store
-from ragservice.bootstrap import Runtime, open_runtime
 from ragservice.config import DEFAULT_TENANT_NAME, get_settings
 from ragservice.db import tenancy
 from ragservice.errors import NotFoundError, PermissionDeniedError, RagServiceError
 from ragservice.observability.logs import configure_logging
+from ragservice.runtime import Runtime, open_runtime
 
 if TYPE_CHECKING:
     from ragservice.db.models import EmbeddingModel
@@ -367,8 +367,8 @@ def with_index_upkeep(
     from ragservice.embedding import indexing
 
     with runtime.db.read() as session:
-        model = store.models.get_model(session, model_id)
-        embedded = store.models.embedded_counts(session).get(model_id, 0) if model else 0
+        model = store.embedding_models.get_model(session, model_id)
+        embedded = store.embedding_models.embedded_counts(session).get(model_id, 0) if model else 0
     if model is None:
         return load()
     deferred = mode == "deferred" or (mode == "auto" and (not model.active or embedded == 0))

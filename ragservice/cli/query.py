@@ -29,7 +29,7 @@ from ragservice.config import get_settings
 from ragservice.retrieval.search import Mode
 
 if TYPE_CHECKING:
-    from ragservice.bootstrap import Runtime
+    from ragservice.runtime import Runtime
     from ragservice.services.answers import AskQuery
 
 CollectionsOption = Annotated[
@@ -117,9 +117,9 @@ def _stopped_by_ctrl_c() -> Iterator[None]:
 def _local_runtime(tenant: str) -> Iterator[tuple[Runtime, Any]]:
     """The runtime (the model loaded) and the tenant's id, its transactions the tenant's."""
     from ragservice import store
-    from ragservice.bootstrap import open_runtime
     from ragservice.db import tenancy
     from ragservice.errors import NotFoundError
+    from ragservice.runtime import open_runtime
 
     with console.status("loading the model"):
         runtime = open_runtime(get_settings())

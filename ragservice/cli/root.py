@@ -12,11 +12,11 @@ from ragservice.cli import (
     audit,
     backup,
     db,
+    embedding_models,
     feedback,
     jobs,
     keys,
     mcp_server,
-    models,
     query,
     replicas,
     rerankers,
@@ -84,7 +84,7 @@ app.add_typer(db.app, name="db")
 app.add_typer(keys.app, name="keys")
 app.add_typer(tenants.app, name="tenants")
 app.add_typer(replicas.app, name="replicas")
-app.add_typer(models.app, name="models")
+app.add_typer(embedding_models.app, name="models")
 app.add_typer(rerankers.app, name="rerankers")
 app.add_typer(analysts.app, name="analysts")
 app.add_typer(audit.app, name="audit")

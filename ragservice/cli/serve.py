@@ -145,9 +145,10 @@ def worker(
 ) -> None:
     """Run queued ingest jobs until SIGINT or SIGTERM; any number of workers may run at once."""
     from ingest.worker import JobWorker, run_until_signalled
-    from ragservice.bootstrap import open_runtime, require_unprivileged_login, runtime_collectors
     from ragservice.db.embedded import limit_stop_wait
     from ragservice.metrics import WorkerMetrics
+    from ragservice.runtime import open_runtime, require_unprivileged_login
+    from ragservice.runtime_metrics import runtime_collectors
 
     settings = get_settings()
     port = settings.worker_metrics_port if metrics_port is None else metrics_port

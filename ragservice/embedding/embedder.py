@@ -16,7 +16,7 @@ from ragservice.chunking import HFTokenizer
 from ragservice.config import DEFAULT_EMBEDDING_MODEL, Settings
 from ragservice.embedding.tokens import BatchTokenizer, TokenIds, length_batches, pad_batch
 from ragservice.errors import EmbeddingError
-from ragservice.limits import FairSlots
+from ragservice.limits.fair_slots import FairSlots
 from ragservice.types import Tokenizer
 
 if TYPE_CHECKING:

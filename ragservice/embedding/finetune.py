@@ -346,7 +346,7 @@ def resolve_base(db: Database, settings: Settings, ref: str | None) -> BaseModel
     by default the active model, else the configured one."""
     with db.read() as session:
         if ref is None:
-            active = store.models.active_model(session)
+            active = store.embedding_models.active_model(session)
             if active is not None and active.path and Path(active.path).exists():
                 return _registered(active)
             ref = settings.embedding_model
@@ -372,7 +372,7 @@ def _registered(row: EmbeddingModel) -> BaseModel:
 
 def _registered_path(db: Database, path: str) -> int | None:
     with db.read() as session:
-        rows = store.models.list_models(session)
+        rows = store.embedding_models.list_models(session)
     resolved = Path(path).resolve()
     return next((m.id for m in rows if m.path and Path(m.path).resolve() == resolved), None)
 
@@ -467,7 +467,7 @@ def _register(
     details: dict[str, Any],
 ) -> FinetuneResult:
     def record(session: Session, version: int, path: Path) -> EmbeddingModel:
-        return store.models.register_model_version(
+        return store.embedding_models.register_model_version(
             session,
             name=name,
             version=version,
@@ -486,7 +486,7 @@ def _register(
         settings.data_dir / "models",
         name,
         what="model",
-        next_version=store.models.next_model_version,
+        next_version=store.embedding_models.next_model_version,
         record=record,
     )
     return FinetuneResult(model=model, path=path, details=details)

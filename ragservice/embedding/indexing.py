@@ -90,18 +90,18 @@ def build_embedding_index(
     memory, workers = build_memory_mb(settings), build_workers(settings)
     started = time.perf_counter()
     with tenancy.as_system(), db.write() as session:
-        row = store.models.get_model(session, model.id)
+        row = store.embedding_models.get_model(session, model.id)
         if row is None:
             raise ConflictError(f"embedding model id {model.id} is gone")
         store.indexes.set_build_resources(session, memory_mb=memory, workers=workers)
         with _watching(db, store.indexes.backend_pid(session), progress):
-            store.models.ensure_model_indexes(
+            store.embedding_models.ensure_model_indexes(
                 session,
                 row,
                 hnsw_m=settings.hnsw_m,
                 hnsw_ef_construction=settings.hnsw_ef_construction,
             )
-        rows = store.models.embedded_count(session, row.id)
+        rows = store.embedding_models.embedded_count(session, row.id)
         size = store.indexes.index_bytes(session, row.id)
         storage = row.storage
     seconds = time.perf_counter() - started
@@ -170,15 +170,15 @@ def convert_storage(
     target = store.indexes.storage_of(storage)
     started = time.perf_counter()
     with tenancy.as_system(), db.write() as session:
-        row = store.models.get_model(session, model.id)
+        row = store.embedding_models.get_model(session, model.id)
         if row is None:
             raise ConflictError(f"embedding model id {model.id} is gone")
         previous = row.storage
         if previous == target:
             return Conversion(row, previous, 0, 0.0, None)
         store.indexes.drop_index(session, row.id)
-        store.models.set_storage(session, row.id, target)
-        rows = store.models.embedded_count(session, row.id)
+        store.embedding_models.set_storage(session, row.id, target)
+        rows = store.embedding_models.embedded_count(session, row.id)
     rewrite_seconds = time.perf_counter() - started
     log.info("model %d: %d rows now %s (was %s)", row.id, rows, target, previous)
     build = build_embedding_index(db, row, progress=progress, settings=settings)

@@ -58,7 +58,7 @@ class ReembedReport:
 def count_missing(db: Database, model_id: int) -> int:
     """Chunks of every tenant that have no embedding of the model yet."""
     with tenancy.as_system(), db.read() as session:
-        return store.models.missing_embeddings(session, model_id)
+        return store.embedding_models.missing_embeddings(session, model_id)
 
 
 def reembed(
@@ -86,7 +86,7 @@ def reembed(
 
 def _is_active(db: Database, model: EmbeddingModel) -> bool:
     with db.read(primary=True) as session:
-        row = store.models.get_model(session, model.id)
+        row = store.embedding_models.get_model(session, model.id)
         return row is not None and row.active
 
 
@@ -103,7 +103,7 @@ def _reembed(
     total = count_missing(db, model.id) if missing is None else missing
     if _is_active(db, model):
         with db.write() as session:  # dropped by `models drop-embeddings`, perhaps: back again
-            store.models.ensure_model_indexes(
+            store.embedding_models.ensure_model_indexes(
                 session,
                 model,
                 hnsw_m=settings.hnsw_m,
@@ -126,16 +126,16 @@ def _reembed(
 
 def _next_batch(
     db: Database, model_id: int, after: uuid.UUID | None, size: int
-) -> list[store.models.ChunkToEmbed]:
+) -> list[store.embedding_models.ChunkToEmbed]:
     with db.read() as session:
-        return store.models.chunks_to_embed(session, model_id, after=after, limit=size)
+        return store.embedding_models.chunks_to_embed(session, model_id, after=after, limit=size)
 
 
 def _write_batch(
     db: Database,
     model: EmbeddingModel,
     embedder: BatchEmbedder,
-    chunks: list[store.models.ChunkToEmbed],
+    chunks: list[store.embedding_models.ChunkToEmbed],
 ) -> int:
     vectors = embedder.embed([chunk.text for chunk in chunks])
     if vectors.shape != (len(chunks), model.dimension):
@@ -144,4 +144,4 @@ def _write_batch(
             f"{model.dimension} dimensions"
         )
     with db.write() as session:
-        return store.models.add_embeddings(session, model.id, chunks, vectors)
+        return store.embedding_models.add_embeddings(session, model.id, chunks, vectors)

@@ -35,7 +35,7 @@ from ragservice.embedding.embedder import (
     make_embedder,
 )
 from ragservice.errors import ConflictError, EmbeddingError, InvalidInputError, NotFoundError
-from ragservice.limits import MAX_INT4
+from ragservice.limits.shape import MAX_INT4
 from ragservice.store.audit import SYSTEM_ACTOR
 
 log = logging.getLogger(__name__)
@@ -120,7 +120,7 @@ class ModelRegistry:
         changed. True when this call switched."""
         with self._refresh_lock:
             with self._db.read() as session:
-                row = store.models.active_model(session)
+                row = store.embedding_models.active_model(session)
             if row is not None and row.id == self._current.id:
                 return self._follow_storage(row)
             if row is None or row.id in self._failed:
@@ -255,9 +255,11 @@ def parse_model_ref(ref: str) -> tuple[str, int | None]:
 def get_model_by_name(session: Session, ref: str) -> EmbeddingModel:
     """The registered model `NAME[:VERSION]`; NotFoundError naming the known ones otherwise."""
     name, version = parse_model_ref(ref)
-    model = store.models.get_model_by_name(session, name, version)
+    model = store.embedding_models.get_model_by_name(session, name, version)
     if model is None:
-        known = sorted({f"{m.name}:{m.version}" for m in store.models.list_models(session)})
+        known = sorted(
+            {f"{m.name}:{m.version}" for m in store.embedding_models.list_models(session)}
+        )
         raise NotFoundError(
             f"no embedding model {ref!r}; registered: {', '.join(known) or 'none'} "
             "(`ragservice models list`)"
@@ -280,9 +282,12 @@ class ModelStatus:
 
 def model_statuses(session: Session) -> list[ModelStatus]:
     """Every registered model, with the chunks the transaction sees and how many it embedded."""
-    counts = store.models.embedded_counts(session)
-    total = store.models.chunk_total(session)
-    return [ModelStatus(m, counts.get(m.id, 0), total) for m in store.models.list_models(session)]
+    counts = store.embedding_models.embedded_counts(session)
+    total = store.embedding_models.chunk_total(session)
+    return [
+        ModelStatus(m, counts.get(m.id, 0), total)
+        for m in store.embedding_models.list_models(session)
+    ]
 
 
 def model_row(status: ModelStatus, statuses: Sequence[ModelStatus]) -> dict[str, Any]:
@@ -343,10 +348,10 @@ def rollback(
 ) -> Switch:
     """Activate the model that was active before the latest activation (see `activate`)."""
     with tenancy.as_system(), db.write() as session:
-        last = store.models.last_activation(session)
+        last = store.embedding_models.last_activation(session)
         if last is None or last.previous_model_id is None:
             raise ConflictError("nothing to roll back to: no activation replaced another model")
-        model = store.models.get_model(session, last.previous_model_id)
+        model = store.embedding_models.get_model(session, last.previous_model_id)
         assert model is not None  # the foreign key sets it null when the row goes
         switch = _switch(session, model, force=force)
         _audit(session, actor, key_id, "model.rollback", switch, force=force)
@@ -376,7 +381,7 @@ def _audit(
 
 def _switch(session: Session, model: EmbeddingModel, *, force: bool) -> Switch:
     if not force:
-        missing = store.models.missing_embeddings(session, model.id)
+        missing = store.embedding_models.missing_embeddings(session, model.id)
         if missing:
             raise ConflictError(
                 f"{model.name}:{model.version} has no embedding for {missing} chunks; run "
@@ -384,7 +389,7 @@ def _switch(session: Session, model: EmbeddingModel, *, force: bool) -> Switch:
                 '(or force it, `--force` or `"force": true` over the API, to serve it anyway, '
                 "those chunks unseen by dense search)"
             )
-    previous = store.models.activate_model(session, model.id)
+    previous = store.embedding_models.activate_model(session, model.id)
     return Switch(model=model, previous_id=previous, changed=previous != model.id)
 
 
@@ -399,7 +404,7 @@ def drop_embeddings(
             raise ConflictError(
                 f"{model.name}:{model.version} is the active model; activate another first"
             )
-        deleted = store.models.drop_model_embeddings(session, model.id)
+        deleted = store.embedding_models.drop_model_embeddings(session, model.id)
         store.audit.record(
             session,
             tenant_id=None,

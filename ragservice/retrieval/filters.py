@@ -33,7 +33,7 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from ragservice.errors import InvalidInputError
-from ragservice.limits import MAX_JSON_DEPTH, too_deep
+from ragservice.limits.shape import MAX_JSON_DEPTH, too_deep
 
 JSONValue = None | bool | int | float | str | list[Any] | dict[str, Any]
 

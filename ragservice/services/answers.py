@@ -19,13 +19,13 @@ from ragservice.cache.prompt_cache import PromptCache
 from ragservice.config import Settings
 from ragservice.db import Database
 from ragservice.embedding.registry import ModelRegistry
+from ragservice.limits.request_bounds import check_query
 from ragservice.metrics import Metrics
 from ragservice.retrieval.rerank import make_reranker
 from ragservice.retrieval.reranker_registry import registered_folder
 from ragservice.retrieval.search import Searcher
 from ragservice.services.search import (
     SearchQuery,
-    check_query,
     collection_ids,
     resolve_options,
 )

@@ -13,7 +13,7 @@ from ragservice import store
 from ragservice.config import Settings
 from ragservice.db import Database
 from ragservice.embedding.registry import ModelRegistry, ServingModel
-from ragservice.errors import InvalidInputError
+from ragservice.limits.request_bounds import check_query
 from ragservice.retrieval.filters import parse_and_compile
 from ragservice.retrieval.search import Mode, Searcher, SearchHit, SearchOptions
 
@@ -40,24 +40,6 @@ class Found:
     hits: list[SearchHit]
     timings_ms: dict[str, float]
     model: ServingModel
-
-
-def check_text(text: str, settings: Settings, *, field: str) -> None:
-    """A question within `RAGSERVICE_MAX_QUERY_CHARS` that is more than white space."""
-    if len(text) > settings.max_query_chars:
-        raise InvalidInputError(
-            f"{field}: {len(text)} characters; the limit is {settings.max_query_chars} "
-            "(RAGSERVICE_MAX_QUERY_CHARS)"
-        )
-    if not text.strip():
-        raise InvalidInputError(f"{field}: must contain more than white space")
-
-
-def check_query(text: str, k: int, settings: Settings, *, field: str) -> None:
-    """The limits a request's text and k must keep (RAGSERVICE_MAX_QUERY_CHARS, MAX_K)."""
-    check_text(text, settings, field=field)
-    if k > settings.max_k:
-        raise InvalidInputError(f"k: {k} is above the limit of {settings.max_k}")
 
 
 def collection_ids(

@@ -25,7 +25,7 @@ from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
 from ragservice.db.models import Document, QueryLog
-from ragservice.limits import storable_json, storable_text
+from ragservice.limits.text import storable_json, storable_text
 
 
 @dataclass(frozen=True, slots=True)

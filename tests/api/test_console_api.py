@@ -16,10 +16,10 @@ from psycopg.rows import dict_row
 from ragservice import store
 from ragservice.api.app import create_app
 from ragservice.auth.keys import new_key
-from ragservice.bootstrap import Runtime
 from ragservice.config import DEFAULT_TENANT_ID, DEFAULT_TENANT_NAME, Settings
 from ragservice.db import tenancy
 from ragservice.embedding.embedder import SentenceTransformerEmbedder
+from ragservice.runtime import Runtime
 from tests.api.conftest import Keys, ok
 from tests.api.test_query import add_corpus
 from tests.integration.test_analytics import libpq, new_analyst
@@ -80,8 +80,8 @@ def test_models_are_listed_to_admins_and_switched_by_the_service_admin_only(
 ) -> None:
     add_corpus(client, keys.writer)
     with tenancy.as_system(), runtime_of(client).db.write() as session:
-        chunks = store.models.chunk_total(session)
-        tiny = store.models.register_model_version(
+        chunks = store.embedding_models.chunk_total(session)
+        tiny = store.embedding_models.register_model_version(
             session,
             name="tiny",
             version=1,

@@ -20,7 +20,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from ragservice.config import Settings
-from ragservice.limits import FairSlots
+from ragservice.limits.fair_slots import FairSlots
 from tests.api.conftest import Keys
 from tests.api.test_query import add_corpus
 from tests.upstream import FakeOpenAI, slow

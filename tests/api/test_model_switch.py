@@ -17,13 +17,13 @@ from typer.testing import CliRunner
 from ingest.worker import JobWorker
 from ragservice import store
 from ragservice.api.app import create_app
-from ragservice.bootstrap import Runtime
 from ragservice.config import Settings, get_settings
 from ragservice.db import tenancy
 from ragservice.db.models import EmbeddingModel
 from ragservice.embedding import registry
 from ragservice.embedding.embedder import SentenceTransformerEmbedder
 from ragservice.embedding.reembed import reembed
+from ragservice.runtime import Runtime
 from tests.api.conftest import Keys, ok
 from tests.api.test_query import add_corpus
 
@@ -47,7 +47,7 @@ def add_tiny_model(client: TestClient, path: Path) -> EmbeddingModel:
     """The tiny model registered as `tiny` v1 and embedded over the whole corpus."""
     runtime = runtime_of(client)
     with tenancy.as_system(), runtime.db.write() as session:
-        row = store.models.register_model_version(
+        row = store.embedding_models.register_model_version(
             session,
             name="tiny",
             version=1,
@@ -223,5 +223,5 @@ def test_finetune_from_feedback_given_through_the_api(
     assert data["train_questions"] == 3 and data["held_out_questions"] == 1
     assert data["source"]["feedback"]["collection"] == "hr"
     with tenancy.as_system(), runtime.db.read() as session:
-        row = store.models.get_model_by_name(session, "from-feedback")
+        row = store.embedding_models.get_model_by_name(session, "from-feedback")
     assert row is not None and row.active is False and row.dimension == 32

@@ -10,9 +10,9 @@ import pytest
 from fastapi.testclient import TestClient
 
 from ragservice.api.app import create_app
-from ragservice.auth.ratelimit import RateLimiter
 from ragservice.config import Settings
 from ragservice.embedding.embedder import SentenceTransformerEmbedder
+from ragservice.limits.rate_limits import RateLimiter
 from tests.api.conftest import Keys, ok
 
 BURST = 3

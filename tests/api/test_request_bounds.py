@@ -10,8 +10,8 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from ragservice.auth.ratelimit import RateLimiter
 from ragservice.config import Settings
+from ragservice.limits.rate_limits import RateLimiter
 from tests.api.conftest import Keys, ok
 
 

@@ -276,7 +276,7 @@ def test_ctrl_c_after_the_last_batch_still_exits_130(
     script = textwrap.dedent(
         """
         import os, signal
-        from ragservice.bootstrap import Runtime
+        from ragservice.runtime import Runtime
         from ragservice.cli.ingest import main
 
         close = Runtime.close

@@ -6,10 +6,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from ragservice.bootstrap import Runtime, open_runtime
 from ragservice.config import Settings
 from ragservice.db import tenancy
 from ragservice.embedding.embedder import SentenceTransformerEmbedder
+from ragservice.runtime import Runtime, open_runtime
 
 
 @pytest.fixture(autouse=True)

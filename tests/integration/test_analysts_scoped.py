@@ -76,7 +76,7 @@ def _downgrade(engine: Engine, revision: str) -> None:
 
 def _write_document(db: Database, seeded: Seeded, external_id: str) -> None:
     with db.write() as session:
-        model = store.models.ensure_model(
+        model = store.embedding_models.ensure_model(
             session, name="fake", dimension=4, path=None, hnsw_m=8, hnsw_ef_construction=16
         )
         store.documents.write_documents(

@@ -89,7 +89,7 @@ def seed(db: Database, tenant_name: str) -> Seeded:
     prefix = "" if tenant_name == "acme" else f"{tenant_name} "
     with db.write() as session:
         tenant = store.tenants.ensure_tenant(session, tenant_name)
-        model = store.models.ensure_model(
+        model = store.embedding_models.ensure_model(
             session, name="fake", dimension=4, path=None, hnsw_m=8, hnsw_ef_construction=16
         )
         collection = store.collections.ensure_collection(session, tenant, "hr")

@@ -14,12 +14,12 @@ from sqlalchemy.exc import ProgrammingError
 from typer.testing import CliRunner
 
 from ragservice import store
-from ragservice.bootstrap import Runtime
 from ragservice.cli import app
 from ragservice.cli.keys import parse_duration
 from ragservice.config import DEFAULT_EMBEDDING_MODEL, get_settings
 from ragservice.db import tenancy
 from ragservice.embedding import registry
+from ragservice.runtime import Runtime
 
 
 def test_entries_are_seen_by_their_tenant_only_and_never_changed(runtime: Runtime) -> None:

@@ -19,8 +19,8 @@ from ingest.loaders import ParquetColumns, load_documents
 from ingest.pipeline import NO_EMBEDDER, IngestPipeline, IngestReport
 from ingest.targets import ingest_pipeline
 from ragservice import store
-from ragservice.bootstrap import Runtime
 from ragservice.retrieval.search import Mode, Searcher, SearchOptions
+from ragservice.runtime import Runtime
 
 COLLECTION = "imported"
 DIM = 384
@@ -243,7 +243,7 @@ def test_vectors_for_a_named_version_and_text_refused_without_its_model(
     runtime: Runtime, tmp_path: Path
 ) -> None:
     with runtime.db.write() as session:
-        other = store.models.register_model_version(
+        other = store.embedding_models.register_model_version(
             session,
             name="elsewhere",
             version=1,

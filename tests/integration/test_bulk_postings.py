@@ -15,8 +15,8 @@ from sqlalchemy import create_engine, make_url, text
 from sqlalchemy.orm import Session
 
 from ragservice import store
-from ragservice.bootstrap import Runtime
 from ragservice.db import migrate
+from ragservice.runtime import Runtime
 from tests.integration.test_postings import _downgrade, document, document_of
 from tests.integration.test_search import postings_mismatches
 
@@ -46,7 +46,7 @@ def write_in(
     append: bool,
 ) -> uuid.UUID:
     """One batch of documents into `collection`, in append mode or the ordinary way."""
-    model = store.models.ensure_model(
+    model = store.embedding_models.ensure_model(
         session, name="flat-4d", dimension=4, path=None, hnsw_m=8, hnsw_ef_construction=16
     )
     found = store.collections.ensure_collection(session, runtime.default_tenant_id, collection)
@@ -131,7 +131,7 @@ def test_bulk_loaders_do_not_take_turns_and_small_writes_stay_exact(runtime: Run
     of one collection still take turns on its lock."""
     collection = load(runtime, "shared", append=False)
     with runtime.db.read() as session:
-        model = store.models.get_model_by_name(session, "flat-4d")
+        model = store.embedding_models.get_model_by_name(session, "flat-4d")
     assert model is not None
     target = (collection, model.id)
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from ragservice import bootstrap, store
+from ragservice import runtime, store
 from ragservice.cli import app
 from ragservice.config import get_settings
 from ragservice.db import open_database, tenancy
@@ -31,8 +31,8 @@ def cli(
     monkeypatch.setenv("RAGSERVICE_DATABASE_URL", database_url)
     monkeypatch.setenv("RAGSERVICE_DATA_DIR", str(tmp_path / "data"))
     monkeypatch.setenv("COLUMNS", "200")
-    shared = functools.partial(bootstrap.open_runtime, embedder=embedder)
-    monkeypatch.setattr(bootstrap, "open_runtime", shared)
+    shared = functools.partial(runtime.open_runtime, embedder=embedder)
+    monkeypatch.setattr(runtime, "open_runtime", shared)
     monkeypatch.setattr("ragservice.cli.ingest.open_runtime", shared)
     get_settings.cache_clear()
     yield CliRunner()

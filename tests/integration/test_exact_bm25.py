@@ -19,10 +19,10 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.exc import DBAPIError
 
 from ragservice import store
-from ragservice.bootstrap import Runtime
 from ragservice.db import migrate, tenancy
 from ragservice.retrieval import statements
 from ragservice.retrieval.search import Mode, Searcher, SearchOptions
+from ragservice.runtime import Runtime
 from ragservice.services.search import open_searcher
 from tests.integration.test_postings import _downgrade, document_of, write
 

@@ -53,7 +53,7 @@ def user(question: str) -> dict[str, str]:
 
 def _write(db: Database, tenant: uuid.UUID, collection: str, names: list[str]) -> uuid.UUID:
     with db.write() as session:
-        model = store.models.ensure_model(
+        model = store.embedding_models.ensure_model(
             session, name="fake", dimension=4, path=None, hnsw_m=8, hnsw_ef_construction=16
         )
         cid = store.collections.ensure_collection(session, tenant, collection)

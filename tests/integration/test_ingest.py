@@ -11,8 +11,8 @@ from sqlalchemy import text
 
 from ingest.pipeline import IngestPipeline, IngestReport
 from ragservice import store
-from ragservice.bootstrap import Runtime
 from ragservice.embedding.embedder import SentenceTransformerEmbedder, Vectors
+from ragservice.runtime import Runtime
 from ragservice.types import LoadedDocument, LoadFailure
 
 COLLECTION = "papers"

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from ingest.worker import JobWorker
 from ragservice import store
-from ragservice.bootstrap import Runtime, runtime_collectors
 from ragservice.metrics import WorkerMetrics
+from ragservice.runtime import Runtime
+from ragservice.runtime_metrics import runtime_collectors
 from tests.integration.test_jobs import UPLOAD, enqueue, job, text_item
 
 

@@ -17,11 +17,11 @@ from sqlalchemy import text
 
 from ingest.worker import JobWorker, run_until_signalled
 from ragservice import store
-from ragservice.bootstrap import Runtime
 from ragservice.db import tenancy
 from ragservice.db.locks import SessionLock
 from ragservice.db.models import IngestJob
 from ragservice.dev.cluster import libpq_url
+from ragservice.runtime import Runtime
 
 COLLECTION = "uploads"
 

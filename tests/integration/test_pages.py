@@ -14,11 +14,11 @@ from sqlalchemy import create_engine, text
 
 from ingest.loaders import load_documents
 from ingest.pipeline import IngestPipeline, IngestReport, document_hash
-from ragservice.bootstrap import Runtime
 from ragservice.chunking import ChunkingOptions
 from ragservice.config import Settings
 from ragservice.db import migrate
 from ragservice.retrieval.search import Mode, Searcher, SearchOptions
+from ragservice.runtime import Runtime
 from ragservice.types import LoadedDocument, PageSpan
 from tests.pdfs import REPORT_CHUNK_TOKENS, report_pdf
 

@@ -18,9 +18,9 @@ from ingest.loaders import load_documents
 from ingest.parallel import IngestWorkerError, run_parallel
 from ingest.pipeline import IngestReport
 from ingest.targets import ingest_pipeline
-from ragservice.bootstrap import Runtime
 from ragservice.config import Settings
 from ragservice.embedding.null import NullEmbedder, null_embedder
+from ragservice.runtime import Runtime
 
 
 def long_text(i: int) -> str:

@@ -14,9 +14,9 @@ from sqlalchemy import Engine, create_engine, text
 
 from ingest.pipeline import text_hash
 from ragservice import store
-from ragservice.bootstrap import Runtime
 from ragservice.db import migrate
 from ragservice.retrieval.search import Mode, Searcher, SearchHit, SearchOptions
+from ragservice.runtime import Runtime
 from ragservice.types import TextChunk
 from tests.integration.test_search import postings_mismatches, reference_bm25
 
@@ -61,7 +61,7 @@ def write(
 ) -> uuid.UUID:
     """One statement per call: all the documents' chunks go in one INSERT."""
     with runtime.db.write() as session:
-        model = store.models.ensure_model(
+        model = store.embedding_models.ensure_model(
             session, name="flat-4d", dimension=4, path=None, hnsw_m=8, hnsw_ef_construction=16
         )
         found = store.collections.ensure_collection(session, runtime.default_tenant_id, collection)

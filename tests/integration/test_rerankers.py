@@ -13,7 +13,6 @@ import pytest
 from typer.testing import CliRunner
 
 from ragservice import store
-from ragservice.bootstrap import Runtime, open_runtime
 from ragservice.config import Settings, get_settings
 from ragservice.embedding.embedder import SentenceTransformerEmbedder
 from ragservice.embedding.finetune import BaseModel
@@ -21,6 +20,7 @@ from ragservice.embedding.reranker_finetune import RerankerOptions, finetune_rer
 from ragservice.errors import ConfigurationError
 from ragservice.retrieval.rerank import make_reranker
 from ragservice.retrieval.reranker_registry import registered_folder
+from ragservice.runtime import Runtime, open_runtime
 from tests.tiny_models import TOPIC_WORDS, tiny_passage
 
 

@@ -7,10 +7,10 @@ from sqlalchemy import select, text
 from typer.testing import CliRunner
 
 from ingest.pipeline import IngestPipeline
-from ragservice.bootstrap import Runtime
 from ragservice.cli import app
 from ragservice.config import get_settings
 from ragservice.db.models import Chunk, Document
+from ragservice.runtime import Runtime
 from ragservice.types import LoadedDocument
 
 PLANTED = (

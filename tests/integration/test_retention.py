@@ -11,9 +11,10 @@ import pytest
 from sqlalchemy import func, select, update
 
 from ragservice import store
-from ragservice.bootstrap import PurgeReport, Runtime, purge_retention
 from ragservice.db import tenancy
 from ragservice.db.models import Feedback, IngestJob, IngestJobItem, QueryLog
+from ragservice.retention import PurgeReport, purge_retention
+from ragservice.runtime import Runtime
 
 
 def log(

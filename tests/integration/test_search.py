@@ -24,13 +24,13 @@ from sqlalchemy.engine import make_url
 
 from ingest.pipeline import IngestPipeline, text_hash
 from ragservice import store
-from ragservice.bootstrap import Runtime, open_runtime
 from ragservice.config import Settings
 from ragservice.db import Database, tenancy
 from ragservice.embedding.embedder import SentenceTransformerEmbedder, Vectors
 from ragservice.retrieval.filters import parse_and_compile
 from ragservice.retrieval.fusion import Fusion
 from ragservice.retrieval.search import Mode, Searcher, SearchHit, SearchOptions, SearchResult
+from ragservice.runtime import Runtime, open_runtime
 from ragservice.types import LoadedDocument, TextChunk
 
 GUIDE = "# Guide\n\nIntro text.\n\n## Install\n\nRun the installer.\n\n## Use\n\nAsk questions."
@@ -275,7 +275,7 @@ def _write_bulk(runtime: Runtime, *, n: int) -> tuple[int, npt.NDArray[np.float3
     vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
     writes = [_bulk_document(i, vectors[i : i + 1]) for i in range(n)]
     with runtime.db.write() as session:
-        model = store.models.ensure_model(
+        model = store.embedding_models.ensure_model(
             session,
             name="random-8d",
             dimension=BULK_DIMENSION,

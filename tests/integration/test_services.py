@@ -9,10 +9,10 @@ from datetime import datetime
 import pytest
 
 from ragservice import store
-from ragservice.bootstrap import Runtime
 from ragservice.db import Database
 from ragservice.errors import BadRequestError, ConflictError, InvalidInputError, NotFoundError
 from ragservice.feedback.exports import ExportFilter, ExportFormat
+from ragservice.runtime import Runtime
 from ragservice.services import admin, collections, documents, ingest, jobs
 from ragservice.services.callers import Operator
 from ragservice.services.collections import CollectionChanges, NewCollection

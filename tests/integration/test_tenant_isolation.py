@@ -15,13 +15,13 @@ from sqlalchemy.exc import ProgrammingError
 
 from ingest.pipeline import IngestPipeline
 from ragservice import store
-from ragservice.bootstrap import Runtime, require_unprivileged_login
 from ragservice.config import Settings
 from ragservice.db import open_database, tenancy
 from ragservice.db.engine import SERVICE_ROLE
 from ragservice.db.scope import request_scope
 from ragservice.errors import ConfigurationError
 from ragservice.retrieval.search import Mode, SearchOptions
+from ragservice.runtime import Runtime, require_unprivileged_login
 from ragservice.types import LoadedDocument
 
 pytestmark = pytest.mark.default_tenancy

@@ -43,7 +43,7 @@ class Corpus:
 
     def search(self, vector: npt.NDArray[np.float32], **options: Any) -> list[str]:
         with self.db.read() as session:
-            row = store.models.get_model(session, self.model.id)
+            row = store.embedding_models.get_model(session, self.model.id)
         assert row is not None
         model = FixedModel(row.id, row.dimension, lambda _q: vector, storage=row.storage)
         query = options.pop("query", "")
@@ -85,7 +85,7 @@ def corpus(settings: Settings) -> Iterator[Corpus]:
     vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
     writes = [_document(i, vectors[i : i + 1]) for i in range(N)]
     with db.write() as session:
-        model = store.models.register_model_version(
+        model = store.embedding_models.register_model_version(
             session,
             name="random-32d",
             version=1,
@@ -157,7 +157,7 @@ def stored_as(corpus: Corpus) -> tuple[str, int, int]:
 
 def plan(corpus: Corpus, vector: npt.NDArray[np.float32]) -> str:
     with corpus.db.read() as session:
-        row = store.models.get_model(session, corpus.model.id)
+        row = store.embedding_models.get_model(session, corpus.model.id)
     assert row is not None
     model = FixedModel(row.id, row.dimension, lambda _q: vector, storage=row.storage)
     with Searcher(corpus.db, models=lambda: model) as searcher:
@@ -260,7 +260,7 @@ def test_writes_go_to_the_column_of_the_storage(corpus: Corpus) -> None:
             documents=extra,
         )
         hashes = [text_hash(f"Record {N} about the {WORDS[N % len(WORDS)]}.")]
-        reused = store.models.stored_embeddings(
+        reused = store.embedding_models.stored_embeddings(
             session, tenant_id=tenant, model_id=corpus.model.id, hashes=hashes
         )
     assert stored_as(corpus) == ("halfvec", 0, N + 3)

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from ragservice.bootstrap import chunking_options
 from ragservice.config import DEFAULT_EMBEDDING_MODEL, Settings, get_settings
 from ragservice.errors import ConfigurationError
+from ragservice.runtime import chunking_options
 
 
 def test_defaults_mean_embedded_database_and_bundled_model(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from ragservice.limits import FairSlots
+from ragservice.limits.fair_slots import FairSlots
 
 
 async def queued(

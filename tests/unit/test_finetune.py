@@ -178,7 +178,7 @@ def test_a_switch_loads_first_and_never_makes_the_serving_model_wait(
 ) -> None:
     row = SimpleNamespace(id=2, name="m2", version=1, dimension=8, path="/m2", storage="float32")
     active: list[Any] = [SimpleNamespace(id=1, storage="float32")]
-    monkeypatch.setattr(registry.store.models, "active_model", lambda _session: active[0])
+    monkeypatch.setattr(registry.store.embedding_models, "active_model", lambda _session: active[0])
     loading, release = threading.Event(), threading.Event()
 
     def slow_loader(_row: Any) -> Any:
@@ -210,7 +210,7 @@ def test_a_model_that_fails_to_load_is_skipped_until_another_is_active(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     active: list[Any] = [SimpleNamespace(id=3, name="bad", version=1, dimension=4, path="/bad")]
-    monkeypatch.setattr(registry.store.models, "active_model", lambda _session: active[0])
+    monkeypatch.setattr(registry.store.embedding_models, "active_model", lambda _session: active[0])
     calls: list[int] = []
 
     def broken(row: Any) -> Any:

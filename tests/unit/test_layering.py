@@ -1,16 +1,19 @@
 """The dependency direction of the layout: leaves stay leaves, nothing imports the top layers.
 
 The layers, bottom up (docs/architecture.md draws them):
-0. leaves: config, errors, types, limits, timing, metrics, periodic: import nothing internal;
-   and `observability/` (traces, log lines), which imports those leaves only;
+0. leaves: config, errors, types, timing, metrics, periodic, extras: import nothing internal;
+   and `limits/` (every kind of limit) and `observability/` (traces, log lines), which import
+   those leaves only;
 1. `db/`: engines, models, migrations, routing, tenancy;
 2. `store/`: the SQL on tenant data, one module per subject;
 3. the capabilities: chunking, `retrieval/`, `embedding/`, `cache/`, `answering/`, `feedback/`,
-   `auth/`, `safety/`: they may use each other; and `client`, the REST API's HTTP client, with
-   `integrations/`, the LangChain and LlamaIndex retrievers over it;
-4. `bootstrap`: opens the database and the serving model for a process; `mcp_server/`, the MCP
-   server, a front end that reaches the service through `client` only; `console/`, the web
-   console's static files, which the API serves;
+   `auth/`, `safety/`, `retention` (the retention purge): they may use each other; and `client`,
+   the REST API's HTTP client, with `integrations/`, the LangChain and LlamaIndex retrievers over
+   it;
+4. `runtime`: opens the database and the serving model for a process, and `runtime_metrics`,
+   what the metrics read from it at scrape time; `mcp_server/`, the MCP server, a front end
+   that reaches the service through `client` only; `console/`, the web console's static files,
+   which the API serves;
 5. `ingest/`: loaders, the ingest pipeline and the job worker;
 6. `services/`: what the service does (search, answer, ingest, jobs, documents), called alike
    by every interface;
@@ -67,9 +70,9 @@ def test_nothing_below_the_top_imports_api_cli_or_ingest(path: Path) -> None:
     assert {n for n in internal(path) if n.split(".")[0] == "ingest"} | top == set()
 
 
-LEAVES = ("config", "errors", "types", "limits", "timing", "metrics", "periodic", "extras")
+LEAVES = ("config", "errors", "types", "timing", "metrics", "periodic", "extras")
 # Layer 0 too, but built on the leaves: they may import those and nothing else.
-LEAF_PACKAGES = ("observability",)
+LEAF_PACKAGES = ("limits", "observability")
 CAPABILITIES = (
     "chunking",
     "retrieval",
@@ -79,6 +82,7 @@ CAPABILITIES = (
     "feedback",
     "auth",
     "safety",
+    "retention",
 )
 
 
@@ -94,7 +98,8 @@ def layer(dotted: str) -> int:
         "store": 2,
         "client": 3,
         "integrations": 3,
-        "bootstrap": 4,
+        "runtime": 4,
+        "runtime_metrics": 4,
         "mcp_server": 4,
         "console": 4,
         "dev": 5,
@@ -220,7 +225,7 @@ def test_adapters_never_touch_the_database(adapter: str) -> None:
     ids=lambda p: str(p.relative_to(ROOT)),
 )
 def test_no_router_imports_another_router(path: Path) -> None:
-    """What routers share lives beside them (`api.checks`, `api.schemas.*`, `api.deps`)."""
+    """What routers share lives beside them (`api.charges`, `api.schemas.*`, `api.deps`)."""
     tree = ast.parse(path.read_text(), filename=str(path))
     relative = [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level]
     routers = {n for n in imports_of(path) if n.startswith("ragservice.api.routers")}
@@ -228,7 +233,7 @@ def test_no_router_imports_another_router(path: Path) -> None:
 
 
 def test_sql_on_documents_lives_in_the_store() -> None:
-    """No module outside the db layer and store.py writes SQL against the core tables."""
+    """No module outside the db layer and `store/` writes SQL against the core tables."""
     # The ranking statements are composed SQL fragments, kept beside the searcher that runs them.
     allowed = {ROOT / "ragservice" / "retrieval" / "statements.py"}
     offenders = []

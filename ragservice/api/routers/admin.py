@@ -11,8 +11,8 @@ from ragservice.api.deps import Admin, DatabaseDep, ModelsDep, SupervisorDep
 from ragservice.api.schemas.audit import MAX_AUDIT_PAGE, AuditPage, audit_page
 from ragservice.api.schemas.common import error_responses
 from ragservice.api.schemas.insights import MAX_INSIGHT_DAYS, InsightsOut, insights_out
-from ragservice.bootstrap import Runtime
-from ragservice.limits import MAX_INT8
+from ragservice.limits.shape import MAX_INT8
+from ragservice.runtime import Runtime
 from ragservice.services import admin
 from ragservice.services import health as server_health
 

@@ -9,7 +9,6 @@ from typing import Annotated, Any
 import anyio.to_thread
 from fastapi import APIRouter, File, Form, Query, Request, Response, UploadFile, status
 
-from ragservice.api.checks import check_batch, check_form_text
 from ragservice.api.deps import DatabaseDep, Reader, SettingsDep, Writer, wake_workers
 from ragservice.api.schemas.common import error_responses
 from ragservice.api.schemas.documents import (
@@ -27,13 +26,14 @@ from ragservice.errors import (
     PayloadTooLargeError,
     UnsupportedMediaTypeError,
 )
-from ragservice.limits import (
+from ragservice.limits.request_bounds import check_batch, check_form_text
+from ragservice.limits.shape import (
     MAX_EXTERNAL_ID_BYTES,
     MAX_JSON_DEPTH,
     external_id_too_long,
-    json_text_problem,
     too_deep,
 )
+from ragservice.limits.text import json_text_problem
 from ragservice.services import documents, ingest
 from ragservice.services.jobs import JobView
 from ragservice.types import SUPPORTED_SUFFIXES, file_type

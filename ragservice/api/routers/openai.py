@@ -26,13 +26,7 @@ from fastapi.responses import StreamingResponse
 from ragservice.answering.answer import Answer
 from ragservice.answering.context import Source
 from ragservice.answering.prompt import ChatMessage
-from ragservice.api.checks import (
-    charge,
-    check_batch,
-    check_chat,
-    check_embedding_count,
-    check_embedding_texts,
-)
+from ragservice.api.charges import charge
 from ragservice.api.deps import (
     AnswersDep,
     DatabaseDep,
@@ -45,17 +39,24 @@ from ragservice.api.error_handlers import stopped_stream_error, stream_error
 from ragservice.api.schemas.common import error_responses
 from ragservice.api.schemas.openai import ChatCompletionRequest, ChatMessageIn, EmbeddingsRequest
 from ragservice.api.stopping import first_unless_stopping, next_unless_stopping, stopping_of
-from ragservice.auth.ratelimit import ANSWER_COST, embedding_cost
 from ragservice.embedding.embedder import SentenceTransformerEmbedder
 from ragservice.embedding.registry import ModelRegistry, ServingModel
 from ragservice.embedding.token_ids import tiktoken_texts
 from ragservice.embedding.tokens import BatchTokenizer, TokenIds
 from ragservice.errors import InvalidInputError, NotFoundError
-from ragservice.limits import MAX_COLLECTIONS_PER_REQUEST
+from ragservice.limits.rate_limits import ANSWER_COST, embedding_cost
+from ragservice.limits.request_bounds import (
+    check_batch,
+    check_chat,
+    check_embedding_count,
+    check_embedding_texts,
+    check_text,
+)
+from ragservice.limits.shape import MAX_COLLECTIONS_PER_REQUEST
 from ragservice.safety.html import AnswerText
 from ragservice.services.answers import AskQuery
 from ragservice.services.collections import collection_names
-from ragservice.services.search import SearchQuery, check_text
+from ragservice.services.search import SearchQuery
 from ragservice.services.views import answer_out
 
 router = APIRouter(

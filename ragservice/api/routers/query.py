@@ -11,13 +11,13 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import StreamingResponse
 
 from ragservice.answering.answer import Answer
-from ragservice.api.checks import charge
+from ragservice.api.charges import charge
 from ragservice.api.deps import AnswersDep, Reader, replica_reads
 from ragservice.api.error_handlers import stopped_stream_error, stream_error
 from ragservice.api.schemas.answers import QueryRequest
 from ragservice.api.schemas.common import error_responses
 from ragservice.api.stopping import first_unless_stopping, next_unless_stopping, stopping_of
-from ragservice.auth.ratelimit import ANSWER_COST
+from ragservice.limits.rate_limits import ANSWER_COST
 from ragservice.services.views import answer_out
 
 router = APIRouter(

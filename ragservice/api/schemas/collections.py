@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_vali
 
 from ragservice import store
 from ragservice.api.schemas.common import JsonObject, Storable, Text
-from ragservice.limits import MAX_INT4
+from ragservice.limits.shape import MAX_INT4
 
 COLLECTION_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
 MAX_TTL_SECONDS = MAX_INT4  # the column is a PostgreSQL integer

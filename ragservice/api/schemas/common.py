@@ -14,13 +14,8 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, Field
 
-from ragservice.limits import (
-    MAX_COLLECTIONS_PER_REQUEST,
-    MAX_JSON_DEPTH,
-    json_text_problem,
-    text_problem,
-    too_deep,
-)
+from ragservice.limits.shape import MAX_COLLECTIONS_PER_REQUEST, MAX_JSON_DEPTH, too_deep
+from ragservice.limits.text import json_text_problem, text_problem
 from ragservice.services.views import Pages as Pages  # the documents' schemas name it here
 
 

@@ -11,7 +11,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstra
 
 from ragservice.api.schemas.common import DocumentText, JsonObject, Pages, Storable
 from ragservice.db.models import Chunk, Document
-from ragservice.limits import MAX_EXTERNAL_ID_BYTES, external_id_too_long
+from ragservice.limits.shape import MAX_EXTERNAL_ID_BYTES, external_id_too_long
 
 
 def _storable_id(value: str) -> str:

@@ -11,7 +11,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
 from ragservice.api.schemas.common import Finite, JsonObject, StorableJson, Text
-from ragservice.limits import MAX_COLLECTIONS_PER_REQUEST
+from ragservice.limits.shape import MAX_COLLECTIONS_PER_REQUEST
 
 MAX_GENERATED_TOKENS = 32768
 

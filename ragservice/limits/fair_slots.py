@@ -1,126 +1,14 @@
-"""Limits shared across the service. A leaf.
-
-Fixed limits on input shape, shared by the API, the filters and the loaders. They are not
-settings: each protects something that has a hard limit of its own. A B-tree index entry holds
-about 2.7 kB, so a longer external id fails its whole write batch; JSON nested thousands deep
-overflows Python's recursion limit (and PostgreSQL's stack) on the way; a statement takes at
-most 65,535 parameters; PostgreSQL text holds no NUL character and UTF-8 no lone surrogate.
-
-`FairSlots`: a bounded number of things at once (upstream calls, embedding computations),
-shared fairly between owners (tenants) instead of first come, first served.
-"""
+"""`FairSlots`: a bounded number of things at once (upstream calls, embedding computations),
+shared fairly between owners (tenants) instead of first come, first served."""
 
 from __future__ import annotations
 
 import asyncio
-import re
 import threading
 from collections import Counter, OrderedDict, deque
-from collections.abc import AsyncIterator, Callable, Hashable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Hashable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
-
-MAX_EXTERNAL_ID_BYTES = 1024
-"""The longest external id (or uploaded file name), in UTF-8 bytes."""
-
-MAX_JSON_DEPTH = 32
-"""The deepest nesting of arrays and objects in metadata and filters."""
-
-MAX_COLLECTIONS_PER_REQUEST = 1000
-"""The most collection names one search or answer may list (`rag:a,b,...` in chat too)."""
-
-MAX_INT4 = 2**31 - 1
-"""The largest PostgreSQL `integer` (a model version, a TTL)."""
-
-MAX_INT8 = 2**63 - 1
-"""The largest PostgreSQL `bigint` (an audit entry's id)."""
-
-_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
-
-
-def text_problem(value: str) -> str | None:
-    """Why `value` cannot be stored or encoded (a NUL character, a lone UTF-16 surrogate such
-    as JSON's `"\\ud800"`), or None when it can. The message never quotes the value."""
-    found = _UNSTORABLE.search(value)
-    if found is None:
-        return None
-    if found.group() == "\x00":
-        return "must not contain NUL characters (U+0000)"
-    return (
-        f"must not contain a lone UTF-16 surrogate (U+{ord(found.group()):04X} at character "
-        f"{found.start()}); send valid Unicode"
-    )
-
-
-def storable_text(value: str) -> str:
-    """`value` with every NUL and lone surrogate replaced by U+FFFD: what can always be stored."""
-    return _UNSTORABLE.sub("\ufffd", value)
-
-
-def storable_json(value: object) -> object:
-    """A JSON value with `storable_text` applied to every string in it, keys included."""
-    if isinstance(value, str):
-        return storable_text(value)
-    if isinstance(value, Mapping):
-        return {storable_text(str(k)): storable_json(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [storable_json(item) for item in value]
-    return value
-
-
-def json_text_problem(value: object) -> str | None:
-    """`text_problem` of the first string (key or value) in a JSON value that has one;
-    iterative, so it costs no more than the value's size whatever its depth."""
-    stack: list[object] = [value]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, str):
-            strings: list[object] = [item]
-        elif isinstance(item, Mapping):
-            strings = list(item.keys())
-            stack.extend(item.values())
-        elif isinstance(item, list | tuple):
-            stack.extend(item)
-            continue
-        else:
-            continue
-        for text in strings:
-            problem = text_problem(text) if isinstance(text, str) else None
-            if problem:
-                return problem
-    return None
-
-
-def json_depth(value: object) -> int:
-    """How deep `value` nests lists and mappings (a scalar: 0); iterative, so any depth is fine.
-
-    Stops counting once past `MAX_JSON_DEPTH`, so a hostile value costs no more than a fine one.
-    """
-    deepest = 0
-    stack: list[tuple[object, int]] = [(value, 0)]
-    while stack and deepest <= MAX_JSON_DEPTH:
-        item, depth = stack.pop()
-        if isinstance(item, Mapping):
-            children: list[object] = list(item.values())
-        elif isinstance(item, list | tuple):
-            children = list(item)
-        else:
-            continue
-        deepest = max(deepest, depth + 1)
-        stack.extend((child, depth + 1) for child in children)
-    return deepest
-
-
-def too_deep(value: object) -> bool:
-    return json_depth(value) > MAX_JSON_DEPTH
-
-
-def external_id_too_long(external_id: str) -> bool:
-    return len(external_id.encode("utf-8", errors="surrogatepass")) > MAX_EXTERNAL_ID_BYTES
-
-
-# -- fair slots ----------------------------------------------------------------------------------
-
 
 _NOBODY = object()  # no owner may be served now (None is an owner: work of no tenant)
 

@@ -6,9 +6,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from ragservice.auth.ratelimit import RateLimiter, embedding_cost
 from ragservice.config import Settings
 from ragservice.errors import RateLimitedError
+from ragservice.limits.rate_limits import RateLimiter, embedding_cost
 
 
 class Clock:

@@ -1,5 +1,6 @@
-"""Main-content extraction on realistic pages (tests/fixtures/html): menus, cookie banners,
-sidebars, related links and footers built from plain `div`s are dropped, the main text kept."""
+"""Main-content extraction (`ingest/loaders/html_main.py`) on realistic pages
+(tests/fixtures/html): menus, cookie banners, sidebars, related links and footers built from
+plain `div`s are dropped, the main text kept."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from ingest.loaders.html_files import html_text, parse_html
-from ingest.loaders.limits import DocumentLimits
+from ragservice.limits.documents import DocumentLimits
 
 PAGES = Path(__file__).resolve().parents[1] / "fixtures" / "html"
 EXPECTED: dict[str, dict[str, list[str]]] = json.loads((PAGES / "expected.json").read_text())

@@ -1,15 +1,12 @@
-"""Opens what a process of the service needs: the database and the embedding model it serves,
-runs the retention purge (the query log, job payloads) a server repeats in the background, and
-gives its metrics what they read at scrape time."""
+"""The runtime of a process of the service (`Runtime`, `open_runtime`): the database, with
+its embedded server's supervisor, and the embedding model it serves; the chunking that model
+reads; the check that a serving process cannot leave row-level security."""
 
 from __future__ import annotations
 
 import logging
 import uuid
 from dataclasses import dataclass
-from datetime import timedelta
-
-from prometheus_client.registry import Collector
 
 from ragservice import store
 from ragservice.chunking import ChunkingOptions
@@ -26,13 +23,6 @@ from ragservice.embedding.registry import (
     serve_row,
 )
 from ragservice.errors import ConfigurationError
-from ragservice.metrics import (
-    EmbeddedCollector,
-    EmbeddingCollector,
-    QueueCollector,
-    ReplicaCollector,
-)
-from ragservice.periodic import Periodic
 
 log = logging.getLogger(__name__)
 
@@ -134,7 +124,7 @@ def _initial_model(
 ) -> ServingModel:
     if embedder is None:
         with db.read() as session:
-            active = store.models.active_model(session)
+            active = store.embedding_models.active_model(session)
         if active is not None and loadable(active, settings):
             if not warm:
                 return serve_embedder(active, load_embedder(settings, active))
@@ -142,7 +132,7 @@ def _initial_model(
         embedder = make_embedder(settings, owner=tenancy.current_tenant_id)
         embedder.warm_up()
     with db.write() as session:
-        model = store.models.ensure_model(
+        model = store.embedding_models.ensure_model(
             session,
             name=embedder.name,
             dimension=embedder.dimension,
@@ -168,90 +158,3 @@ def chunking_options(settings: Settings, model_max_tokens: int) -> ChunkingOptio
         return ChunkingOptions(max_tokens=size, overlap_tokens=settings.chunk_overlap_tokens)
     except ValueError as exc:
         raise ConfigurationError(f"chunking settings: {exc}") from exc
-
-
-_PURGE_BATCH = 10_000
-
-
-@dataclass(frozen=True, slots=True)
-class PurgeReport:
-    """What one retention purge deleted."""
-
-    queries: int = 0
-    feedback: int = 0
-    job_items: int = 0
-
-
-def purge_retention(
-    db: Database,
-    settings: Settings,
-    *,
-    query_log_days: int | None = None,
-    job_payload_hours: float | None = None,
-) -> PurgeReport:
-    """Delete, across tenants, logged queries (with their feedback) older than the query log
-    retention, and the items of jobs that ended longer ago than the job payload retention.
-    The arguments override the settings. Queries go in batches, each its own transaction."""
-    days = settings.query_log_retention_days if query_log_days is None else query_log_days
-    hours = settings.job_payload_retention_hours if job_payload_hours is None else job_payload_hours
-    queries = feedback = 0
-    with tenancy.as_system():
-        with db.write() as session:
-            items = store.jobs.purge_job_payloads(session, older_than=timedelta(hours=hours))
-        while days > 0:
-            with db.write() as session:
-                batch, batch_feedback = store.query_log.purge_query_log(
-                    session, older_than_days=days, limit=_PURGE_BATCH
-                )
-            queries, feedback = queries + batch, feedback + batch_feedback
-            if batch < _PURGE_BATCH:
-                break
-    return PurgeReport(queries=queries, feedback=feedback, job_items=items)
-
-
-class RetentionPurger:
-    """Runs `purge_retention` at start and then every `RAGSERVICE_RETENTION_PURGE_SECONDS`."""
-
-    def __init__(self, runtime: Runtime) -> None:
-        self._runtime = runtime
-        self._rounds = Periodic(
-            "retention-purger",
-            self.purge_once,
-            runtime.settings.retention_purge_seconds,
-            what="the retention purge",
-            at_start=True,
-        )
-
-    def start(self) -> None:
-        self._rounds.start()
-
-    def stop(self, timeout: float) -> None:
-        self._rounds.stop(timeout)
-
-    def purge_once(self) -> PurgeReport:
-        report = purge_retention(self._runtime.db, self._runtime.settings)
-        if report != PurgeReport():
-            log.info("retention purge: %s", report)
-        return report
-
-
-def runtime_collectors(runtime: Runtime) -> list[Collector]:
-    """What a process's metrics read from its runtime at scrape time: the job queue (one
-    count, cached a few seconds), the embedding model's slots, with replicas the read
-    router's last checks, and with a supervised embedded server its supervisor's status."""
-    db = runtime.db
-
-    def queue_depth() -> tuple[int, int]:
-        with tenancy.as_system(), db.read(primary=True) as session:
-            return store.jobs.queue_depth(session)
-
-    def embedding_slots() -> tuple[int, int]:
-        return runtime.models.current().embedder.slot_use()
-
-    collectors: list[Collector] = [QueueCollector(queue_depth), EmbeddingCollector(embedding_slots)]
-    if db.router is not None:
-        collectors.append(ReplicaCollector(db.router.status))
-    supervisor = runtime.supervisor
-    if supervisor is not None:
-        collectors.append(EmbeddedCollector(lambda: supervisor.status().describe()))
-    return collectors

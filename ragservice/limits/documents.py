@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ragservice.config import Settings, get_settings
-from ragservice.limits import MAX_EXTERNAL_ID_BYTES, MAX_JSON_DEPTH
+from ragservice.limits.shape import MAX_EXTERNAL_ID_BYTES, MAX_JSON_DEPTH
 
 NO_TEXT = "no text could be extracted"
 ID_TOO_LONG = f"the external id is longer than {MAX_EXTERNAL_ID_BYTES} bytes"

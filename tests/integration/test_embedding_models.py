@@ -16,7 +16,6 @@ from typer.testing import CliRunner
 
 from ingest.pipeline import IngestPipeline
 from ragservice import store
-from ragservice.bootstrap import Runtime, open_runtime
 from ragservice.config import Settings, get_settings
 from ragservice.db.models import EmbeddingModel, ModelActivation
 from ragservice.embedding import registry
@@ -24,6 +23,7 @@ from ragservice.embedding.embedder import SentenceTransformerEmbedder, Vectors
 from ragservice.embedding.finetune import BaseModel, TrainingOptions, finetune, resolve_base
 from ragservice.embedding.reembed import count_missing, reembed
 from ragservice.errors import ConflictError, InvalidInputError, NotFoundError
+from ragservice.runtime import Runtime, open_runtime
 from ragservice.types import LoadedDocument
 from tests.tiny_models import TOPIC_WORDS
 
@@ -52,10 +52,10 @@ def runtime(settings: Settings, embedder: SentenceTransformerEmbedder) -> Iterat
 
 def register_tiny(runtime: Runtime, path: Path, name: str = "tiny") -> EmbeddingModel:
     with runtime.db.write() as session:
-        return store.models.register_model_version(
+        return store.embedding_models.register_model_version(
             session,
             name=name,
-            version=store.models.next_model_version(session, name),
+            version=store.embedding_models.next_model_version(session, name),
             dimension=32,
             path=str(path),
             base_model_id=None,
@@ -167,7 +167,7 @@ def test_activate_and_rollback_record_each_switch(runtime: Runtime, tiny_path: P
     back = registry.rollback(runtime.db)
     assert (back.model.id, back.previous_id) == (base, tiny.id)
     with runtime.db.read() as session:
-        active = [m.id for m in store.models.list_models(session) if m.active]
+        active = [m.id for m in store.embedding_models.list_models(session) if m.active]
         history = session.execute(
             select(ModelActivation.model_id, ModelActivation.previous_model_id).order_by(
                 ModelActivation.id
@@ -301,7 +301,7 @@ def test_finetune_registers_a_new_inactive_version_that_loads(
         "tuned-v2",
     ]
     with runtime.db.read() as session:
-        assert store.models.active_model(session).id == runtime.model_id  # type: ignore[union-attr]
+        assert store.embedding_models.active_model(session).id == runtime.model_id  # type: ignore[union-attr]
 
 
 def test_finetune_refuses_no_data_bad_names_and_unknown_bases(runtime: Runtime) -> None:
@@ -405,7 +405,7 @@ def test_the_registry_follows_a_storage_conversion_of_the_serving_model(
 
     models = runtime.models
     with runtime.db.read() as session:
-        row = store.models.get_model(session, models.current().id)
+        row = store.embedding_models.get_model(session, models.current().id)
     assert row is not None and models.current().storage == "float32"
     indexing.convert_storage(runtime.db, row, "halfvec")
     assert models.refresh() is True

@@ -1,19 +1,15 @@
-"""Request checks more than one router makes: the limits from the settings that a field's
-schema cannot state (they are configured, not fixed), each raising the service's error; and
-the rate-limit charge of the requests that cost more than one token."""
+"""The limits a request's content must keep that come from the settings (they are configured,
+not fixed, so a field's schema cannot state them): the question's length and k, batch sizes,
+`/v1/embeddings` inputs, chat histories, form fields' text. Each check raises the service's
+error (422, or 413 for what is too large to take in one request)."""
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
-from fastapi import Request
-
-from ragservice.auth.ratelimit import RateLimiter
 from ragservice.config import Settings
-from ragservice.errors import InvalidInputError, PayloadTooLargeError, RateLimitedError
-from ragservice.limits import text_problem
-from ragservice.metrics import Metrics
+from ragservice.errors import InvalidInputError, PayloadTooLargeError
+from ragservice.limits.text import text_problem
 
 
 def check_form_text(value: str | None, field: str) -> str:
@@ -22,6 +18,24 @@ def check_form_text(value: str | None, field: str) -> str:
     if value is not None and (problem := text_problem(value)):
         raise InvalidInputError(f"{field}: {problem}")
     return value or ""
+
+
+def check_text(text: str, settings: Settings, *, field: str) -> None:
+    """A question within `RAGSERVICE_MAX_QUERY_CHARS` that is more than white space."""
+    if len(text) > settings.max_query_chars:
+        raise InvalidInputError(
+            f"{field}: {len(text)} characters; the limit is {settings.max_query_chars} "
+            "(RAGSERVICE_MAX_QUERY_CHARS)"
+        )
+    if not text.strip():
+        raise InvalidInputError(f"{field}: must contain more than white space")
+
+
+def check_query(text: str, k: int, settings: Settings, *, field: str) -> None:
+    """The limits a request's text and k must keep (RAGSERVICE_MAX_QUERY_CHARS, MAX_K)."""
+    check_text(text, settings, field=field)
+    if k > settings.max_k:
+        raise InvalidInputError(f"k: {k} is above the limit of {settings.max_k}")
 
 
 def check_batch(count: int, settings: Settings, *, field: str) -> None:
@@ -80,42 +94,4 @@ def check_chat(messages: int, chars: int, max_tokens: int | None, settings: Sett
         raise InvalidInputError(
             f"max_tokens: {max_tokens} is above the limit of {settings.max_answer_tokens} "
             "(RAGSERVICE_MAX_ANSWER_TOKENS)"
-        )
-
-
-def charge(request: Request, key_id: uuid.UUID | None, cost: int, *, what: str) -> None:
-    """Take the rest of a request's `cost` from its key's bucket (authentication took one
-    token), or refuse with 429; a key that cannot be limited (no key) is not charged."""
-    limiter: RateLimiter | None = request.app.state.rate_limiter
-    if limiter is None:
-        return
-    whole = min(cost, limiter.burst)  # never more than a full bucket holds
-    spend(
-        request,
-        key_id,
-        whole - 1,
-        lambda limits: (
-            f"{what} costs {whole} rate-limit tokens; this API key is over its rate "
-            f"limit of {limits.per_second:g} tokens per second (bursts of {limits.burst})"
-        ),
-    )
-
-
-def spend(
-    request: Request,
-    key_id: uuid.UUID | None,
-    tokens: int,
-    refusal: Callable[[RateLimiter], str],
-) -> None:
-    """Take `tokens` from the key's bucket, or refuse with 429 saying `refusal(limiter)` and
-    when to retry. Without a limiter or a key (authentication off) nothing is taken."""
-    limiter: RateLimiter | None = request.app.state.rate_limiter
-    if limiter is None or key_id is None or tokens <= 0:
-        return
-    wait = limiter.acquire(key_id, tokens)
-    if wait > 0:
-        metrics: Metrics = request.app.state.metrics
-        metrics.rate_limited.inc()
-        raise RateLimitedError(
-            f"{refusal(limiter)}; retry after the seconds in Retry-After", retry_after=wait
         )

@@ -8,15 +8,15 @@ from fastapi import APIRouter
 
 from ragservice.api.deps import Admin, DatabaseDep, ServiceAdmin, is_service_admin
 from ragservice.api.schemas.common import error_responses
-from ragservice.api.schemas.models import (
+from ragservice.api.schemas.embedding_models import (
     ActivateIn,
     ModelOut,
     ModelsOut,
     RollbackIn,
     SwitchOut,
 )
-from ragservice.services import models
-from ragservice.services.models import Switched
+from ragservice.services import embedding_models as models
+from ragservice.services.embedding_models import Switched
 
 router = APIRouter(prefix="/v1/admin/models", tags=["admin"], responses=error_responses(409))
 

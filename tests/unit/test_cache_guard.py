@@ -1,4 +1,5 @@
-"""The prompt cache's text layer: the normalized key, its hash, and the meaning guard."""
+"""`cache/guard.py`, the prompt cache's text layer: the normalized key, its hash, and the
+meaning guard."""
 
 from __future__ import annotations
 
