@@ -1,4 +1,5 @@
-"""Settings come from RAGSERVICE_* variables; chunking settings are checked against the model."""
+"""Settings come from RAGSERVICE_* variables, grouped by subject; chunking settings are checked
+against the model."""
 
 from __future__ import annotations
 
@@ -8,7 +9,15 @@ import pytest
 from pydantic import ValidationError
 
 from ragservice.bootstrap import chunking_options
-from ragservice.config import DEFAULT_EMBEDDING_MODEL, Settings, get_settings
+from ragservice.config import (
+    DEFAULT_EMBEDDING_MODEL,
+    GROUPS,
+    IngestSettings,
+    SearchSettings,
+    Settings,
+    SettingsGroup,
+    get_settings,
+)
 from ragservice.errors import ConfigurationError
 
 
@@ -112,3 +121,87 @@ def test_an_ef_search_given_for_a_search_wins_over_every_default(
     assert [given.ef_search_for(s) for s in ("float32", "halfvec", "binary")] == [25, 25, 25]
     with pytest.raises(InvalidInputError):
         replace(options, ef_search=0)
+
+
+def test_every_setting_is_in_exactly_one_group() -> None:
+    owners: dict[str, list[str]] = {}
+    for name, group in GROUPS.items():
+        for field in group.model_fields:
+            owners.setdefault(field, []).append(name)
+    assert set(owners) == set(Settings.model_fields)
+    assert {field: names for field, names in owners.items() if len(names) > 1} == {}
+
+
+def test_groups_the_lead_relies_on_hold_their_subjects() -> None:
+    fields = {name: set(group.model_fields) for name, group in GROUPS.items()}
+    named = set(Settings.model_fields)
+    assert {f for f in named if f.startswith(("search_", "bm25_", "hnsw_ef_search"))} | {
+        "binary_rescore_factor"
+    } == fields["search"]
+    assert {f for f in named if f.startswith("inference_")} == fields["inference"]
+    assert {f for f in named if f.startswith("cache_")} == fields["cache"]
+    assert {
+        "context_max_tokens",
+        "context_neighbours",
+        "system_prompt",
+        "answer_html",
+        "answer_link_hosts",
+        "rerank_candidates",
+        "reranker",
+    } <= fields["answering"]
+    assert {f for f in named if f.startswith("max_")} == fields["limits"]
+
+
+def test_each_group_holds_the_values_of_its_settings() -> None:
+    settings = Settings(
+        search_rrf_k=7, bm25_k1=1.5, cache_enabled=False, max_k=50, inference_model="m", workers=0
+    )
+    for name, kind in GROUPS.items():
+        group = getattr(settings, name)
+        assert type(group) is kind
+        assert group.model_dump() == {f: getattr(settings, f) for f in kind.model_fields}
+    assert (settings.search.search_rrf_k, settings.search.bm25_k1) == (7, 1.5)
+    assert (settings.cache.cache_enabled, settings.limits.max_k) == (False, 50)
+
+
+def test_groups_are_built_once_immutable_and_fresh_in_a_copy() -> None:
+    settings = Settings(search_rrf_k=7)
+    assert settings.search is settings.search
+    with pytest.raises(ValidationError, match="frozen"):
+        settings.search.search_rrf_k = 8
+    changed = settings.model_copy(update={"search_rrf_k": 9})
+    assert (changed.search.search_rrf_k, settings.search.search_rrf_k) == (9, 7)
+    settings.search_rrf_k = 10
+    assert settings.search.search_rrf_k == 10
+
+
+def test_the_variable_names_are_unchanged_in_the_environment_and_an_env_file(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("RAGSERVICE_SEARCH_RRF_K", "12")
+    monkeypatch.setenv("RAGSERVICE_BM25_K1", "1.2")
+    assert (Settings().search.search_rrf_k, Settings().search.bm25_k1) == (12, 1.2)
+    monkeypatch.delenv("RAGSERVICE_SEARCH_RRF_K")
+    monkeypatch.delenv("RAGSERVICE_BM25_K1")
+    env_file = tmp_path / ".env"
+    env_file.write_text("RAGSERVICE_SEARCH_RRF_K=13\nRAGSERVICE_CACHE_TTL_SECONDS=60\n")
+    read = Settings(_env_file=env_file)
+    assert (read.search.search_rrf_k, read.cache.cache_ttl_seconds) == (13, 60)
+    # As before, the service reads no .env of its own accord.
+    monkeypatch.chdir(tmp_path)
+    assert Settings().search.search_rrf_k == SearchSettings().search_rrf_k == 30
+
+
+def test_bm25_k1_has_the_api_s_bound() -> None:
+    Settings(bm25_k1=10)
+    with pytest.raises(ValidationError, match="bm25_k1"):
+        Settings(bm25_k1=10.5)
+
+
+def test_a_group_checks_its_own_values() -> None:
+    assert issubclass(SearchSettings, SettingsGroup)
+    with pytest.raises(ValidationError, match="half the chunk size"):
+        IngestSettings(chunk_max_tokens=64, chunk_overlap_tokens=40)
+    assert Settings(replicas="eu=postgresql://r/db").replication.replica_urls() == [
+        ("eu", "postgresql://r/db")
+    ]
