@@ -13,7 +13,13 @@ from prometheus_client.registry import Collector
 
 from ragservice import store
 from ragservice.chunking import ChunkingOptions
-from ragservice.config import DEFAULT_TENANT_ID, Settings
+from ragservice.config import (
+    DEFAULT_TENANT_ID,
+    IngestSettings,
+    RetentionSettings,
+    SecuritySettings,
+    Settings,
+)
 from ragservice.db import Database, open_database, tenancy
 from ragservice.db.supervisor import EmbeddedSupervisor, supervise_embedded
 from ragservice.embedding.embedder import SentenceTransformerEmbedder, make_embedder
@@ -63,7 +69,7 @@ class Runtime:
     def chunking_options(self, model: ServingModel | None = None) -> ChunkingOptions:
         """Chunking for `model` (default: the serving one)."""
         embedder = (model or self.models.current()).embedder
-        return chunking_options(self.settings, embedder.max_tokens)
+        return chunking_options(self.settings.ingest, embedder.max_tokens)
 
     def close(self) -> None:
         if self.supervisor is not None:
@@ -95,7 +101,7 @@ def open_runtime(
     db = open_database(settings)
     supervisor = None
     if supervise:
-        supervisor = supervise_embedded(settings, on_restart=lambda: reset_pools(db))
+        supervisor = supervise_embedded(settings.database, on_restart=lambda: reset_pools(db))
     try:
         initial = _initial_model(db, settings, embedder, warm=warm)
     except BaseException:
@@ -114,7 +120,7 @@ def reset_pools(db: Database) -> None:
         engine.dispose()
 
 
-def require_unprivileged_login(db: Database, settings: Settings) -> None:
+def require_unprivileged_login(db: Database, security: SecuritySettings) -> None:
     """A process that serves tenants refuses a login that could leave row-level security
     (`RESET ROLE` back to a superuser or the tables' owner), unless the operator allows it."""
     if db.privileged_login is None:
@@ -124,7 +130,7 @@ def require_unprivileged_login(db: Database, settings: Settings) -> None:
         "running could leave row-level security (RESET ROLE). Give the service a login of its "
         "own (docs/operators.md#tenant-isolation)"
     )
-    if not settings.allow_no_row_security:
+    if not security.allow_no_row_security:
         raise ConfigurationError(f"{problem}, or set RAGSERVICE_ALLOW_NO_ROW_SECURITY=1")
     log.warning("%s; serving anyway (RAGSERVICE_ALLOW_NO_ROW_SECURITY)", problem)
 
@@ -135,7 +141,7 @@ def _initial_model(
     if embedder is None:
         with db.read() as session:
             active = store.models.active_model(session)
-        if active is not None and loadable(active, settings):
+        if active is not None and loadable(active, settings.embedding):
             if not warm:
                 return serve_embedder(active, load_embedder(settings, active))
             return serve_row(settings, active)
@@ -156,16 +162,16 @@ def _initial_model(
     return serve_embedder(model, embedder)
 
 
-def chunking_options(settings: Settings, model_max_tokens: int) -> ChunkingOptions:
+def chunking_options(ingest: IngestSettings, model_max_tokens: int) -> ChunkingOptions:
     """Chunk size from the settings, never above what the embedding model reads."""
-    size = settings.chunk_max_tokens or model_max_tokens
+    size = ingest.chunk_max_tokens or model_max_tokens
     if size > model_max_tokens:
         raise ConfigurationError(
             f"RAGSERVICE_CHUNK_MAX_TOKENS={size} exceeds the embedding model's maximum "
             f"of {model_max_tokens} tokens"
         )
     try:
-        return ChunkingOptions(max_tokens=size, overlap_tokens=settings.chunk_overlap_tokens)
+        return ChunkingOptions(max_tokens=size, overlap_tokens=ingest.chunk_overlap_tokens)
     except ValueError as exc:
         raise ConfigurationError(f"chunking settings: {exc}") from exc
 
@@ -184,7 +190,7 @@ class PurgeReport:
 
 def purge_retention(
     db: Database,
-    settings: Settings,
+    retention: RetentionSettings,
     *,
     query_log_days: int | None = None,
     job_payload_hours: float | None = None,
@@ -192,8 +198,10 @@ def purge_retention(
     """Delete, across tenants, logged queries (with their feedback) older than the query log
     retention, and the items of jobs that ended longer ago than the job payload retention.
     The arguments override the settings. Queries go in batches, each its own transaction."""
-    days = settings.query_log_retention_days if query_log_days is None else query_log_days
-    hours = settings.job_payload_retention_hours if job_payload_hours is None else job_payload_hours
+    days = retention.query_log_retention_days if query_log_days is None else query_log_days
+    hours = (
+        retention.job_payload_retention_hours if job_payload_hours is None else job_payload_hours
+    )
     queries = feedback = 0
     with tenancy.as_system():
         with db.write() as session:
@@ -217,7 +225,7 @@ class RetentionPurger:
         self._rounds = Periodic(
             "retention-purger",
             self.purge_once,
-            runtime.settings.retention_purge_seconds,
+            runtime.settings.retention.retention_purge_seconds,
             what="the retention purge",
             at_start=True,
         )
@@ -229,7 +237,7 @@ class RetentionPurger:
         self._rounds.stop(timeout)
 
     def purge_once(self) -> PurgeReport:
-        report = purge_retention(self._runtime.db, self._runtime.settings)
+        report = purge_retention(self._runtime.db, self._runtime.settings.retention)
         if report != PurgeReport():
             log.info("retention purge: %s", report)
         return report

@@ -205,7 +205,7 @@ class EmbeddingSettings(SettingsGroup):
 
 
 class IngestSettings(SettingsGroup):
-    """Ingest and parsing: chunking, write batches, the parse sandbox's limits."""
+    """Ingest and parsing: chunking, write batches, the documents accepted, the parse sandbox."""
 
     chunk_max_tokens: int | None = Field(
         default=None,
@@ -245,6 +245,23 @@ class IngestSettings(SettingsGroup):
         description=(
             "address space of the child process that parses files; a file that needs more"
             " is a per-file error"
+        ),
+    )
+
+    max_document_pages: int = Field(
+        default=2000,
+        ge=1,
+        description=(
+            "a PDF with more pages is not ingested (a per-file error in the job; checked "
+            "before its text is read)"
+        ),
+    )
+    max_document_chars: int = Field(
+        default=5_000_000,
+        ge=1,
+        description=(
+            "a document (file, JSONL row or JSON text) whose extracted text is longer is "
+            "not ingested (a per-file error)"
         ),
     )
 

@@ -54,14 +54,16 @@ def type_name(annotation: Any) -> str:
     return str(getattr(annotation, "__name__", annotation))
 
 
-def default_text(value: Any) -> str:
-    """A default as it would be written in the environment."""
+def default_text(value: Any, *, in_bytes: bool = False) -> str:
+    """A default as it would be written in the environment (with MiB beside bytes)."""
     if value is None:
         return "unset"
     if isinstance(value, bool):
         return f"`{str(value).lower()}`"
     if isinstance(value, Enum):
         value = value.value
+    if in_bytes and value >= 2**20:
+        return f"`{value}` ({value // 2**20} MiB)"
     return f"`{value}`" if str(value) != "" else "empty"
 
 
@@ -94,7 +96,8 @@ def group_table(name: str, group: type[SettingsGroup]) -> str:
     for field_name, field in group.model_fields.items():
         rows.append(
             f"| `{PREFIX}{field_name.upper()}` | {cell(type_name(field.annotation))} "
-            f"| {cell(default_text(field.default))} | {bounds_text(field)} "
+            f"| {cell(default_text(field.default, in_bytes=field_name.endswith('_bytes')))} "
+            f"| {bounds_text(field)} "
             f"| {cell(field.description or '')} |"
         )
     return "\n".join(rows)

@@ -38,22 +38,6 @@ class LimitSettings(SettingsGroup):
         ge=1,
         description="files in one upload request",
     )
-    max_document_pages: int = Field(
-        default=2000,
-        ge=1,
-        description=(
-            "a PDF with more pages is not ingested (a per-file error in the job; checked "
-            "before its text is read)"
-        ),
-    )
-    max_document_chars: int = Field(
-        default=5_000_000,
-        ge=1,
-        description=(
-            "a document (file, JSONL row or JSON text) whose extracted text is longer is "
-            "not ingested (a per-file error)"
-        ),
-    )
     max_batch_items: int = Field(
         default=2048,
         ge=1,

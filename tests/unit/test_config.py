@@ -52,7 +52,7 @@ def test_secrets_never_show_in_the_settings_repr() -> None:
     )
     shown = f"{settings!r} {settings} {settings.model_dump()}"
     assert "pw-1" not in shown and "pw-2" not in shown and "sk-3" not in shown
-    assert settings.replica_urls() == [("eu", "postgresql://rag:pw-2@replica/rag")]
+    assert settings.replication.replica_urls() == [("eu", "postgresql://rag:pw-2@replica/rag")]
 
 
 def test_get_settings_is_built_once() -> None:
@@ -71,12 +71,12 @@ def test_bad_values_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_chunk_size_defaults_to_and_never_exceeds_the_model() -> None:
-    assert chunking_options(Settings(), 254).max_tokens == 254
-    assert chunking_options(Settings(chunk_max_tokens=128), 254).max_tokens == 128
+    assert chunking_options(Settings().ingest, 254).max_tokens == 254
+    assert chunking_options(Settings(chunk_max_tokens=128).ingest, 254).max_tokens == 128
     with pytest.raises(ConfigurationError, match="exceeds"):
-        chunking_options(Settings(chunk_max_tokens=512), 254)
+        chunking_options(Settings(chunk_max_tokens=512).ingest, 254)
     with pytest.raises(ConfigurationError, match="overlap"):
-        chunking_options(Settings(chunk_overlap_tokens=200), 254)
+        chunking_options(Settings(chunk_overlap_tokens=200).ingest, 254)
 
 
 def _ef_settings(monkeypatch: pytest.MonkeyPatch, **env: str) -> Settings:
@@ -103,7 +103,7 @@ def test_one_ef_search_still_sets_every_storage_and_a_storage_setting_wins(
     from ragservice.retrieval.options import SearchOptions
 
     settings = _ef_settings(monkeypatch, HNSW_EF_SEARCH="300", HNSW_EF_SEARCH_HALFVEC="60")
-    assert settings.ef_search_by_storage() == {"float32": 300, "halfvec": 60, "binary": 300}
+    assert settings.search.ef_search_by_storage() == {"float32": 300, "halfvec": 60, "binary": 300}
     options = SearchOptions.from_settings(settings)
     assert (options.ef_search_for("float32"), options.ef_search_for("halfvec")) == (300, 60)
 
@@ -149,7 +149,9 @@ def test_groups_the_lead_relies_on_hold_their_subjects() -> None:
         "rerank_candidates",
         "reranker",
     } <= fields["answering"]
-    assert {f for f in named if f.startswith("max_")} == fields["limits"]
+    document = {"max_document_pages", "max_document_chars"}  # ingest's per-file limits
+    assert {f for f in named if f.startswith("max_")} - document == fields["limits"]
+    assert document <= fields["ingest"]
 
 
 def test_each_group_holds_the_values_of_its_settings() -> None:

@@ -24,7 +24,7 @@ from ragservice.api.schemas.documents import (
 )
 from ragservice.api.schemas.jobs import JobOut, job_out
 from ragservice.bootstrap import Runtime
-from ragservice.config import Settings
+from ragservice.config import LimitSettings
 from ragservice.embedding.registry import get_model_by_name
 from ragservice.errors import (
     BadRequestError,
@@ -59,7 +59,7 @@ def add_documents(
     response: Response,
 ) -> JobOut:
     """Queue JSON texts for ingestion; poll the returned job at `GET /v1/jobs/{id}`."""
-    check_batch(len(body.documents), runtime.settings, field="documents")
+    check_batch(len(body.documents), runtime.settings.limits, field="documents")
     items = [
         store.jobs.JobItem(
             kind="text",
@@ -101,15 +101,15 @@ async def upload_files(
     ] = None,
 ) -> JobOut:
     """Queue uploaded files for ingestion; one job covers the whole upload."""
-    settings = runtime.settings
+    limits = runtime.settings.limits
     for field, value in (("jsonl_fields", jsonl_fields), ("parquet_columns", parquet_columns)):
         check_form_text(value, field)
     params = _format_params(jsonl_fields, parquet_columns)
     if model and check_form_text(model, "model").strip():
         params["model"] = _model_ref(runtime, model.strip())
-    if len(files) > settings.max_files_per_upload:
+    if len(files) > limits.max_files_per_upload:
         raise PayloadTooLargeError(
-            f"{len(files)} files in one upload; the limit is {settings.max_files_per_upload} "
+            f"{len(files)} files in one upload; the limit is {limits.max_files_per_upload} "
             "(RAGSERVICE_MAX_FILES_PER_UPLOAD)"
         )
     extra = _metadata_field(metadata)
@@ -120,7 +120,7 @@ async def upload_files(
             kind="file",
             name=name,
             title=None,
-            body=await _read_limited(upload, name, settings),
+            body=await _read_limited(upload, name, limits),
             metadata=extra,
         )
         for name, upload in zip(names, files, strict=True)
@@ -273,10 +273,10 @@ def _file_name(raw: str | None) -> str:
     return name
 
 
-async def _read_limited(upload: UploadFile, name: str, settings: Settings) -> bytes:
-    data = await upload.read(settings.max_file_bytes + 1)
-    if len(data) > settings.max_file_bytes:
+async def _read_limited(upload: UploadFile, name: str, limits: LimitSettings) -> bytes:
+    data = await upload.read(limits.max_file_bytes + 1)
+    if len(data) > limits.max_file_bytes:
         raise PayloadTooLargeError(
-            f"{name!r} exceeds {settings.max_file_bytes} bytes (RAGSERVICE_MAX_FILE_BYTES)"
+            f"{name!r} exceeds {limits.max_file_bytes} bytes (RAGSERVICE_MAX_FILE_BYTES)"
         )
     return data
