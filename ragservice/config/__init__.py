@@ -12,7 +12,7 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Mapping
 from functools import lru_cache
-from typing import Any, Self, TypeVar
+from typing import Any, Self, TypeVar, cast
 
 from pydantic import PrivateAttr
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -97,22 +97,24 @@ GROUPS: dict[str, type[SettingsGroup]] = {
 G = TypeVar("G", bound=SettingsGroup)
 
 
+# The groups last to first: pydantic takes the fields of the last base first, so the fields
+# (a repr, a dump) come in GROUPS' order.
 class Settings(
-    DatabaseSettings,
-    ReplicationSettings,
-    EmbeddingSettings,
-    IngestSettings,
-    IndexSettings,
-    SearchSettings,
-    AnsweringSettings,
-    InferenceSettings,
-    CacheSettings,
-    LimitSettings,
-    SecuritySettings,
-    JobSettings,
-    RetentionSettings,
-    ObservabilitySettings,
     ServerSettings,
+    ObservabilitySettings,
+    RetentionSettings,
+    JobSettings,
+    SecuritySettings,
+    LimitSettings,
+    CacheSettings,
+    InferenceSettings,
+    AnsweringSettings,
+    SearchSettings,
+    IndexSettings,
+    IngestSettings,
+    EmbeddingSettings,
+    ReplicationSettings,
+    DatabaseSettings,
     BaseSettings,
 ):
     """Every setting of the service: the fields of all its groups (docs/settings.md)."""
@@ -125,12 +127,15 @@ class Settings(
 
     def group(self, kind: type[G]) -> G:
         """This object's values of one group's fields, as that group."""
-        found = self._groups.get(kind)
+        # The private dict itself: `self._groups` goes through pydantic's slow __getattr__.
+        private = self.__pydantic_private__
+        assert private is not None
+        cache: dict[type[SettingsGroup], SettingsGroup] = private["_groups"]
+        found = cache.get(kind)
         if found is None:
             values = {name: getattr(self, name) for name in kind.model_fields}
-            found = self._groups[kind] = kind.model_construct(**values)
-        assert isinstance(found, kind)
-        return found
+            found = cache[kind] = kind.model_construct(**values)
+        return cast(G, found)
 
     @property
     def database(self) -> DatabaseSettings:
@@ -196,6 +201,12 @@ class Settings(
         super().__setattr__(name, value)
         if name in type(self).model_fields:
             self._groups = {}
+
+    def __eq__(self, other: object) -> bool:
+        # The fields alone: pydantic would compare the cached groups too.
+        if not isinstance(other, Settings):
+            return NotImplemented
+        return type(self) is type(other) and self.__dict__ == other.__dict__
 
     def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
         copied = super().model_copy(update=update, deep=deep)

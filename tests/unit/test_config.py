@@ -130,6 +130,8 @@ def test_every_setting_is_in_exactly_one_group() -> None:
             owners.setdefault(field, []).append(name)
     assert set(owners) == set(Settings.model_fields)
     assert {field: names for field, names in owners.items() if len(names) > 1} == {}
+    in_order = [field for group in GROUPS.values() for field in group.model_fields]
+    assert list(Settings.model_fields) == in_order
 
 
 def test_groups_the_lead_relies_on_hold_their_subjects() -> None:
@@ -175,6 +177,7 @@ def test_groups_are_built_once_immutable_and_fresh_in_a_copy() -> None:
     assert (changed.search.search_rrf_k, settings.search.search_rrf_k) == (9, 7)
     settings.search_rrf_k = 10
     assert settings.search.search_rrf_k == 10
+    assert settings == Settings(search_rrf_k=10) != changed  # the cache is not a value
 
 
 def test_the_variable_names_are_unchanged_in_the_environment_and_an_env_file(
