@@ -1,4 +1,4 @@
-"""The FastAPI application. Routes stay thin: parse, call the store or the searcher, shape."""
+"""The FastAPI application. Routes stay thin: they translate HTTP and call the service layer."""
 
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import SecretStr
 
 from ragservice import console
-from ragservice.answering.answer import AnswerPipeline
 from ragservice.answering.inference import InferenceClient
 from ragservice.api.authn import AuthMiddleware, failure_limiter
 from ragservice.api.deps import storable_parameters
@@ -42,16 +41,15 @@ from ragservice.bootstrap import (
     require_unprivileged_login,
     runtime_collectors,
 )
-from ragservice.cache.prompt_cache import CachePurger, PromptCache
+from ragservice.cache.prompt_cache import CachePurger
 from ragservice.config import Settings, get_settings, is_loopback
 from ragservice.db import tenancy
 from ragservice.embedding.embedder import SentenceTransformerEmbedder
 from ragservice.errors import AuthenticationError, ConfigurationError
 from ragservice.metrics import JobMetrics, Metrics
 from ragservice.observability import tracing
-from ragservice.retrieval.rerank import make_reranker
-from ragservice.retrieval.reranker_registry import registered_folder
-from ragservice.retrieval.search import Searcher
+from ragservice.services.answers import AnswerService, open_pipeline
+from ragservice.services.search import SearchService, open_searcher
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
@@ -115,8 +113,8 @@ def create_app(
             require_unprivileged_login(runtime.db, resolved)
             app.state.runtime = runtime
             runtime.models.start()  # follows `ragservice models activate` without a restart
-            app.state.searcher = make_searcher(runtime)
-            stack.callback(app.state.searcher.close)
+            searcher = stack.enter_context(open_searcher(runtime.db, runtime.models))
+            app.state.search = SearchService(runtime.db, runtime.models, resolved, searcher)
             inference = InferenceClient.from_settings(
                 resolved,
                 owner=tenancy.current_tenant_id,
@@ -124,8 +122,16 @@ def create_app(
             )
             if inference is not None:
                 stack.push_async_callback(inference.aclose)
-            app.state.pipeline = make_pipeline(runtime, app.state.searcher, inference, metrics)
-            stack.callback(app.state.pipeline.close)
+            pipeline = open_pipeline(
+                runtime.db,
+                runtime.models,
+                resolved,
+                searcher=searcher,
+                inference=inference,
+                metrics=metrics,
+            )
+            stack.callback(pipeline.close)
+            app.state.answers = AnswerService(runtime.db, resolved, pipeline)
             stack.callback(metrics.watch(runtime_collectors(runtime)))
             app.state.services = _start_services(stack, runtime, services, metrics.jobs, stopping)
             if resolved.metrics_port is not None:
@@ -206,37 +212,6 @@ def _stop_quietly(service: BackgroundService, stopping: Stopping) -> None:
         service.stop(stopping.remaining(JOBS_SHARE))
     except Exception:  # one service failing to stop must not keep the others running
         log.exception("stopping %r failed", service)
-
-
-def make_pipeline(
-    runtime: Runtime, searcher: Searcher, inference: InferenceClient | None, metrics: Metrics
-) -> AnswerPipeline:
-    """The query path, with the reranker (loaded here) and the inference client if configured."""
-    reranker = make_reranker(
-        runtime.settings, resolve=lambda ref: registered_folder(runtime.db, ref)
-    )
-    if reranker is not None:
-        reranker.warm_up()
-    cache = None
-    if runtime.settings.cache_enabled:
-        cache = PromptCache(runtime.db, settings=runtime.settings, metrics=metrics)
-    return AnswerPipeline(
-        db=runtime.db,
-        searcher=searcher,
-        models=runtime.models.current,
-        settings=runtime.settings,
-        reranker=reranker,
-        inference=inference,
-        metrics=metrics,
-        cache=cache,
-    )
-
-
-def make_searcher(runtime: Runtime) -> Searcher:
-    """A searcher on the serving model, resolved as each search starts; exact full text where
-    the database allows and the settings ask for it."""
-    exact = None if runtime.settings.bm25_exact else False
-    return Searcher(runtime.db, models=runtime.models.current, exact_bm25=exact)
 
 
 def check_auth_binding(settings: Settings, host: str) -> None:

@@ -24,24 +24,6 @@ def check_form_text(value: str | None, field: str) -> str:
     return value or ""
 
 
-def check_query(text: str, k: int, limits: LimitSettings, *, field: str) -> None:
-    """The limits a request's text and k must keep (RAGSERVICE_MAX_QUERY_CHARS, MAX_K)."""
-    check_text(text, limits, field=field)
-    if k > limits.max_k:
-        raise InvalidInputError(f"k: {k} is above the limit of {limits.max_k}")
-
-
-def check_text(text: str, limits: LimitSettings, *, field: str) -> None:
-    """A question within `RAGSERVICE_MAX_QUERY_CHARS` that is more than white space."""
-    if len(text) > limits.max_query_chars:
-        raise InvalidInputError(
-            f"{field}: {len(text)} characters; the limit is {limits.max_query_chars} "
-            "(RAGSERVICE_MAX_QUERY_CHARS)"
-        )
-    if not text.strip():
-        raise InvalidInputError(f"{field}: must contain more than white space")
-
-
 def check_batch(count: int, limits: LimitSettings, *, field: str) -> None:
     """413 for a list of texts longer than `RAGSERVICE_MAX_BATCH_ITEMS`."""
     if count > limits.max_batch_items:

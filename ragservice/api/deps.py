@@ -1,25 +1,30 @@
-"""Dependencies the routes declare: the runtime, the caller's identity, role and rate limit."""
+"""Dependencies the routes declare: narrow parts of the runtime (the database, the settings,
+the model registry, the supervisor, the search and answer services), the caller's identity,
+role and rate limit."""
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import Depends, Request
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
-from sqlalchemy.orm import Session
 
-from ragservice import store
 from ragservice.answering.answer import AnswerPipeline
 from ragservice.api.authn import Principal as Principal  # routers name the caller's type here
 from ragservice.api.checks import spend
 from ragservice.auth.keys import Role
 from ragservice.bootstrap import Runtime
+from ragservice.config import DEFAULT_TENANT_ID, Settings
+from ragservice.db import Database
 from ragservice.db.scope import current_scope
+from ragservice.db.supervisor import EmbeddedSupervisor
+from ragservice.embedding.registry import ModelRegistry
 from ragservice.errors import AuthenticationError, InvalidInputError, PermissionDeniedError
 from ragservice.limits import text_problem
-from ragservice.retrieval.search import Searcher
+from ragservice.services.answers import AnswerService
+from ragservice.services.search import SearchService
 
 _bearer = HTTPBearer(auto_error=False, description="`Authorization: Bearer <API key>`")
 _api_key_header = APIKeyHeader(name="X-API-Key", auto_error=False)
@@ -30,18 +35,44 @@ def get_runtime(request: Request) -> Runtime:
     return runtime
 
 
-def get_searcher(request: Request) -> Searcher:
-    searcher: Searcher = request.app.state.searcher
-    return searcher
+def get_search(request: Request) -> SearchService:
+    search: SearchService = request.app.state.search
+    return search
+
+
+def get_answers(request: Request) -> AnswerService:
+    answers: AnswerService = request.app.state.answers
+    return answers
 
 
 def get_pipeline(request: Request) -> AnswerPipeline:
-    pipeline: AnswerPipeline = request.app.state.pipeline
-    return pipeline
+    return get_answers(request).pipeline
 
 
-RuntimeDep = Annotated[Runtime, Depends(get_runtime)]
-SearcherDep = Annotated[Searcher, Depends(get_searcher)]
+def get_database(request: Request) -> Database:
+    return get_runtime(request).db
+
+
+def get_settings(request: Request) -> Settings:
+    """The settings the app was built with (not the environment's at this moment)."""
+    return get_runtime(request).settings
+
+
+def get_models(request: Request) -> ModelRegistry:
+    return get_runtime(request).models
+
+
+def get_supervisor(request: Request) -> EmbeddedSupervisor | None:
+    """The supervisor of the embedded PostgreSQL, when this server watches one."""
+    return get_runtime(request).supervisor
+
+
+SearchDep = Annotated[SearchService, Depends(get_search)]
+AnswersDep = Annotated[AnswerService, Depends(get_answers)]
+DatabaseDep = Annotated[Database, Depends(get_database)]
+SettingsDep = Annotated[Settings, Depends(get_settings)]
+ModelsDep = Annotated[ModelRegistry, Depends(get_models)]
+SupervisorDep = Annotated[EmbeddedSupervisor | None, Depends(get_supervisor)]
 PipelineDep = Annotated[AnswerPipeline, Depends(get_pipeline)]
 
 
@@ -113,10 +144,15 @@ Writer = Annotated[Principal, Depends(require(Role.WRITER))]
 Admin = Annotated[Principal, Depends(require(Role.ADMIN))]
 
 
-def require_service_admin(request: Request, principal: Admin) -> Principal:
+def is_service_admin(principal: Principal) -> bool:
+    """Whether the caller is an admin of the default tenant, the service operator's."""
+    return principal.is_service_admin(uuid.UUID(DEFAULT_TENANT_ID))
+
+
+def require_service_admin(principal: Admin) -> Principal:
     """An admin of the default tenant: what every tenant shares (the embedding model) is the
     service operator's to change, not any one tenant's."""
-    if not principal.is_service_admin(get_runtime(request).default_tenant_id):
+    if not is_service_admin(principal):
         raise PermissionDeniedError(
             "the embedding model is shared by every tenant: only an admin key of the default "
             "tenant (the service operator's) may switch it; this key is an admin of its own "
@@ -134,37 +170,3 @@ def wake_workers(request: Request) -> None:
         wake = getattr(service, "wake", None)
         if wake is not None:
             wake()
-
-
-def collection_id(runtime: Runtime, tenant_id: uuid.UUID, name: str) -> uuid.UUID:
-    """The id of the tenant's collection `name`; 404 for a name the tenant does not have."""
-    with runtime.db.read() as session:
-        return store.collections.require_collection_id(session, tenant_id, name)
-
-
-def collection_ids(
-    runtime: Runtime, tenant_id: uuid.UUID, names: list[str] | None
-) -> list[uuid.UUID]:
-    """Ids of the tenant's collections by name (all of them for None); 404 for a missing one."""
-    with runtime.db.read() as session:
-        return store.collections.require_collection_ids(session, tenant_id, names)
-
-
-def audit(
-    session: Session,
-    principal: Principal,
-    action: str,
-    target: str,
-    details: dict[str, Any] | None = None,
-) -> None:
-    """Record an admin action of the caller in its tenant's audit log, in `session`'s
-    transaction: the action and its entry commit together or not at all."""
-    store.audit.record(
-        session,
-        tenant_id=principal.tenant_id,
-        key_id=principal.key_id,
-        actor=principal.actor,
-        action=action,
-        target=target,
-        details=details,
-    )

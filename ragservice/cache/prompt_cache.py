@@ -2,12 +2,13 @@
 
 A lookup tries the normalized prompt's hash first (exact), then the nearest cached prompts of
 the same scope above a similarity threshold, each checked by the meaning guard
-(`cache_text.meaning_differs`: negation, numbers, entities, direction). The scope fingerprint
-covers everything that shapes an answer: tenant, collections, filters, embedding model,
-retrieval and generation settings. Entries expire a fixed time after creation (hits do not
-extend them) and are deleted with any change to a document they were built from, and with any
-document added to their collections (triggers in migration 0004), so a cached answer is never
-older than its sources.
+(`guard.meaning_differs`: negation, numbers, entities, direction). The scope fingerprint
+covers everything that shapes an answer: tenant, collections, the search's resolved options
+(filters, embedding model and its storage included), reranking, context and generation. What
+crosses to and from the answering side is a typed `CachedAnswer`. Entries expire a fixed
+time after creation (hits do not extend them) and are deleted with any change to a document
+they were built from, and with any document added to their collections (triggers in
+migration 0004), so a cached answer is never older than its sources.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ import numpy.typing as npt
 from sqlalchemy.orm import Session
 
 from ragservice import store
+from ragservice.answering.context import Source, source_from_json, source_to_json
+from ragservice.answering.question import ANSWER_STATUSES, AnswerStatus
 from ragservice.cache.guard import meaning_differs, normalize_prompt, prompt_hash
 from ragservice.config import Settings
 from ragservice.db import Database, tenancy
@@ -37,6 +40,42 @@ log = logging.getLogger(__name__)
 
 Vector = npt.NDArray[np.float32]
 CacheKind = Literal["exact", "semantic"]
+
+
+@dataclass(frozen=True)
+class CachedAnswer:
+    """An answer as the cache keeps it: its text, the model and status it was generated
+    with, the numbers of the sources it cites, the sources, and the question it answered."""
+
+    answer: str
+    model: str
+    status: AnswerStatus
+    cited: tuple[int, ...]
+    sources: tuple[Source, ...]
+    question: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "answer": self.answer,
+            "model": self.model,
+            "status": self.status,
+            "cited": list(self.cited),
+            "sources": [source_to_json(source) for source in self.sources],
+            "question": self.question,
+        }
+
+    @classmethod
+    def from_json(cls, stored: Mapping[str, Any]) -> CachedAnswer:
+        """An entry's stored response; entries from before a field existed read its default."""
+        status = stored.get("status", "ok")
+        return cls(
+            answer=str(stored.get("answer", "")),
+            model=str(stored.get("model", "")),
+            status=status if status in ANSWER_STATUSES else "ok",
+            cited=tuple(int(number) for number in stored.get("cited", ())),
+            sources=tuple(source_from_json(item) for item in stored.get("sources", ())),
+            question=str(stored.get("question", "")),
+        )
 
 
 @dataclass(frozen=True)
@@ -61,14 +100,11 @@ class CacheInfo:
 
 @dataclass(frozen=True)
 class Lookup:
-    """A lookup's outcome: the entry's stored response on a hit, and the query vector if the
-    lookup computed it (retrieval reuses it instead of embedding the question again)."""
+    """A lookup's outcome: the cached answer on a hit."""
 
     info: CacheInfo | None  # None: the cache was not consulted
-    response: dict[str, Any] | None = None
-    vector: Vector | None = None
-    elapsed_ms: float = 0.0  # the lookup, the query embedding left out
-    embed_ms: float = 0.0  # the query embedding, when the lookup needed it
+    answer: CachedAnswer | None = None
+    elapsed_ms: float = 0.0  # the lookup, the query's embedding left out (`embed` times it)
 
 
 def scope_fingerprint(parts: Mapping[str, Any]) -> str:
@@ -107,7 +143,8 @@ class PromptCache:
         dimension: int,
     ) -> Lookup:
         """Exact match, else the nearest prompts in scope, embedded by the model `model_id`,
-        that pass the meaning guard."""
+        that pass the meaning guard. `embed` gives the prompt's vector (called only past an
+        exact match, and then once)."""
         started = time.perf_counter()
         embed_seconds = 0.0
 
@@ -122,7 +159,7 @@ class PromptCache:
         seconds = time.perf_counter() - started - embed_seconds
         if self._metrics is not None:
             self._metrics.cache_lookup_seconds.observe(seconds)
-        return replace(found, elapsed_ms=seconds * 1000, embed_ms=embed_seconds * 1000)
+        return replace(found, elapsed_ms=seconds * 1000)
 
     def put(
         self,
@@ -134,12 +171,13 @@ class PromptCache:
         prompt: str,
         vector: Vector,
         model_id: int,
-        response: dict[str, Any],
+        answer: CachedAnswer,
         sources: dict[uuid.UUID, int],
         replace: bool = False,
     ) -> uuid.UUID | None:
         """Keep an answer, in `session` (a transaction on the primary); None when an identical
-        entry exists or a source changed meanwhile. `vector` is the prompt's by `model_id`."""
+        entry exists or a source changed meanwhile. `vector` is the prompt's by `model_id`;
+        `sources` the version of each document the answer was built from."""
         normalized = normalize_prompt(prompt)
         ttl = store.prompt_cache.cache_ttl(
             session, collection_ids, self._settings.cache_ttl_seconds
@@ -152,8 +190,8 @@ class PromptCache:
             prompt_hash=prompt_hash(normalized),
             prompt=normalized,
             embedding=vector,
-            answer=str(response.get("answer", "")),
-            response={**response, "question": prompt},
+            answer=answer.answer,
+            response={**answer.to_json(), "question": prompt},
             ttl_seconds=ttl,
             sources=sources,
         )
@@ -172,7 +210,7 @@ class PromptCache:
             # an exact match passes the guard.
             refused = meaning_differs(prompt, str(exact.response.get("question", "")))
             if refused is None:
-                return self._hit(exact, "exact", None)
+                return self._hit(exact, "exact")
             self._count_refusal(refused)
         vector = embed()
         with self._db.read() as session:
@@ -189,19 +227,17 @@ class PromptCache:
                 continue  # the exact match the guard already turned away
             reason = meaning_differs(prompt, str(candidate.response.get("question", "")))
             if reason is None:
-                return self._hit(candidate, "semantic", vector)
+                return self._hit(candidate, "semantic")
             refused = refused or reason
             self._count_refusal(reason)
         self._count("miss")
-        return Lookup(info=CacheInfo(hit=False, refused=refused), vector=vector)
+        return Lookup(info=CacheInfo(hit=False, refused=refused))
 
-    def _hit(
-        self, entry: store.prompt_cache.CachedEntry, kind: CacheKind, vector: Vector | None
-    ) -> Lookup:
+    def _hit(self, entry: store.prompt_cache.CachedEntry, kind: CacheKind) -> Lookup:
         self._counter.submit(self._record_hit, entry.id, tenancy.current())
         self._count(f"{kind}_hit")
         info = CacheInfo(hit=True, kind=kind, similarity=entry.similarity, entry_id=entry.id)
-        return Lookup(info=info, response=entry.response, vector=vector)
+        return Lookup(info=info, answer=CachedAnswer.from_json(entry.response))
 
     def _record_hit(self, entry_id: uuid.UUID, whose: tenancy.Tenancy) -> None:
         try:

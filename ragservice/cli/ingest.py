@@ -430,33 +430,17 @@ def _with_job_record(
     run: Runner,
 ) -> IngestReport:
     """Run with a progress bar, recording the run in ingest_jobs (not for dry runs)."""
-    report, job_id = outcome.report, None
-    if not report.dry_run:
-        with runtime.db.write() as session:
-            collection_id = store.collections.ensure_collection(session, tenant_id, collection)
-            job_id = outcome.job_id = store.jobs.start_job(
-                session,
-                tenant_id=tenant_id,
-                collection_id=collection_id,
-                kind="cli",
-                params=params,
-                worker=f"{socket.gethostname()}:{os.getpid()}",
-            )
-    status = "failed"
-    try:
+    from ragservice.services.ingest import recorded_run
+
+    report = outcome.report
+    if report.dry_run:
         _with_progress(run, report)
-        status = "done" if report.ok else "failed"
         return report
-    finally:
-        if job_id is not None:
-            with runtime.db.write() as session:
-                store.jobs.finish_job(
-                    session,
-                    job_id,
-                    status=status,
-                    counts=report.counts(),
-                    errors=[{"source": f.source, "error": f.reason} for f in report.failed],
-                )
+    worker = f"{socket.gethostname()}:{os.getpid()}"
+    with recorded_run(runtime.db, tenant_id, collection, params, report, worker=worker) as job_id:
+        outcome.job_id = job_id
+        _with_progress(run, report)
+    return report
 
 
 def _with_progress(run: Runner, report: IngestReport) -> IngestReport:

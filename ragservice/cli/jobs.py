@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import uuid
 from enum import StrEnum
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -20,6 +20,9 @@ from ragservice.cli.common import (
     tenant_id,
 )
 from ragservice.client import JobStatus
+
+if TYPE_CHECKING:
+    from ragservice.db import Database
 
 app = typer.Typer(
     help="Ingest jobs: uploads queued for workers, and runs of `ragservice ingest`.",
@@ -129,42 +132,35 @@ def jobs_retry(
 def _local_jobs(
     tenant: str | None, collection: str | None, status: str | None, limit: int
 ) -> list[dict[str, Any]]:
-    from ragservice import store
+    from ragservice.services import jobs
 
-    with database() as db, db.read() as session:
-        tid = None if tenant is None else tenant_id(session, tenant)
-        jobs = store.jobs.list_jobs(session, tid, collection=collection, status=status, limit=limit)
-        places = store.jobs.job_places(session, [job.id for job in jobs])
-    return [_job_json(job, places[job.id]) for job in jobs]
+    with database() as db:
+        found = jobs.list_placed_jobs(
+            db, _tenant_id(db, tenant), collection=collection, status=status, limit=limit
+        )
+    return [job.to_json() for job in found]
 
 
 def _local_job(job_id: uuid.UUID, tenant: str | None) -> dict[str, Any]:
-    from ragservice import store
-    from ragservice.errors import NotFoundError
+    from ragservice.services import jobs
 
-    with database() as db, db.read() as session:
-        tid = None if tenant is None else tenant_id(session, tenant)
-        job = store.jobs.get_job(session, tid, job_id)
-        if job is None:
-            raise NotFoundError(f"job {job_id} not found")
-        return _job_json(job, store.jobs.job_places(session, [job_id])[job_id])
+    with database() as db:
+        return jobs.get_placed_job(db, _tenant_id(db, tenant), job_id).to_json()
 
 
 def _retry_locally(job_id: uuid.UUID, tenant: str | None) -> dict[str, Any]:
-    from ragservice import store
+    from ragservice.services import jobs
 
-    with database() as db, db.write() as session:
-        tid = None if tenant is None else tenant_id(session, tenant)
-        job = store.jobs.retry_job(session, tid, job_id)
-        return _job_json(job, store.jobs.job_places(session, [job_id])[job_id])
+    with database() as db:
+        return jobs.retry_placed_job(db, _tenant_id(db, tenant), job_id).to_json()
 
 
-def _job_json(job: Any, place: tuple[str, str | None]) -> dict[str, Any]:
-    """The API's job document, with the names of its tenant and collection."""
-    from ragservice.api.schemas.jobs import job_out
-
-    tenant, collection = place
-    return {**job_out(job).model_dump(mode="json"), "tenant": tenant, "collection": collection}
+def _tenant_id(db: Database, tenant: str | None) -> uuid.UUID | None:
+    """The tenant named `tenant`, or None (every tenant's jobs) when none is named."""
+    if tenant is None:
+        return None
+    with db.read() as session:
+        return tenant_id(session, tenant)
 
 
 # -- output ----------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import sys
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Annotated, Any, cast
@@ -29,6 +30,7 @@ from ragservice.retrieval.search import Mode
 
 if TYPE_CHECKING:
     from ragservice.bootstrap import Runtime
+    from ragservice.services.answers import AskQuery
 
 CollectionsOption = Annotated[
     list[str] | None,
@@ -135,26 +137,16 @@ def _local_runtime(tenant: str) -> Iterator[tuple[Runtime, Any]]:
 def _search_locally(
     query: str, collections: list[str] | None, mode: Mode, k: int, tenant: str
 ) -> dict[str, Any]:
-    from ragservice import store
-    from ragservice.api.app import make_searcher
-    from ragservice.api.checks import check_query
-    from ragservice.api.schemas.search import SearchResponse, embedding_model_out, hit_out
-    from ragservice.retrieval.search import SearchOptions
+    from ragservice.services.search import SearchQuery, SearchService, open_searcher
+    from ragservice.services.views import found_out
 
-    with _local_runtime(tenant) as (runtime, tenant_id), make_searcher(runtime) as searcher:
-        check_query(query, k, runtime.settings, field="query")
-        with runtime.db.read() as session:
-            ids = store.collections.require_collection_ids(session, tenant_id, collections)
-        model = runtime.models.current()
-        options = SearchOptions.from_settings(runtime.settings, mode=mode, k=k)
-        result = searcher.search(collection_ids=ids, query=query, options=options, model=model)
-    response = SearchResponse(
-        mode=mode,
-        results=[hit_out(hit) for hit in result.hits],
-        timings_ms=result.timings_ms,
-        embedding_model=embedding_model_out(model),
-    )
-    return response.model_dump(mode="json")
+    asked = SearchQuery(text=query, collections=collections, mode=mode, k=k)
+    with _local_runtime(tenant) as (runtime, tenant_id):
+        searcher = open_searcher(runtime.db, runtime.models)
+        with searcher:
+            service = SearchService(runtime.db, runtime.models, runtime.settings, searcher)
+            found = service.search(tenant_id, asked)
+    return found_out(found).model_dump(mode="json")
 
 
 def _ask_locally(
@@ -167,41 +159,43 @@ def _ask_locally(
 ) -> None:
     import asyncio
 
-    from ragservice import store
-    from ragservice.answering.answer import Question
-    from ragservice.api.checks import check_query
-    from ragservice.retrieval.search import SearchOptions
+    from ragservice.services.answers import AskQuery
+    from ragservice.services.search import SearchQuery
 
+    asked = AskQuery(search=SearchQuery(text=question, collections=collections, mode=mode, k=k))
     with _local_runtime(tenant) as (runtime, tenant_id):
-        check_query(question, k, runtime.settings, field="question")
-        with runtime.db.read() as session:
-            ids = store.collections.require_collection_ids(session, tenant_id, collections)
-        asked = Question(
-            text=question,
-            tenant_id=tenant_id,
-            collection_ids=ids,
-            options=SearchOptions.from_settings(runtime.settings, mode=mode, k=k),
-        )
         # The task inherits this thread's tenancy, and the pipeline's threads the task's.
-        asyncio.run(_stream_answer(runtime, asked, show))
+        asyncio.run(_stream_answer(runtime, tenant_id, asked, show))
 
 
-async def _stream_answer(runtime: Runtime, question: Any, show: Callable[[AskEvent], None]) -> None:
-    """The answering pipeline the server runs, its pieces and answer shown as the API's
+async def _stream_answer(
+    runtime: Runtime, tenant_id: uuid.UUID, asked: AskQuery, show: Callable[[AskEvent], None]
+) -> None:
+    """The answering service the server runs, its pieces and answer shown as the API's
     events."""
     from ragservice.answering.answer import Answer
     from ragservice.answering.inference import InferenceClient
-    from ragservice.api.app import make_pipeline, make_searcher
-    from ragservice.api.schemas.answers import answer_out
     from ragservice.db import tenancy
     from ragservice.metrics import Metrics
+    from ragservice.services.answers import AnswerService, open_pipeline
+    from ragservice.services.search import open_searcher
+    from ragservice.services.views import answer_out
 
     inference = InferenceClient.from_settings(runtime.settings, owner=tenancy.current_tenant_id)
     try:
-        with make_searcher(runtime) as searcher:
-            pipeline = make_pipeline(runtime, searcher, inference, Metrics())
+        with open_searcher(runtime.db, runtime.models) as searcher:
+            pipeline = open_pipeline(
+                runtime.db,
+                runtime.models,
+                runtime.settings,
+                searcher=searcher,
+                inference=inference,
+                metrics=Metrics(),
+            )
             try:
-                async for item in pipeline.stream(question):
+                answers = AnswerService(runtime.db, runtime.settings, pipeline)
+                answers.check(asked, field="question")
+                async for item in await answers.stream(tenant_id, asked):
                     if not isinstance(item, Answer):
                         show(Token(item))
                         continue

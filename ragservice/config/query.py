@@ -68,6 +68,7 @@ class SearchSettings(SettingsGroup):
     search_rrf_k: int = Field(
         default=30,
         ge=1,
+        le=1000,
         description="reciprocal rank fusion constant (`SEARCH_FUSION=rrf`)",
     )
     search_dense_candidates: int = Field(

@@ -22,6 +22,7 @@ Pure: imports no database code. The compiled fragment refers to chunks as `c` an
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -87,11 +88,23 @@ class Filter:
 
 @dataclass(frozen=True, slots=True)
 class CompiledFilter:
-    """A WHERE fragment over `c` (chunks) and `d` (documents) with its named parameters."""
+    """A WHERE fragment over `c` (chunks) and `d` (documents) with its named parameters, and
+    the filter it was compiled from."""
 
     where: sql.Composable
     params: Mapping[str, Any]
     needs_document: bool
+    source: Filter
+
+    @property
+    def key(self) -> str:
+        """The filter as canonical JSON: equal filters, however written, have equal keys (a
+        part of the answer cache's scope)."""
+        conditions = sorted(
+            ([str(c.scope), c.field, str(c.op), c.value] for c in self.source.conditions),
+            key=lambda row: json.dumps(row, sort_keys=True),
+        )
+        return json.dumps(conditions, sort_keys=True, separators=(",", ":"))
 
 
 # -- parsing ---------------------------------------------------------------------------------
@@ -228,6 +241,7 @@ def compile_filter(flt: Filter) -> CompiledFilter | None:
         where=sql.SQL("({})").format(sql.SQL(" AND ").join(parts)),
         params=params,
         needs_document=Scope.DOCUMENT in flt.scopes,
+        source=flt,
     )
 
 

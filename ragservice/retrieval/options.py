@@ -1,10 +1,21 @@
-"""How one search runs (`SearchOptions`): the mode, k, the candidate lists, BM25, fusion,
-pseudo-relevance feedback and document grouping, validated once, from settings or a request."""
+"""What one search is (`SearchOptions`): the mode, k, the filter, the candidate lists, BM25 and
+its pruning, fusion, pseudo-relevance feedback, document grouping, ef_search and rescoring.
+
+One definition: each option a server setting gives the default of is listed once in
+`DEFAULTS_FROM`, and takes that setting's bounds (`bounds_of`), so the settings, a request's
+overrides (the REST API's `Ranking`, derived from the same bounds) and this class accept the
+same values. The answer cache's scope is this object's fields (`scope_parts`): an option added
+here is part of it without anyone listing it.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
 from enum import StrEnum
+from typing import Any, Final, TypeVar
+
+import annotated_types
 
 from ragservice.config import DEFAULT_EF_SEARCH, Settings
 from ragservice.errors import InvalidInputError
@@ -13,11 +24,29 @@ from ragservice.retrieval.fusion import Fusion, FusionSpec
 
 # pgvector refuses hnsw.ef_search above 1000.
 MAX_EF_SEARCH = 1000
-# Pseudo-relevance feedback's bounds: chunks parsed for terms, and lexemes added to the query.
-MAX_PRF_DOCS = 50
-MAX_PRF_TERMS = 50
 # Chunks after a document's best that `document_share` adds.
 DOCUMENT_CHUNKS = 2
+
+DEFAULTS_FROM: Final[Mapping[str, str]] = {
+    "rrf_k": "search_rrf_k",
+    "dense_candidates": "search_dense_candidates",
+    "text_candidates": "search_text_candidates",
+    "bm25_k1": "bm25_k1",
+    "bm25_b": "bm25_b",
+    "bm25_postings_per_term": "bm25_postings_per_term",
+    "bm25_exact": "bm25_exact",
+    "rescore_factor": "binary_rescore_factor",
+    "fusion": "search_fusion",
+    "text_weight": "search_text_weight",
+    "adaptive_weight": "search_adaptive_weight",
+    "prf": "search_prf",
+    "prf_docs": "search_prf_docs",
+    "prf_terms": "search_prf_terms",
+    "prf_query_weight": "search_prf_query_weight",
+    "document_share": "search_document_share",
+    "ef_search": "hnsw_ef_search",
+}
+"""The setting each option's default and bounds come from (`RAGSERVICE_<SETTING>`)."""
 
 
 class Mode(StrEnum):
@@ -26,20 +55,46 @@ class Mode(StrEnum):
     HYBRID = "hybrid"
 
 
-def _fusion(value: str) -> Fusion:
-    try:
-        return Fusion(value)
-    except ValueError:
-        known = ", ".join(f.value for f in Fusion)
-        raise InvalidInputError(f"fusion must be one of {known}, not {value!r}") from None
+@dataclass(frozen=True, slots=True)
+class Bounds:
+    """The closed range a number must lie in; None: unbounded on that side."""
+
+    ge: float | None = None
+    le: float | None = None
+
+    def check(self, name: str, value: float) -> None:
+        if (self.ge is not None and value < self.ge) or (self.le is not None and value > self.le):
+            raise InvalidInputError(f"{name} must be {self.describe()}, not {value}")
+
+    def describe(self) -> str:
+        if self.le is None:
+            return f"at least {_number(self.ge)}"
+        if self.ge is None:
+            return f"at most {_number(self.le)}"
+        return f"between {_number(self.ge)} and {_number(self.le)}"
 
 
-def _mode(value: str) -> Mode:
+def _number(value: float | None) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def bounds_of(option: str) -> Bounds:
+    """The bounds of an option: those of the setting its default comes from."""
+    metadata = Settings.model_fields[DEFAULTS_FROM[option]].metadata
+    ge = next((m.ge for m in metadata if isinstance(m, annotated_types.Ge)), None)
+    le = next((m.le for m in metadata if isinstance(m, annotated_types.Le)), None)
+    return Bounds(ge=ge, le=le)  # type: ignore[arg-type]  # numbers, for numeric settings
+
+
+E = TypeVar("E", bound=StrEnum)
+
+
+def _enum(kind: type[E], name: str, value: str) -> E:
     try:
-        return Mode(value)
+        return kind(value)
     except ValueError:
-        known = ", ".join(m.value for m in Mode)
-        raise InvalidInputError(f"mode must be one of {known}, not {value!r}") from None
+        known = ", ".join(member.value for member in kind)
+        raise InvalidInputError(f"{name} must be one of {known}, not {value!r}") from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,8 +112,11 @@ class SearchOptions:
     text_candidates: int = 100
     bm25_k1: float = 0.9
     bm25_b: float = 0.4
-    # Postings read per query term, highest impact first (see `statements.BM25`).
+    # Postings read per query term, highest impact first, where full text is not exact (see
+    # `statements.BM25`).
     bm25_postings_per_term: int = 2_000
+    # Unfiltered full text is exact BM25 where the database has the extension.
+    bm25_exact: bool = True
     # Binary storage: candidates read from the bit index per dense row, then re-scored.
     rescore_factor: int = 4
     # Hybrid: how the two candidate lists are fused (see `retrieval.fusion`).
@@ -78,31 +136,14 @@ class SearchOptions:
 
     def __post_init__(self) -> None:
         # Accept the plain strings an API layer may pass; compare as the enum from here on.
-        object.__setattr__(self, "mode", _mode(self.mode))
-        if self.ef_search is not None and self.ef_search < 1:
-            raise InvalidInputError("ef_search must be at least 1")
-        for name in (
-            "k",
-            "rrf_k",
-            "dense_candidates",
-            "text_candidates",
-            "bm25_postings_per_term",
-            "rescore_factor",
-            "prf_docs",
-            "prf_terms",
-        ):
-            if getattr(self, name) < 1:
-                raise InvalidInputError(f"{name} must be at least 1")
-        if self.bm25_k1 < 0 or not 0 <= self.bm25_b <= 1:
-            raise InvalidInputError("bm25_k1 must be >= 0 and bm25_b between 0 and 1")
-        object.__setattr__(self, "fusion", _fusion(self.fusion))
-        for name in ("text_weight", "prf_query_weight", "document_share"):
-            if not 0 <= getattr(self, name) <= 1:
-                raise InvalidInputError(f"{name} must be between 0 and 1")
-        if self.prf_docs > MAX_PRF_DOCS or self.prf_terms > MAX_PRF_TERMS:
-            raise InvalidInputError(
-                f"prf_docs must be at most {MAX_PRF_DOCS} and prf_terms at most {MAX_PRF_TERMS}"
-            )
+        object.__setattr__(self, "mode", _enum(Mode, "mode", self.mode))
+        object.__setattr__(self, "fusion", _enum(Fusion, "fusion", self.fusion))
+        if self.k < 1:
+            raise InvalidInputError("k must be at least 1")
+        for option in DEFAULTS_FROM:
+            value = getattr(self, option)
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                bounds_of(option).check(option, value)
 
     @classmethod
     def from_settings(
@@ -112,28 +153,44 @@ class SearchOptions:
         mode: Mode = Mode.HYBRID,
         k: int = 10,
         filters: CompiledFilter | None = None,
+        group_documents: bool = False,
+        **overrides: Any,
     ) -> SearchOptions:
+        """The options of a search: the server's settings, then a request's `overrides` (options
+        by name, checked against the same bounds)."""
+        defaults = {
+            option: getattr(settings, setting)
+            for option, setting in DEFAULTS_FROM.items()
+            if option != "ef_search"  # the storage's default, unless a request names one
+        }
+        defaults["prf"] = defaults["prf"] == "rm3"
+        unknown = set(overrides) - set(DEFAULTS_FROM)
+        if unknown:
+            raise InvalidInputError(f"unknown search options: {', '.join(sorted(unknown))}")
         return cls(
             mode=mode,
             k=k,
             filters=filters,
+            group_documents=group_documents,
             ef_search_defaults=tuple(settings.ef_search_by_storage().items()),
-            rrf_k=settings.search_rrf_k,
-            dense_candidates=settings.search_dense_candidates,
-            text_candidates=settings.search_text_candidates,
-            bm25_k1=settings.bm25_k1,
-            bm25_b=settings.bm25_b,
-            bm25_postings_per_term=settings.bm25_postings_per_term,
-            rescore_factor=settings.binary_rescore_factor,
-            fusion=Fusion(settings.search_fusion),
-            text_weight=settings.search_text_weight,
-            adaptive_weight=settings.search_adaptive_weight,
-            prf=settings.search_prf == "rm3",
-            prf_docs=settings.search_prf_docs,
-            prf_terms=settings.search_prf_terms,
-            prf_query_weight=settings.search_prf_query_weight,
-            document_share=settings.search_document_share,
+            **(defaults | overrides),
         )
+
+    def scope_parts(self, storage: str) -> dict[str, Any]:
+        """Everything about this search that shapes its results, for the answer cache's scope:
+        every field, the filter by its canonical key, ef_search as a model of `storage` runs
+        it (its default resolved), and the storage itself."""
+        parts: dict[str, Any] = {"storage": storage}
+        for field in fields(self):
+            value = getattr(self, field.name)
+            if field.name == "filters":
+                value = None if value is None else value.key
+            elif field.name == "ef_search":
+                value = self.ef_search_for(storage)
+            elif field.name == "ef_search_defaults":
+                continue  # in `ef_search`, as this storage resolves it
+            parts[field.name] = str(value) if isinstance(value, StrEnum) else value
+        return parts
 
     @property
     def fusion_spec(self) -> FusionSpec:

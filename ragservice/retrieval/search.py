@@ -254,7 +254,7 @@ class Searcher:
         """The final statement of the mode and the name of its timing stage."""
         if options.mode is Mode.FULLTEXT:
             bm25 = statements.with_ctes(
-                statements.bm25(options.filters, options.text_limit, exact=self._exact_bm25()),
+                statements.bm25(options.filters, options.text_limit, exact=self._exact(options)),
                 select=statements.HITS,
             )
             return _Statement(bm25, self._params(collections, options, query=query)), "fulltext"
@@ -348,7 +348,7 @@ class Searcher:
         """BM25's ranked CTEs (bare: callers add their SELECT) over the query's lexemes, or
         over weighted `terms`."""
         bm25 = statements.bm25(
-            options.filters, limit, weighted=terms is not None, exact=self._exact_bm25()
+            options.filters, limit, weighted=terms is not None, exact=self._exact(options)
         )
         params = self._params(collections, options, query=query)
         if terms is not None:
@@ -411,8 +411,13 @@ class Searcher:
                 rows = conn.execute(follow.query, follow.params, prepare=False).fetchall()
             return rows
 
+    def _exact(self, options: SearchOptions) -> bool:
+        """Whether unfiltered full text is exact: the options ask for it and the database
+        has the extension."""
+        return options.bm25_exact and self._exact_bm25()
+
     def _exact_bm25(self) -> bool:
-        """Whether unfiltered full text is exact: the database has the extension (asked once)."""
+        """Whether the database has the exact BM25 extension (asked once)."""
         if self._has_exact_bm25 is None:
             self._has_exact_bm25 = bool(self._run(_Statement(statements.HAS_EXACT_BM25, {}))[0][0])
         return self._has_exact_bm25

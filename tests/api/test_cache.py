@@ -97,6 +97,31 @@ def test_scopes_never_share_entries(client: TestClient, keys: Keys) -> None:
     assert filtered["cache"]["hit"] is False
 
 
+@pytest.mark.parametrize(
+    "setting",
+    [
+        {"bm25_postings_per_term": 50},
+        {"binary_rescore_factor": 8},
+        {"bm25_exact": False},
+        {"search_rrf_k": 60},
+        {"hnsw_ef_search": 7},
+    ],
+    ids=lambda setting: next(iter(setting)),
+)
+def test_a_changed_retrieval_setting_is_a_new_scope(
+    client: TestClient, keys: Keys, monkeypatch: pytest.MonkeyPatch, setting: dict[str, Any]
+) -> None:
+    """An operator changes a setting that changes results: answers cached under the old
+    ranking are not served (the scope is computed from the resolved search options)."""
+    add_corpus(client, keys.writer)
+    ask(client, keys.reader)
+    assert ask(client, keys.reader)["cache"]["hit"] is True
+    answers = client.app.state.answers  # type: ignore[attr-defined]
+    monkeypatch.setattr(answers, "_settings", answers._settings.model_copy(update=setting))
+    assert ask(client, keys.reader)["cache"]["hit"] is False
+    assert ask(client, keys.reader)["cache"]["hit"] is True
+
+
 def test_changing_or_deleting_a_source_invalidates_only_its_entries(
     client: TestClient, keys: Keys
 ) -> None:

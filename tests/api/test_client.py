@@ -13,13 +13,11 @@ from fastapi.testclient import TestClient
 from pydantic import BaseModel
 
 from ragservice import client as rest
-from ragservice.api.schemas.answers import CitationOut, QueryResponse, SourceOut
 from ragservice.api.schemas.audit import AuditEntryOut, AuditPage
 from ragservice.api.schemas.collections import CacheStats, CollectionOut
 from ragservice.api.schemas.documents import ChunkOut, DocumentDetail, DocumentOut, DocumentPage
 from ragservice.api.schemas.feedback import FeedbackOut
 from ragservice.api.schemas.jobs import JobOut
-from ragservice.api.schemas.search import SearchHitOut, SearchResponse
 from ragservice.client import Citations, Done, RagserviceClient, Token
 from ragservice.errors import (
     AuthenticationError,
@@ -28,6 +26,13 @@ from ragservice.errors import (
     NotFoundError,
     PermissionDeniedError,
     ServiceUnreachableError,
+)
+from ragservice.services.views import (
+    CitationOut,
+    QueryResponse,
+    SearchHitOut,
+    SearchResponse,
+    SourceOut,
 )
 from tests.api.conftest import Keys
 from tests.api.test_job_retry import failed_job

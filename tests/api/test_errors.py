@@ -137,7 +137,7 @@ def test_500_hides_internals_and_gives_a_request_id(
     def explode(**_: object) -> None:
         raise RuntimeError("password=hunter2 at db.internal:5432")
 
-    searcher = client.app.state.searcher  # type: ignore[attr-defined]
+    searcher = client.app.state.search.searcher  # type: ignore[attr-defined]
     monkeypatch.setattr(searcher, "search", explode)
     response = client.post(
         "/v1/search", json={"query": "q"}, headers={**keys.reader, "X-Request-ID": "req-42"}

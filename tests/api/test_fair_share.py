@@ -63,7 +63,7 @@ def two_tenants(client: TestClient, keys: Keys) -> Keys:
 
 
 def upstream_slots(client: TestClient) -> FairSlots:
-    slots: FairSlots = client.app.state.pipeline._inference.slots  # type: ignore[attr-defined]
+    slots: FairSlots = client.app.state.answers.pipeline._inference.slots  # type: ignore[attr-defined]
     return slots
 
 

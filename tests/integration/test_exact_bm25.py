@@ -5,7 +5,6 @@ security); and the searcher uses it for unfiltered full text."""
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import random
 import uuid
@@ -20,11 +19,11 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.exc import DBAPIError
 
 from ragservice import store
-from ragservice.api.app import make_searcher
 from ragservice.bootstrap import Runtime
 from ragservice.db import migrate, tenancy
 from ragservice.retrieval import statements
 from ragservice.retrieval.search import Mode, Searcher, SearchOptions
+from ragservice.services.search import open_searcher
 from tests.integration.test_postings import _downgrade, document_of, write
 
 # A Zipf vocabulary: the first words are in most chunks (very frequent terms, low idf), the
@@ -323,10 +322,13 @@ def test_the_searcher_uses_it_for_unfiltered_full_text(
     # The budgeted statement reads 50 postings a term: not the same ranking here.
     budgeted = search(False)
     assert budgeted != exact
-    # RAGSERVICE_BM25_EXACT=false: the service's searcher takes the budgeted statement.
+    # RAGSERVICE_BM25_EXACT=false: the service's searches take the budgeted statement.
     settings = runtime.settings.model_copy(update={"bm25_exact": False})
-    with make_searcher(dataclasses.replace(runtime, settings=settings)) as s:
-        hits = s.search(collection_ids=[collection], query=query, options=options).hits
+    resolved = SearchOptions.from_settings(
+        settings, mode=Mode.FULLTEXT, k=10, bm25_postings_per_term=50
+    )
+    with open_searcher(runtime.db, runtime.models) as s:
+        hits = s.search(collection_ids=[collection], query=query, options=resolved).hits
     assert [(h.chunk_id, h.score) for h in hits] == budgeted
 
 

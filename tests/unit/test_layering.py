@@ -144,10 +144,6 @@ def test_the_top_level_holds_at_most_a_dozen_modules() -> None:
     assert len(modules) <= 12, sorted(modules)
 
 
-# Commands that still build what a router builds; the service layer takes their place.
-CLI_IMPORTING_API_FOR_NOW = {"query.py", "jobs.py"}
-
-
 @pytest.mark.parametrize(
     "path",
     sorted((ROOT / "ragservice" / "cli").rglob("*.py")),
@@ -157,7 +153,7 @@ def test_commands_other_than_serve_reach_the_service_through_the_service_layer(
     path: Path,
 ) -> None:
     """The CLI's local mode calls `services/`, as the routers do, never the REST layer."""
-    if path.name == "serve.py" or path.name in CLI_IMPORTING_API_FOR_NOW:
+    if path.name == "serve.py":
         return
     assert {n for n in internal(path) if n.startswith("ragservice.api")} == set()
 

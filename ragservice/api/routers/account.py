@@ -5,26 +5,23 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from ragservice import store
-from ragservice.api.deps import PipelineDep, Reader, RuntimeDep
+from ragservice.api.deps import DatabaseDep, PipelineDep, Reader, SettingsDep, is_service_admin
 from ragservice.api.schemas.account import MeOut, TenantOut
 from ragservice.api.schemas.common import error_responses
+from ragservice.services.account import tenant_name
 
 router = APIRouter(prefix="/v1", tags=["account"], responses=error_responses())
 
 
 @router.get("/me")
-def me(principal: Reader, runtime: RuntimeDep, pipeline: PipelineDep) -> MeOut:
+def me(principal: Reader, db: DatabaseDep, settings: SettingsDep, pipeline: PipelineDep) -> MeOut:
     """Your tenant, your key's role and prefix, and the limits and features of this server.
     `service_admin`: whether you may switch the embedding model (`/v1/admin/models`)."""
-    with runtime.db.read() as session:
-        name = store.tenants.get_tenant_name(session, principal.tenant_id)
-    settings = runtime.settings
     return MeOut(
-        tenant=TenantOut(id=principal.tenant_id, name=name or ""),
+        tenant=TenantOut(id=principal.tenant_id, name=tenant_name(db, principal.tenant_id)),
         role=principal.role,
         auth_disabled=settings.auth_disabled,
-        service_admin=principal.is_service_admin(runtime.default_tenant_id),
+        service_admin=is_service_admin(principal),
         key_prefix=principal.key_prefix,
         max_file_bytes=settings.max_file_bytes,
         max_files_per_upload=settings.max_files_per_upload,

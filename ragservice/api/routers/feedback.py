@@ -16,7 +16,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query, status
 from fastapi.responses import StreamingResponse
 
-from ragservice.api.deps import Admin, Principal, Reader, RuntimeDep, audit
+from ragservice.api.deps import Admin, DatabaseDep, Principal, Reader
 from ragservice.api.schemas.common import error_responses
 from ragservice.api.schemas.feedback import (
     FeedbackBody,
@@ -24,9 +24,9 @@ from ragservice.api.schemas.feedback import (
     FeedbackRequest,
     feedback_out,
 )
-from ragservice.bootstrap import Runtime
+from ragservice.db import Database
 from ragservice.feedback import exports
-from ragservice.feedback.collect import FeedbackInput, submit_feedback
+from ragservice.feedback.collect import FeedbackInput
 from ragservice.feedback.exports import (
     HIGHEST_RATING,
     LOWEST_RATING,
@@ -34,6 +34,8 @@ from ragservice.feedback.exports import (
     ExportFormat,
     TimeOf,
 )
+from ragservice.services.feedback import export_feedback as feedback_export
+from ragservice.services.feedback import give_feedback
 
 router = APIRouter(prefix="/v1", tags=["feedback"], responses=error_responses())
 
@@ -41,18 +43,18 @@ NDJSON = "application/x-ndjson"
 
 
 @router.post("/feedback", status_code=status.HTTP_201_CREATED)
-def post_feedback(body: FeedbackRequest, principal: Reader, runtime: RuntimeDep) -> FeedbackOut:
+def post_feedback(body: FeedbackRequest, principal: Reader, db: DatabaseDep) -> FeedbackOut:
     """Feedback on an answer: a rating (thumbs +1/-1 or 1-5 stars), a comment, a corrected
     answer, chunks that were relevant or not. 404 for an answer that is not yours."""
-    return _submit(runtime, principal, body.query_id, body)
+    return _submit(db, principal, body.query_id, body)
 
 
 @router.post("/chat/completions/{query_id}/feedback", status_code=status.HTTP_201_CREATED)
 def post_chat_feedback(
-    query_id: uuid.UUID, body: FeedbackBody, principal: Reader, runtime: RuntimeDep
+    query_id: uuid.UUID, body: FeedbackBody, principal: Reader, db: DatabaseDep
 ) -> FeedbackOut:
     """Feedback on a chat completion, by the `query_id` it returned."""
-    return _submit(runtime, principal, query_id, body)
+    return _submit(db, principal, query_id, body)
 
 
 @router.get(
@@ -62,7 +64,7 @@ def post_chat_feedback(
 )
 def export_feedback(
     principal: Admin,
-    runtime: RuntimeDep,
+    db: DatabaseDep,
     fmt: Annotated[ExportFormat, Query(alias="format")],
     collection: str | None = None,
     since: datetime | None = None,
@@ -87,37 +89,20 @@ def export_feedback(
         max_rating=max_rating,
     )
     # Resolved before the first byte, so that a bad filter still gets its status code.
-    with runtime.db.read() as session:
-        flt = exports.resolve_filter(session, flt)
-    details = {
-        "collection": collection,
-        "since": None if since is None else since.isoformat(),
-        "until": None if until is None else until.isoformat(),
-    }
-    # A read-only request: the entry is written after the response, on the primary.
-    runtime.db.write_later(
-        lambda session: audit(session, principal, "feedback.export", fmt.value, details)
-    )
-    body = exports.ndjson(runtime.db, fmt, flt, negatives_per_positive=negatives_per_positive)
+    body = feedback_export(db, principal, fmt, flt, negatives_per_positive=negatives_per_positive)
     disposition = f'attachment; filename="feedback-{fmt.value}.jsonl"'
     return StreamingResponse(body, media_type=NDJSON, headers={"content-disposition": disposition})
 
 
 def _submit(
-    runtime: Runtime, principal: Principal, query_id: uuid.UUID, body: FeedbackBody
+    db: Database, principal: Principal, query_id: uuid.UUID, body: FeedbackBody
 ) -> FeedbackOut:
-    stored = submit_feedback(
-        runtime.db,
-        tenant_id=principal.tenant_id,
-        key_id=principal.key_id,
-        query_id=query_id,
-        feedback=FeedbackInput(
-            rating=body.rating,
-            scale=body.scale,
-            comment=body.comment,
-            corrected_answer=body.corrected_answer,
-            relevant_chunk_ids=body.relevant_chunk_ids,
-            irrelevant_chunk_ids=body.irrelevant_chunk_ids,
-        ),
+    feedback = FeedbackInput(
+        rating=body.rating,
+        scale=body.scale,
+        comment=body.comment,
+        corrected_answer=body.corrected_answer,
+        relevant_chunk_ids=body.relevant_chunk_ids,
+        irrelevant_chunk_ids=body.irrelevant_chunk_ids,
     )
-    return feedback_out(stored)
+    return feedback_out(give_feedback(db, principal, query_id, feedback))

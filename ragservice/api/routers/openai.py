@@ -23,8 +23,7 @@ import numpy as np
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import StreamingResponse
 
-from ragservice import store
-from ragservice.answering.answer import Answer, Question
+from ragservice.answering.answer import Answer
 from ragservice.answering.context import Source
 from ragservice.answering.prompt import ChatMessage
 from ragservice.api.checks import (
@@ -33,11 +32,16 @@ from ragservice.api.checks import (
     check_chat,
     check_embedding_count,
     check_embedding_texts,
-    check_text,
 )
-from ragservice.api.deps import PipelineDep, Reader, RuntimeDep, collection_ids, replica_reads
+from ragservice.api.deps import (
+    AnswersDep,
+    DatabaseDep,
+    ModelsDep,
+    Reader,
+    SettingsDep,
+    replica_reads,
+)
 from ragservice.api.error_handlers import stopped_stream_error, stream_error
-from ragservice.api.schemas.answers import answer_out
 from ragservice.api.schemas.common import error_responses
 from ragservice.api.schemas.openai import ChatCompletionRequest, ChatMessageIn, EmbeddingsRequest
 from ragservice.api.stopping import first_unless_stopping, next_unless_stopping, stopping_of
@@ -48,8 +52,11 @@ from ragservice.embedding.token_ids import tiktoken_texts
 from ragservice.embedding.tokens import BatchTokenizer, TokenIds
 from ragservice.errors import InvalidInputError, NotFoundError
 from ragservice.limits import MAX_COLLECTIONS_PER_REQUEST
-from ragservice.retrieval.search import SearchOptions
 from ragservice.safety.html import AnswerText
+from ragservice.services.answers import AskQuery
+from ragservice.services.collections import collection_names
+from ragservice.services.search import SearchQuery, check_text
+from ragservice.services.views import answer_out
 
 router = APIRouter(
     prefix="/v1",
@@ -62,11 +69,10 @@ MODEL_PREFIX = "rag"
 
 
 @router.get("/models")
-def list_models(principal: Reader, runtime: RuntimeDep) -> dict[str, Any]:
+def list_models(principal: Reader, db: DatabaseDep, models: ModelsDep) -> dict[str, Any]:
     """One `rag:<collection>` chat model per collection of the key's tenant, `rag` for all, and
     the embedding models `/v1/embeddings` takes (`type` tells them apart)."""
-    with runtime.db.read() as session:
-        names = sorted(store.collections.collection_ids(session, principal.tenant_id, None))
+    names = collection_names(db, principal.tenant_id)
     chat = [MODEL_PREFIX, *(f"{MODEL_PREFIX}:{name}" for name in names)]
     return {
         "object": "list",
@@ -74,7 +80,7 @@ def list_models(principal: Reader, runtime: RuntimeDep) -> dict[str, Any]:
             *({**_model_entry(m), "type": "chat"} for m in chat),
             *(
                 {**_model_entry(_model_id(m, i)), "type": "embedding", "dimension": m.dimension}
-                for i, m in enumerate(runtime.models.loaded())
+                for i, m in enumerate(models.loaded())
             ),
         ],
     }
@@ -88,27 +94,21 @@ def _model_entry(model_id: str) -> dict[str, Any]:
 async def chat_completions(
     body: ChatCompletionRequest,
     principal: Reader,
-    runtime: RuntimeDep,
-    pipeline: PipelineDep,
+    settings: SettingsDep,
+    answers: AnswersDep,
     request: Request,
 ) -> Any:
     """Answer the last user message from the model's collections, OpenAI style. A stream
     cut short because the server is stopping ends with a `data:` chunk whose `error` is
     `ServiceStopping`, then `data: [DONE]`."""
     question_text, history = _split_messages(body.messages)
-    settings = runtime.settings
     check_text(question_text, settings, field="messages")
     max_tokens = body.max_completion_tokens or body.max_tokens
     forwarded = len(question_text) + sum(len(turn.content) for turn in history)
     check_chat(len(body.messages), forwarded, max_tokens, settings)
     charge(request, principal.key_id, ANSWER_COST, what="an answer")
-    question = Question(
-        text=question_text,
-        tenant_id=principal.tenant_id,
-        collection_ids=await anyio.to_thread.run_sync(
-            collection_ids, runtime, principal.tenant_id, _collections(body.model)
-        ),
-        options=SearchOptions.from_settings(settings, k=8),
+    ask = AskQuery(
+        search=SearchQuery(text=question_text, collections=_collections(body.model), k=8),
         history=history,
         endpoint="chat.completions",
         max_tokens=max_tokens,
@@ -121,8 +121,9 @@ async def chat_completions(
     # Titles in the sources footer are document text too: their links and HTML are cleaned.
     footer = _Footer(AnswerText(settings.link_hosts(), settings.answer_html)) if block else None
     if not body.stream:
-        return _completion(completion_id, body.model, await pipeline.answer(question), footer)
-    events = pipeline.stream(question)
+        answer = await answers.answer(principal.tenant_id, ask)
+        return _completion(completion_id, body.model, answer, footer)
+    events = await answers.stream(principal.tenant_id, ask)
     # Failures before the first token keep their status code (a stop: 503 ServiceStopping).
     first = await first_unless_stopping(events, stopping_of(request))
     return StreamingResponse(
@@ -133,13 +134,16 @@ async def chat_completions(
 
 @router.post("/embeddings")
 async def embeddings(
-    body: EmbeddingsRequest, principal: Reader, runtime: RuntimeDep, request: Request
+    body: EmbeddingsRequest,
+    principal: Reader,
+    settings: SettingsDep,
+    models: ModelsDep,
+    request: Request,
 ) -> Any:
     """Embed texts, or token id arrays (tiktoken's ids, decoded to their texts; or the model's
     own tokenizer's, RAGSERVICE_EMBEDDING_TOKEN_IDS), with the requested embedding model
     (normalized vectors, cosine-ready)."""
-    settings = runtime.settings
-    model, model_id = _embedding_model(runtime.models, body.model)  # one for the request
+    model, model_id = _embedding_model(models, body.model)  # one for the request
     embedder = model.embedder
     inputs = _inputs(body.input)
     texts = [text for text in inputs if isinstance(text, str)]

@@ -7,20 +7,18 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 from typing import Any
 
-import anyio.to_thread
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import StreamingResponse
 
-from ragservice.answering.answer import Answer, Question
-from ragservice.api.checks import charge, check_query
-from ragservice.api.deps import PipelineDep, Reader, RuntimeDep, collection_ids, replica_reads
+from ragservice.answering.answer import Answer
+from ragservice.api.checks import charge
+from ragservice.api.deps import AnswersDep, Reader, replica_reads
 from ragservice.api.error_handlers import stopped_stream_error, stream_error
-from ragservice.api.schemas.answers import QueryRequest, answer_out
+from ragservice.api.schemas.answers import QueryRequest
 from ragservice.api.schemas.common import error_responses
 from ragservice.api.stopping import first_unless_stopping, next_unless_stopping, stopping_of
 from ragservice.auth.ratelimit import ANSWER_COST
-from ragservice.retrieval.filters import parse_and_compile
-from ragservice.retrieval.search import SearchOptions
+from ragservice.services.views import answer_out
 
 router = APIRouter(
     prefix="/v1",
@@ -37,8 +35,7 @@ router = APIRouter(
 async def query(
     body: QueryRequest,
     principal: Reader,
-    runtime: RuntimeDep,
-    pipeline: PipelineDep,
+    answers: AnswersDep,
     request: Request,
 ) -> Any:
     """Answer a question from the collections, citing sources as [1], [2]…
@@ -49,26 +46,12 @@ async def query(
     that fails, or is cut short because the server is stopping, ends with an `error` event
     instead (`{"error", "detail", "request_id"}`; `ServiceStopping` for the latter).
     """
-    check_query(body.question, body.k, runtime.settings, field="question")
+    ask = body.ask_query()
+    answers.check(ask, field="question")
     charge(request, principal.key_id, ANSWER_COST, what="an answer")
-    question = Question(
-        text=body.question,
-        tenant_id=principal.tenant_id,
-        collection_ids=await anyio.to_thread.run_sync(
-            collection_ids, runtime, principal.tenant_id, body.collections
-        ),
-        options=SearchOptions.from_settings(
-            runtime.settings, mode=body.mode, k=body.k, filters=parse_and_compile(body.filters)
-        ),
-        rerank=body.rerank,
-        fallback_extractive=body.on_upstream_error == "extractive",
-        use_cache=body.cache,
-        refresh_cache=body.cache_refresh,
-        filters_key=json.dumps(body.filters, sort_keys=True) if body.filters else "",
-    )
     if not body.stream:
-        return answer_out(await pipeline.answer(question))
-    events = pipeline.stream(question)
+        return answer_out(await answers.answer(principal.tenant_id, ask))
+    events = await answers.stream(principal.tenant_id, ask)
     # Wait for the first piece before answering 200, so that a failure to retrieve or to reach
     # the inference layer still gets its proper status code instead of a broken stream.
     first = await first_unless_stopping(events, stopping_of(request))

@@ -4,16 +4,10 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Depends
 
-from ragservice.api.checks import check_query
-from ragservice.api.deps import Reader, RuntimeDep, SearcherDep, collection_ids, replica_reads
+from ragservice.api.deps import Reader, SearchDep, replica_reads
 from ragservice.api.schemas.common import error_responses
-from ragservice.api.schemas.search import (
-    SearchRequest,
-    SearchResponse,
-    embedding_model_out,
-    hit_out,
-)
-from ragservice.retrieval.filters import parse_and_compile
+from ragservice.api.schemas.search import SearchRequest, SearchResponse
+from ragservice.services.views import found_out
 
 router = APIRouter(
     prefix="/v1",
@@ -24,19 +18,7 @@ router = APIRouter(
 
 
 @router.post("/search")
-def search(
-    body: SearchRequest, principal: Reader, runtime: RuntimeDep, searcher: SearcherDep
-) -> SearchResponse:
+def search(body: SearchRequest, principal: Reader, service: SearchDep) -> SearchResponse:
     """Search chunks; results are ordered by `score`, best first. `embedding_model` says which
     model the search ran with (the serving one when it started)."""
-    check_query(body.query, body.k, runtime.settings, field="query")
-    model = runtime.models.current()
-    options = body.options(runtime.settings, parse_and_compile(body.filters))
-    ids = collection_ids(runtime, principal.tenant_id, body.collections)
-    result = searcher.search(collection_ids=ids, query=body.query, options=options, model=model)
-    return SearchResponse(
-        mode=body.mode,
-        results=[hit_out(hit) for hit in result.hits],
-        timings_ms=result.timings_ms,
-        embedding_model=embedding_model_out(model),
-    )
+    return found_out(service.search(principal.tenant_id, body.search_query()))

@@ -21,7 +21,7 @@ from ragservice.limits import (
     text_problem,
     too_deep,
 )
-from ragservice.types import PageSpan
+from ragservice.services.views import Pages as Pages  # the documents' schemas name it here
 
 
 def _storable(value: Any) -> Any:
@@ -90,19 +90,6 @@ CollectionNames = Annotated[
         description=f"collection names, at most {MAX_COLLECTIONS_PER_REQUEST}; unset: all of yours",
     ),
 ]
-
-
-Pages = Annotated[
-    list[int] | None,
-    Field(
-        description="the pages (1-based) of a paged document (a PDF) the text lies on, every "
-        "one from the first to the last, e.g. [12, 13]; null for a document without pages"
-    ),
-]
-
-
-def pages_out(span: PageSpan | None) -> list[int] | None:
-    return None if span is None else span.numbers
 
 
 class FieldErrorOut(BaseModel):

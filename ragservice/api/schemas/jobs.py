@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from ragservice.db.models import IngestJob
+from ragservice.services.jobs import JobView
 
 JobStatus = Literal["queued", "running", "done", "failed"]
 
@@ -35,17 +35,14 @@ class JobList(BaseModel):
     jobs: list[JobOut]
 
 
-def job_out(job: IngestJob) -> JobOut:
+def job_out(job: JobView) -> JobOut:
     return JobOut(
         id=job.id,
         status=job.status,
         kind=job.kind,
         collection_id=job.collection_id,
-        counts={k: int(v) for k, v in (job.counts or {}).items()},
-        errors=[
-            JobError(source=e.get("source"), error=str(e.get("error", "")))
-            for e in job.errors or []
-        ],
+        counts=job.counts,
+        errors=[JobError(source=e.source, error=e.error) for e in job.errors],
         attempts=job.attempts,
         created_at=job.created_at,
         started_at=job.started_at,

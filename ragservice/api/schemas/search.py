@@ -1,27 +1,23 @@
-"""Search: the request, and the hits with the model the search ran with."""
+"""Search: the request; the response is the service's (`services.views.SearchResponse`)."""
 
 from __future__ import annotations
 
-import uuid
-from dataclasses import replace
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ragservice.api.schemas.common import (
-    CollectionNames,
-    Finite,
-    JsonObject,
-    Pages,
-    Text,
-    pages_out,
-)
-from ragservice.config import Settings
-from ragservice.embedding.registry import ServingModel
-from ragservice.retrieval.filters import CompiledFilter
+from ragservice.api.schemas.common import CollectionNames, Finite, JsonObject, Text
 from ragservice.retrieval.fusion import Fusion
-from ragservice.retrieval.options import MAX_PRF_DOCS, MAX_PRF_TERMS
-from ragservice.retrieval.search import Mode, SearchHit, SearchOptions
+from ragservice.retrieval.options import bounds_of
+from ragservice.retrieval.search import Mode
+from ragservice.services.search import SearchQuery
+from ragservice.services.views import SearchResponse as SearchResponse
+
+
+def _bounded(option: str) -> Any:
+    """An optional override of a search option, within its setting's bounds (`bounds_of`)."""
+    bounds = bounds_of(option)
+    return Field(default=None, ge=bounds.ge, le=bounds.le)
 
 
 class Ranking(BaseModel):
@@ -31,22 +27,23 @@ class Ranking(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     fusion: Fusion | None = Field(default=None, description="hybrid: rrf, minmax, zscore, dbsf")
-    rrf_k: int | None = Field(default=None, ge=1, le=1000)
-    text_weight: Finite | None = Field(default=None, ge=0, le=1)
+    rrf_k: int | None = _bounded("rrf_k")
+    text_weight: Finite | None = _bounded("text_weight")
     adaptive_weight: bool | None = None
     prf: Literal["off", "rm3"] | None = None
-    prf_docs: int | None = Field(default=None, ge=1, le=MAX_PRF_DOCS)
-    prf_terms: int | None = Field(default=None, ge=1, le=MAX_PRF_TERMS)
-    prf_query_weight: Finite | None = Field(default=None, ge=0, le=1)
-    document_share: Finite | None = Field(default=None, ge=0, le=1)
-    bm25_k1: Finite | None = Field(default=None, ge=0, le=10)
-    bm25_b: Finite | None = Field(default=None, ge=0, le=1)
+    prf_docs: int | None = _bounded("prf_docs")
+    prf_terms: int | None = _bounded("prf_terms")
+    prf_query_weight: Finite | None = _bounded("prf_query_weight")
+    document_share: Finite | None = _bounded("document_share")
+    bm25_k1: Finite | None = _bounded("bm25_k1")
+    bm25_b: Finite | None = _bounded("bm25_b")
 
-    def apply(self, options: SearchOptions) -> SearchOptions:
+    def overrides(self) -> dict[str, Any]:
+        """The options this request sets, by `SearchOptions` field name."""
         given = self.model_dump(exclude_none=True)
         if "prf" in given:
             given["prf"] = given["prf"] == "rm3"
-        return replace(options, **given)
+        return given
 
 
 class SearchRequest(BaseModel):
@@ -67,77 +64,13 @@ class SearchRequest(BaseModel):
     )
     ranking: Ranking | None = Field(default=None, description="ranking settings for this search")
 
-    def options(self, settings: Settings, filters: CompiledFilter | None) -> SearchOptions:
-        options = SearchOptions.from_settings(settings, mode=self.mode, k=self.k, filters=filters)
-        if self.ranking is not None:
-            options = self.ranking.apply(options)
-        return replace(options, group_documents=self.group_by == "document")
-
-
-class DocumentRef(BaseModel):
-    id: uuid.UUID
-    external_id: str
-    title: str | None
-    metadata: dict[str, Any]
-
-
-class SearchHitOut(BaseModel):
-    chunk_id: uuid.UUID
-    score: float = Field(
-        description="dense: cosine similarity; fulltext: BM25; hybrid: the fused score "
-        "(reciprocal rank fusion by default); grouped by document: the document's score"
-    )
-    text: str
-    ordinal: int
-    start_char: int
-    end_char: int
-    pages: Pages = None
-    metadata: dict[str, Any]
-    collection: str
-    document: DocumentRef
-    flagged: bool = Field(
-        description="the chunk reads like instructions to a model (flagged at ingest; its "
-        "collection's `flagged_chunks` decides whether it is marked, downweighted or dropped)"
-    )
-    flag_reasons: list[str] = Field(description="the detector's rules that matched")
-
-
-class EmbeddingModelOut(BaseModel):
-    """The embedding model a search ran with (the one being served when it started)."""
-
-    id: int
-    name: str
-    version: int
-
-
-class SearchResponse(BaseModel):
-    mode: Mode
-    results: list[SearchHitOut]
-    timings_ms: dict[str, float]
-    embedding_model: EmbeddingModelOut | None = None
-
-
-def embedding_model_out(model: ServingModel) -> EmbeddingModelOut:
-    return EmbeddingModelOut(id=model.id, name=model.name, version=model.version)
-
-
-def hit_out(hit: SearchHit) -> SearchHitOut:
-    return SearchHitOut(
-        chunk_id=hit.chunk_id,
-        score=hit.score,
-        text=hit.text,
-        ordinal=hit.ordinal,
-        start_char=hit.start_char,
-        end_char=hit.end_char,
-        pages=pages_out(hit.pages),
-        metadata=hit.chunk_metadata,
-        collection=hit.collection,
-        flagged=hit.flagged,
-        flag_reasons=list(hit.injection),
-        document=DocumentRef(
-            id=hit.document_id,
-            external_id=hit.external_id,
-            title=hit.title,
-            metadata=hit.document_metadata,
-        ),
-    )
+    def search_query(self) -> SearchQuery:
+        return SearchQuery(
+            text=self.query,
+            collections=self.collections,
+            mode=self.mode,
+            k=self.k,
+            filters=self.filters,
+            group_documents=self.group_by == "document",
+            overrides={} if self.ranking is None else self.ranking.overrides(),
+        )

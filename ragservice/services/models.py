@@ -1,0 +1,51 @@
+"""The embedding model versions as a tenant's admin sees them, and the service admin's switch
+(activate, roll back) with the switched model's row. The model is shared by every tenant:
+the checks and the audit are `embedding/registry.py`'s."""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import Any
+
+from ragservice.db import Database, tenancy
+from ragservice.embedding import registry
+from ragservice.services.callers import Caller
+
+
+@dataclass(frozen=True)
+class Switched:
+    model: dict[str, Any]
+    """The model now active, as `model_rows` shows it."""
+    changed: bool
+    previous_id: int | None
+
+
+def model_rows(db: Database, *, every_tenant: bool, primary: bool = False) -> list[dict[str, Any]]:
+    """Every registered version, the active one marked (`registry.model_row`). `embedded` and
+    `chunks` count every tenant's chunks when `every_tenant` (what an activation checks), else
+    the chunks the caller's transaction sees: its tenant's, within a request."""
+    tenants = tenancy.as_system() if every_tenant else nullcontext()
+    with tenants, db.read(primary=primary) as session:
+        statuses = registry.model_statuses(session)
+    return [registry.model_row(status, statuses) for status in statuses]
+
+
+def activate(db: Database, caller: Caller, ref: str, *, force: bool) -> Switched:
+    """Make `NAME[:VERSION]` the active model (ConflictError while chunks lack its
+    embeddings, unless `force`; NotFoundError for one not registered); audited."""
+    switch = registry.activate(db, ref, force=force, actor=caller.actor, key_id=caller.key_id)
+    return _switched(db, switch)
+
+
+def rollback(db: Database, caller: Caller, *, force: bool) -> Switched:
+    """Activate again the model the latest activation replaced (ConflictError when there is
+    none); audited."""
+    switch = registry.rollback(db, force=force, actor=caller.actor, key_id=caller.key_id)
+    return _switched(db, switch)
+
+
+def _switched(db: Database, switch: registry.Switch) -> Switched:
+    rows = model_rows(db, every_tenant=True, primary=True)  # the switch just committed there
+    model = next(row for row in rows if row["id"] == switch.model.id)
+    return Switched(model=model, changed=switch.changed, previous_id=switch.previous_id)
