@@ -186,7 +186,7 @@ def _server_settings(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "hnsw_m": s.hnsw_m,
         "hnsw_ef_construction": s.hnsw_ef_construction,
-        "hnsw_ef_search": s.ef_search_by_storage(),
+        "hnsw_ef_search": s.search.ef_search_by_storage(),
         "rrf_k": s.search_rrf_k,
         "dense_candidates": s.search_dense_candidates,
         "text_candidates": s.search_text_candidates,

@@ -99,9 +99,9 @@ def measure(
     n = len(data)
     plain = settings.model_copy(update={"index_build_memory_mb": 64, "index_build_workers": 0})
     indexing.drop_embedding_index(db, model)
-    default = indexing.build_embedding_index(db, model, settings=plain)
+    default = indexing.build_embedding_index(db, model, index=plain.indexing)
     indexing.drop_embedding_index(db, model)
-    sized = indexing.build_embedding_index(db, model, settings=settings)
+    sized = indexing.build_embedding_index(db, model, index=settings.indexing)
     owner_sql(db, "VACUUM FULL chunk_embeddings")  # the conversions' dead rows out
     owner_sql(db, "ANALYZE")
     table = owner_sql(db, "SELECT pg_table_size('chunk_embeddings')") / n
@@ -181,7 +181,7 @@ def main() -> None:
         report["load_s"] = round(load(db, model, data), 1)
         results: dict[str, object] = {}
         for storage in args.storages.split(","):
-            indexing.convert_storage(db, model, storage, settings=settings)
+            indexing.convert_storage(db, model, storage, index=settings.indexing)
             with db.read() as session:
                 model = store.embedding_models.get_model(session, model.id)  # type: ignore[assignment]
             results[storage] = measure(db, settings, model, data, queries)

@@ -95,7 +95,7 @@ def _load(
     wal = _wal_bytes_since(runtime, before)
     hnsw = 0.0
     if args.index == "deferred":
-        hnsw = indexing.build_embedding_index(runtime.db, model, settings=settings).seconds
+        hnsw = indexing.build_embedding_index(runtime.db, model, index=settings.indexing).seconds
     chunks = report.chunks_written
     _log(f"{chunks} chunks in {seconds:.1f} s, {wal / max(chunks, 1):.0f} WAL bytes a chunk")
     return {

@@ -48,7 +48,7 @@ def ingest_pipeline(
     if embedder is None:
         embedder = serving.embedder
         if model is not None and model.id != serving.id:
-            wanted = load_other and loadable(model, runtime.settings)
+            wanted = load_other and loadable(model, runtime.settings.embedding)
             embedder = load_embedder(runtime.settings, model) if wanted else None
     model_id = serving.id if model is None else model.id
     dimension = serving.dimension if model is None else model.dimension
@@ -75,6 +75,6 @@ def _chunking(
                 f"embedding model {embedder.name!r} gives {embedder.dimension} dimensions; "
                 f"the version registered for it has {dimension}"
             )
-        return chunking_options(runtime.settings, embedder.max_tokens)
+        return chunking_options(runtime.settings.ingest, embedder.max_tokens)
 
     return options

@@ -264,7 +264,7 @@ class JobWorker:
         formats: tuple[JsonlFields, ParquetColumns],
         progress: _Progress,
     ) -> Generator[LoadResult, None, None]:
-        limits = DocumentLimits.from_settings(self._runtime.settings)
+        limits = DocumentLimits.from_settings(self._runtime.settings.ingest)
         with self._runtime.db.read() as session:
             for item in store.jobs.job_items(session, job.id):
                 progress.tick()

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from ragservice import store
-from ragservice.config import Settings
+from ragservice.config import RetentionSettings
 from ragservice.db import Database, tenancy
 from ragservice.periodic import Periodic
 
@@ -31,7 +31,7 @@ class PurgeReport:
 
 def purge_retention(
     db: Database,
-    settings: Settings,
+    retention: RetentionSettings,
     *,
     query_log_days: int | None = None,
     job_payload_hours: float | None = None,
@@ -39,8 +39,10 @@ def purge_retention(
     """Delete, across tenants, logged queries (with their feedback) older than the query log
     retention, and the items of jobs that ended longer ago than the job payload retention.
     The arguments override the settings. Queries go in batches, each its own transaction."""
-    days = settings.query_log_retention_days if query_log_days is None else query_log_days
-    hours = settings.job_payload_retention_hours if job_payload_hours is None else job_payload_hours
+    days = retention.query_log_retention_days if query_log_days is None else query_log_days
+    hours = (
+        retention.job_payload_retention_hours if job_payload_hours is None else job_payload_hours
+    )
     queries = feedback = 0
     with tenancy.as_system():
         with db.write() as session:
@@ -59,13 +61,13 @@ def purge_retention(
 class RetentionPurger:
     """Runs `purge_retention` at start and then every `RAGSERVICE_RETENTION_PURGE_SECONDS`."""
 
-    def __init__(self, db: Database, settings: Settings) -> None:
+    def __init__(self, db: Database, retention: RetentionSettings) -> None:
         self._db = db
-        self._settings = settings
+        self._retention = retention
         self._rounds = Periodic(
             "retention-purger",
             self.purge_once,
-            settings.retention_purge_seconds,
+            retention.retention_purge_seconds,
             what="the retention purge",
             at_start=True,
         )
@@ -77,7 +79,7 @@ class RetentionPurger:
         self._rounds.stop(timeout)
 
     def purge_once(self) -> PurgeReport:
-        report = purge_retention(self._db, self._settings)
+        report = purge_retention(self._db, self._retention)
         if report != PurgeReport():
             log.info("retention purge: %s", report)
         return report

@@ -10,7 +10,12 @@ from dataclasses import dataclass
 
 from ragservice import store
 from ragservice.chunking import ChunkingOptions
-from ragservice.config import DEFAULT_TENANT_ID, Settings
+from ragservice.config import (
+    DEFAULT_TENANT_ID,
+    IngestSettings,
+    SecuritySettings,
+    Settings,
+)
 from ragservice.db import Database, open_database, tenancy
 from ragservice.db.supervisor import EmbeddedSupervisor, supervise_embedded
 from ragservice.embedding.embedder import SentenceTransformerEmbedder, make_embedder
@@ -53,7 +58,7 @@ class Runtime:
     def chunking_options(self, model: ServingModel | None = None) -> ChunkingOptions:
         """Chunking for `model` (default: the serving one)."""
         embedder = (model or self.models.current()).embedder
-        return chunking_options(self.settings, embedder.max_tokens)
+        return chunking_options(self.settings.ingest, embedder.max_tokens)
 
     def close(self) -> None:
         if self.supervisor is not None:
@@ -85,7 +90,7 @@ def open_runtime(
     db = open_database(settings)
     supervisor = None
     if supervise:
-        supervisor = supervise_embedded(settings, on_restart=lambda: reset_pools(db))
+        supervisor = supervise_embedded(settings.database, on_restart=lambda: reset_pools(db))
     try:
         initial = _initial_model(db, settings, embedder, warm=warm)
     except BaseException:
@@ -104,7 +109,7 @@ def reset_pools(db: Database) -> None:
         engine.dispose()
 
 
-def require_unprivileged_login(db: Database, settings: Settings) -> None:
+def require_unprivileged_login(db: Database, security: SecuritySettings) -> None:
     """A process that serves tenants refuses a login that could leave row-level security
     (`RESET ROLE` back to a superuser or the tables' owner), unless the operator allows it."""
     if db.privileged_login is None:
@@ -114,7 +119,7 @@ def require_unprivileged_login(db: Database, settings: Settings) -> None:
         "running could leave row-level security (RESET ROLE). Give the service a login of its "
         "own (docs/operators.md#tenant-isolation)"
     )
-    if not settings.allow_no_row_security:
+    if not security.allow_no_row_security:
         raise ConfigurationError(f"{problem}, or set RAGSERVICE_ALLOW_NO_ROW_SECURITY=1")
     log.warning("%s; serving anyway (RAGSERVICE_ALLOW_NO_ROW_SECURITY)", problem)
 
@@ -125,7 +130,7 @@ def _initial_model(
     if embedder is None:
         with db.read() as session:
             active = store.embedding_models.active_model(session)
-        if active is not None and loadable(active, settings):
+        if active is not None and loadable(active, settings.embedding):
             if not warm:
                 return serve_embedder(active, load_embedder(settings, active))
             return serve_row(settings, active)
@@ -146,15 +151,15 @@ def _initial_model(
     return serve_embedder(model, embedder)
 
 
-def chunking_options(settings: Settings, model_max_tokens: int) -> ChunkingOptions:
+def chunking_options(ingest: IngestSettings, model_max_tokens: int) -> ChunkingOptions:
     """Chunk size from the settings, never above what the embedding model reads."""
-    size = settings.chunk_max_tokens or model_max_tokens
+    size = ingest.chunk_max_tokens or model_max_tokens
     if size > model_max_tokens:
         raise ConfigurationError(
             f"RAGSERVICE_CHUNK_MAX_TOKENS={size} exceeds the embedding model's maximum "
             f"of {model_max_tokens} tokens"
         )
     try:
-        return ChunkingOptions(max_tokens=size, overlap_tokens=settings.chunk_overlap_tokens)
+        return ChunkingOptions(max_tokens=size, overlap_tokens=ingest.chunk_overlap_tokens)
     except ValueError as exc:
         raise ConfigurationError(f"chunking settings: {exc}") from exc

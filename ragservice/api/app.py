@@ -193,7 +193,7 @@ def _start_services(
     parts = [factory(runtime, metrics=job_metrics) for factory in factories]
     if settings.cache_enabled:
         parts.append(CachePurger(runtime.db, interval=settings.cache_purge_seconds))
-    parts.append(RetentionPurger(runtime.db, runtime.settings))
+    parts.append(RetentionPurger(runtime.db, runtime.settings.retention))
     for service in parts:
         service.start()
         stack.callback(_stop_quietly, service, stopping)

@@ -11,7 +11,7 @@ import typer
 
 from ragservice import store
 from ragservice.cli.common import cli_actor, console, database, exit_on_error, fail
-from ragservice.config import Settings, get_settings
+from ragservice.config import ReplicationSettings, get_settings
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
@@ -67,7 +67,7 @@ def analysts_add(
             )
             _audit(session, "analyst.add", name, bound)
             _warn_if_temporary(session)
-        url = analyst_url(settings, db.url, name, None if password_stdin else password)
+        url = analyst_url(settings.replication, db.url, name, None if password_stdin else password)
     scope = "every tenant" if tenant is None else f"tenant {tenant!r}"
     console.print(
         f"created analyst {name!r} (member of {store.analysts.ANALYST_GROUP}), reading {scope}, "
@@ -99,7 +99,9 @@ def analysts_update(
     console.print(f"analyst {name!r} now reads {scope}, statement timeout {seconds}s")
 
 
-def analyst_url(settings: Settings, primary_url: str, name: str, password: str | None) -> str:
+def analyst_url(
+    replication: ReplicationSettings, primary_url: str, name: str, password: str | None
+) -> str:
     """A libpq URL for the analyst: host, port, database and options of the first replica when
     any is configured, else of the primary (a Unix-socket URL with the embedded server). Without
     `password` (the operator chose it) the URL has none."""
@@ -107,7 +109,7 @@ def analyst_url(settings: Settings, primary_url: str, name: str, password: str |
 
     from sqlalchemy.engine import make_url
 
-    replicas = settings.replica_urls()
+    replicas = replication.replica_urls()
     base = make_url(replicas[0][1] if replicas else primary_url)
     rest = base._replace(drivername="postgresql", username=None, password=None).render_as_string()
     scheme = "postgresql://"

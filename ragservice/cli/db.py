@@ -15,7 +15,7 @@ import psycopg
 import typer
 
 from ragservice.cli.common import console, database, exit_on_error, fail, run_optimize_steps
-from ragservice.config import Settings, get_settings
+from ragservice.config import DatabaseSettings, get_settings
 
 if TYPE_CHECKING:
     from ragservice.safety.injection import Verdict
@@ -65,7 +65,7 @@ def db_purge(
     with database() as db:
         report = purge_retention(
             db,
-            get_settings(),
+            get_settings().retention,
             query_log_days=query_log_days,
             job_payload_hours=job_payload_hours,
         )
@@ -144,13 +144,13 @@ def db_settings(
     from ragservice.db import server_settings, sizing
     from ragservice.db.embedded import pgdata_dir, postgres_bin_dir
 
-    settings = get_settings()
-    embedded = settings.database_url is None
+    database = get_settings().database
+    embedded = database.database_url is None
     with exit_on_error():
-        overrides = sizing.parse_overrides(settings.embedded_pg_settings)
-        with _owner_connection(settings) as conn:
+        overrides = sizing.parse_overrides(database.embedded_pg_settings)
+        with _owner_connection(database) as conn:
             if embedded:
-                pgdata: Path | None = pgdata_dir(settings.data_dir)
+                pgdata: Path | None = pgdata_dir(database.data_dir)
                 machine = sizing.probe_machine(pgdata, postgres_bin_dir())
             else:
                 pgdata, machine = None, sizing.probe_machine()
@@ -193,14 +193,14 @@ def _print_settings(rows: list[dict[str, Any]]) -> None:
 
 
 @contextmanager
-def _owner_connection(settings: Settings) -> Iterator[psycopg.Connection[Any]]:
+def _owner_connection(database: DatabaseSettings) -> Iterator[psycopg.Connection[Any]]:
     """A plain connection as the owner's login (the embedded server's administrator), for
     reading the server's settings; the embedded server is started (or joined) for it."""
     from sqlalchemy.engine import make_url
 
     from ragservice.db.engine import resolve_database_url, resolve_owner_url
 
-    url = resolve_owner_url(settings, resolve_database_url(settings))
+    url = resolve_owner_url(database, resolve_database_url(database))
     libpq = make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
     try:
         conn = psycopg.connect(libpq, autocommit=True)

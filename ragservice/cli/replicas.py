@@ -23,12 +23,12 @@ def replicas_status(
     not serve reads)."""
     from ragservice.db.engine import make_router
 
-    settings = get_settings()
-    if not settings.replica_urls():
+    replication = get_settings().replication
+    if not replication.replica_urls():
         console.print("no replicas configured (RAGSERVICE_REPLICAS); every read is on the primary")
         return
     with database() as db:
-        router = make_router(settings, db.write_engine)
+        router = make_router(replication, db.write_engine)
         try:
             router.check()
             nodes = router.status()
@@ -39,7 +39,7 @@ def replicas_status(
     if as_json:
         typer.echo(json.dumps(nodes, indent=2))
     else:
-        _print_nodes(nodes, settings.region)
+        _print_nodes(nodes, replication.region)
     if not all(node["serving"] for node in nodes if node["role"] == "replica"):
         raise typer.Exit(1)
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from ragservice.cli.common import console, exit_on_error
-from ragservice.config import Settings, get_settings
+from ragservice.config import JobSettings, ObservabilitySettings, ServerSettings, get_settings
 
 if TYPE_CHECKING:
     import uvicorn
@@ -42,7 +42,7 @@ def serve(
     bind = host or settings.host
     with exit_on_error(2):
         app_ = create_app(
-            settings.model_copy(update={"host": bind}), services=_job_workers(settings)
+            settings.model_copy(update={"host": bind}), services=_job_workers(settings.jobs)
         )
     if settings.auth_disabled:
         console.print(
@@ -54,8 +54,8 @@ def serve(
         host=bind,
         port=port or settings.port,
         log_level=settings.log_level.lower(),
-        timeout_graceful_shutdown=_drain_seconds(settings),
-        **_uvicorn_logging(settings),
+        timeout_graceful_shutdown=_drain_seconds(settings.server),
+        **_uvicorn_logging(settings.observability),
     )
     _run(config, app_.state.stopping)
 
@@ -93,31 +93,31 @@ def _server_class() -> type[Any]:
     return StoppingServer
 
 
-def _drain_seconds(settings: Settings) -> int:
+def _drain_seconds(server: ServerSettings) -> int:
     """How long uvicorn waits for responses still open before it cancels them."""
     from ragservice.api.stopping import DRAIN_SHARE
 
-    return max(1, int(settings.shutdown_grace_seconds * DRAIN_SHARE))
+    return max(1, int(server.shutdown_grace_seconds * DRAIN_SHARE))
 
 
-def job_stop_seconds(settings: Settings) -> float:
+def job_stop_seconds(server: ServerSettings) -> float:
     """How long `ragservice worker`'s jobs have to go back to the queue after a signal."""
     from ragservice.api.stopping import JOBS_SHARE
 
-    return settings.shutdown_grace_seconds * JOBS_SHARE
+    return server.shutdown_grace_seconds * JOBS_SHARE
 
 
-def _uvicorn_logging(settings: Settings) -> dict[str, Any]:
+def _uvicorn_logging(observability: ObservabilitySettings) -> dict[str, Any]:
     """In JSON mode uvicorn's lines go through the service's JSON handler (no config of its
     own) and its access line is off: the app writes one per request, with the request id."""
-    if settings.log_format == "json":
+    if observability.log_format == "json":
         return {"log_config": None, "access_log": False}
     return {}
 
 
-def _job_workers(settings: Settings) -> list[ServiceFactory]:
+def _job_workers(jobs: JobSettings) -> list[ServiceFactory]:
     """The server runs RAGSERVICE_WORKERS ingest job threads; 0 leaves jobs to `worker`s."""
-    if settings.workers == 0:
+    if jobs.workers == 0:
         return []
     from ingest.worker import JobWorker
 
@@ -155,7 +155,7 @@ def worker(
     with exit_on_error():
         runtime = open_runtime(settings, supervise=True)
         try:
-            require_unprivileged_login(runtime.db, settings)
+            require_unprivileged_login(runtime.db, settings.security)
         except BaseException:
             runtime.close()
             raise
@@ -172,8 +172,8 @@ def worker(
         job_worker = JobWorker(
             runtime, threads=threads or settings.workers or 1, metrics=metrics.jobs
         )
-        run_until_signalled(job_worker, grace_seconds=job_stop_seconds(settings))
-        limit_stop_wait(settings.shutdown_grace_seconds - job_stop_seconds(settings))
+        run_until_signalled(job_worker, grace_seconds=job_stop_seconds(settings.server))
+        limit_stop_wait(settings.shutdown_grace_seconds - job_stop_seconds(settings.server))
     finally:
         if stop_serving is not None:
             stop_serving()

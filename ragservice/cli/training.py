@@ -19,7 +19,7 @@ from ragservice.cli.common import (
     fail,
     feedback_filter,
 )
-from ragservice.config import Settings, get_settings
+from ragservice.config import IndexSettings, Settings, get_settings
 
 if TYPE_CHECKING:
     from ragservice.db import Database
@@ -121,7 +121,7 @@ def finetune(
                 learning_rate=learning_rate or 2e-5,
                 device=settings.device,
             )
-        start = ft.resolve_base(db, settings, base)
+        start = ft.resolve_base(db, settings.embedding, base)
         if triplets_file is not None:
             rows, source = _triplets_file(triplets_file), {"file": str(triplets_file)}
         else:
@@ -173,7 +173,7 @@ def _train(
 
     if isinstance(options, rf.RerankerOptions):
         return rf.finetune_reranker(
-            db, settings, rows, name=out, base=start, options=options, source=source
+            db, settings.database, rows, name=out, base=start, options=options, source=source
         )
     return ft.finetune(db, settings, rows, name=out, base=start, options=options, source=source)
 
@@ -243,7 +243,7 @@ def reembed(
     with database() as db, exit_on_error():
         with db.read() as session:
             row = registry.get_model_by_name(session, model)
-        if not registry.loadable(row, settings):
+        if not registry.loadable(row, settings.embedding):
             raise fail(f"{row.name}:{row.version} has no folder here")
         missing = count_missing(db, row.id)
         if not missing:
@@ -251,12 +251,12 @@ def reembed(
             return
         embedder = registry.load_embedder(settings, row)
         size = batch_size or settings.ingest_batch_chunks
-        _reembed_with_progress(db, settings, row, embedder, size, missing)
+        _reembed_with_progress(db, settings.indexing, row, embedder, size, missing)
 
 
 def _reembed_with_progress(
     db: Database,
-    settings: Settings,
+    index: IndexSettings,
     row: EmbeddingModel,
     embedder: SentenceTransformerEmbedder,
     size: int,
@@ -288,7 +288,7 @@ def _reembed_with_progress(
             task = progress.add_task(f"embedding with {label}", total=missing)
             report = reembed(
                 db,
-                settings,
+                index,
                 row,
                 embedder,
                 batch_size=size,

@@ -16,7 +16,7 @@ from fastapi.responses import RedirectResponse
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ragservice.config import Settings
+from ragservice.config import ServerSettings
 
 PREFIX = "/ui"
 STATIC_DIR = Path(__file__).parent / "static"
@@ -36,9 +36,9 @@ SECURITY_HEADERS: tuple[tuple[bytes, bytes], ...] = (
 )
 
 
-def mount(app: FastAPI, settings: Settings) -> None:
+def mount(app: FastAPI, server: ServerSettings) -> None:
     """Serve the console at `/ui/` (and redirect `/ui` there), unless RAGSERVICE_CONSOLE is off."""
-    if not settings.console:
+    if not server.console:
         return
 
     @app.get(PREFIX, include_in_schema=False)

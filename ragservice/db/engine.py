@@ -33,7 +33,7 @@ from sqlalchemy.exc import OperationalError, ProgrammingError
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import NullPool
 
-from ragservice.config import Settings
+from ragservice.config import DatabaseSettings, ReplicationSettings, Settings
 from ragservice.db import migrate, tenancy
 from ragservice.db.embedded import embedded_database_url
 from ragservice.db.routing import PRIMARY, ReadRouter, Replica, replica_names
@@ -196,18 +196,18 @@ def error_summary(exc: BaseException) -> str:
     return f"{name}, SQLSTATE {sqlstate}" if sqlstate else name
 
 
-def resolve_database_url(settings: Settings) -> str:
+def resolve_database_url(database: DatabaseSettings) -> str:
     """The configured URL, or the embedded server's (started on demand) when none is set."""
-    if settings.database_url:
-        return _with_psycopg_driver(settings.database_url.get_secret_value())
-    return embedded_database_url(settings.data_dir)
+    if database.database_url:
+        return _with_psycopg_driver(database.database_url.get_secret_value())
+    return embedded_database_url(database.data_dir)
 
 
-def resolve_owner_url(settings: Settings, service_url: str) -> str:
+def resolve_owner_url(database: DatabaseSettings, service_url: str) -> str:
     """The owner's login: `RAGSERVICE_OWNER_DATABASE_URL`, else the service's own URL (the
     embedded server's administrator when none is configured)."""
-    if settings.owner_database_url:
-        return _with_psycopg_driver(settings.owner_database_url.get_secret_value())
+    if database.owner_database_url:
+        return _with_psycopg_driver(database.owner_database_url.get_secret_value())
     return service_url
 
 
@@ -235,8 +235,8 @@ def open_database(
 
     With `RAGSERVICE_REPLICAS` set and `route_reads`, replicas are checked once here and then
     in the background, and reads go to them."""
-    url = resolve_database_url(settings)
-    owner_url = resolve_owner_url(settings, url)
+    url = resolve_database_url(settings.database)
+    owner_url = resolve_owner_url(settings.database, url)
     bootstrap = create_engine(owner_url, poolclass=NullPool, hide_parameters=True)
     try:
         check_pgvector(bootstrap)
@@ -257,8 +257,8 @@ def open_database(
         url, role=role, connect_args={"options": "-c default_transaction_read_only=on"}
     )
     router = None
-    if route_reads and settings.replica_urls():
-        router = make_router(settings, write_engine, role=role)
+    if route_reads and settings.replication.replica_urls():
+        router = make_router(settings.replication, write_engine, role=role)
         router.start()
     return Database(
         url=url,
@@ -328,11 +328,13 @@ def tenant_scoped(sessions: sessionmaker[Session], *, role: str | None) -> sessi
     return sessions
 
 
-def make_router(settings: Settings, primary: Engine, *, role: str | None = None) -> ReadRouter:
+def make_router(
+    replication: ReplicationSettings, primary: Engine, *, role: str | None = None
+) -> ReadRouter:
     """The read router over `RAGSERVICE_REPLICAS`; not started. `role`: see `make_engine`."""
-    pairs = settings.replica_urls()
+    pairs = replication.replica_urls()
     names = replica_names([region for region, _ in pairs])
-    connect_args = {"connect_timeout": settings.replica_connect_timeout}
+    connect_args = {"connect_timeout": replication.replica_connect_timeout}
     replicas = [
         Replica(
             name,
@@ -346,11 +348,11 @@ def make_router(settings: Settings, primary: Engine, *, role: str | None = None)
     return ReadRouter(
         primary,
         replicas,
-        region=settings.region,
-        max_lag_seconds=settings.replica_max_lag_seconds,
-        wait_seconds=settings.replica_wait_seconds,
-        check_seconds=settings.replica_check_seconds,
-        check_timeout=settings.replica_connect_timeout + 1.0,
+        region=replication.region,
+        max_lag_seconds=replication.replica_max_lag_seconds,
+        wait_seconds=replication.replica_wait_seconds,
+        check_seconds=replication.replica_check_seconds,
+        check_timeout=replication.replica_connect_timeout + 1.0,
     )
 
 

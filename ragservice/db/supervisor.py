@@ -38,7 +38,7 @@ from typing import Any, Literal
 
 import psutil
 
-from ragservice.config import Settings
+from ragservice.config import DatabaseSettings
 from ragservice.db.embedded import (
     pgdata_dir,
     pgserver,
@@ -305,16 +305,16 @@ class EmbeddedSupervisor:
 
 
 def supervise_embedded(
-    settings: Settings, on_restart: Callable[[], None] | None = None
+    database: DatabaseSettings, on_restart: Callable[[], None] | None = None
 ) -> EmbeddedSupervisor | None:
     """A started supervisor of the embedded server this process holds, or None when there is
     none to watch (`RAGSERVICE_DATABASE_URL` set) or `RAGSERVICE_EMBEDDED_SUPERVISE` is off."""
-    if settings.database_url or not settings.embedded_supervise:
+    if database.database_url or not database.embedded_supervise:
         return None
     supervisor = EmbeddedSupervisor(
-        settings.data_dir,
-        check_seconds=settings.embedded_check_seconds,
-        backoff=RestartBackoff(maximum=settings.embedded_restart_max_backoff_seconds),
+        database.data_dir,
+        check_seconds=database.embedded_check_seconds,
+        backoff=RestartBackoff(maximum=database.embedded_restart_max_backoff_seconds),
         on_restart=on_restart,
     )
     supervisor.start()

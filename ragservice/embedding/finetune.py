@@ -30,7 +30,7 @@ import numpy as np
 from sqlalchemy.orm import Session
 
 from ragservice import store
-from ragservice.config import Settings
+from ragservice.config import EmbeddingSettings, Settings
 from ragservice.db import Database
 from ragservice.db.models import EmbeddingModel
 from ragservice.embedding.embedder import resolve_device, resolve_model_path
@@ -341,7 +341,7 @@ def _dimension(model: Any) -> int:
 # -- the whole run ---------------------------------------------------------------------------
 
 
-def resolve_base(db: Database, settings: Settings, ref: str | None) -> BaseModel:
+def resolve_base(db: Database, embedding: EmbeddingSettings, ref: str | None) -> BaseModel:
     """`--base`: a registered model `NAME[:VERSION]`, a model folder, or the bundled MiniLM;
     by default the active model, else the configured one."""
     with db.read() as session:
@@ -349,7 +349,7 @@ def resolve_base(db: Database, settings: Settings, ref: str | None) -> BaseModel
             active = store.embedding_models.active_model(session)
             if active is not None and active.path and Path(active.path).exists():
                 return _registered(active)
-            ref = settings.embedding_model
+            ref = embedding.embedding_model
         try:
             return _registered(get_model_by_name(session, ref))
         except NotFoundError:

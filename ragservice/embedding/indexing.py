@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ragservice import store
-from ragservice.config import Settings, get_settings
+from ragservice.config import IndexSettings, get_settings
 from ragservice.db import Database, sizing, tenancy
 from ragservice.db.models import EmbeddingModel
 from ragservice.errors import ConflictError
@@ -55,18 +55,18 @@ class IndexBuild:
     workers: int
 
 
-def build_memory_mb(settings: Settings) -> int:
+def build_memory_mb(index: IndexSettings) -> int:
     """maintenance_work_mem for a build, in MB (see the module's docstring and
     `db.sizing.index_build_memory_mb`)."""
-    if settings.index_build_memory_mb > 0:
-        return settings.index_build_memory_mb
+    if index.index_build_memory_mb > 0:
+        return index.index_build_memory_mb
     shm_free = sizing.filesystem_mb(Path("/dev/shm"), free=True)
     return sizing.index_build_memory_mb(sizing.available_memory_mb(), shm_free)
 
 
-def build_workers(settings: Settings) -> int:
-    if settings.index_build_workers is not None:
-        return settings.index_build_workers
+def build_workers(index: IndexSettings) -> int:
+    if index.index_build_workers is not None:
+        return index.index_build_workers
     return max(sizing.cpu_count() - 1, 0)
 
 
@@ -81,13 +81,13 @@ def build_embedding_index(
     model: EmbeddingModel,
     *,
     progress: Progress | None = None,
-    settings: Settings | None = None,
+    index: IndexSettings | None = None,
 ) -> IndexBuild:
     """Build the model's HNSW index for its storage (drop it first to rebuild), with the
-    build memory and workers of `settings`, reporting to `progress`. A no-op build when the
-    index exists already."""
-    settings = settings or get_settings()
-    memory, workers = build_memory_mb(settings), build_workers(settings)
+    build memory and workers of `index` (None: the process's settings), reporting to
+    `progress`. A no-op build when the index exists already."""
+    index = index or get_settings().indexing
+    memory, workers = build_memory_mb(index), build_workers(index)
     started = time.perf_counter()
     with tenancy.as_system(), db.write() as session:
         row = store.embedding_models.get_model(session, model.id)
@@ -98,8 +98,8 @@ def build_embedding_index(
             store.embedding_models.ensure_model_indexes(
                 session,
                 row,
-                hnsw_m=settings.hnsw_m,
-                hnsw_ef_construction=settings.hnsw_ef_construction,
+                hnsw_m=index.hnsw_m,
+                hnsw_ef_construction=index.hnsw_ef_construction,
             )
         rows = store.embedding_models.embedded_count(session, row.id)
         size = store.indexes.index_bytes(session, row.id)
@@ -161,7 +161,7 @@ def convert_storage(
     storage: str,
     *,
     progress: Progress | None = None,
-    settings: Settings | None = None,
+    index: IndexSettings | None = None,
 ) -> Conversion:
     """Keep the model's vectors as `storage` from now on. One transaction drops the index,
     rewrites the model's rows (halfvec ↔ the others; float32 ↔ binary keeps them) and records
@@ -181,5 +181,5 @@ def convert_storage(
         rows = store.embedding_models.embedded_count(session, row.id)
     rewrite_seconds = time.perf_counter() - started
     log.info("model %d: %d rows now %s (was %s)", row.id, rows, target, previous)
-    build = build_embedding_index(db, row, progress=progress, settings=settings)
+    build = build_embedding_index(db, row, progress=progress, index=index)
     return Conversion(row, previous, rows, rewrite_seconds, build)

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from ragservice.chunking import HFTokenizer
-from ragservice.config import Settings
+from ragservice.config import EmbeddingSettings
 from ragservice.embedding.embedder import Vector, Vectors, resolve_model_path
 from ragservice.embedding.tokens import BatchTokenizer, TokenIds
 from ragservice.types import Tokenizer
@@ -82,9 +82,9 @@ class NullEmbedder:
         return vector
 
 
-def null_embedder(settings: Settings) -> NullEmbedder:
+def null_embedder(embedding: EmbeddingSettings) -> NullEmbedder:
     """The null embedder standing in for the configured model (its tokenizer and dimension)."""
-    return NullEmbedder(resolve_model_path(settings.embedding_model))
+    return NullEmbedder(resolve_model_path(embedding.embedding_model))
 
 
 def _max_sequence(folder: Path, hf_tokenizer: object) -> int:

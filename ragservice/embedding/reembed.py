@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from ragservice import store
-from ragservice.config import Settings
+from ragservice.config import IndexSettings
 from ragservice.db import Database, tenancy
 from ragservice.db.models import EmbeddingModel
 from ragservice.embedding import indexing
@@ -63,7 +63,7 @@ def count_missing(db: Database, model_id: int) -> int:
 
 def reembed(
     db: Database,
-    settings: Settings,
+    index: IndexSettings,
     model: EmbeddingModel,
     embedder: BatchEmbedder,
     *,
@@ -77,9 +77,9 @@ def reembed(
     `on_index`: the progress of the index build at the end (a model that is not active).
     Cross-tenant: every tenant's chunks, whoever calls."""
     with tenancy.as_system():
-        report = _reembed(db, settings, model, embedder, batch_size, on_batch, missing)
+        report = _reembed(db, index, model, embedder, batch_size, on_batch, missing)
         if report.index is None and not _is_active(db, model):
-            build = indexing.build_embedding_index(db, model, progress=on_index, settings=settings)
+            build = indexing.build_embedding_index(db, model, progress=on_index, index=index)
             report = dataclasses.replace(report, index=build)
         return report
 
@@ -92,7 +92,7 @@ def _is_active(db: Database, model: EmbeddingModel) -> bool:
 
 def _reembed(
     db: Database,
-    settings: Settings,
+    index: IndexSettings,
     model: EmbeddingModel,
     embedder: BatchEmbedder,
     batch_size: int,
@@ -106,8 +106,8 @@ def _reembed(
             store.embedding_models.ensure_model_indexes(
                 session,
                 model,
-                hnsw_m=settings.hnsw_m,
-                hnsw_ef_construction=settings.hnsw_ef_construction,
+                hnsw_m=index.hnsw_m,
+                hnsw_ef_construction=index.hnsw_ef_construction,
             )
     elif total:
         indexing.drop_embedding_index(db, model)  # built once at the end (see `reembed`)

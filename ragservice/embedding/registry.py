@@ -25,7 +25,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from ragservice import store
-from ragservice.config import Settings
+from ragservice.config import EmbeddingSettings, Settings
 from ragservice.db import Database, tenancy
 from ragservice.db.models import EmbeddingModel
 from ragservice.embedding.embedder import (
@@ -211,10 +211,10 @@ def _serving(row: EmbeddingModel, embedder: SentenceTransformerEmbedder) -> Serv
 # -- loading ---------------------------------------------------------------------------------
 
 
-def loadable(row: EmbeddingModel, settings: Settings) -> bool:
+def loadable(row: EmbeddingModel, embedding: EmbeddingSettings) -> bool:
     """Whether this process can load the model without fetching anything: its folder exists,
     or it is the configured model (which the operator chose to load by name)."""
-    return bool(row.path and Path(row.path).exists()) or row.name == settings.embedding_model
+    return bool(row.path and Path(row.path).exists()) or row.name == embedding.embedding_model
 
 
 def load_embedder(settings: Settings, row: EmbeddingModel) -> SentenceTransformerEmbedder:

@@ -29,7 +29,7 @@ import numpy as np
 from sqlalchemy.orm import Session
 
 from ragservice import store
-from ragservice.config import Settings
+from ragservice.config import DatabaseSettings
 from ragservice.db import Database
 from ragservice.db.models import RerankerModel
 from ragservice.embedding.embedder import resolve_device
@@ -308,7 +308,7 @@ def _arguments(
 
 def finetune_reranker(
     db: Database,
-    settings: Settings,
+    database: DatabaseSettings,
     rows: Iterable[Triplet],
     *,
     name: str,
@@ -328,7 +328,7 @@ def finetune_reranker(
             "no training triplets: feedback must mark chunks relevant, with retrieved chunks "
             "left unmarked or marked irrelevant"
         )
-    with scratch_folder(settings.data_dir / "rerankers", name) as scratch:
+    with scratch_folder(database.data_dir / "rerankers", name) as scratch:
         trained = train(base.path, split, options, scratch, progress=progress)
         details = {
             "base": {"id": base.model_id, "model": base.label, "path": base.path},
@@ -342,12 +342,12 @@ def finetune_reranker(
             },
             "hyperparameters": asdict(options),
         }
-        return _register(db, settings, name, trained, base, details)
+        return _register(db, database, name, trained, base, details)
 
 
 def _register(
     db: Database,
-    settings: Settings,
+    database: DatabaseSettings,
     name: str,
     trained: TrainedReranker,
     base: BaseModel,
@@ -361,7 +361,7 @@ def _register(
     row, path = register_folder(
         db,
         trained.path,
-        settings.data_dir / "rerankers",
+        database.data_dir / "rerankers",
         name,
         what="reranker",
         next_version=store.rerankers.next_version,

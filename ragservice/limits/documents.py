@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ragservice.config import Settings, get_settings
+from ragservice.config import IngestSettings, get_settings
 from ragservice.limits.shape import MAX_EXTERNAL_ID_BYTES, MAX_JSON_DEPTH
 
 NO_TEXT = "no text could be extracted"
@@ -23,18 +23,18 @@ class DocumentLimits:
     parse_memory_mib: int = 2048
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> DocumentLimits:
+    def from_settings(cls, ingest: IngestSettings) -> DocumentLimits:
         return cls(
-            max_pages=settings.max_document_pages,
-            max_chars=settings.max_document_chars,
-            parse_seconds=settings.parse_timeout_seconds,
-            parse_memory_mib=settings.parse_memory_mib,
+            max_pages=ingest.max_document_pages,
+            max_chars=ingest.max_document_chars,
+            parse_seconds=ingest.parse_timeout_seconds,
+            parse_memory_mib=ingest.parse_memory_mib,
         )
 
 
 def resolve_limits(limits: DocumentLimits | None) -> DocumentLimits:
     # None: the process's own settings, which is what the server and the CLI run with.
-    return limits or DocumentLimits.from_settings(get_settings())
+    return limits or DocumentLimits.from_settings(get_settings().ingest)
 
 
 def too_long(text: str, limits: DocumentLimits) -> str:

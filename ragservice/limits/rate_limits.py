@@ -20,7 +20,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
-from ragservice.config import Settings
+from ragservice.config import SecuritySettings
 
 Clock = Callable[[], float]
 
@@ -55,11 +55,11 @@ class RateLimiter:
         self._lock = threading.Lock()
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> RateLimiter | None:
+    def from_settings(cls, security: SecuritySettings) -> RateLimiter | None:
         """The configured limiter, or None when `RAGSERVICE_RATE_LIMIT_PER_SECOND` is 0."""
-        if settings.rate_limit_per_second == 0:
+        if security.rate_limit_per_second == 0:
             return None
-        return cls(per_second=settings.rate_limit_per_second, burst=settings.rate_limit_burst)
+        return cls(per_second=security.rate_limit_per_second, burst=security.rate_limit_burst)
 
     def acquire(self, key: Hashable, cost: float = 1.0) -> float:
         """Take `cost` tokens for `key` (at most `burst`): 0.0 when the request may go ahead,

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ragservice.config import Settings
+from ragservice.config import LimitSettings
 from ragservice.errors import InvalidInputError, PayloadTooLargeError
 from ragservice.limits.text import text_problem
 
@@ -20,78 +20,78 @@ def check_form_text(value: str | None, field: str) -> str:
     return value or ""
 
 
-def check_text(text: str, settings: Settings, *, field: str) -> None:
+def check_text(text: str, limits: LimitSettings, *, field: str) -> None:
     """A question within `RAGSERVICE_MAX_QUERY_CHARS` that is more than white space."""
-    if len(text) > settings.max_query_chars:
+    if len(text) > limits.max_query_chars:
         raise InvalidInputError(
-            f"{field}: {len(text)} characters; the limit is {settings.max_query_chars} "
+            f"{field}: {len(text)} characters; the limit is {limits.max_query_chars} "
             "(RAGSERVICE_MAX_QUERY_CHARS)"
         )
     if not text.strip():
         raise InvalidInputError(f"{field}: must contain more than white space")
 
 
-def check_query(text: str, k: int, settings: Settings, *, field: str) -> None:
+def check_query(text: str, k: int, limits: LimitSettings, *, field: str) -> None:
     """The limits a request's text and k must keep (RAGSERVICE_MAX_QUERY_CHARS, MAX_K)."""
-    check_text(text, settings, field=field)
-    if k > settings.max_k:
-        raise InvalidInputError(f"k: {k} is above the limit of {settings.max_k}")
+    check_text(text, limits, field=field)
+    if k > limits.max_k:
+        raise InvalidInputError(f"k: {k} is above the limit of {limits.max_k}")
 
 
-def check_batch(count: int, settings: Settings, *, field: str) -> None:
+def check_batch(count: int, limits: LimitSettings, *, field: str) -> None:
     """413 for a list of texts longer than `RAGSERVICE_MAX_BATCH_ITEMS`."""
-    if count > settings.max_batch_items:
+    if count > limits.max_batch_items:
         raise PayloadTooLargeError(
-            f"{field}: {count} items in one request; the limit is {settings.max_batch_items} "
+            f"{field}: {count} items in one request; the limit is {limits.max_batch_items} "
             "(RAGSERVICE_MAX_BATCH_ITEMS); split them over several requests"
         )
 
 
-def check_embedding_texts(texts: Sequence[str], settings: Settings) -> None:
+def check_embedding_texts(texts: Sequence[str], limits: LimitSettings) -> None:
     """`/v1/embeddings` input within RAGSERVICE_MAX_EMBEDDING_INPUTS (413), ..._INPUT_CHARS
     for each text (422) and ..._REQUEST_CHARS for them all (413)."""
-    check_embedding_count(len(texts), settings)
+    check_embedding_count(len(texts), limits)
     for i, text in enumerate(texts):
-        if len(text) > settings.max_embedding_input_chars:
+        if len(text) > limits.max_embedding_input_chars:
             raise InvalidInputError(
                 f"input[{i}]: {len(text)} characters; the limit is "
-                f"{settings.max_embedding_input_chars} (RAGSERVICE_MAX_EMBEDDING_INPUT_CHARS)"
+                f"{limits.max_embedding_input_chars} (RAGSERVICE_MAX_EMBEDDING_INPUT_CHARS)"
             )
     total = sum(len(text) for text in texts)
-    if total > settings.max_embedding_request_chars:
+    if total > limits.max_embedding_request_chars:
         raise PayloadTooLargeError(
             f"input: {total} characters in one request; the limit is "
-            f"{settings.max_embedding_request_chars} (RAGSERVICE_MAX_EMBEDDING_REQUEST_CHARS); "
+            f"{limits.max_embedding_request_chars} (RAGSERVICE_MAX_EMBEDDING_REQUEST_CHARS); "
             "split them over several requests"
         )
 
 
-def check_embedding_count(count: int, settings: Settings, *, noun: str = "texts") -> None:
+def check_embedding_count(count: int, limits: LimitSettings, *, noun: str = "texts") -> None:
     """413 for more `/v1/embeddings` inputs (`noun`: texts or token arrays) than
     RAGSERVICE_MAX_EMBEDDING_INPUTS."""
-    if count > settings.max_embedding_inputs:
+    if count > limits.max_embedding_inputs:
         raise PayloadTooLargeError(
             f"input: {count} {noun} in one request; the limit is "
-            f"{settings.max_embedding_inputs} (RAGSERVICE_MAX_EMBEDDING_INPUTS); "
+            f"{limits.max_embedding_inputs} (RAGSERVICE_MAX_EMBEDDING_INPUTS); "
             "split them over several requests"
         )
 
 
-def check_chat(messages: int, chars: int, max_tokens: int | None, settings: Settings) -> None:
+def check_chat(messages: int, chars: int, max_tokens: int | None, limits: LimitSettings) -> None:
     """A chat request within RAGSERVICE_MAX_CHAT_MESSAGES, MAX_CHAT_CHARS (what is forwarded
     upstream: the history and the question) and MAX_ANSWER_TOKENS."""
-    if messages > settings.max_chat_messages:
+    if messages > limits.max_chat_messages:
         raise InvalidInputError(
-            f"messages: {messages} in one request; the limit is {settings.max_chat_messages} "
+            f"messages: {messages} in one request; the limit is {limits.max_chat_messages} "
             "(RAGSERVICE_MAX_CHAT_MESSAGES)"
         )
-    if chars > settings.max_chat_chars:
+    if chars > limits.max_chat_chars:
         raise InvalidInputError(
             f"messages: {chars} characters of conversation; the limit is "
-            f"{settings.max_chat_chars} (RAGSERVICE_MAX_CHAT_CHARS)"
+            f"{limits.max_chat_chars} (RAGSERVICE_MAX_CHAT_CHARS)"
         )
-    if max_tokens is not None and max_tokens > settings.max_answer_tokens:
+    if max_tokens is not None and max_tokens > limits.max_answer_tokens:
         raise InvalidInputError(
-            f"max_tokens: {max_tokens} is above the limit of {settings.max_answer_tokens} "
+            f"max_tokens: {max_tokens} is above the limit of {limits.max_answer_tokens} "
             "(RAGSERVICE_MAX_ANSWER_TOKENS)"
         )

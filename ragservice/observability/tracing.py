@@ -21,7 +21,7 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import TYPE_CHECKING, Any
 
 from ragservice import timing
-from ragservice.config import Settings
+from ragservice.config import ObservabilitySettings
 from ragservice.errors import ConfigurationError
 from ragservice.extras import missing_extra
 
@@ -161,23 +161,23 @@ class Tracing:
             self.provider.shutdown()  # exports what is still queued
 
 
-def check_available(settings: Settings) -> None:
+def check_available(observability: ObservabilitySettings) -> None:
     """Raises ConfigurationError when tracing is on and the `otel` extra is not installed."""
-    if settings.tracing and (message := missing_extra("otel", "RAGSERVICE_TRACING")):
+    if observability.tracing and (message := missing_extra("otel", "RAGSERVICE_TRACING")):
         raise ConfigurationError(message)
 
 
 @contextmanager
 def activated(
-    settings: Settings, *, provider: TracerProvider | None = None
+    observability: ObservabilitySettings, *, provider: TracerProvider | None = None
 ) -> Iterator[Tracing | None]:
-    """Tracing on for the block when `settings.tracing` is set (None otherwise). `provider`:
+    """Tracing on for the block when `observability.tracing` is set (None otherwise). `provider`:
     use this one (tests, benchmarks) instead of one configured from `OTEL_*`."""
     global _current
-    if not settings.tracing:
+    if not observability.tracing:
         yield None
         return
-    check_available(settings)
+    check_available(observability)
     if _current is not None:
         raise ConfigurationError("tracing is already on in this process")
     tracing = Tracing(provider or provider_from_environment(), owned=provider is None)

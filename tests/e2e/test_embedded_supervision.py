@@ -174,7 +174,7 @@ from ragservice.db.embedded import embedded_database_url
 from ragservice.db.supervisor import supervise_embedded
 data_dir = Path(sys.argv[1])
 embedded_database_url(data_dir)
-supervisor = supervise_embedded(Settings(data_dir=data_dir, embedded_check_seconds=0.2))
+supervisor = supervise_embedded(Settings(data_dir=data_dir, embedded_check_seconds=0.2).database)
 print("held", flush=True)
 for line in sys.stdin:  # one status line per line the test sends; its end: a normal exit
     print(json.dumps(supervisor.status().describe()), flush=True)

@@ -441,14 +441,16 @@ def test_the_connection_string_prefers_the_first_replica(tmp_path: Any) -> None:
         replicas="eu=postgresql://rep:x@replica-eu:6432/rag?sslmode=require,"
         "us=postgresql://rep@replica-us/rag",
     )
-    url = analyst_url(settings, "postgresql+psycopg://admin:s@primary:5432/rag", "ann", "p w")
+    url = analyst_url(
+        settings.replication, "postgresql+psycopg://admin:s@primary:5432/rag", "ann", "p w"
+    )
     assert url == "postgresql://ann:p%20w@replica-eu:6432/rag?sslmode=require"
     plain = Settings(database_url="postgresql://admin:s@primary/rag", data_dir=tmp_path)
     socket = "postgresql+psycopg://postgres:@/ragservice?host=/tmp/pg"
-    parsed = psycopg.conninfo.conninfo_to_dict(analyst_url(plain, socket, "ann", "pw"))
+    parsed = psycopg.conninfo.conninfo_to_dict(analyst_url(plain.replication, socket, "ann", "pw"))
     assert parsed == {"user": "ann", "password": "pw", "dbname": "ragservice", "host": "/tmp/pg"}
     # A password the operator chose (--password-stdin) is not echoed back.
-    parsed = psycopg.conninfo.conninfo_to_dict(analyst_url(plain, socket, "ann", None))
+    parsed = psycopg.conninfo.conninfo_to_dict(analyst_url(plain.replication, socket, "ann", None))
     assert parsed == {"user": "ann", "dbname": "ragservice", "host": "/tmp/pg"}
 
 

@@ -55,7 +55,7 @@ def test_unreachable_database_gives_a_clear_error(tmp_path: Path) -> None:
 
 def test_url_without_driver_gets_psycopg(tmp_path: Path) -> None:
     settings = Settings(database_url="postgresql://u:p@db:5432/rag", data_dir=tmp_path)
-    assert resolve_database_url(settings) == "postgresql+psycopg://u:p@db:5432/rag"
+    assert resolve_database_url(settings.database) == "postgresql+psycopg://u:p@db:5432/rag"
 
 
 def test_embedded_server_is_shared_between_processes(tmp_path: Path) -> None:

@@ -305,7 +305,7 @@ def test_finetune_registers_a_new_inactive_version_that_loads(
 
 
 def test_finetune_refuses_no_data_bad_names_and_unknown_bases(runtime: Runtime) -> None:
-    base = resolve_base(runtime.db, runtime.settings, None)
+    base = resolve_base(runtime.db, runtime.settings.embedding, None)
     assert base.model_id == runtime.model_id  # the active model by default
     options = TrainingOptions(device="cpu")
     with pytest.raises(InvalidInputError, match="no training triplets"):
@@ -313,7 +313,7 @@ def test_finetune_refuses_no_data_bad_names_and_unknown_bases(runtime: Runtime) 
     with pytest.raises(InvalidInputError, match="model name"):
         finetune(runtime.db, runtime.settings, triplets(), name="a/b", base=base, options=options)
     with pytest.raises(NotFoundError, match="unknown base model 'nope'"):
-        resolve_base(runtime.db, runtime.settings, "nope")
+        resolve_base(runtime.db, runtime.settings.embedding, "nope")
 
 
 # -- the CLI ---------------------------------------------------------------------------------

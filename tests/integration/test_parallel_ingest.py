@@ -47,7 +47,9 @@ def write_corpus(path: Path, ids: range, *, failing_line: bool = False) -> Path:
 
 def single(runtime: Runtime, corpus: Path, collection: str) -> IngestReport:
     pipeline = ingest_pipeline(
-        runtime, tenant_id=runtime.default_tenant_id, embedder=null_embedder(runtime.settings)
+        runtime,
+        tenant_id=runtime.default_tenant_id,
+        embedder=null_embedder(runtime.settings.embedding),
     )
     return pipeline.run(load_documents([corpus]), collection=collection)
 

@@ -57,7 +57,9 @@ def test_a_trained_reranker_registers_versions_and_serves_by_name_and_version(
         batch_size=4, max_steps=3, held_out=0.25, max_length=32, negatives=1, device="cpu"
     )
     db, settings = runtime.db, runtime.settings
-    first = finetune_reranker(db, settings, triplets(), name="tiny-rr", base=base, options=options)
+    first = finetune_reranker(
+        db, settings.database, triplets(), name="tiny-rr", base=base, options=options
+    )
     assert first.path == settings.data_dir.resolve() / "rerankers" / "tiny-rr-v1"
     assert (first.model.name, first.model.version, first.model.base) == ("tiny-rr", 1, "tiny")
     details = first.model.details
@@ -71,7 +73,9 @@ def test_a_trained_reranker_registers_versions_and_serves_by_name_and_version(
 
     monkeypatch.setattr(store.rerankers, "register", crash)
     with pytest.raises(RuntimeError, match="disk full"):
-        finetune_reranker(db, settings, triplets(), name="tiny-rr", base=base, options=options)
+        finetune_reranker(
+            db, settings.database, triplets(), name="tiny-rr", base=base, options=options
+        )
     monkeypatch.undo()
     assert [p.name for p in (settings.data_dir / "rerankers").iterdir()] == ["tiny-rr-v1"]
     with db.read() as session:

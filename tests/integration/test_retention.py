@@ -94,7 +94,7 @@ def test_the_purge_deletes_what_is_past_retention_only(runtime: Runtime) -> None
             update(IngestJob).where(IngestJob.id == queued_long_ago).values(created_at=ago)
         )
 
-    report = purge_retention(runtime.db, runtime.settings, query_log_days=30)
+    report = purge_retention(runtime.db, runtime.settings.retention, query_log_days=30)
 
     assert report == PurgeReport(queries=1, feedback=1, job_items=2)
     queries, feedback, jobs = remaining(runtime)
@@ -102,7 +102,7 @@ def test_the_purge_deletes_what_is_past_retention_only(runtime: Runtime) -> None
     assert feedback == 1
     assert jobs == {failed_lately, queued_long_ago} and failed_long_ago not in jobs
     # Retention 0 keeps the query log for ever; a second round finds nothing more.
-    forever = purge_retention(runtime.db, runtime.settings, query_log_days=0)
+    forever = purge_retention(runtime.db, runtime.settings.retention, query_log_days=0)
     assert forever == PurgeReport()
     assert remaining(runtime)[0] == {fresh}
 

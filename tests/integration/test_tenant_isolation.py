@@ -270,9 +270,9 @@ def test_a_privileged_login_is_refused_for_serving_unless_told(
     try:
         assert db.privileged_login == "a superuser"
         with pytest.raises(ConfigurationError, match="login is a superuser"):
-            require_unprivileged_login(db, settings)
+            require_unprivileged_login(db, settings.security)
         allowed = settings.model_copy(update={"allow_no_row_security": True})
-        require_unprivileged_login(db, allowed)  # a warning only
+        require_unprivileged_login(db, allowed.security)  # a warning only
     finally:
         db.dispose()
 

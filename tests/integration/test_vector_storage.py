@@ -241,10 +241,10 @@ def test_index_build_reports_progress_and_the_rows(corpus: Corpus) -> None:
 
 
 def test_build_resources_come_from_the_settings_or_the_machine() -> None:
-    assert indexing.build_memory_mb(Settings(index_build_memory_mb=300)) == 300
-    assert indexing.build_memory_mb(Settings()) >= 64
-    assert indexing.build_workers(Settings(index_build_workers=0)) == 0
-    assert indexing.build_workers(Settings()) >= 0
+    assert indexing.build_memory_mb(Settings(index_build_memory_mb=300).indexing) == 300
+    assert indexing.build_memory_mb(Settings().indexing) >= 64
+    assert indexing.build_workers(Settings(index_build_workers=0).indexing) == 0
+    assert indexing.build_workers(Settings().indexing) >= 0
 
 
 def test_writes_go_to_the_column_of_the_storage(corpus: Corpus) -> None:

@@ -15,7 +15,7 @@ from ragservice.config import Settings
 
 def test_the_console_is_served_with_a_strict_policy_and_builds_no_markup() -> None:
     app = FastAPI()
-    console.mount(app, Settings(console=True))
+    console.mount(app, Settings(console=True).server)
     with TestClient(app) as client:
         assert client.get("/ui", follow_redirects=False).headers["location"] == "/ui/"
         page = client.get("/ui/")
@@ -33,7 +33,7 @@ def test_the_console_is_served_with_a_strict_policy_and_builds_no_markup() -> No
     assert module.headers["content-security-policy"] == console.CONTENT_SECURITY_POLICY
 
     off = FastAPI()
-    console.mount(off, Settings(console=False))
+    console.mount(off, Settings(console=False).server)
     with TestClient(off) as client:
         assert client.get("/ui/").status_code == 404
 

@@ -22,7 +22,9 @@ def test_replicas_setting_is_region_url_pairs() -> None:
         ("eu", "postgres://c/db"),
     ]
     assert parse_replicas("") == []
-    assert Settings(replicas="eu=postgresql://a/db").replica_urls() == [("eu", "postgresql://a/db")]
+    assert Settings(replicas="eu=postgresql://a/db").replication.replica_urls() == [
+        ("eu", "postgresql://a/db")
+    ]
 
 
 @pytest.mark.parametrize(

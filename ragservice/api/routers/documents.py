@@ -19,7 +19,7 @@ from ragservice.api.schemas.documents import (
     document_out,
 )
 from ragservice.api.schemas.jobs import JobOut, job_out
-from ragservice.config import Settings
+from ragservice.config import LimitSettings
 from ragservice.errors import (
     BadRequestError,
     InvalidInputError,
@@ -56,7 +56,7 @@ def add_documents(
     response: Response,
 ) -> JobOut:
     """Queue JSON texts for ingestion; poll the returned job at `GET /v1/jobs/{id}`."""
-    check_batch(len(body.documents), settings, field="documents")
+    check_batch(len(body.documents), settings.limits, field="documents")
     texts = [
         ingest.TextDocument(
             text=doc.text, external_id=doc.external_id, title=doc.title, metadata=doc.metadata
@@ -101,16 +101,17 @@ async def upload_files(
     params = ingest.file_options(
         db, jsonl_fields=jsonl_fields, parquet_columns=parquet_columns, model=named_model
     )
-    if len(files) > settings.max_files_per_upload:
+    limits = settings.limits
+    if len(files) > limits.max_files_per_upload:
         raise PayloadTooLargeError(
-            f"{len(files)} files in one upload; the limit is {settings.max_files_per_upload} "
+            f"{len(files)} files in one upload; the limit is {limits.max_files_per_upload} "
             "(RAGSERVICE_MAX_FILES_PER_UPLOAD)"
         )
     extra = _metadata_field(metadata)
     names = [_file_name(upload.filename) for upload in files]
     ingest.refuse_duplicates(names, "file name")
     read = [
-        ingest.UploadedFile(name, await _read_limited(upload, name, settings))
+        ingest.UploadedFile(name, await _read_limited(upload, name, limits))
         for name, upload in zip(names, files, strict=True)
     ]
     # Writing the files into PostgreSQL is blocking work: off the event loop.
@@ -199,10 +200,10 @@ def _file_name(raw: str | None) -> str:
     return name
 
 
-async def _read_limited(upload: UploadFile, name: str, settings: Settings) -> bytes:
-    data = await upload.read(settings.max_file_bytes + 1)
-    if len(data) > settings.max_file_bytes:
+async def _read_limited(upload: UploadFile, name: str, limits: LimitSettings) -> bytes:
+    data = await upload.read(limits.max_file_bytes + 1)
+    if len(data) > limits.max_file_bytes:
         raise PayloadTooLargeError(
-            f"{name!r} exceeds {settings.max_file_bytes} bytes (RAGSERVICE_MAX_FILE_BYTES)"
+            f"{name!r} exceeds {limits.max_file_bytes} bytes (RAGSERVICE_MAX_FILE_BYTES)"
         )
     return data
