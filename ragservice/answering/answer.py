@@ -37,7 +37,7 @@ from ragservice.answering.prompt import ChatMessage, build_messages
 from ragservice.answering.query_record import Answered, QueryLog, query_record
 from ragservice.answering.question import AnswerStatus, Question, QuestionVector
 from ragservice.cache.prompt_cache import CacheInfo, Lookup, PromptCache
-from ragservice.config import Settings
+from ragservice.config import AnsweringSettings, InferenceSettings
 from ragservice.db import Database
 from ragservice.metrics import Metrics
 from ragservice.retrieval.rerank import Reranker, rerank_hits
@@ -93,7 +93,8 @@ class AnswerPipeline:
         db: Database,
         searcher: Searcher,
         models: Callable[[], AnswerModel],
-        settings: Settings,
+        answering: AnsweringSettings,
+        inference_settings: InferenceSettings,
         reranker: Reranker | None = None,
         inference: InferenceClient | None = None,
         metrics: Metrics | None = None,
@@ -105,21 +106,22 @@ class AnswerPipeline:
         self._cache = AnswerCache(cache)
         self._models = models
         self._searcher = searcher
-        self._settings = settings
+        self._answering = answering
+        self._inference_settings = inference_settings
         self._reranker = reranker
         self._inference = inference
         self._metrics = metrics
         self._upstream = UpstreamPolicy(metrics)
         self._log = QueryLog(metrics)
         # Links to other hosts and active HTML are taken out of every answer (`safety`).
-        self._text = AnswerText(settings.link_hosts(), settings.answer_html)
+        self._text = AnswerText(answering.link_hosts(), answering.answer_html)
 
     def close(self) -> None:
         self._cache.close()
 
     @property
     def model_name(self) -> str:
-        return self._settings.inference_model if self._inference else EXTRACTIVE_MODEL
+        return self._inference_settings.inference_model if self._inference else EXTRACTIVE_MODEL
 
     async def answer(self, question: Question) -> Answer:
         """The whole answer: the sequence of `stream`, collected (one completion upstream)."""
@@ -138,7 +140,7 @@ class AnswerPipeline:
         started = time.perf_counter()
         model = self._models()
         vector = QuestionVector(model, question.text)
-        scope = answer_scope(question, model, self._answering(question))
+        scope = answer_scope(question, model, self._answer_setup(question))
         lookup = await anyio.to_thread.run_sync(self._cache.lookup, question, model, vector, scope)
         if lookup.answer is not None:
             prepared = _replayed(lookup, model, vector, scope)
@@ -170,16 +172,14 @@ class AnswerPipeline:
         if text := shown.finish():
             yield text
 
-    def _answering(self, question: Question) -> dict[str, Any]:
-        """What shapes an answer beyond the search: part of its cache scope."""
-        settings = self._settings
-        reranker = self._reranker.name if self._reranks(question) and self._reranker else None
+    def _answer_setup(self, question: Question) -> dict[str, Any]:
+        """What shapes an answer beyond the search, for its cache scope: every answering
+        setting (rerank, context, prompt, …; a new one is in the scope without being named
+        here), whether this question is reranked, the model and the sampling."""
         return {
-            "rerank": reranker,
-            "rerank_candidates": settings.rerank_candidates,
-            "context": [settings.context_max_tokens, settings.context_neighbours],
+            "settings": self._answering.model_dump(mode="json"),
+            "reranked": self._reranks(question),
             "model": self.model_name,
-            "prompt": settings.system_prompt or "",
             "sampling": list(self._sampling(question)),
         }
 
@@ -204,11 +204,11 @@ class AnswerPipeline:
             with timed(timings, "rerank"):
                 hits = rerank_hits(self._reranker, question.text, hits, question.options.k)
         with timed(timings, "context"):
-            neighbours = self._searcher.neighbours(hits, self._settings.context_neighbours)
+            neighbours = self._searcher.neighbours(hits, self._answering.context_neighbours)
             context = assemble_context(
                 hits,
                 count_tokens=model.count_tokens,
-                budget_tokens=self._settings.context_max_tokens,
+                budget_tokens=self._answering.context_max_tokens,
                 neighbours=neighbours,
             )
         return _Prepared(
@@ -230,7 +230,7 @@ class AnswerPipeline:
     ) -> list[SearchHit]:
         options = question.options
         if self._reranks(question):
-            options = replace(options, k=max(options.k, self._settings.rerank_candidates))
+            options = replace(options, k=max(options.k, self._answering.rerank_candidates))
         result = self._searcher.search(
             collection_ids=question.collection_ids,
             query=question.text,
@@ -274,7 +274,7 @@ class AnswerPipeline:
         return build_messages(
             question.text,
             prepared.context.text,
-            system_prompt=self._settings.system_prompt,
+            system_prompt=self._answering.system_prompt,
             history=question.history,
             tag=prepared.tag,
         )
@@ -283,8 +283,8 @@ class AnswerPipeline:
         """max_tokens and temperature: the caller's, else the configured ones."""
         temperature = question.temperature
         if temperature is None:
-            temperature = self._settings.inference_temperature
-        return question.max_tokens or self._settings.inference_max_tokens, temperature
+            temperature = self._inference_settings.inference_temperature
+        return question.max_tokens or self._inference_settings.inference_max_tokens, temperature
 
     # -- the answer ------------------------------------------------------------------------------
 

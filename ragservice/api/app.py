@@ -110,7 +110,13 @@ def create_app(
             app.state.runtime = runtime
             runtime.models.start()  # follows `ragservice models activate` without a restart
             searcher = stack.enter_context(open_searcher(runtime.db, runtime.models))
-            app.state.search = SearchService(runtime.db, runtime.models, resolved, searcher)
+            app.state.search = SearchService(
+                runtime.db,
+                runtime.models,
+                search=resolved.search,
+                limits=resolved.limits,
+                searcher=searcher,
+            )
             inference = InferenceClient.from_settings(
                 resolved,
                 owner=tenancy.current_tenant_id,
@@ -127,7 +133,9 @@ def create_app(
                 metrics=metrics,
             )
             stack.callback(pipeline.close)
-            app.state.answers = AnswerService(runtime.db, resolved, pipeline)
+            app.state.answers = AnswerService(
+                runtime.db, search=resolved.search, limits=resolved.limits, pipeline=pipeline
+            )
             stack.callback(metrics.watch(runtime_collectors(runtime)))
             app.state.services = _start_services(stack, runtime, services, metrics.jobs, stopping)
             if resolved.metrics_port is not None:

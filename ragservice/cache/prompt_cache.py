@@ -31,7 +31,7 @@ from ragservice import store
 from ragservice.answering.context import Source, source_from_json, source_to_json
 from ragservice.answering.question import ANSWER_STATUSES, AnswerStatus
 from ragservice.cache.guard import meaning_differs, normalize_prompt, prompt_hash
-from ragservice.config import Settings
+from ragservice.config import CacheSettings
 from ragservice.db import Database, tenancy
 from ragservice.metrics import Metrics
 from ragservice.periodic import Periodic
@@ -121,11 +121,11 @@ class PromptCache:
         self,
         db: Database,
         *,
-        settings: Settings,
+        cache: CacheSettings,
         metrics: Metrics | None = None,
     ) -> None:
         self._db = db
-        self._settings = settings
+        self._config = cache
         self._metrics = metrics
         # Hit counters are written off the request path: a hit answers without waiting on them.
         self._counter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cache-hits")
@@ -179,9 +179,7 @@ class PromptCache:
         entry exists or a source changed meanwhile. `vector` is the prompt's by `model_id`;
         `sources` the version of each document the answer was built from."""
         normalized = normalize_prompt(prompt)
-        ttl = store.prompt_cache.cache_ttl(
-            session, collection_ids, self._settings.cache_ttl_seconds
-        )
+        ttl = store.prompt_cache.cache_ttl(session, collection_ids, self._config.cache_ttl_seconds)
         entry = store.prompt_cache.NewCacheEntry(
             tenant_id=tenant_id,
             scope=scope,
@@ -220,7 +218,7 @@ class PromptCache:
                 model_id=model_id,
                 dimension=dimension,
                 vector=vector,
-                threshold=self._settings.cache_similarity_threshold,
+                threshold=self._config.cache_similarity_threshold,
             )
         for candidate in candidates:
             if exact is not None and candidate.id == exact.id:

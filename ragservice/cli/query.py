@@ -144,7 +144,14 @@ def _search_locally(
     with _local_runtime(tenant) as (runtime, tenant_id):
         searcher = open_searcher(runtime.db, runtime.models)
         with searcher:
-            service = SearchService(runtime.db, runtime.models, runtime.settings, searcher)
+            settings = runtime.settings
+            service = SearchService(
+                runtime.db,
+                runtime.models,
+                search=settings.search,
+                limits=settings.limits,
+                searcher=searcher,
+            )
             found = service.search(tenant_id, asked)
     return found_out(found).model_dump(mode="json")
 
@@ -193,7 +200,12 @@ async def _stream_answer(
                 metrics=Metrics(),
             )
             try:
-                answers = AnswerService(runtime.db, runtime.settings, pipeline)
+                answers = AnswerService(
+                    runtime.db,
+                    search=runtime.settings.search,
+                    limits=runtime.settings.limits,
+                    pipeline=pipeline,
+                )
                 answers.check(asked, field="question")
                 async for item in await answers.stream(tenant_id, asked):
                     if not isinstance(item, Answer):

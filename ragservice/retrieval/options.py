@@ -17,7 +17,7 @@ from typing import Any, Final, TypeVar
 
 import annotated_types
 
-from ragservice.config import DEFAULT_EF_SEARCH, Settings
+from ragservice.config import DEFAULT_EF_SEARCH, SearchSettings
 from ragservice.errors import InvalidInputError
 from ragservice.retrieval.filters import CompiledFilter
 from ragservice.retrieval.fusion import Fusion, FusionSpec
@@ -80,7 +80,7 @@ def _number(value: float | None) -> str:
 
 def bounds_of(option: str) -> Bounds:
     """The bounds of an option: those of the setting its default comes from."""
-    metadata = Settings.model_fields[DEFAULTS_FROM[option]].metadata
+    metadata = SearchSettings.model_fields[DEFAULTS_FROM[option]].metadata
     ge = next((m.ge for m in metadata if isinstance(m, annotated_types.Ge)), None)
     le = next((m.le for m in metadata if isinstance(m, annotated_types.Le)), None)
     return Bounds(ge=ge, le=le)  # type: ignore[arg-type]  # numbers, for numeric settings
@@ -148,7 +148,7 @@ class SearchOptions:
     @classmethod
     def from_settings(
         cls,
-        settings: Settings,
+        settings: SearchSettings,
         *,
         mode: Mode = Mode.HYBRID,
         k: int = 10,

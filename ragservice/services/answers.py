@@ -16,7 +16,7 @@ from ragservice.answering.inference import InferenceClient
 from ragservice.answering.prompt import ChatMessage
 from ragservice.answering.question import Question
 from ragservice.cache.prompt_cache import PromptCache
-from ragservice.config import Settings
+from ragservice.config import LimitSettings, SearchSettings, Settings
 from ragservice.db import Database
 from ragservice.embedding.registry import ModelRegistry
 from ragservice.limits.request_bounds import check_query
@@ -60,13 +60,14 @@ def open_pipeline(
     if reranker is not None:
         reranker.warm_up()
     cache = None
-    if settings.cache_enabled:
-        cache = PromptCache(db, settings=settings, metrics=metrics)
+    if settings.cache.cache_enabled:
+        cache = PromptCache(db, cache=settings.cache, metrics=metrics)
     return AnswerPipeline(
         db=db,
         searcher=searcher,
         models=models.current,
-        settings=settings,
+        answering=settings.answering,
+        inference_settings=settings.inference,
         reranker=reranker,
         inference=inference,
         metrics=metrics,
@@ -77,9 +78,17 @@ def open_pipeline(
 class AnswerService:
     """Answers of one process: its database, settings and answering pipeline."""
 
-    def __init__(self, db: Database, settings: Settings, pipeline: AnswerPipeline) -> None:
+    def __init__(
+        self,
+        db: Database,
+        *,
+        search: SearchSettings,
+        limits: LimitSettings,
+        pipeline: AnswerPipeline,
+    ) -> None:
         self._db = db
-        self._settings = settings
+        self._search = search
+        self._limits = limits
         self._pipeline = pipeline
 
     @property
@@ -88,11 +97,11 @@ class AnswerService:
 
     def check(self, ask: AskQuery, *, field: str) -> None:
         """The limits on the question and k (before the caller is charged for an answer)."""
-        check_query(ask.search.text, ask.search.k, self._settings, field=field)
+        check_query(ask.search.text, ask.search.k, self._limits, field=field)
 
     async def question(self, tenant_id: uuid.UUID, ask: AskQuery) -> Question:
         """The question `ask` makes, its search resolved and its collections the tenant's."""
-        options = resolve_options(ask.search, self._settings)
+        options = resolve_options(ask.search, self._search)
         ids = await anyio.to_thread.run_sync(
             collection_ids, self._db, tenant_id, ask.search.collections
         )

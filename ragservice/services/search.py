@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ragservice import store
-from ragservice.config import Settings
+from ragservice.config import LimitSettings, SearchSettings
 from ragservice.db import Database
 from ragservice.embedding.registry import ModelRegistry, ServingModel
 from ragservice.limits.request_bounds import check_query
@@ -52,10 +52,10 @@ def collection_ids(
         )
 
 
-def resolve_options(query: SearchQuery, settings: Settings) -> SearchOptions:
+def resolve_options(query: SearchQuery, search: SearchSettings) -> SearchOptions:
     """The search `query` asks for: the settings' options, then its own."""
     return SearchOptions.from_settings(
-        settings,
+        search,
         mode=query.mode,
         k=query.k,
         filters=parse_and_compile(query.filters),
@@ -73,11 +73,18 @@ class SearchService:
     """Searches of one process: its database, its serving model, its settings."""
 
     def __init__(
-        self, db: Database, models: ModelRegistry, settings: Settings, searcher: Searcher
+        self,
+        db: Database,
+        models: ModelRegistry,
+        *,
+        search: SearchSettings,
+        limits: LimitSettings,
+        searcher: Searcher,
     ) -> None:
         self._db = db
         self._models = models
-        self._settings = settings
+        self._search = search
+        self._limits = limits
         self._searcher = searcher
 
     @property
@@ -87,8 +94,8 @@ class SearchService:
     def search(self, tenant_id: uuid.UUID, query: SearchQuery, *, field: str = "query") -> Found:
         """The tenant's best chunks for `query` (or documents, grouped); `field` names the
         query in a limit's error."""
-        check_query(query.text, query.k, self._settings, field=field)
-        options = resolve_options(query, self._settings)
+        check_query(query.text, query.k, self._limits, field=field)
+        options = resolve_options(query, self._search)
         ids = collection_ids(self._db, tenant_id, query.collections)
         model = self._models.current()
         result = self._searcher.search(

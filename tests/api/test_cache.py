@@ -117,7 +117,7 @@ def test_a_changed_retrieval_setting_is_a_new_scope(
     ask(client, keys.reader)
     assert ask(client, keys.reader)["cache"]["hit"] is True
     answers = client.app.state.answers  # type: ignore[attr-defined]
-    monkeypatch.setattr(answers, "_settings", answers._settings.model_copy(update=setting))
+    monkeypatch.setattr(answers, "_search", answers._search.model_copy(update=setting))
     assert ask(client, keys.reader)["cache"]["hit"] is False
     assert ask(client, keys.reader)["cache"]["hit"] is True
 
