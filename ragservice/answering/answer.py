@@ -46,7 +46,7 @@ from ragservice.safety.html import AnswerText
 from ragservice.safety.sources import new_tag
 from ragservice.timing import ms_since, timed
 
-__all__ = ["EXTRACTIVE_MODEL", "Answer", "AnswerPipeline", "Question"]
+__all__ = ["EXTRACTIVE_MODEL", "Answer", "AnswerPipeline"]
 
 
 class AnswerModel(QueryModel, Protocol):
