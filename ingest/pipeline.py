@@ -89,6 +89,8 @@ def document_hash(doc: LoadedDocument, model_id: int | None = None) -> str:
     """Hash of a document's content: a change in title, text or metadata makes a new version.
 
     The source path is left out so that the same files ingested from another folder are unchanged.
+    Readers the ingest names are covered (a change rewrites the document's rows, with its stored
+    vectors: nothing is embedded again); readers it does not name are not.
     A paged document's hash covers where its pages start (a document without pages hashes as
     it always did). An imported document's hash covers its chunks (texts, metadata, vector
     bytes) and the model version they are for as well.
@@ -101,6 +103,8 @@ def document_hash(doc: LoadedDocument, model_id: int | None = None) -> str:
             payload.append(list(doc.page_starts))
     else:
         payload = [doc.title, doc.metadata, pre.texts, pre.metadata, model_id]
+    if doc.readers is not None:
+        payload.append({"readers": list(doc.readers)})
     digest = hashlib.sha256(json.dumps(payload, sort_keys=True, ensure_ascii=False).encode())
     if pre is not None:
         digest.update(np.ascontiguousarray(pre.vectors, dtype="<f4").tobytes())
@@ -310,15 +314,19 @@ class IngestPipeline:
         self, docs: Sequence[LoadedDocument], collection_id: uuid.UUID | None
     ) -> tuple[list[str], list[_Pending | LoadFailure]]:
         """The external ids of unchanged documents, and the others prepared (or failed)."""
-        stored = self._stored_hashes(collection_id, [d.external_id for d in docs])
+        stored = self._stored(collection_id, [d.external_id for d in docs])
         unchanged: list[str] = []
         changed: list[tuple[LoadedDocument, str]] = []
         for doc in docs:
             digest = document_hash(doc, self._model_id)
-            if stored.get(doc.external_id) == digest:
+            before = stored.get(doc.external_id)
+            if before is not None and before.content_hash == digest:
                 unchanged.append(doc.external_id)
-            else:
-                changed.append((doc, digest))
+                continue
+            if doc.readers is None and before is not None and before.readers:
+                # Not named by this ingest: a changed document keeps who may read it.
+                doc = replace(doc, readers=tuple(before.readers))
+            changed.append((doc, digest))
         return unchanged, list(self._prepare(changed))
 
     def _prepare(
@@ -366,13 +374,13 @@ class IngestPipeline:
         chunks = [flag_injection(chunk) for chunk in imported_chunks(pre)]
         return _Pending(doc, digest, chunks, [text_hash(c.text) for c in chunks], pre.vectors)
 
-    def _stored_hashes(
+    def _stored(
         self, collection_id: uuid.UUID | None, external_ids: list[str]
-    ) -> dict[str, str]:
+    ) -> dict[str, store.documents.StoredDocument]:
         if collection_id is None:
             return {}
         with self._db.read() as session:
-            return store.documents.document_hashes(session, collection_id, external_ids)
+            return store.documents.stored_documents(session, collection_id, external_ids)
 
     def _embed_and_submit(
         self, batch: list[_Pending], writer: BatchWriter, report: IngestReport
@@ -389,6 +397,7 @@ class IngestPipeline:
                 char_count=len(p.doc.text),
                 chunks=p.chunks,
                 chunk_hashes=p.chunk_hashes,
+                readers=p.doc.readers,
                 embeddings=(
                     p.vectors
                     if p.vectors is not None

@@ -37,6 +37,7 @@ from ingest.loaders import (
     load_bytes,
     load_text,
 )
+from ingest.loaders.readers import with_readers
 from ingest.pipeline import IngestPipeline, IngestReport
 from ingest.targets import ingest_pipeline, resolve_model
 from ragservice import store
@@ -388,10 +389,11 @@ def _load_item(
 ) -> Iterator[LoadResult]:
     if item.kind == "text":
         text = item.body.decode("utf-8", errors="replace")
-        yield load_text(item.name, text, title=item.title, metadata=item.metadata, limits=limits)
+        loaded = load_text(item.name, text, title=item.title, metadata=item.metadata, limits=limits)
+        yield from with_readers([loaded], item.readers)
     else:
         fields, columns = formats
-        yield from load_bytes(
+        results = load_bytes(
             item.name,
             item.body,
             jsonl_fields=fields,
@@ -399,6 +401,7 @@ def _load_item(
             metadata=item.metadata,
             limits=limits,
         )
+        yield from with_readers(results, item.readers)
 
 
 def _formats(job: store.jobs.ClaimedJob) -> tuple[JsonlFields, ParquetColumns]:

@@ -109,6 +109,9 @@ class LoadedDocument:
     """Where each page starts in `text` (page n at index n - 1), for a paged document (a
     PDF); empty for a document without pages. An empty page starts where the text before it
     ends."""
+    readers: tuple[str, ...] | None = None
+    """Who may read it (`user:…`, `group:…`, checked); None: not said (a stored document keeps
+    its readers, a new one is the whole tenant's); empty: the whole tenant."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +21,10 @@ from ingest.loaders.vectors import (
     precomputed_document,
     vector_matrix,
 )
+from ragservice.errors import InvalidInputError
 from ragservice.limits.documents import ID_TOO_LONG, NO_TEXT, TOO_DEEP, DocumentLimits, too_long
 from ragservice.limits.shape import external_id_too_long, too_deep
+from ragservice.readers import parse_readers
 from ragservice.types import LoadedDocument, LoadFailure, PrecomputedChunks
 
 
@@ -39,6 +41,9 @@ class JsonlFields:
     text: str = "text"
     metadata: tuple[str, ...] = ()
     chunks: str = "chunks"
+    readers: str = "readers"
+    """The key of who may read the row's document: a list of `user:…`/`group:…` or a
+    comma-separated string (docs/permissions.md); a row without it keeps the upload's."""
 
     @classmethod
     def parse(cls, spec: str) -> JsonlFields:
@@ -55,10 +60,11 @@ class JsonlFields:
             text=values.get("text", default.text),
             metadata=metadata,
             chunks=values.get("chunks", default.chunks),
+            readers=values.get("readers", default.readers),
         )
 
 
-_SPEC_KEYS = ("id", "title", "text", "metadata", "chunks")
+_SPEC_KEYS = ("id", "title", "text", "metadata", "chunks", "readers")
 
 
 def _parse_spec(spec: str) -> dict[str, str]:
@@ -79,7 +85,7 @@ def _spec_part_problem(part: str, key: str, sep: str, value: str, seen: Mapping[
     if not sep:
         return f"{part!r} is not key=value"
     if key not in _SPEC_KEYS:
-        return f"unknown key {key!r} (expected id, title, text, metadata or chunks)"
+        return f"unknown key {key!r} (expected id, title, text, metadata, chunks or readers)"
     if key in seen:
         return f"key {key!r} is given twice"
     if not value.strip("|").strip():
@@ -130,8 +136,10 @@ def _jsonl_row(
         row = _parse_row(decode(raw))
         external_id = _row_id(row, fields)
         metadata = _row_metadata(row, fields, {**provenance, **extra})
+        readers = _row_readers(row, fields)
         if fields.chunks in row:
-            return _precomputed_row(row, fields, (external_id, metadata), where, limits)
+            document = (external_id, metadata)
+            return replace(_precomputed_row(row, fields, document, where, limits), readers=readers)
         text = _row_text(row, fields, limits)
     except ParseError as exc:
         return LoadFailure(line, str(exc))
@@ -143,7 +151,23 @@ def _jsonl_row(
         title=title,
         metadata=metadata,
         source=source,
+        readers=readers,
     )
+
+
+def _row_readers(row: dict[str, Any], fields: JsonlFields) -> tuple[str, ...] | None:
+    """The row's readers, checked; None when it names none."""
+    value = row.get(fields.readers)
+    if value is None:
+        return None
+    if not isinstance(value, str) and not (
+        isinstance(value, list) and all(isinstance(item, str) for item in value)
+    ):
+        raise ParseError(f"{fields.readers!r} must be a list of strings or one string")
+    try:
+        return parse_readers(value)
+    except InvalidInputError as exc:
+        raise ParseError(str(exc)) from None
 
 
 def _precomputed_row(

@@ -16,8 +16,10 @@ from ingest.loaders.cleaning import clean_json, clean_text, clean_title, collaps
 from ingest.loaders.jsonl_files import JsonlFields, jsonl_results, load_jsonl
 from ingest.loaders.parquet_files import ParquetColumns, batch_documents
 from ingest.loaders.parsing import LoadResult, ParseError
+from ingest.loaders.readers import Sidecars, sidecar_failure, with_readers
 from ingest.loaders.sandbox import PARSERS, parse_isolated, stream_isolated
 from ingest.loaders.walking import iter_files
+from ragservice.errors import InvalidInputError
 from ragservice.limits.documents import (
     ID_TOO_LONG,
     NO_TEXT,
@@ -41,21 +43,33 @@ def load_documents(
     jsonl_fields: JsonlFields = _BEIR_FIELDS,
     limits: DocumentLimits | None = None,
     parquet_columns: ParquetColumns = _PARQUET_COLUMNS,
+    readers: tuple[str, ...] | None = None,
 ) -> Iterator[LoadResult]:
-    """Load every file `iter_files` selects; raises FileNotFoundError at once for a bad path."""
+    """Load every file `iter_files` selects; raises FileNotFoundError at once for a bad path.
+
+    Documents get the readers their JSONL row names, else those of the nearest `.readers`
+    sidecar (`ingest.loaders.readers`), else `readers` (None: not said)."""
     files = iter_files(paths, include, exclude)
     resolved = resolve_limits(limits)
-    return (
-        result
-        for path, external_id in files
-        for result in load_file(
-            path,
-            external_id,
-            jsonl_fields=jsonl_fields,
-            parquet_columns=parquet_columns,
-            limits=resolved,
-        )
-    )
+    sidecars = Sidecars()
+
+    def loaded() -> Iterator[LoadResult]:
+        for path, external_id in files:
+            try:
+                found = sidecars.readers_for(path, external_id)
+            except InvalidInputError as exc:
+                yield sidecar_failure(path, exc)
+                continue
+            results = load_file(
+                path,
+                external_id,
+                jsonl_fields=jsonl_fields,
+                parquet_columns=parquet_columns,
+                limits=resolved,
+            )
+            yield from with_readers(results, readers if found is None else found)
+
+    return loaded()
 
 
 def load_file(

@@ -20,6 +20,7 @@ from ragservice.cache.prompt_cache import (
     PromptCache,
     scope_fingerprint,
 )
+from ragservice.db import tenancy
 from ragservice.observability import tracing
 from ragservice.retrieval.search import QueryModel, SearchHit
 
@@ -72,12 +73,16 @@ class AnswerCache:
         self, question: Question, sources: Sequence[Source], generated: Generated
     ) -> bool:
         """An answer from a source flagged as instruction-like is never cached: an injection
-        that worked would otherwise be replayed to the whole tenant."""
+        that worked would otherwise be replayed to the whole tenant. Nor is an answer built
+        from no source for an asker who may not read every document: another asker, who may
+        read more, would be told that nothing answers the question. (An entry is served only to
+        askers who may read all its sources: migration 0026.)"""
         return (
             self.caches(question)
             and generated.error is None
             and bool(generated.text)
             and not any(source.flagged for source in sources)
+            and (bool(sources) or not tenancy.current().restricted)
         )
 
     def remember(

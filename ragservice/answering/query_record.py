@@ -16,6 +16,7 @@ from ragservice.answering.prompt import ChatMessage
 from ragservice.answering.question import Question
 from ragservice.cache.prompt_cache import CacheInfo
 from ragservice.db import error_summary
+from ragservice.db.scope import current_asker
 from ragservice.metrics import Metrics
 from ragservice.observability import logs, tracing
 from ragservice.retrieval.search import SearchHit
@@ -70,6 +71,7 @@ def query_record(answered: Answered) -> store.query_log.QueryRecord:
         source_document_ids=[source.document_id for source in answered.sources],
         request_id=logs.current_request_id(),
         trace_id=tracing.current_trace_id(),
+        asker=current_asker(),
     )
 
 

@@ -38,6 +38,7 @@ from ragservice.errors import (
 from ragservice.limits.rate_limits import RateLimiter
 from ragservice.metrics import Metrics
 from ragservice.observability import logs
+from ragservice.readers import principal_set
 from ragservice.runtime import Runtime
 
 log = logging.getLogger(__name__)
@@ -51,14 +52,23 @@ AUTH_DISABLED_ACTOR = "auth-disabled"
 
 @dataclass(frozen=True, slots=True)
 class Principal:
-    """Who is calling: every query the request makes is scoped to `tenant_id`. `actor` names
-    the caller in the audit log (`key:<prefix>`)."""
+    """Who is calling: every query the request makes is scoped to `tenant_id`, and reads the
+    documents `readers` may read (None: all of the tenant's). `actor` names the caller in the
+    audit log (`key:<prefix>`, `user:<name>` for a signed token); `user` is the user a key or
+    token acts for."""
 
     tenant_id: uuid.UUID
     role: Role
     key_id: uuid.UUID | None
     actor: str = AUTH_DISABLED_ACTOR
     key_prefix: str | None = None
+    user: str | None = None
+    readers: frozenset[str] | None = None
+
+    @property
+    def asker(self) -> str:
+        """Who asked, as the query log and feedback record it."""
+        return f"user:{self.user}" if self.user is not None else self.actor
 
     def is_service_admin(self, default_tenant_id: uuid.UUID) -> bool:
         """Whether the caller may change what every tenant shares (the embedding model): an
@@ -101,8 +111,11 @@ class AuthMiddleware:
         logs.set_request_tenant(principal.tenant_id)  # on the request's log lines from here
         db_scope = current_scope()
         if db_scope is not None:
-            # From here on the request's transactions see this tenant's rows only (`tenancy`).
+            # From here on the request's transactions see this tenant's rows only, and of its
+            # documents those the caller may read (`tenancy`).
             db_scope.tenant_id = principal.tenant_id
+            db_scope.readers = principal.readers
+            db_scope.asker = principal.asker
         await self.app(scope, receive, send)
 
     async def _authenticate(self, scope: Scope) -> Principal:
@@ -138,17 +151,41 @@ class AuthMiddleware:
             )
 
 
-def _lookup(runtime: Runtime, key_hash: str) -> ApiKey | None:
+@dataclass(frozen=True, slots=True)
+class _FoundKey:
+    key: ApiKey
+    groups: list[str]
+
+
+def _lookup(runtime: Runtime, key_hash: str) -> _FoundKey | None:
     # The key decides the tenant, so finding it is the one read of a request across tenants.
-    # On the primary: a revoked key must not live on for as long as a replica lags.
+    # On the primary: a revoked key must not live on for as long as a replica lags, nor a
+    # user's group membership once removed.
     with tenancy.as_system(), runtime.db.read(primary=True) as session:
-        return store.tenants.get_api_key(session, key_hash)
+        key = store.tenants.get_api_key(session, key_hash)
+        if key is None:
+            return None
+        groups = (
+            []
+            if key.user_name is None
+            else store.tenants.user_groups(session, key.tenant_id, key.user_name)
+        )
+        return _FoundKey(key, groups)
 
 
-def _principal(runtime: Runtime, key: ApiKey | None, metrics: Metrics) -> Principal:
-    if key is None:
+def key_readers(role: Role, user: str | None, groups: list[str]) -> frozenset[str] | None:
+    """What a key reads: its user's and groups' documents; a key of no user, every document
+    of its tenant if it is an admin's, else the unrestricted ones only (fail closed)."""
+    if user is not None:
+        return principal_set(user, groups)
+    return None if role is Role.ADMIN else frozenset()
+
+
+def _principal(runtime: Runtime, found: _FoundKey | None, metrics: Metrics) -> Principal:
+    if found is None:
         metrics.auth_refused.labels(reason="unknown").inc()
         raise AuthenticationError("unknown or revoked API key")
+    key = found.key
     now = datetime.now(UTC)
     if key.expires_at is not None and key.expires_at <= now:
         metrics.auth_refused.labels(reason="expired").inc()
@@ -162,12 +199,15 @@ def _principal(runtime: Runtime, key: ApiKey | None, metrics: Metrics) -> Princi
                 store.tenants.touch_api_key, key_id=key.id, every_seconds=LAST_USED_EVERY_SECONDS
             )
         )
+    role = Role(key.role)
     return Principal(
         tenant_id=key.tenant_id,
-        role=Role(key.role),
+        role=role,
         key_id=key.id,
         actor=f"key:{key.prefix}",
         key_prefix=key.prefix,
+        user=key.user_name,
+        readers=key_readers(role, key.user_name, found.groups),
     )
 
 

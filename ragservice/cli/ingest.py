@@ -31,8 +31,14 @@ from ingest.targets import ingest_pipeline, resolve_model
 from ragservice import store
 from ragservice.config import DEFAULT_TENANT_NAME, get_settings
 from ragservice.db import tenancy
-from ragservice.errors import NotFoundError, PermissionDeniedError, RagServiceError
+from ragservice.errors import (
+    InvalidInputError,
+    NotFoundError,
+    PermissionDeniedError,
+    RagServiceError,
+)
 from ragservice.observability.logs import configure_logging
+from ragservice.readers import parse_readers
 from ragservice.runtime import Runtime, open_runtime
 
 if TYPE_CHECKING:
@@ -151,9 +157,23 @@ def ingest_command(
         bool,
         typer.Option("--json", help="Print the summary as one JSON document on stdout."),
     ] = False,
+    readers: Annotated[
+        str | None,
+        typer.Option(
+            "--readers",
+            help="Who may read the documents, e.g. 'group:hr,user:ana' ('' : the whole "
+            "tenant). A folder's .readers file and a JSONL row's readers field win over it; "
+            "left out, stored documents keep theirs and new ones are the whole tenant's "
+            "(docs/permissions.md).",
+        ),
+    ] = None,
 ) -> None:
     """Load, chunk, embed and store documents, or import chunks with their vectors (JSONL
     lines with `chunks`, Parquet). Unchanged documents are skipped."""
+    try:
+        named_readers = parse_readers(readers)
+    except InvalidInputError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--readers") from exc
     if index not in _INDEX_MODES:
         raise typer.BadParameter("must be auto, kept or deferred", param_hint="--index")
     try:
@@ -189,6 +209,7 @@ def ingest_command(
                     index,
                     workers,
                     tenant,
+                    named_readers,
                 ),
                 outcome,
                 ctrl_c,
@@ -224,6 +245,7 @@ class _Options:
     index: str = "auto"
     workers: int = 1
     tenant: str = DEFAULT_TENANT_NAME
+    readers: tuple[str, ...] | None = None
 
 
 @dataclass
@@ -292,6 +314,7 @@ def _run(
             exclude=options.exclude,
             jsonl_fields=options.fields,
             parquet_columns=options.columns,
+            readers=options.readers,
         )
         params: dict[str, object] = {
             "paths": [str(p) for p in paths],

@@ -14,6 +14,8 @@ from ragservice import store
 from ragservice.auth.keys import Role
 from ragservice.cli.common import cli_actor, console, database, fail, iso_time
 from ragservice.db import tenancy
+from ragservice.errors import InvalidInputError
+from ragservice.readers import check_name
 
 app = typer.Typer(help="API keys.", no_args_is_help=True)
 
@@ -61,10 +63,19 @@ def keys_create(
         str | None,
         typer.Option("--expires-at", help="End of life as an ISO time (UTC unless it says)."),
     ] = None,
+    user: Annotated[
+        str | None,
+        typer.Option(
+            "--user",
+            help="The user the key acts for: it reads the documents that user and the "
+            "user's groups may read (default: no user; see docs/permissions.md).",
+        ),
+    ] = None,
 ) -> None:
     """Create an API key and print it once; only its hash is stored."""
     from ragservice.auth.keys import new_key
 
+    user_name = _user_name(user)
     ends = expiry(expires_in, expires_at)
     key = new_key()
     with database() as db, tenancy.as_system(), db.write() as session:
@@ -77,6 +88,7 @@ def keys_create(
             key_hash=key.hash,
             name=name,
             expires_at=ends,
+            user_name=user_name,
         )
         store.audit.record(
             session,
@@ -84,10 +96,13 @@ def keys_create(
             actor=cli_actor(),
             action="key.create",
             target=key.prefix,
-            details={"role": str(role), "name": name, "expires_at": _iso(ends)},
+            details={"role": str(role), "name": name, "expires_at": _iso(ends), "user": user_name},
         )
     until = "" if ends is None else f", valid until {_iso(ends)}"
-    console.print(f"created a {role} key for tenant {tenant!r}{until}; it is shown only this once:")
+    acting = "" if user_name is None else f" acting for user {user_name!r}"
+    console.print(
+        f"created a {role} key for tenant {tenant!r}{acting}{until}; it is shown only this once:"
+    )
     typer.echo(key.secret)
 
 
@@ -96,7 +111,7 @@ def keys_list(
     as_json: Annotated[bool, typer.Option("--json", help="Print a JSON array.")] = False,
 ) -> None:
     """List keys, tab-separated: prefix, tenant, role, state (active, expired, revoked), name,
-    expires at, last used (to the minute); secrets are never shown again."""
+    user, expires at, last used (to the minute); secrets are never shown again."""
     with database() as db, tenancy.as_system(), db.read() as session:
         rows = store.tenants.list_api_keys(session)
     now = datetime.now(UTC)
@@ -114,6 +129,7 @@ def keys_list(
                 "role": key.role,
                 "state": state,
                 "name": key.name,
+                "user": key.user_name,
                 "expires_at": _iso(key.expires_at),
                 "last_used_at": _iso(key.last_used_at),
             }
@@ -148,6 +164,15 @@ def keys_revoke(
     if not revoked:
         raise fail(f"no active key with prefix {prefix!r}")
     console.print(f"revoked {len(revoked)} key(s)")
+
+
+def _user_name(user: str | None) -> str | None:
+    if user is None:
+        return None
+    try:
+        return check_name(user.strip(), "user")
+    except InvalidInputError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--user") from None
 
 
 def _iso(at: datetime | None) -> str | None:

@@ -14,6 +14,7 @@ from ragservice.cli import (
     db,
     embedding_models,
     feedback,
+    groups,
     jobs,
     keys,
     mcp_server,
@@ -82,6 +83,7 @@ app.command("backup")(backup.backup)
 app.command("restore")(backup.restore)
 app.add_typer(db.app, name="db")
 app.add_typer(keys.app, name="keys")
+app.add_typer(groups.app, name="groups")
 app.add_typer(tenants.app, name="tenants")
 app.add_typer(replicas.app, name="replicas")
 app.add_typer(embedding_models.app, name="models")

@@ -77,6 +77,8 @@ class Document(Base):
     version: Mapped[int] = mapped_column(Integer, server_default="1")
     chunk_count: Mapped[int] = mapped_column(Integer, server_default="0")
     char_count: Mapped[int] = mapped_column(Integer, server_default="0")
+    # Who may read it: `user:<name>` and `group:<name>`; None: the whole tenant (migration 0026).
+    readers: Mapped[list[str] | None] = mapped_column(ARRAY(Text), nullable=True)
     created_at: Mapped[datetime] = _now()
     updated_at: Mapped[datetime] = _now()
 
@@ -107,6 +109,8 @@ class Chunk(Base):
     # a document without pages (migration 0016).
     page_start: Mapped[int | None] = mapped_column(Integer)
     page_end: Mapped[int | None] = mapped_column(Integer)
+    # Its document's readers, copied (row-level security reads them per row; migration 0026).
+    readers: Mapped[list[str] | None] = mapped_column(ARRAY(Text), nullable=True)
 
 
 class EmbeddingModel(Base):
@@ -241,6 +245,8 @@ class ApiKey(Base):
     prefix: Mapped[str] = mapped_column(Text)
     key_hash: Mapped[str] = mapped_column(Text, unique=True)
     role: Mapped[str] = mapped_column(Text)
+    # The user the key acts for: it reads what that user may (None: no user; migration 0026).
+    user_name: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = _now()
     last_used_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
@@ -261,6 +267,21 @@ class IngestJobItem(Base):
     title: Mapped[str | None] = mapped_column(Text)
     body: Mapped[bytes] = mapped_column(LargeBinary)
     metadata_: Mapped[dict[str, Any]] = mapped_column("metadata", server_default="{}")
+    # The readers the document is to get (None: as stored, or the whole tenant when new).
+    readers: Mapped[list[str] | None] = mapped_column(ARRAY(Text), nullable=True)
+
+
+class GroupMember(Base):
+    """A user's membership of a group of its tenant (migration 0026)."""
+
+    __tablename__ = "group_members"
+
+    tenant_id: Mapped[uuid.UUID] = mapped_column(
+        ForeignKey("tenants.id", ondelete="CASCADE"), primary_key=True
+    )
+    group_name: Mapped[str] = mapped_column(Text, primary_key=True)
+    user_name: Mapped[str] = mapped_column(Text, primary_key=True)
+    created_at: Mapped[datetime] = _now()
 
 
 class QueryLog(Base):
@@ -295,6 +316,8 @@ class QueryLog(Base):
     # The request's X-Request-ID and, while tracing is on, its trace id (32 hex digits).
     request_id: Mapped[str | None] = mapped_column(Text)
     trace_id: Mapped[str | None] = mapped_column(Text)
+    # Who asked: `user:<name>`, else `key:<prefix>` (None: no key, or before migration 0026).
+    asker: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = _now()
 
 
@@ -318,6 +341,7 @@ class Feedback(Base):
         ARRAY(UUID(as_uuid=True)), server_default="{}"
     )
     key_id: Mapped[uuid.UUID | None] = mapped_column(UUID(as_uuid=True))
+    asker: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = _now()
 
 
@@ -325,7 +349,7 @@ class PromptCacheEntry(Base):
     """A cached answer, served only within its scope and only until `expires_at`."""
 
     __tablename__ = "prompt_cache"
-    __table_args__ = (UniqueConstraint("scope", "prompt_hash"),)
+    __table_args__ = (UniqueConstraint("scope", "prompt_hash", "source_documents"),)
 
     id: Mapped[uuid.UUID] = mapped_column(primary_key=True, server_default=func.gen_random_uuid())
     tenant_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
@@ -341,6 +365,10 @@ class PromptCacheEntry(Base):
     expires_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     hits: Mapped[int] = mapped_column(Integer, server_default="0")
     last_hit_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # The documents it was built from: it is served only to askers who may read them all.
+    source_documents: Mapped[list[uuid.UUID]] = mapped_column(
+        ARRAY(UUID(as_uuid=True)), server_default="{}"
+    )
 
 
 class PromptCacheSource(Base):

@@ -12,6 +12,10 @@ fills it without any caller passing it along:
 - `read_node`: which node served the request's reads.
 - `tenant_id`: the caller's tenant once the API key is known; the database shows the request's
   transactions that tenant's rows only (row-level security, see `tenancy`).
+- `asker`: who the request acts for, as the query log and feedback record it (`user:<name>`,
+  else `key:<prefix>`).
+- `readers`: the caller's principal set once known (None: every document of the tenant);
+  until then the empty set, which reads the unrestricted documents only (see `tenancy`).
 - `deferred`: writes that need not delay the response (the query log, cache stores); they run
   on the primary after the response is sent.
 
@@ -70,6 +74,8 @@ class RequestScope:
     written_lsn: int | None = None
     read_node: str | None = None
     tenant_id: uuid.UUID | None = None
+    readers: frozenset[str] | None = frozenset()
+    asker: str | None = None
     deferred: list[DeferredWrite] = field(default_factory=list)
 
     def wrote(self, lsn: int) -> None:
@@ -84,6 +90,12 @@ _current: ContextVar[RequestScope | None] = ContextVar("ragservice_request_scope
 
 def current_scope() -> RequestScope | None:
     return _current.get()
+
+
+def current_asker() -> str | None:
+    """Who the current request acts for (None: outside a request, or not known yet)."""
+    scope = _current.get()
+    return None if scope is None else scope.asker
 
 
 @contextmanager

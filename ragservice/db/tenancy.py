@@ -13,6 +13,13 @@ the policies show nothing else:
   rows at all, so code that forgets to say whose rows it works on fails closed.
 
 A query that forgets its tenant filter therefore returns the caller's rows only.
+
+Within its tenant, a transaction also says whose documents it may read (`readers`, migration
+0026): the asker's principal set (`user:ana`, `group:hr`), or every document of the tenant
+(None). A request reads with its caller's set (`RequestScope.readers`, set once the caller is
+known; before that, the empty set: unrestricted documents only); `as_tenant` and `as_system`
+read every document. A restricted document or chunk whose readers share nothing with the set is
+invisible to every statement of the transaction.
 """
 
 from __future__ import annotations
@@ -26,14 +33,22 @@ from dataclasses import dataclass
 from sqlalchemy import Connection
 
 from ragservice.db.scope import current_scope
+from ragservice.readers import array_literal
 
 
 @dataclass(frozen=True, slots=True)
 class Tenancy:
-    """One tenant (`tenant_id`), all of them (`system`), or none (neither)."""
+    """One tenant (`tenant_id`), all of them (`system`), or none (neither); within the tenant,
+    the documents of the principal set `readers` (None: every document)."""
 
     tenant_id: uuid.UUID | None = None
     system: bool = False
+    readers: frozenset[str] | None = None
+
+    @property
+    def restricted(self) -> bool:
+        """Whether some of the tenant's documents may be hidden from this transaction."""
+        return self.readers is not None and not self.system
 
 
 SYSTEM = Tenancy(system=True)
@@ -45,7 +60,12 @@ SYSTEM_ROLE = "ragservice_system"
 _override: ContextVar[Tenancy | None] = ContextVar("ragservice_tenancy", default=None)
 
 # Sent as is (no SQLAlchemy compilation): they run at the start of every transaction.
-_SET_TENANT = "SELECT set_config('ragservice.tenant_id', %s, true)"
+_SET_TENANT = (
+    "SELECT set_config('ragservice.tenant_id', %s, true), "
+    "set_config('ragservice.readers', %s, true)"
+)
+ALL_DOCUMENTS = "*"
+"""`ragservice.readers` of a transaction that reads every document of its tenant."""
 _AS_SYSTEM = f"SET LOCAL ROLE {SYSTEM_ROLE}"
 
 
@@ -57,13 +77,14 @@ def current() -> Tenancy:
     scope = current_scope()
     if scope is None:
         return NO_TENANT
-    return Tenancy(tenant_id=scope.tenant_id)
+    return Tenancy(tenant_id=scope.tenant_id, readers=scope.readers)
 
 
 @contextmanager
-def as_tenant(tenant_id: uuid.UUID) -> Iterator[None]:
-    """Transactions opened within (in this context) see `tenant_id`'s rows only."""
-    with _overridden(Tenancy(tenant_id=tenant_id)):
+def as_tenant(tenant_id: uuid.UUID, readers: frozenset[str] | None = None) -> Iterator[None]:
+    """Transactions opened within (in this context) see `tenant_id`'s rows only: its
+    documents that `readers` may read (None: all of them)."""
+    with _overridden(Tenancy(tenant_id=tenant_id, readers=readers)):
         yield
 
 
@@ -98,9 +119,14 @@ def apply(connection: Connection, tenancy: Tenancy | None = None, *, switch_role
     means taking `SYSTEM_ROLE` (without row-level security nothing needs switching)."""
     tenancy = tenancy or current()
     tenant = "" if tenancy.tenant_id is None else str(tenancy.tenant_id)
-    connection.exec_driver_sql(_SET_TENANT, (tenant,))
+    connection.exec_driver_sql(_SET_TENANT, (tenant, readers_setting(tenancy.readers)))
     if tenancy.system and switch_role:
         connection.exec_driver_sql(_AS_SYSTEM)
+
+
+def readers_setting(readers: frozenset[str] | None) -> str:
+    """`ragservice.readers` for a principal set (None: every document)."""
+    return ALL_DOCUMENTS if readers is None else array_literal(readers)
 
 
 def current_tenant_id() -> uuid.UUID | None:

@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session
 from ragservice import store
 from ragservice.db import Database
 from ragservice.db.models import Feedback
+from ragservice.db.scope import current_asker
 from ragservice.errors import InvalidInputError, NotFoundError
 from ragservice.types import Scale
 
@@ -144,6 +145,7 @@ def submit_feedback(
                 relevant_chunk_ids=feedback.relevant_chunk_ids,
                 irrelevant_chunk_ids=feedback.irrelevant_chunk_ids,
                 key_id=key_id,
+                asker=current_asker(),
             ),
         )
 

@@ -43,7 +43,7 @@ import numpy as np
 import numpy.typing as npt
 from psycopg import sql
 
-from ragservice.db import Database
+from ragservice.db import Database, tenancy
 from ragservice.db.engine import driver_connection
 from ragservice.errors import EmbeddingError
 from ragservice.retrieval import statements
@@ -254,7 +254,12 @@ class Searcher:
         """The final statement of the mode and the name of its timing stage."""
         if options.mode is Mode.FULLTEXT:
             bm25 = statements.with_ctes(
-                statements.bm25(options.filters, options.text_limit, exact=self._exact(options)),
+                statements.bm25(
+                    options.filters,
+                    options.text_limit,
+                    exact=self._exact(options),
+                    restricted=_restricted(),
+                ),
                 select=statements.HITS,
             )
             return _Statement(bm25, self._params(collections, options, query=query)), "fulltext"
@@ -348,7 +353,11 @@ class Searcher:
         """BM25's ranked CTEs (bare: callers add their SELECT) over the query's lexemes, or
         over weighted `terms`."""
         bm25 = statements.bm25(
-            options.filters, limit, weighted=terms is not None, exact=self._exact(options)
+            options.filters,
+            limit,
+            weighted=terms is not None,
+            exact=self._exact(options),
+            restricted=_restricted(),
         )
         params = self._params(collections, options, query=query)
         if terms is not None:
@@ -443,6 +452,12 @@ class Searcher:
         if options.filters is not None:
             params |= options.filters.params
         return params
+
+
+def _restricted() -> bool:
+    """Whether the searching transaction may not read every document of its tenant (row-level
+    security then hides chunks from a statement's results: `tenancy`)."""
+    return tenancy.current().restricted
 
 
 @dataclass(frozen=True, slots=True)

@@ -66,7 +66,7 @@ nearest AS MATERIALIZED (
 # chunks, while a more frequent term (low idf) has its lowest-impact postings skipped. k1 and b
 # are bound parameters. Chunks are named by `seq` until the end, where the few best are joined
 # to `chunks` for their ids (ties at the cut all come along, so the order by id stays exact).
-BM25 = sql.SQL("""
+BM25_SCORES = sql.SQL("""
 stats AS (
     SELECT sum(chunk_count)::float8 AS n,
            sum(token_count)::float8 / greatest(sum(chunk_count), 1) AS avgdl
@@ -98,7 +98,8 @@ bm25 AS MATERIALIZED (
                / (p.tf + %(k1)s * (1 - %(b)s + %(b)s * p.len / s.avgdl))) AS score
     FROM postings p JOIN idf i USING (lexeme) {weight_join} CROSS JOIN stats s
     GROUP BY p.seq
-),
+)""")
+BM25_RANKED = sql.SQL("""
 ranked AS (
     SELECT c.id AS chunk_id, c.document_id, b.score
     FROM bm25 b JOIN chunks c ON c.seq = b.seq {filter_join}
@@ -159,6 +160,17 @@ FEEDBACK_TERMS = sql.SQL("""
 UNION ALL
 SELECT DISTINCT lexeme, NULL::float8
 FROM unnest(tsvector_to_array(to_tsvector('english'::regconfig, %(query)s))) AS lexeme""")
+
+# For an asker who may not read every document (row-level security hides chunks, migration
+# 0026): the scored chunks are looked up best first, one by one, until {limit} visible ones;
+# the nested loop keeps the score order, and stops as soon as it has them.
+BM25_VISIBLE = sql.SQL("""
+ranked AS (
+    SELECT c.id AS chunk_id, c.document_id, b.score
+    FROM (SELECT seq, score FROM bm25 ORDER BY score DESC, seq) AS b
+    CROSS JOIN LATERAL (SELECT c.id, c.document_id FROM chunks c WHERE c.seq = b.seq) AS c
+    LIMIT {limit}
+)""")
 
 # Unfiltered, only the chunks scoring at least the limit-th best score are looked up.
 BM25_CUT = sql.SQL(
@@ -232,22 +244,33 @@ def bm25_filter_join(filters: CompiledFilter | None, limit: int) -> sql.Composab
 
 
 def bm25(
-    filters: CompiledFilter | None, limit: int, *, weighted: bool = False, exact: bool = False
+    filters: CompiledFilter | None,
+    limit: int,
+    *,
+    weighted: bool = False,
+    exact: bool = False,
+    restricted: bool = False,
 ) -> sql.Composed:
     """BM25's CTEs down to `ranked` (the best `limit` chunks): over the query's lexemes, or
     `weighted` over %(terms)s with their %(weights)s (an expanded query). `exact` (the database
-    has the extension) makes an unfiltered search exact with block-max pruning."""
+    has the extension) makes an unfiltered search exact with block-max pruning. `restricted`:
+    the asker may not read every chunk, so the best `limit` are those it may read (the exact
+    function and the score cut, blind to that, are not used)."""
     terms = WEIGHTED_LEXEMES if weighted else QUERY_LEXEMES
+    scores = BM25_SCORES.format(
+        terms=terms,
+        weight=sql.SQL("w.weight * ") if weighted else sql.SQL(""),
+        weight_join=WEIGHT_JOIN if weighted else sql.SQL(""),
+    )
+    if restricted and filters is None:
+        return sql.SQL("{},{}").format(scores, BM25_VISIBLE.format(limit=sql.Literal(limit)))
     if exact and filters is None:
         return BM25_EXACT.format(
             terms=terms,
             weights=sql.SQL("%(weights)s::float8[]") if weighted else sql.SQL("NULL"),
             limit=sql.Literal(limit),
         )
-    return BM25.format(
-        terms=terms,
-        weight=sql.SQL("w.weight * ") if weighted else sql.SQL(""),
-        weight_join=WEIGHT_JOIN if weighted else sql.SQL(""),
-        filter_join=bm25_filter_join(filters, limit),
-        limit=sql.Literal(limit),
+    ranked = BM25_RANKED.format(
+        filter_join=bm25_filter_join(filters, limit), limit=sql.Literal(limit)
     )
+    return sql.SQL("{},{}").format(scores, ranked)

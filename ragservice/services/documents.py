@@ -10,6 +10,7 @@ from ragservice import store
 from ragservice.db import Database
 from ragservice.db.models import Chunk, Document
 from ragservice.errors import NotFoundError
+from ragservice.services.callers import Caller, audit
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,32 @@ def delete_document(db: Database, tenant_id: uuid.UUID, collection: str, externa
         cid = store.collections.require_collection_id(session, tenant_id, collection)
         if not store.documents.delete_documents(session, cid, [external_id]):
             raise document_not_found(collection, external_id)
+
+
+def set_readers(
+    db: Database,
+    caller: Caller,
+    collection: str,
+    external_id: str,
+    readers: tuple[str, ...] | None,
+) -> Document:
+    """Give the document new readers (None or empty: the whole tenant), its chunks too, without
+    re-embedding anything; the cached answers built on it are dropped. Audited. NotFoundError
+    for a document the caller cannot read, as for one that does not exist."""
+    with db.write() as session:
+        cid = store.collections.require_collection_id(session, caller.tenant_id, collection)
+        doc = store.documents.get_document(session, cid, external_id)
+        if doc is None:
+            raise document_not_found(collection, external_id)
+        change = store.documents.set_readers(session, doc.id, readers)
+        details = {
+            "collection": collection,
+            "readers": list(readers) if readers else None,
+            "chunks": change.chunks,
+            "cache_entries_dropped": change.cache_entries,
+        }
+        audit(session, caller, "document.readers", external_id, details)
+    return get_document(db, caller.tenant_id, collection, external_id, chunks=False).document
 
 
 def document_not_found(collection: str, external_id: str) -> NotFoundError:

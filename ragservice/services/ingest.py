@@ -27,6 +27,8 @@ class TextDocument:
     """None: `text-` and a hash of the text."""
     title: str | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
+    readers: tuple[str, ...] | None = None
+    """Checked principals; None: not said (see `LoadedDocument.readers`)."""
 
 
 @dataclass(frozen=True)
@@ -47,6 +49,7 @@ def queue_texts(
             title=doc.title,
             body=doc.text.encode(),
             metadata=doc.metadata,
+            readers=doc.readers,
         )
         for doc in documents
     ]
@@ -74,11 +77,15 @@ def queue_files(
     *,
     metadata: dict[str, Any],
     params: dict[str, Any],
+    readers: tuple[str, ...] | None = None,
 ) -> JobView:
-    """Queue the files as one job, `metadata` added to each file's documents; `params` from
-    `file_options`. (The caller refused duplicate names before it read the files.)"""
+    """Queue the files as one job, `metadata` added to each file's documents and `readers`
+    given to those that name none (a JSONL row may); `params` from `file_options`. (The caller
+    refused duplicate names before it read the files.)"""
     items = [
-        store.jobs.JobItem(kind="file", name=f.name, title=None, body=f.body, metadata=metadata)
+        store.jobs.JobItem(
+            kind="file", name=f.name, title=None, body=f.body, metadata=metadata, readers=readers
+        )
         for f in files
     ]
     return _enqueue(db, tenant_id, collection, items, params)

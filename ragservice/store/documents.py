@@ -34,6 +34,7 @@ _CHUNK_COLUMNS = (
     "metadata",
     "page_start",
     "page_end",
+    "readers",
 )
 _CHUNK_TYPES = (
     "uuid",
@@ -49,23 +50,48 @@ _CHUNK_TYPES = (
     "jsonb",
     "int4",
     "int4",
+    "text[]",
 )
 
 _UPSERT_DOCUMENTS = """
 INSERT INTO documents AS d (tenant_id, collection_id, external_id, title, source, metadata,
-                            content_hash, chunk_count, char_count)
+                            content_hash, chunk_count, char_count, readers)
 SELECT %(tenant_id)s, %(collection_id)s, u.external_id, u.title, u.source, u.metadata::jsonb,
-       u.content_hash, u.chunk_count, u.char_count
+       u.content_hash, u.chunk_count, u.char_count,
+       string_to_array(nullif(u.readers, ''), ',')
 FROM unnest(%(external_ids)s::text[], %(titles)s::text[], %(sources)s::text[],
             %(metadata)s::text[], %(hashes)s::text[], %(chunk_counts)s::int[],
-            %(char_counts)s::int[])
-     AS u(external_id, title, source, metadata, content_hash, chunk_count, char_count)
+            %(char_counts)s::int[], %(readers)s::text[])
+     AS u(external_id, title, source, metadata, content_hash, chunk_count, char_count, readers)
 ON CONFLICT (collection_id, external_id) DO UPDATE
 SET title = EXCLUDED.title, source = EXCLUDED.source, metadata = EXCLUDED.metadata,
     content_hash = EXCLUDED.content_hash, chunk_count = EXCLUDED.chunk_count,
-    char_count = EXCLUDED.char_count, version = d.version + 1, updated_at = now()
+    char_count = EXCLUDED.char_count, readers = EXCLUDED.readers, version = d.version + 1,
+    updated_at = now()
 WHERE d.content_hash IS DISTINCT FROM EXCLUDED.content_hash
-RETURNING d.id, d.external_id, d.version
+RETURNING d.id, d.external_id, d.version, d.readers
+"""
+
+# A document's readers changed (PATCH): its chunks follow, and the cached answers built on it
+# go (an answer is served only to askers who may read every source; the new list may differ).
+_SET_READERS = """
+WITH changed AS (
+    UPDATE documents SET readers = %(readers)s::text[], updated_at = now()
+    WHERE id = %(document_id)s AND readers IS DISTINCT FROM %(readers)s::text[]
+    RETURNING id
+), chunks_changed AS (
+    UPDATE chunks SET readers = %(readers)s::text[]
+    WHERE document_id IN (SELECT id FROM changed)
+    RETURNING 1
+), cache_dropped AS (
+    DELETE FROM prompt_cache WHERE id IN (
+        SELECT s.entry_id FROM prompt_cache_sources s
+        WHERE s.document_id IN (SELECT id FROM changed)
+    )
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM changed), (SELECT count(*) FROM chunks_changed),
+       (SELECT count(*) FROM cache_dropped)
 """
 
 
@@ -82,6 +108,8 @@ class DocumentWrite:
     chunks: Sequence[TextChunk]
     chunk_hashes: Sequence[str]
     embeddings: npt.NDArray[np.float32]
+    readers: Sequence[str] | None = None
+    """Who may read it (`user:…`, `group:…`); None or empty: the whole tenant."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +117,22 @@ class WrittenDocument:
     id: uuid.UUID
     external_id: str
     version: int
+    readers: list[str] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StoredDocument:
+    """What an ingest needs to know of a stored document: its hash and its readers."""
+
+    content_hash: str
+    readers: list[str] | None
+
+
+@dataclass(frozen=True, slots=True)
+class ReadersChange:
+    documents: int
+    chunks: int
+    cache_entries: int
 
 
 @dataclass(slots=True)
@@ -98,14 +142,31 @@ class BatchWriteResult:
     chunks: int = 0
 
 
-def document_hashes(
+def stored_documents(
     session: Session, collection_id: uuid.UUID, external_ids: Sequence[str]
-) -> dict[str, str]:
-    """external_id → content_hash of the given documents that are already stored."""
-    stmt = select(Document.external_id, Document.content_hash).where(
+) -> dict[str, StoredDocument]:
+    """external_id → content hash and readers of the given documents already stored."""
+    stmt = select(Document.external_id, Document.content_hash, Document.readers).where(
         Document.collection_id == collection_id, Document.external_id.in_(external_ids)
     )
-    return {row.external_id: row.content_hash for row in session.execute(stmt)}
+    return {row[0]: StoredDocument(row[1], row[2]) for row in session.execute(stmt)}
+
+
+def set_readers(
+    session: Session, document_id: uuid.UUID, readers: Sequence[str] | None
+) -> ReadersChange:
+    """Give a document (and its chunks) new readers, None or empty: the whole tenant. Nothing
+    is re-embedded; the cached answers built on it are deleted."""
+    row = (
+        driver_connection(session)
+        .execute(
+            _SET_READERS,
+            {"document_id": document_id, "readers": list(readers) if readers else None},
+        )
+        .fetchone()
+    )
+    assert row is not None
+    return ReadersChange(int(row[0]), int(row[1]), int(row[2]))
 
 
 def delete_documents(
@@ -182,9 +243,13 @@ def _upsert_documents(
         "hashes": [d.content_hash for d in documents],
         "chunk_counts": [len(d.chunks) for d in documents],
         "char_counts": [d.char_count for d in documents],
+        "readers": [",".join(d.readers or ()) for d in documents],
     }
     rows = conn.execute(_UPSERT_DOCUMENTS, params).fetchall()
-    return [WrittenDocument(id=row[0], external_id=row[1], version=row[2]) for row in rows]
+    return [
+        WrittenDocument(id=row[0], external_id=row[1], version=row[2], readers=row[3])
+        for row in rows
+    ]
 
 
 def _copy_chunks(
@@ -204,7 +269,7 @@ def _copy_chunks(
         ):
             chunk_id = uuid.uuid4()
             chunk_rows.append(
-                _chunk_row(chunk_id, tenant_id, collection_id, doc.id, chunk, chunk_hash)
+                _chunk_row(chunk_id, tenant_id, collection_id, doc, chunk, chunk_hash)
             )
             embedding_rows.append((chunk_id, model_id, tenant_id, vector))
     bulk.insert_rows(conn, "chunks", _CHUNK_COLUMNS, _CHUNK_TYPES, chunk_rows)
@@ -230,7 +295,7 @@ def _chunk_row(
     chunk_id: uuid.UUID,
     tenant_id: uuid.UUID,
     collection_id: uuid.UUID,
-    document_id: uuid.UUID,
+    document: WrittenDocument,
     chunk: TextChunk,
     chunk_hash: str,
 ) -> tuple[Any, ...]:
@@ -238,7 +303,7 @@ def _chunk_row(
         chunk_id,
         tenant_id,
         collection_id,
-        document_id,
+        document.id,
         chunk.ordinal,
         chunk.text,
         chunk.token_count,
@@ -248,6 +313,7 @@ def _chunk_row(
         psycopg.types.json.Jsonb(chunk.metadata),
         None if chunk.pages is None else chunk.pages.first,
         None if chunk.pages is None else chunk.pages.last,
+        document.readers,
     )
 
 

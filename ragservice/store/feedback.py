@@ -29,6 +29,7 @@ class NewFeedback:
     relevant_chunk_ids: Sequence[uuid.UUID]
     irrelevant_chunk_ids: Sequence[uuid.UUID]
     key_id: uuid.UUID | None = None
+    asker: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +107,7 @@ def add_feedback(session: Session, feedback: NewFeedback) -> Feedback:
             relevant_chunk_ids=list(feedback.relevant_chunk_ids),
             irrelevant_chunk_ids=list(feedback.irrelevant_chunk_ids),
             key_id=feedback.key_id,
+            asker=feedback.asker,
         )
         .returning(Feedback)
     )

@@ -36,8 +36,8 @@ log = logging.getLogger(__name__)
 CLI_JOB_KIND = "cli"
 """Jobs the ingest CLI runs in-process; workers never claim them."""
 
-_ITEM_COLUMNS = ("job_id", "ordinal", "kind", "name", "title", "body", "metadata")
-_ITEM_TYPES = ("uuid", "int4", "text", "text", "text", "bytea", "jsonb")
+_ITEM_COLUMNS = ("job_id", "ordinal", "kind", "name", "title", "body", "metadata", "readers")
+_ITEM_TYPES = ("uuid", "int4", "text", "text", "text", "bytea", "jsonb", "text[]")
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +53,8 @@ class JobItem:
     title: str | None
     body: bytes
     metadata: dict[str, Any] = field(default_factory=dict)
+    readers: tuple[str, ...] | None = None
+    """Who may read its documents (None: not said; see `LoadedDocument.readers`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,7 +121,8 @@ def enqueue_job(
 
 def _item_row(job_id: uuid.UUID, ordinal: int, item: JobItem) -> tuple[Any, ...]:
     metadata = psycopg.types.json.Jsonb(item.metadata)
-    return (job_id, ordinal, item.kind, item.name, item.title, item.body, metadata)
+    readers = None if item.readers is None else list(item.readers)
+    return (job_id, ordinal, item.kind, item.name, item.title, item.body, metadata, readers)
 
 
 def claim_job(
@@ -297,13 +300,21 @@ def job_items(session: Session, job_id: uuid.UUID) -> Iterator[JobItem]:
             IngestJobItem.title,
             IngestJobItem.body,
             IngestJobItem.metadata_,
+            IngestJobItem.readers,
         )
         .where(IngestJobItem.job_id == job_id)
         .order_by(IngestJobItem.ordinal)
         .execution_options(yield_per=1)
     )
-    for kind, name, title, body, metadata in session.execute(stmt):
-        yield JobItem(kind=kind, name=name, title=title, body=bytes(body), metadata=metadata)
+    for kind, name, title, body, metadata, readers in session.execute(stmt):
+        yield JobItem(
+            kind=kind,
+            name=name,
+            title=title,
+            body=bytes(body),
+            metadata=metadata,
+            readers=None if readers is None else tuple(readers),
+        )
 
 
 def finish_job(

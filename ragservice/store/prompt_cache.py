@@ -1,4 +1,8 @@
-"""The prompt cache's rows: exact and nearest lookups, stores, stats and purges."""
+"""The prompt cache's rows: exact and nearest lookups, stores, stats and purges.
+
+An entry is visible (to lookups, listings, stats) only to a transaction that may read every
+document it was built from (`source_documents`; row-level security, migration 0026): an answer
+cached for one asker is served to another only if that one may read all its sources."""
 
 from __future__ import annotations
 
@@ -55,25 +59,31 @@ WHERE 1 - distance >= %(threshold)s ORDER BY distance, id
 
 _CACHE_INSERT = """
 INSERT INTO prompt_cache AS p (tenant_id, scope, model_id, collection_ids, prompt_hash, prompt,
-                               embedding, answer, response, expires_at)
+                               embedding, answer, response, expires_at, source_documents)
 VALUES (%(tenant_id)s, %(scope)s, %(model_id)s, %(collection_ids)s, %(prompt_hash)s, %(prompt)s,
-        %(embedding)s, %(answer)s, %(response)s, now() + make_interval(secs => %(ttl)s))
-ON CONFLICT (scope, prompt_hash) DO {conflict}
+        %(embedding)s, %(answer)s, %(response)s, now() + make_interval(secs => %(ttl)s),
+        %(sources)s::uuid[])
+ON CONFLICT (scope, prompt_hash, source_documents) DO {conflict}
 RETURNING id
 """
 
 _CACHE_REPLACE = """UPDATE SET prompt = EXCLUDED.prompt, embedding = EXCLUDED.embedding,
     answer = EXCLUDED.answer, response = EXCLUDED.response, created_at = now(),
+    source_documents = EXCLUDED.source_documents,
     expires_at = EXCLUDED.expires_at, hits = 0, last_hit_at = NULL"""
 
 
 def cache_exact(session: Session, scope: str, prompt_hash: str) -> CachedEntry | None:
     row = session.execute(
-        select(PromptCacheEntry.id, PromptCacheEntry.prompt, PromptCacheEntry.response).where(
+        select(PromptCacheEntry.id, PromptCacheEntry.prompt, PromptCacheEntry.response)
+        .where(
             PromptCacheEntry.scope == scope,
             PromptCacheEntry.prompt_hash == prompt_hash,
             PromptCacheEntry.expires_at > func.now(),
         )
+        # Several entries when askers who read different documents asked: the newest of those
+        # this transaction may read (the others are invisible to it).
+        .order_by(PromptCacheEntry.created_at.desc(), PromptCacheEntry.id)
     ).first()
     return None if row is None else CachedEntry(row[0], row[1], row[2], 1.0)
 
@@ -165,6 +175,7 @@ def _cache_params(entry: NewCacheEntry) -> dict[str, Any]:
         "answer": entry.answer,
         "response": psycopg.types.json.Jsonb(entry.response),
         "ttl": entry.ttl_seconds,
+        "sources": sorted(entry.sources),
     }
 
 

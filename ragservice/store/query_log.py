@@ -93,6 +93,7 @@ class QueryRecord:
     # Documents the answer drew on beyond `retrieved` and `citations` (a cached answer's sources)
     source_document_ids: Sequence[uuid.UUID] = ()
     request_id: str | None = None  # the HTTP request's `X-Request-ID`
+    asker: str | None = None  # who asked: `user:<name>` or `key:<prefix>`
     trace_id: str | None = None  # its OpenTelemetry trace, while tracing is on
     id: uuid.UUID = field(default_factory=uuid.uuid4)  # known before the row is written
 
@@ -124,6 +125,7 @@ def log_query(session: Session, record: QueryRecord) -> uuid.UUID:
         source_document_ids=sources,
         redacted_at=func.now() if redact else None,
         request_id=record.request_id,
+        asker=record.asker,
         trace_id=record.trace_id,
     )
     session.add(entry)

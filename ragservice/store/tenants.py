@@ -8,12 +8,12 @@ from datetime import datetime
 from graphlib import TopologicalSorter
 
 from psycopg import sql
-from sqlalchemy import ScalarSelect, Select, func, select, text, update
+from sqlalchemy import ScalarSelect, Select, delete, func, select, text, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
 from ragservice.db.engine import driver_connection
-from ragservice.db.models import ApiKey, Collection, Document, Tenant
+from ragservice.db.models import ApiKey, Collection, Document, GroupMember, Tenant
 
 
 def ensure_tenant(session: Session, name: str) -> uuid.UUID:
@@ -37,7 +37,9 @@ def create_api_key(
     key_hash: str,
     name: str | None = None,
     expires_at: datetime | None = None,
+    user_name: str | None = None,
 ) -> uuid.UUID:
+    """`user_name`: the user the key acts for (it reads what that user may read)."""
     key = ApiKey(
         tenant_id=tenant_id,
         role=role,
@@ -45,6 +47,7 @@ def create_api_key(
         key_hash=key_hash,
         name=name,
         expires_at=expires_at,
+        user_name=user_name,
     )
     session.add(key)
     session.flush()
@@ -90,6 +93,52 @@ def revoke_api_key(session: Session, prefix: str) -> list[ApiKey]:
         .returning(ApiKey)
     )
     return list(session.scalars(stmt))
+
+
+def user_groups(session: Session, tenant_id: uuid.UUID, user_name: str) -> list[str]:
+    """The groups of the tenant that `user_name` belongs to, by name."""
+    stmt = (
+        select(GroupMember.group_name)
+        .where(GroupMember.tenant_id == tenant_id, GroupMember.user_name == user_name)
+        .order_by(GroupMember.group_name)
+    )
+    return list(session.scalars(stmt))
+
+
+def add_group_members(
+    session: Session, tenant_id: uuid.UUID, group_name: str, user_names: list[str]
+) -> int:
+    """Add users to a group (those already in it stay); returns how many were added."""
+    if not user_names:
+        return 0
+    rows = [{"tenant_id": tenant_id, "group_name": group_name, "user_name": u} for u in user_names]
+    stmt = insert(GroupMember).values(rows).on_conflict_do_nothing()
+    return int(session.execute(stmt).rowcount)  # type: ignore[attr-defined]
+
+
+def remove_group_members(
+    session: Session, tenant_id: uuid.UUID, group_name: str, user_names: list[str]
+) -> int:
+    """Remove users from a group; returns how many were in it."""
+    stmt = delete(GroupMember).where(
+        GroupMember.tenant_id == tenant_id,
+        GroupMember.group_name == group_name,
+        GroupMember.user_name.in_(user_names),
+    )
+    return int(session.execute(stmt).rowcount)  # type: ignore[attr-defined]
+
+
+def group_members(session: Session, tenant_id: uuid.UUID) -> dict[str, list[str]]:
+    """Every group of the tenant with its users, by name."""
+    stmt = (
+        select(GroupMember.group_name, GroupMember.user_name)
+        .where(GroupMember.tenant_id == tenant_id)
+        .order_by(GroupMember.group_name, GroupMember.user_name)
+    )
+    groups: dict[str, list[str]] = {}
+    for group, user in session.execute(stmt):
+        groups.setdefault(group, []).append(user)
+    return groups
 
 
 def find_tenant_id(session: Session, name: str) -> uuid.UUID | None:

@@ -1,4 +1,5 @@
-"""Documents: upload (JSON texts or files, each upload one ingest job), list, get, delete."""
+"""Documents: upload (JSON texts or files, each upload one ingest job), list, get, change who
+may read one, delete."""
 
 from __future__ import annotations
 
@@ -13,8 +14,10 @@ from ragservice.api.deps import DatabaseDep, Reader, SettingsDep, Writer, wake_w
 from ragservice.api.schemas.common import error_responses
 from ragservice.api.schemas.documents import (
     DocumentDetail,
+    DocumentOut,
     DocumentPage,
     DocumentsIn,
+    ReadersIn,
     document_detail,
     document_out,
 )
@@ -34,6 +37,7 @@ from ragservice.limits.shape import (
     too_deep,
 )
 from ragservice.limits.text import json_text_problem
+from ragservice.readers import parse_readers
 from ragservice.services import documents, ingest
 from ragservice.services.jobs import JobView
 from ragservice.types import SUPPORTED_SUFFIXES, file_type
@@ -59,7 +63,11 @@ def add_documents(
     check_batch(len(body.documents), settings.limits, field="documents")
     texts = [
         ingest.TextDocument(
-            text=doc.text, external_id=doc.external_id, title=doc.title, metadata=doc.metadata
+            text=doc.text,
+            external_id=doc.external_id,
+            title=doc.title,
+            metadata=doc.metadata,
+            readers=None if doc.readers is None else tuple(doc.readers),
         )
         for doc in body.documents
     ]
@@ -93,10 +101,22 @@ async def upload_files(
             description="NAME[:VERSION] the uploaded vectors are for (default: the serving model)"
         ),
     ] = None,
+    readers: Annotated[
+        str | None,
+        Form(
+            description="who may read the documents, e.g. `group:hr,user:ana` (empty: the whole "
+            "tenant); a JSONL row's `readers` wins; unset: stored documents keep theirs"
+        ),
+    ] = None,
 ) -> JobOut:
     """Queue uploaded files for ingestion; one job covers the whole upload."""
-    for field, value in (("jsonl_fields", jsonl_fields), ("parquet_columns", parquet_columns)):
+    for field, value in (
+        ("jsonl_fields", jsonl_fields),
+        ("parquet_columns", parquet_columns),
+        ("readers", readers),
+    ):
         check_form_text(value, field)
+    named_readers = parse_readers(readers)
     named_model = check_form_text(model, "model").strip() if model else None
     params = ingest.file_options(
         db, jsonl_fields=jsonl_fields, parquet_columns=parquet_columns, model=named_model
@@ -117,7 +137,13 @@ async def upload_files(
     # Writing the files into PostgreSQL is blocking work: off the event loop.
     job = await anyio.to_thread.run_sync(
         lambda: ingest.queue_files(
-            db, principal.tenant_id, collection, read, metadata=extra, params=params
+            db,
+            principal.tenant_id,
+            collection,
+            read,
+            metadata=extra,
+            params=params,
+            readers=named_readers,
         )
     )
     return _queued(job, request, response)
@@ -148,6 +174,16 @@ def get_document(
 ) -> DocumentDetail:
     found = documents.get_document(db, principal.tenant_id, collection, external_id, chunks=chunks)
     return document_detail(found.document, found.chunks)
+
+
+@router.patch("/{external_id:path}")
+def set_document_readers(
+    collection: str, external_id: str, body: ReadersIn, principal: Writer, db: DatabaseDep
+) -> DocumentOut:
+    """Change who may read a document (its chunks follow; nothing is re-embedded). The cached
+    answers built on it are dropped. 404 for a document you may not read."""
+    readers = None if body.readers is None else tuple(body.readers)
+    return document_out(documents.set_readers(db, principal, collection, external_id, readers))
 
 
 @router.delete("/{external_id:path}", status_code=status.HTTP_204_NO_CONTENT)

@@ -11,7 +11,9 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstra
 
 from ragservice.api.schemas.common import DocumentText, JsonObject, Pages, Storable
 from ragservice.db.models import Chunk, Document
+from ragservice.errors import InvalidInputError
 from ragservice.limits.shape import MAX_EXTERNAL_ID_BYTES, external_id_too_long
+from ragservice.readers import MAX_READERS, parse_readers
 
 
 def _storable_id(value: str) -> str:
@@ -29,6 +31,26 @@ ExternalId = Annotated[
 """An opaque id: any text (`../etc/passwd` too: it never names a file), within a byte limit."""
 
 
+def _checked_readers(value: list[str] | None) -> list[str] | None:
+    try:
+        readers = parse_readers(value)
+    except InvalidInputError as exc:
+        raise ValueError(str(exc)) from None
+    return None if readers is None else list(readers)
+
+
+Readers = Annotated[
+    list[Annotated[str, StringConstraints(max_length=200)]] | None,
+    Field(
+        max_length=MAX_READERS,
+        description="who may read the document: `user:<name>` and `group:<name>`; null or "
+        "empty: the whole tenant (docs/permissions.md)",
+        examples=[["group:hr", "user:ana"]],
+    ),
+    AfterValidator(_checked_readers),
+]
+
+
 class DocumentIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -40,6 +62,11 @@ class DocumentIn(BaseModel):
     title: Annotated[str, StringConstraints(max_length=2000), Storable] | None = None
     text: DocumentText = Field(min_length=1)
     metadata: JsonObject = Field(default_factory=dict)
+    readers: Readers = Field(
+        default=None,
+        description="who may read it (`user:<name>`, `group:<name>`); unset: a stored "
+        "document keeps its readers, a new one is the whole tenant's",
+    )
 
 
 class DocumentsIn(BaseModel):
@@ -48,12 +75,21 @@ class DocumentsIn(BaseModel):
     documents: list[DocumentIn] = Field(min_length=1)
 
 
+class ReadersIn(BaseModel):
+    """New readers for a document."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    readers: Readers
+
+
 class DocumentOut(BaseModel):
     id: uuid.UUID
     external_id: str
     title: str | None
     source: str | None
     metadata: dict[str, Any]
+    readers: list[str] | None = Field(description="who may read it; null: the whole tenant")
     version: int
     chunk_count: int
     char_count: int
@@ -90,6 +126,7 @@ def document_out(doc: Document) -> DocumentOut:
         title=doc.title,
         source=doc.source,
         metadata=doc.metadata_,
+        readers=doc.readers,
         version=doc.version,
         chunk_count=doc.chunk_count,
         char_count=doc.char_count,

@@ -1,0 +1,95 @@
+"""`ragservice groups`: which users of a tenant belong to which groups (documents list groups
+among their readers; docs/permissions.md). Each change is in the audit log."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Annotated
+
+import typer
+from sqlalchemy.orm import Session
+
+from ragservice import store
+from ragservice.cli.common import cli_actor, console, database, fail
+from ragservice.db import tenancy
+from ragservice.errors import InvalidInputError
+from ragservice.readers import check_name
+
+app = typer.Typer(help="Groups of users, for document permissions.", no_args_is_help=True)
+
+TenantOption = Annotated[str, typer.Option("--tenant", help="The tenant's name.")]
+
+
+@app.command("add")
+def groups_add(
+    group: Annotated[str, typer.Argument(help="The group's name, e.g. hr.")],
+    users: Annotated[list[str], typer.Argument(help="Users to add to it.")],
+    tenant: TenantOption,
+) -> None:
+    """Add users to a group (the group exists once it has a member)."""
+    group_name, names = _names(group, users)
+    with database() as db, tenancy.as_system(), db.write() as session:
+        tenant_id = _tenant_id(session, tenant)
+        added = store.tenants.add_group_members(session, tenant_id, group_name, names)
+        _audit(session, tenant_id, "group.add", group_name, names)
+    console.print(f"added {added} user(s) to group {group_name!r} of tenant {tenant!r}")
+
+
+@app.command("remove")
+def groups_remove(
+    group: Annotated[str, typer.Argument(help="The group's name.")],
+    users: Annotated[list[str], typer.Argument(help="Users to remove from it.")],
+    tenant: TenantOption,
+) -> None:
+    """Remove users from a group; they stop reading its documents at their next request."""
+    group_name, names = _names(group, users)
+    with database() as db, tenancy.as_system(), db.write() as session:
+        tenant_id = _tenant_id(session, tenant)
+        removed = store.tenants.remove_group_members(session, tenant_id, group_name, names)
+        _audit(session, tenant_id, "group.remove", group_name, names)
+    console.print(f"removed {removed} user(s) from group {group_name!r} of tenant {tenant!r}")
+
+
+@app.command("list")
+def groups_list(
+    tenant: TenantOption,
+    as_json: Annotated[bool, typer.Option("--json", help="Print a JSON object.")] = False,
+) -> None:
+    """Every group of the tenant with its users, one group a line: name, then its users."""
+    with database() as db, tenancy.as_system(), db.read() as session:
+        groups = store.tenants.group_members(session, _tenant_id(session, tenant))
+    if as_json:
+        typer.echo(json.dumps(groups, indent=2))
+        return
+    for group, members in groups.items():
+        typer.echo("\t".join([group, ",".join(members)]))
+
+
+def _names(group: str, users: list[str]) -> tuple[str, list[str]]:
+    try:
+        return check_name(group.strip(), "group"), sorted(
+            {check_name(u.strip(), "user") for u in users}
+        )
+    except InvalidInputError as exc:
+        raise typer.BadParameter(str(exc)) from None
+
+
+def _tenant_id(session: Session, tenant: str) -> uuid.UUID:
+    tenant_id = store.tenants.find_tenant_id(session, tenant)
+    if tenant_id is None:
+        raise fail(f"no tenant named {tenant!r} (see `ragservice tenants list`)")
+    return tenant_id
+
+
+def _audit(
+    session: Session, tenant_id: uuid.UUID, action: str, group: str, users: list[str]
+) -> None:
+    store.audit.record(
+        session,
+        tenant_id=tenant_id,
+        actor=cli_actor(),
+        action=action,
+        target=group,
+        details={"users": users},
+    )

@@ -1,0 +1,85 @@
+"""Who may read a document: principals (`user:<name>`, `group:<name>`) and reader lists.
+
+A document's readers are a list of principals; no list means the whole tenant. An asker's
+principal set is its user and that user's groups; a document is readable when its list is
+empty or shares a principal with the set. Pure functions; the database enforces the lists
+(migration 0026, `ragservice.db.tenancy`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+from ragservice.errors import InvalidInputError
+
+USER = "user"
+GROUP = "group"
+MAX_NAME_CHARS = 128
+MAX_READERS = 256
+"""Principals one document may list (a larger audience is a group)."""
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@+-]{0,127}$")
+
+
+def check_name(name: str, what: str = "name") -> str:
+    """A user or group name: letters, digits and `._@+-`, at most 128 characters."""
+    if not _NAME.match(name):
+        raise InvalidInputError(
+            f"{what} {name[:40]!r}: use 1-{MAX_NAME_CHARS} letters, digits and ._@+- "
+            "(starting with a letter or digit)"
+        )
+    return name
+
+
+def principal(kind: str, name: str) -> str:
+    return f"{kind}:{check_name(name, kind)}"
+
+
+def parse_principal(text: str) -> str:
+    """`user:ana` or `group:hr` (spaces around are dropped), checked."""
+    kind, sep, name = text.strip().partition(":")
+    if not sep or kind not in (USER, GROUP):
+        raise InvalidInputError(f"reader {text.strip()[:40]!r}: write user:<name> or group:<name>")
+    return principal(kind, name.strip())
+
+
+def parse_readers(value: str | Iterable[str] | None) -> tuple[str, ...] | None:
+    """A reader list from `group:hr,user:ana` or a list of such strings: checked, without
+    duplicates, sorted. None stays None (not given); an empty list is `()` (the whole tenant)."""
+    if value is None:
+        return None
+    items = value.split(",") if isinstance(value, str) else list(value)
+    readers = sorted({parse_principal(item) for item in items if item.strip()})
+    if len(readers) > MAX_READERS:
+        raise InvalidInputError(
+            f"{len(readers)} readers; at most {MAX_READERS} per document (use a group)"
+        )
+    return tuple(readers)
+
+
+def stored_readers(readers: tuple[str, ...] | None) -> list[str] | None:
+    """What the store keeps: None (the whole tenant) for no list or an empty one."""
+    return list(readers) if readers else None
+
+
+def principal_set(user: str | None, groups: Iterable[str] = ()) -> frozenset[str]:
+    """The principals an asker reads as: its user and its groups."""
+    found = {principal(GROUP, g) for g in groups}
+    if user is not None:
+        found.add(principal(USER, user))
+    return frozenset(found)
+
+
+def array_literal(principals: Iterable[str]) -> str:
+    """A PostgreSQL text[] literal of checked principals (`{"user:ana","group:hr"}`); the
+    names' characters never need escaping."""
+    return "{" + ",".join(f'"{parse_principal(p)}"' for p in sorted(principals)) + "}"
+
+
+def may_read(readers: Iterable[str] | None, principals: frozenset[str] | None) -> bool:
+    """Whether an asker (None: one who reads every document) may read a document."""
+    if principals is None:
+        return True
+    listed = list(readers or ())
+    return not listed or not principals.isdisjoint(listed)
