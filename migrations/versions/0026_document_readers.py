@@ -128,11 +128,15 @@ def upgrade() -> None:
         "(SELECT entry_id, array_agg(document_id ORDER BY document_id) AS ids "
         "FROM prompt_cache_sources GROUP BY entry_id) AS s WHERE s.entry_id = p.id"
     )
+    op.add_column(
+        "prompt_cache",
+        sa.Column("built_for", postgresql.ARRAY(sa.Text()), nullable=False, server_default="{*}"),
+    )
     op.drop_constraint("prompt_cache_scope_prompt_hash_key", "prompt_cache", type_="unique")
     op.create_unique_constraint(
         "prompt_cache_scope_prompt_sources_key",
         "prompt_cache",
-        ["scope", "prompt_hash", "source_documents"],
+        ["scope", "prompt_hash", "source_documents", "built_for"],
     )
     op.create_table(
         "group_members",
@@ -196,6 +200,7 @@ def downgrade() -> None:
     op.create_unique_constraint(
         "prompt_cache_scope_prompt_hash_key", "prompt_cache", ["scope", "prompt_hash"]
     )
+    op.drop_column("prompt_cache", "built_for")
     op.drop_column("prompt_cache", "source_documents")
     op.drop_column("feedback", "asker")
     op.drop_column("query_log", "asker")

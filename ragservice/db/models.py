@@ -349,7 +349,7 @@ class PromptCacheEntry(Base):
     """A cached answer, served only within its scope and only until `expires_at`."""
 
     __tablename__ = "prompt_cache"
-    __table_args__ = (UniqueConstraint("scope", "prompt_hash", "source_documents"),)
+    __table_args__ = (UniqueConstraint("scope", "prompt_hash", "source_documents", "built_for"),)
 
     id: Mapped[uuid.UUID] = mapped_column(primary_key=True, server_default=func.gen_random_uuid())
     tenant_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
@@ -369,6 +369,9 @@ class PromptCacheEntry(Base):
     source_documents: Mapped[list[uuid.UUID]] = mapped_column(
         ARRAY(UUID(as_uuid=True)), server_default="{}"
     )
+    # The principal set of the asker it was built for (`{*}`: one who reads every document):
+    # served to askers who read no more than that one, whose own search would find the same.
+    built_for: Mapped[list[str]] = mapped_column(ARRAY(Text), server_default="{*}")
 
 
 class PromptCacheSource(Base):

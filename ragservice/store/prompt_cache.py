@@ -2,7 +2,11 @@
 
 An entry is visible (to lookups, listings, stats) only to a transaction that may read every
 document it was built from (`source_documents`; row-level security, migration 0026): an answer
-cached for one asker is served to another only if that one may read all its sources."""
+cached for one asker is served to another only if that one may read all its sources. Lookups
+also ask that the entry was built for an asker who reads at least what this one reads
+(`built_for`): every document, or a principal set that holds this asker's. Then this asker's own
+search would have found the very same sources (they are the best of a larger set, and this asker
+may read them all), so the answer is the one it would get afresh, not a narrower one."""
 
 from __future__ import annotations
 
@@ -15,9 +19,10 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 import psycopg
-from sqlalchemy import delete, func, select, text, update
+from sqlalchemy import ColumnElement, delete, func, or_, select, text, update
 from sqlalchemy.orm import Session
 
+from ragservice.db import tenancy
 from ragservice.db.engine import driver_connection
 from ragservice.db.models import Collection, Document, PromptCacheEntry
 
@@ -50,6 +55,7 @@ WITH nearest AS MATERIALIZED (
     SELECT id, prompt, response, embedding::vector({dim}) <=> %(vector)s::vector({dim}) AS distance
     FROM prompt_cache
     WHERE model_id = {model_id} AND scope = %(scope)s AND expires_at > now()
+      AND (built_for = '{{*}}' OR built_for @> %(readers)s::text[])
     ORDER BY distance
     LIMIT %(limit)s
 )
@@ -59,11 +65,12 @@ WHERE 1 - distance >= %(threshold)s ORDER BY distance, id
 
 _CACHE_INSERT = """
 INSERT INTO prompt_cache AS p (tenant_id, scope, model_id, collection_ids, prompt_hash, prompt,
-                               embedding, answer, response, expires_at, source_documents)
+                               embedding, answer, response, expires_at, source_documents,
+                               built_for)
 VALUES (%(tenant_id)s, %(scope)s, %(model_id)s, %(collection_ids)s, %(prompt_hash)s, %(prompt)s,
         %(embedding)s, %(answer)s, %(response)s, now() + make_interval(secs => %(ttl)s),
-        %(sources)s::uuid[])
-ON CONFLICT (scope, prompt_hash, source_documents) DO {conflict}
+        %(sources)s::uuid[], %(built_for)s::text[])
+ON CONFLICT (scope, prompt_hash, source_documents, built_for) DO {conflict}
 RETURNING id
 """
 
@@ -73,6 +80,21 @@ _CACHE_REPLACE = """UPDATE SET prompt = EXCLUDED.prompt, embedding = EXCLUDED.em
     expires_at = EXCLUDED.expires_at, hits = 0, last_hit_at = NULL"""
 
 
+def built_for() -> list[str]:
+    """The current asker's principal set as entries keep it (`*`: every document)."""
+    readers = tenancy.current().readers
+    return [tenancy.ALL_DOCUMENTS] if readers is None else sorted(readers)
+
+
+def _served_here() -> ColumnElement[bool]:
+    """Entries built for an asker who reads at least what the current one reads."""
+    mine = built_for()
+    everything = PromptCacheEntry.built_for == [tenancy.ALL_DOCUMENTS]
+    if mine == [tenancy.ALL_DOCUMENTS]:
+        return everything
+    return or_(everything, PromptCacheEntry.built_for.contains(mine))
+
+
 def cache_exact(session: Session, scope: str, prompt_hash: str) -> CachedEntry | None:
     row = session.execute(
         select(PromptCacheEntry.id, PromptCacheEntry.prompt, PromptCacheEntry.response)
@@ -80,9 +102,10 @@ def cache_exact(session: Session, scope: str, prompt_hash: str) -> CachedEntry |
             PromptCacheEntry.scope == scope,
             PromptCacheEntry.prompt_hash == prompt_hash,
             PromptCacheEntry.expires_at > func.now(),
+            _served_here(),
         )
         # Several entries when askers who read different documents asked: the newest of those
-        # this transaction may read (the others are invisible to it).
+        # this asker may be served.
         .order_by(PromptCacheEntry.created_at.desc(), PromptCacheEntry.id)
     ).first()
     return None if row is None else CachedEntry(row[0], row[1], row[2], 1.0)
@@ -105,9 +128,22 @@ def cache_nearest(
     query = psycopg.sql.SQL(_CACHE_NEAREST).format(
         dim=psycopg.sql.Literal(int(dimension)), model_id=psycopg.sql.Literal(int(model_id))
     )
-    params = {"vector": vector, "scope": scope, "limit": limit, "threshold": threshold}
+    params = {
+        "vector": vector,
+        "scope": scope,
+        "limit": limit,
+        "threshold": threshold,
+        "readers": _readers_for_nearest(),
+    }
     rows = conn.execute(query, params, prepare=False).fetchall()
     return [CachedEntry(row[0], row[1], row[2], float(row[3])) for row in rows]
+
+
+def _readers_for_nearest() -> list[str]:
+    """What `built_for` must hold for the nearest lookup: an asker who reads every document
+    takes only entries built for such an asker (a set no entry holds otherwise)."""
+    mine = built_for()
+    return [tenancy.ALL_DOCUMENTS, "-"] if mine == [tenancy.ALL_DOCUMENTS] else mine
 
 
 def cache_hit(session: Session, entry_id: uuid.UUID) -> None:
@@ -176,6 +212,7 @@ def _cache_params(entry: NewCacheEntry) -> dict[str, Any]:
         "response": psycopg.types.json.Jsonb(entry.response),
         "ttl": entry.ttl_seconds,
         "sources": sorted(entry.sources),
+        "built_for": built_for(),
     }
 
 
