@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, ValidationInfo, field_validator
 
 from ragservice.config.group import SettingsGroup
+
+SIGNING_ALGORITHMS = (
+    *("RS256", "RS384", "RS512", "PS256", "PS384", "PS512"),
+    *("ES256", "ES384", "ES512", "ES256K", "EdDSA"),
+)
+"""The algorithms `RAGSERVICE_JWT_ALGORITHMS` may name: asymmetric ones only, so the service
+holds public keys and no secret a token could be forged with (never `none` nor `HS*`)."""
+
+GroupsFrom = Literal["token", "store", "both"]
 
 
 class LimitSettings(SettingsGroup):
@@ -109,7 +118,7 @@ class LimitSettings(SettingsGroup):
 
 
 class SecuritySettings(SettingsGroup):
-    """API keys, rate limits and row-level security."""
+    """API keys, signed tokens (OIDC/JWT), rate limits and row-level security."""
 
     auth_disabled: bool = Field(
         default=False,
@@ -154,6 +163,113 @@ class SecuritySettings(SettingsGroup):
             "(the service refuses to start otherwise)"
         ),
     )
+    jwt_jwks: str | None = Field(
+        default=None,
+        description=(
+            "the public keys that sign the tokens a trusted gateway sends "
+            "(`Authorization: Bearer <jwt>`): a JWKS file's path (read again when it "
+            "changes), or its `https://` URL (fetched with a 5 s timeout, kept 5 minutes; "
+            "plain `http://` is meant for this machine); unset or empty: API keys only (see "
+            "[permissions.md](permissions.md#signed-tokens-oidcjwt))"
+        ),
+    )
+    jwt_issuer: str | None = Field(
+        default=None,
+        description="the `iss` every token must carry; required with `RAGSERVICE_JWT_JWKS`",
+    )
+    jwt_audience: str | None = Field(
+        default=None,
+        validate_default=True,  # its validator checks the three settings together
+        description=(
+            "the audience every token's `aud` must name (or contain); required with "
+            "`RAGSERVICE_JWT_JWKS`"
+        ),
+    )
+    jwt_algorithms: str = Field(
+        default="RS256,ES256",
+        description=(
+            "comma-separated signing algorithms a token may use; asymmetric only "
+            f"({', '.join(SIGNING_ALGORITHMS)}): `none` and `HS*` are refused at start"
+        ),
+    )
+    jwt_leeway_seconds: int = Field(
+        default=30,
+        ge=0,
+        le=300,
+        description="clock skew allowed when checking a token's `exp`, `nbf` and `iat`",
+    )
+    jwt_user_claim: str = Field(
+        default="sub",
+        min_length=1,
+        description="the claim naming the token's user",
+    )
+    jwt_groups_claim: str = Field(
+        default="groups",
+        min_length=1,
+        description="the claim listing the user's groups (strings); absent: no groups",
+    )
+    jwt_tenant_claim: str = Field(
+        default="tenant",
+        min_length=1,
+        description="the claim naming the tenant (by its name); a token without it is refused",
+    )
+    jwt_role_claim: str = Field(
+        default="role",
+        min_length=1,
+        description="the claim holding the role (`reader`, `writer`, `admin`); absent: `reader`",
+    )
+    jwt_groups_from: GroupsFrom = Field(
+        default="token",
+        description=(
+            "where a token user's groups come from: the token's groups claim, the groups "
+            "the service stores for the user, or both"
+        ),
+    )
+
+    @field_validator("jwt_jwks", mode="before")
+    @classmethod
+    def _blank_jwks_is_unset(cls, value: Any) -> Any:
+        return None if isinstance(value, str) and not value.strip() else value
+
+    @field_validator("jwt_algorithms", mode="before")
+    @classmethod
+    def _algorithms_allowed(cls, value: Any) -> Any:
+        names = value.split(",") if isinstance(value, str) else value
+        if not isinstance(names, list | tuple):
+            return value  # the field's own type check refuses it
+        allowed = [signing_algorithm(str(name)) for name in names if str(name).strip()]
+        if not allowed:
+            raise ValueError("RAGSERVICE_JWT_ALGORITHMS names no algorithm")
+        return ",".join(allowed)
+
+    # A field's validator, not the model's: a model's error would quote every setting given,
+    # secrets included.
+    @field_validator("jwt_audience")
+    @classmethod
+    def _tokens_need_issuer_and_audience(
+        cls, value: str | None, info: ValidationInfo
+    ) -> str | None:
+        if info.data.get("jwt_jwks") is not None and not (value and info.data.get("jwt_issuer")):
+            raise ValueError(
+                "RAGSERVICE_JWT_JWKS needs RAGSERVICE_JWT_ISSUER and RAGSERVICE_JWT_AUDIENCE"
+            )
+        return value
+
+    def jwt_algorithm_names(self) -> tuple[str, ...]:
+        """`RAGSERVICE_JWT_ALGORITHMS` as a tuple of algorithm names, e.g. ("RS256", "ES256")."""
+        return tuple(name for name in self.jwt_algorithms.split(",") if name)
+
+
+def signing_algorithm(name: str) -> str:
+    """One of `SIGNING_ALGORITHMS`, spelt as JWT spells it (`rs256` → `RS256`), or ValueError."""
+    by_lower = {known.lower(): known for known in SIGNING_ALGORITHMS}
+    found = by_lower.get(name.strip().lower())
+    if found is None:
+        raise ValueError(
+            f"RAGSERVICE_JWT_ALGORITHMS: {name.strip()!r} is not allowed; tokens are verified "
+            f"with public keys only: {', '.join(SIGNING_ALGORITHMS)} (never none or HS*)"
+        )
+    return found
 
 
 class JobSettings(SettingsGroup):
