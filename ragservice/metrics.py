@@ -187,7 +187,8 @@ class Metrics(_Registered):
         self.auth_refused = Counter(
             "ragservice_auth_refused_requests",
             "Requests refused before their route ran, by reason (missing, unknown, expired, "
-            "locked_out: the client address made too many failed attempts).",
+            "locked_out: the client address made too many failed attempts; token: a signed "
+            "token refused).",
             ["reason"],
             registry=self.registry,
         )

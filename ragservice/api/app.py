@@ -33,6 +33,7 @@ from ragservice.api.routers import (
     search,
 )
 from ragservice.api.stopping import JOBS_SHARE, Stopping
+from ragservice.auth.tokens import TokenVerifier
 from ragservice.cache.prompt_cache import CachePurger
 from ragservice.config import Settings, get_settings, is_loopback
 from ragservice.db import tenancy
@@ -159,7 +160,12 @@ def create_app(
     app.state.rate_limiter = RateLimiter.from_settings(resolved)  # see deps.rate_limit
     install_error_handlers(app)
     # Innermost first: the key is checked within the request's scope, before the body is read.
-    app.add_middleware(AuthMiddleware, failures=failure_limiter(resolved.auth_failures_per_minute))
+    app.add_middleware(
+        AuthMiddleware,
+        failures=failure_limiter(resolved.auth_failures_per_minute),
+        tokens=TokenVerifier.from_settings(resolved.security),
+        groups_from=resolved.jwt_groups_from,
+    )
     app.add_middleware(
         RequestContextMiddleware,
         max_body_bytes=resolved.max_body_bytes,

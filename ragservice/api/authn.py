@@ -2,7 +2,10 @@
 before the body is read or parsed, and before any read that a consistency token could make
 wait on a replica.
 
-Every path under `/v1/` needs a key; the health and metrics paths do not (see `app`). A client
+Every path under `/v1/` needs a key, or a signed token from a trusted gateway where
+`RAGSERVICE_JWT_JWKS` is set (`auth.tokens`; docs/permissions.md); the health and metrics paths
+do not (see `app`). A key or token names the caller's tenant, its role, and the user whose
+documents it reads (`Principal.readers`). A client
 address that sends too many wrong, revoked or expired keys is refused with 429 for a while,
 without a database read (`RAGSERVICE_AUTH_FAILURES_PER_MINUTE`). The address is the socket's
 peer as the ASGI server reports it: uvicorn replaces it with the `X-Forwarded-For` client only
@@ -26,12 +29,15 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from ragservice import store
 from ragservice.api.middleware import REQUEST_ID_HEADER
 from ragservice.auth.keys import Role, hash_key
+from ragservice.auth.tokens import TokenVerifier, looks_like_jwt
+from ragservice.config.serving import GroupsFrom
 from ragservice.db import tenancy
 from ragservice.db.models import ApiKey
 from ragservice.db.scope import current_scope
 from ragservice.errors import (
     AuthenticationError,
     DatabaseUnavailableError,
+    InvalidInputError,
     RagServiceError,
     RateLimitedError,
 )
@@ -70,6 +76,13 @@ class Principal:
         """Who asked, as the query log and feedback record it."""
         return f"user:{self.user}" if self.user is not None else self.actor
 
+    @property
+    def rate_key(self) -> uuid.UUID | None:
+        """What the rate limit counts by: the key, else (a signed token) the tenant's user."""
+        if self.key_id is not None or self.user is None:
+            return self.key_id
+        return uuid.uuid5(self.tenant_id, f"user:{self.user}")
+
     def is_service_admin(self, default_tenant_id: uuid.UUID) -> bool:
         """Whether the caller may change what every tenant shares (the embedding model): an
         admin of the default tenant, the service operator's, or anyone when auth is off."""
@@ -88,9 +101,18 @@ class AuthMiddleware:
     request's tenant), or answers 401 (no key, unknown, revoked, expired) or 429 (this client
     address failed too often) before the application sees the request."""
 
-    def __init__(self, app: ASGIApp, *, failures: RateLimiter | None) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        failures: RateLimiter | None,
+        tokens: TokenVerifier | None = None,
+        groups_from: GroupsFrom = "token",
+    ) -> None:
         self.app = app
         self.failures = failures
+        self.tokens = tokens
+        self.groups_from = groups_from
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or not scope["path"].startswith(AUTHENTICATED_PREFIX):
@@ -129,13 +151,51 @@ class AuthMiddleware:
             raise AuthenticationError("missing API key: send `Authorization: Bearer <key>`")
         address = _client_address(scope)
         self._check_lockout(address, metrics)
-        key = await anyio.to_thread.run_sync(_lookup, runtime, hash_key(secret))
         try:
+            if self.tokens is not None and looks_like_jwt(secret):
+                return await anyio.to_thread.run_sync(
+                    self._token_principal, runtime, metrics, secret
+                )
+            key = await anyio.to_thread.run_sync(_lookup, runtime, hash_key(secret))
             return _principal(runtime, key, metrics)
         except AuthenticationError:
             if self.failures is not None:
                 self.failures.acquire(address)
             raise
+
+    def _token_principal(self, runtime: Runtime, metrics: Metrics, token: str) -> Principal:
+        """The caller a gateway's signed token names (`auth.tokens`): its tenant (by name), its
+        user, and the user's groups from the token, the store or both (`jwt_groups_from`)."""
+        assert self.tokens is not None
+        try:
+            identity = self.tokens.verify(token)
+        except AuthenticationError:
+            metrics.auth_refused.labels(reason="token").inc()
+            raise
+        with tenancy.as_system(), runtime.db.read(primary=True) as session:
+            tenant_id = store.tenants.find_tenant_id(session, identity.tenant)
+            stored: list[str] = []
+            if tenant_id is not None and self.groups_from != "token":
+                stored = store.tenants.user_groups(session, tenant_id, identity.user)
+        if tenant_id is None:
+            metrics.auth_refused.labels(reason="token").inc()
+            raise AuthenticationError("invalid claim: tenant (no such tenant)")
+        groups = set(stored) | (set(identity.groups) if self.groups_from != "store" else set())
+        try:
+            readers = principal_set(identity.user, groups)
+        except InvalidInputError:
+            metrics.auth_refused.labels(reason="token").inc()
+            raise AuthenticationError(
+                "invalid claim: a user or group name outside letters, digits and ._@+-"
+            ) from None
+        return Principal(
+            tenant_id=tenant_id,
+            role=identity.role,
+            key_id=None,
+            actor=f"user:{identity.user}",
+            user=identity.user,
+            readers=readers,
+        )
 
     def _check_lockout(self, address: str, metrics: Metrics) -> None:
         if self.failures is None:

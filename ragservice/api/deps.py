@@ -130,7 +130,7 @@ def rate_limit(request: Request, principal: Principal) -> None:
     key to limit (such a server listens on loopback only), so nothing is limited then."""
     spend(
         request,
-        principal.key_id,
+        principal.rate_key,
         1,
         lambda limits: (
             f"this API key is over its rate limit of {limits.per_second:g} requests "

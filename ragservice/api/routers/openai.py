@@ -107,7 +107,7 @@ async def chat_completions(
     max_tokens = body.max_completion_tokens or body.max_tokens
     forwarded = len(question_text) + sum(len(turn.content) for turn in history)
     check_chat(len(body.messages), forwarded, max_tokens, settings)
-    charge(request, principal.key_id, ANSWER_COST, what="an answer")
+    charge(request, principal.rate_key, ANSWER_COST, what="an answer")
     ask = AskQuery(
         search=SearchQuery(text=question_text, collections=_collections(body.model), k=8),
         history=history,
@@ -152,7 +152,7 @@ async def embeddings(
     check_batch(len(inputs), settings, field="input")
     check_embedding_count(len(inputs), settings, noun=noun)
     check_embedding_texts(texts, settings)
-    charge(request, principal.key_id, embedding_cost(len(inputs)), what=f"{len(inputs)} {noun}")
+    charge(request, principal.rate_key, embedding_cost(len(inputs)), what=f"{len(inputs)} {noun}")
     _check_embedding_input(inputs, body.dimensions, embedder)
     if len(texts) < len(inputs) and settings.embedding_token_ids == "tiktoken":
         arrays = [ids for ids in inputs if isinstance(ids, list)]

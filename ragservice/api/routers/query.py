@@ -48,7 +48,7 @@ async def query(
     """
     ask = body.ask_query()
     answers.check(ask, field="question")
-    charge(request, principal.key_id, ANSWER_COST, what="an answer")
+    charge(request, principal.rate_key, ANSWER_COST, what="an answer")
     if not body.stream:
         return answer_out(await answers.answer(principal.tenant_id, ask))
     events = await answers.stream(principal.tenant_id, ask)
