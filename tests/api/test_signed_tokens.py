@@ -99,7 +99,7 @@ def test_a_token_reads_what_its_user_and_groups_may_read(
     nobody = bearer(token_keys.sign(sub="dave", tenant="acme", groups=[]))
     assert found(gateway, nobody) == {"open"}
     me = ok(gateway.get("/v1/me", headers=hr))
-    assert me["role"] == "reader"
+    assert (me["role"], me["user"], me["readers"]) == ("reader", "ana", ["group:hr", "user:ana"])
     # a reader token may not write
     refused = gateway.post("/v1/collections", json={"name": "x"}, headers=hr)
     assert refused.status_code == 403

@@ -23,6 +23,8 @@ def me(principal: Reader, db: DatabaseDep, settings: SettingsDep, pipeline: Pipe
         auth_disabled=settings.auth_disabled,
         service_admin=is_service_admin(principal),
         key_prefix=principal.key_prefix,
+        user=principal.user,
+        readers=None if principal.readers is None else sorted(principal.readers),
         max_file_bytes=settings.max_file_bytes,
         max_files_per_upload=settings.max_files_per_upload,
         cache_enabled=settings.cache_enabled,

@@ -23,6 +23,14 @@ class MeOut(BaseModel):
         "switch the embedding model, which every tenant shares"
     )
     key_prefix: str | None = Field(description="the first characters of the key; null: no key")
+    user: str | None = Field(
+        default=None, description="the user the key or token acts for; null: none"
+    )
+    readers: list[str] | None = Field(
+        default=None,
+        description="the principals whose documents you read (your user and groups); null: "
+        "every document of the tenant (docs/permissions.md)",
+    )
     max_file_bytes: int = Field(description="the largest file an upload may carry")
     max_files_per_upload: int
     cache_enabled: bool = Field(description="whether the semantic prompt cache is on")

@@ -225,6 +225,7 @@ function documentsTable(ctx, name, page, pager, changed) {
   const columns = [
     { label: "Document", value: (d) => h("a", { href: documentHash(name, d.external_id) }, d.external_id) },
     { label: "Title", value: (d) => d.title || "—" },
+    { label: "Readers", value: (d) => (d.readers ? d.readers.join(", ") : "whole tenant") },
     { label: "Chunks", num: true, value: (d) => String(d.chunk_count) },
     { label: "Characters", num: true, value: (d) => d.char_count.toLocaleString() },
     { label: "Updated", value: (d) => timeEl(d.updated_at) },
