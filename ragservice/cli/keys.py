@@ -111,7 +111,7 @@ def keys_list(
     as_json: Annotated[bool, typer.Option("--json", help="Print a JSON array.")] = False,
 ) -> None:
     """List keys, tab-separated: prefix, tenant, role, state (active, expired, revoked), name,
-    user, expires at, last used (to the minute); secrets are never shown again."""
+    expires at, last used (to the minute), the user it acts for; secrets are never shown again."""
     with database() as db, tenancy.as_system(), db.read() as session:
         rows = store.tenants.list_api_keys(session)
     now = datetime.now(UTC)
@@ -129,9 +129,9 @@ def keys_list(
                 "role": key.role,
                 "state": state,
                 "name": key.name,
-                "user": key.user_name,
                 "expires_at": _iso(key.expires_at),
                 "last_used_at": _iso(key.last_used_at),
+                "user": key.user_name,
             }
         )
     if as_json:
