@@ -91,6 +91,53 @@ _TENANT_POLICY = (
     "tenant_id = (SELECT ragservice_current_tenant()) OR (SELECT ragservice_all_tenants())"
 )
 
+# The upkeep that documents' triggers do (cache invalidation, the query log's redaction) must
+# reach every row built on the changed documents, also those the changing transaction may not
+# read: each function reads every document of the transaction's tenant while it runs (the
+# tenant's own policy still applies), then puts the asker's set back.
+_ELEVATE = (
+    "$$\nDECLARE\n    saved text := coalesce(current_setting('ragservice.readers', true), '');\n"
+    "BEGIN\n    PERFORM set_config('ragservice.readers', '*', true);\n"
+)
+_RESTORE = "    PERFORM set_config('ragservice.readers', saved, true);\n    RETURN NULL;"
+
+# A document's readers changed (whatever path: the API's PATCH, an ingest, plain SQL): its
+# chunks follow, and the cached answers built on it go.
+_READERS_CHANGED = f"""
+CREATE FUNCTION ragservice_documents_readers_changed() RETURNS trigger
+LANGUAGE plpgsql AS {_ELEVATE}
+    WITH changed AS (
+        SELECT n.id, n.readers FROM new_documents n JOIN old_documents o USING (id)
+        WHERE n.readers IS DISTINCT FROM o.readers
+    ), chunks_changed AS (
+        UPDATE chunks c SET readers = changed.readers FROM changed
+        WHERE c.document_id = changed.id AND c.readers IS DISTINCT FROM changed.readers
+    )
+    DELETE FROM prompt_cache p USING prompt_cache_sources s, changed
+    WHERE s.entry_id = p.id AND s.document_id = changed.id;
+{_RESTORE}
+END $$
+"""
+
+
+def _upkeep_functions() -> dict[str, str]:
+    """The trigger functions of 0004 and 0012, by name: their definitions there."""
+    cache = _migration("0004_prompt_cache.py")
+    retention = _migration("0012_retention.py")
+    return {
+        "ragservice_cache_invalidate_updated": cache._INVALIDATE_UPDATED,
+        "ragservice_cache_invalidate_inserted": cache._INVALIDATE_INSERTED,
+        "ragservice_cache_invalidate_deleted": cache._INVALIDATE_DELETED,
+        "ragservice_query_log_redact_deleted": retention._REDACT_DELETED,
+    }
+
+
+def _elevated(definition: str) -> str:
+    body = definition.replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", 1)
+    assert body.count("$$\nBEGIN\n") == 1 and body.count("    RETURN NULL;") == 1, body
+    return body.replace("$$\nBEGIN\n", _ELEVATE).replace("    RETURN NULL;", _RESTORE)
+
+
 ANALYST = "ragservice_analyst"
 # view → the line its select list ends before (in migration 0017's definitions)
 _VIEWS = {
@@ -164,9 +211,21 @@ def upgrade() -> None:
             f"CREATE OR REPLACE VIEW analytics.{name} WITH (security_barrier = true) "
             f"AS {definition}"
         )
+    for definition in _upkeep_functions().values():
+        op.execute(_elevated(definition))
+    op.execute(_READERS_CHANGED)
+    op.execute(
+        "CREATE TRIGGER documents_readers_changed AFTER UPDATE ON documents "
+        "REFERENCING OLD TABLE AS old_documents NEW TABLE AS new_documents "
+        "FOR EACH STATEMENT EXECUTE FUNCTION ragservice_documents_readers_changed()"
+    )
 
 
 def downgrade() -> None:
+    op.execute("DROP TRIGGER documents_readers_changed ON documents")
+    op.execute("DROP FUNCTION ragservice_documents_readers_changed()")
+    for definition in _upkeep_functions().values():
+        op.execute(definition.replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", 1))
     views_0017 = _migration("0017_query_log_trace.py")._views_with_request_ids()
     views_0006 = _migration("0006_analytics.py").VIEWS
     for name in _VIEWS:

@@ -75,12 +75,11 @@ def set_readers(
         doc = store.documents.get_document(session, cid, external_id)
         if doc is None:
             raise document_not_found(collection, external_id)
-        change = store.documents.set_readers(session, doc.id, readers)
+        changed = store.documents.set_readers(session, doc.id, readers)
         details = {
             "collection": collection,
             "readers": list(readers) if readers else None,
-            "chunks": change.chunks,
-            "cache_entries_dropped": change.cache_entries,
+            "changed": changed,
         }
         audit(session, caller, "document.readers", external_id, details)
     return get_document(db, caller.tenant_id, collection, external_id, chunks=False).document

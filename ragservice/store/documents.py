@@ -72,26 +72,11 @@ WHERE d.content_hash IS DISTINCT FROM EXCLUDED.content_hash
 RETURNING d.id, d.external_id, d.version, d.readers
 """
 
-# A document's readers changed (PATCH): its chunks follow, and the cached answers built on it
-# go (an answer is served only to askers who may read every source; the new list may differ).
+# A document's readers changed (PATCH). Its chunks follow and the cached answers built on it go,
+# by the documents' trigger (migration 0026), whatever path the change takes.
 _SET_READERS = """
-WITH changed AS (
-    UPDATE documents SET readers = %(readers)s::text[], updated_at = now()
-    WHERE id = %(document_id)s AND readers IS DISTINCT FROM %(readers)s::text[]
-    RETURNING id
-), chunks_changed AS (
-    UPDATE chunks SET readers = %(readers)s::text[]
-    WHERE document_id IN (SELECT id FROM changed)
-    RETURNING 1
-), cache_dropped AS (
-    DELETE FROM prompt_cache WHERE id IN (
-        SELECT s.entry_id FROM prompt_cache_sources s
-        WHERE s.document_id IN (SELECT id FROM changed)
-    )
-    RETURNING 1
-)
-SELECT (SELECT count(*) FROM changed), (SELECT count(*) FROM chunks_changed),
-       (SELECT count(*) FROM cache_dropped)
+UPDATE documents SET readers = %(readers)s::text[], updated_at = now()
+WHERE id = %(document_id)s AND readers IS DISTINCT FROM %(readers)s::text[]
 """
 
 
@@ -128,13 +113,6 @@ class StoredDocument:
     readers: list[str] | None
 
 
-@dataclass(frozen=True, slots=True)
-class ReadersChange:
-    documents: int
-    chunks: int
-    cache_entries: int
-
-
 @dataclass(slots=True)
 class BatchWriteResult:
     written: list[WrittenDocument] = field(default_factory=list)
@@ -152,21 +130,11 @@ def stored_documents(
     return {row[0]: StoredDocument(row[1], row[2]) for row in session.execute(stmt)}
 
 
-def set_readers(
-    session: Session, document_id: uuid.UUID, readers: Sequence[str] | None
-) -> ReadersChange:
-    """Give a document (and its chunks) new readers, None or empty: the whole tenant. Nothing
-    is re-embedded; the cached answers built on it are deleted."""
-    row = (
-        driver_connection(session)
-        .execute(
-            _SET_READERS,
-            {"document_id": document_id, "readers": list(readers) if readers else None},
-        )
-        .fetchone()
-    )
-    assert row is not None
-    return ReadersChange(int(row[0]), int(row[1]), int(row[2]))
+def set_readers(session: Session, document_id: uuid.UUID, readers: Sequence[str] | None) -> bool:
+    """Give a document (and its chunks) new readers, None or empty: the whole tenant; whether
+    they changed. Nothing is re-embedded; the cached answers built on it are deleted."""
+    params = {"document_id": document_id, "readers": list(readers) if readers else None}
+    return bool(driver_connection(session).execute(_SET_READERS, params).rowcount)
 
 
 def delete_documents(

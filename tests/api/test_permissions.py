@@ -38,6 +38,8 @@ class People:
     admin: dict[str, str]
     """An admin key of no user: every document of the tenant."""
     writer: dict[str, str]
+    outsider_writer: dict[str, str]
+    """A writer key of user `bob`."""
     tenant_id: uuid.UUID
 
 
@@ -66,6 +68,7 @@ def people(client: TestClient, keys: Keys) -> People:
             no_user=keys.reader,
             admin=keys.admin,
             writer=keys.writer,
+            outsider_writer=make("writer", "bob"),
             tenant_id=tenant_id,
         )
 
@@ -429,3 +432,42 @@ def test_another_tenant_cannot_change_readers(
     assert refused.status_code == 404
     handbook = ok(client.get("/v1/collections/policies/documents/handbook", headers=people.admin))
     assert handbook["readers"] is None
+
+
+def test_a_writer_who_may_not_read_every_source_still_cleans_up_after_a_deletion(
+    client: TestClient, people: People, corpus: None
+) -> None:
+    """ana's answer was built on the salary bands (hidden from bob) and the handbook. When bob
+    deletes the handbook, her cached answer and the logged answer go too, though bob may not
+    see them: the documents' triggers reach every row built on the deleted document."""
+    ask = {"question": QUESTION, "collections": ["policies"], "k": 5}
+    answer = ok(client.post("/v1/query", json=ask, headers=people.hr))
+    assert {s["document"]["external_id"] for s in answer["sources"]} >= {SECRET, "handbook"}
+    db = client.app.state.runtime.db  # type: ignore[attr-defined]
+
+    def state() -> tuple[int, Any]:
+        with tenancy.as_system(), db.read() as session:
+            entries = session.scalar(select(func.count()).select_from(PromptCacheEntry))
+            logged = session.get(QueryLog, uuid.UUID(answer["query_id"]))
+            assert logged is not None
+            return int(entries or 0), logged.redacted_at
+
+    assert state()[0] == 1 and state()[1] is None
+    deleted = client.delete(
+        "/v1/collections/policies/documents/handbook", headers=people.outsider_writer
+    )
+    assert deleted.status_code == 204
+    entries, redacted_at = state()
+    assert entries == 0 and redacted_at is not None
+    # The readers trigger reaches hidden entries too: an admin's answer built on the salary
+    # bands goes when a writer who may read them changes their readers.
+    ok(client.post("/v1/query", json=ask, headers=people.admin))
+    assert state()[0] == 1
+    ok(
+        client.patch(
+            f"/v1/collections/policies/documents/{SECRET}",
+            json={"readers": ["group:hr", "user:bob"]},
+            headers=people.admin,
+        )
+    )
+    assert state()[0] == 0
