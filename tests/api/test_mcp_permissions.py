@@ -53,8 +53,8 @@ class Restricted:
             self.document_id,
             str(RESTRICTED["external_id"]),
             str(RESTRICTED["title"]),
-            "zorkmids",
-            "band four",
+            "ninety thousand",  # of its text, and not of QUESTION (which a prompt holds)
+            "before bonuses",
         )
 
     def hidden_in(self, found: Any) -> bool:
