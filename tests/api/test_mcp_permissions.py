@@ -17,11 +17,13 @@ import httpx2
 from fastapi.testclient import TestClient
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
+from sqlalchemy import func, select
 
 from ragservice import store
 from ragservice.auth.keys import new_key
 from ragservice.client import RagserviceClient
 from ragservice.db import tenancy
+from ragservice.db.models import PromptCacheEntry
 from ragservice.mcp_server.server import build_server, fixed_client, http_app, key_check
 from tests.api.conftest import Keys, ok, wait_for_job
 from tests.api.test_mcp import BASE, TOOLS, call, rest_client, secret, tool_error
@@ -100,6 +102,12 @@ def user_keys(client: TestClient, tenant: str = "acme") -> tuple[dict[str, str],
     return headers[0], headers[1]
 
 
+def cached_answers(client: TestClient) -> int:
+    db = client.app.state.runtime.db  # type: ignore[attr-defined]
+    with tenancy.as_system(), db.read() as session:
+        return int(session.scalar(select(func.count()).select_from(PromptCacheEntry)) or 0)
+
+
 def test_an_outsider_gets_nothing_of_a_restricted_document_through_any_tool(
     client: TestClient, keys: Keys
 ) -> None:
@@ -114,8 +122,9 @@ def test_an_outsider_gets_nothing_of_a_restricted_document_through_any_tool(
             for mode in ("dense", "fulltext", "hybrid"):
                 found = await call(mcp, "search", query=QUESTION, k=5, mode=mode)
                 assert found["hits"][0]["document_id"] == RESTRICTED["external_id"], mode
-            answered = await call(mcp, "ask", question=QUESTION)
+            answered = await call(mcp, "ask", question=QUESTION, collections=[COLLECTION])
             assert "zorkmids" in answered["answer"]
+            assert cached_answers(client) == 1  # the outsider asks the same next
             cited = {c["document_id"] for c in answered["citations"]}
             assert RESTRICTED["external_id"] in cited
             document = await call(
