@@ -30,7 +30,7 @@ from tests.api.test_mcp_permissions import (
     restricted_corpus,
     user_keys,
 )
-from tests.api.test_replicas import NODE, serving_with, wait_until
+from tests.api.test_replicas import NODE, execute, serving_with, wait_until
 
 REPLICAS = ("eu-1", "us-1")
 DOCUMENT = f"/v1/collections/{COLLECTION}/documents"
@@ -56,6 +56,17 @@ def cluster_client(
     with TestClient(app, raise_server_exceptions=False) as client:
         wait_until(lambda: serving_with(client) == set(REPLICAS))
         yield client
+
+
+@pytest.fixture
+def paused(dev_cluster: DevCluster) -> Iterator[None]:
+    """Both standbys stop replaying (and stay in use within the lag bound); afterwards they
+    replay again."""
+    for standby in dev_cluster.standbys:
+        execute(standby, "SELECT pg_wal_replay_pause()")
+    yield
+    for standby in dev_cluster.standbys:
+        execute(standby, "SELECT pg_wal_replay_resume()")
 
 
 def admin_key(client: TestClient, tenant: str) -> dict[str, str]:
@@ -111,3 +122,29 @@ def test_a_replica_hides_a_restricted_document_from_an_outsider(
     listed = on_a_replica(client.get(DOCUMENT, headers=outsider))
     assert [d["external_id"] for d in listed["documents"]] == [OPEN["external_id"]]
     assert restricted.hidden_in(listed)
+
+
+def test_a_user_removed_from_a_group_stops_reading_on_a_stale_replica(
+    cluster_client: TestClient, request: pytest.FixtureRequest
+) -> None:
+    """Group membership is read on the primary with the key, so a replica that has not
+    replayed the removal still reads with the user's new principal set."""
+    client = cluster_client
+    tenant = f"perm{uuid.uuid4().hex[:8]}"
+    restricted_corpus(client, admin_key(client, tenant))
+    insider, _ = user_keys(client, tenant)
+    path = f"{DOCUMENT}/{RESTRICTED['external_id']}"
+    wait_until(lambda: readable_on_a_replica(client.get(path, headers=insider)))
+
+    request.getfixturevalue("paused")
+    db = client.app.state.runtime.db  # type: ignore[attr-defined]
+    with tenancy.as_system(), db.write() as session:
+        tenant_id = store.tenants.find_tenant_id(session, tenant)
+        assert tenant_id is not None
+        assert store.tenants.remove_group_members(session, tenant_id, "hr", ["ana"]) == 1
+    hidden = client.get(path, headers=insider)
+    assert hidden.status_code == 404 and hidden.headers[NODE] in REPLICAS
+
+
+def readable_on_a_replica(response: httpx.Response) -> bool:
+    return response.status_code == 200 and response.headers[NODE] in REPLICAS
