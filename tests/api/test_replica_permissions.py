@@ -1,7 +1,8 @@
-"""Per-document readers on a streaming replica: a search, an answer and a document read served
-by a replica (`X-Read-Node`) hide a restricted document from a key acting for a user outside
-its readers, as the primary does; the replica's transactions get the caller's principal set
-too. One app with authentication on, on the session's `dev_cluster`."""
+"""Per-document readers on a streaming replica: a search, an answer (a cached one included)
+and a document read served by a replica (`X-Read-Node`) hide a restricted document from a key
+acting for a user outside its readers, as the primary does; the replica's transactions get the
+caller's principal set too, computed on the primary (a group membership removed counts at once).
+One app with authentication on, on the session's `dev_cluster`."""
 
 from __future__ import annotations
 
@@ -111,11 +112,16 @@ def test_a_replica_hides_a_restricted_document_from_an_outsider(
         seen = [h["document"]["external_id"] for h in found["results"]]
         assert seen == ([] if mode == "fulltext" else ["canteen"]), mode  # no word in common
         assert restricted.hidden_in(found)
-    answered = on_a_replica(
-        client.post(
-            "/v1/query", json={"question": QUESTION, "collections": [COLLECTION]}, headers=outsider
-        )
-    )
+    # The insider's answer, cached (on the primary) and replayed: the replica serves it to
+    # the insider only.
+    question = {"question": QUESTION, "collections": [COLLECTION]}
+
+    def asked(headers: dict[str, str]) -> Any:
+        return on_a_replica(client.post("/v1/query", json=question, headers=headers))
+
+    wait_until(lambda: bool(asked(insider)["cache"]["hit"]))
+    answered = asked(outsider)
+    assert answered["cache"]["hit"] is False
     assert restricted.hidden_in(answered)
     hidden = client.get(f"{DOCUMENT}/{RESTRICTED['external_id']}", headers=outsider)
     assert hidden.status_code == 404 and hidden.headers[NODE] in REPLICAS
