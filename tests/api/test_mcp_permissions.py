@@ -7,6 +7,7 @@ citation of it), in process and over streamable HTTP; a key acting for a reader 
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -40,6 +41,7 @@ OPEN = {
     "title": "Canteen hours",
     "text": "The canteen serves lunch from noon until two, and coffee all afternoon.",
 }
+TOKEN = "X-Consistency-Token"
 QUESTION = "How many zorkmids do engineers in band four earn?"
 
 
@@ -73,11 +75,20 @@ def restricted_corpus(
     ok(client.post("/v1/collections", json={"name": collection}, headers=headers), 201)
     body = {"documents": [RESTRICTED, OPEN]}
     path = f"/v1/collections/{collection}/documents"
-    job = ok(client.post(path, json=body, headers=headers), 202)
-    assert wait_for_job(client, job["id"], headers)["status"] == "done"
-    stored = ok(client.get(f"{path}/{RESTRICTED['external_id']}", headers=headers))
-    assert stored["readers"] == ["group:hr"]
-    return Restricted(document_id=stored["id"])
+    posted = client.post(path, json=body, headers=headers)
+    job = ok(posted, 202)
+    # With replicas, the job is read where its creation is (the write's consistency token),
+    # and the document once a replica has it.
+    token = posted.headers.get(TOKEN)
+    reads = headers if token is None else {**headers, TOKEN: token}
+    assert wait_for_job(client, job["id"], reads)["status"] == "done"
+    stored = client.get(f"{path}/{RESTRICTED['external_id']}", headers=headers)
+    deadline = time.monotonic() + 10
+    while stored.status_code == 404 and time.monotonic() < deadline:
+        time.sleep(0.05)
+        stored = client.get(f"{path}/{RESTRICTED['external_id']}", headers=headers)
+    assert ok(stored)["readers"] == ["group:hr"]
+    return Restricted(document_id=ok(stored)["id"])
 
 
 def user_keys(client: TestClient, tenant: str = "acme") -> tuple[dict[str, str], dict[str, str]]:
