@@ -215,3 +215,23 @@ def test_a_jsonl_rows_readers(cli: CliRunner, database_url: str, tmp_path: Path)
     failed = ingest(cli, str(bad), "-c", "rows", code=1)
     assert failed["counts"]["failed"] == 1 and "group:<name>" in failed["failures"][0]["error"]
     assert "e" not in readers(database_url)
+
+
+def test_imported_vectors_get_their_readers(
+    cli: CliRunner, database_url: str, tmp_path: Path
+) -> None:
+    """Chunks imported with their vectors (a JSONL row's `chunks`, a Parquet file) take the
+    row's readers or `--readers`, like documents that are embedded."""
+    from tests.integration.test_bulk_import import unit_vectors, vector_line, write_parquet
+
+    vectors = unit_vectors(3)
+    row = json.loads(vector_line("v", ["An imported chunk.", "Another one."], vectors[:2]))
+    jsonl = tmp_path / "vectors.jsonl"
+    jsonl.write_text(json.dumps({**row, "readers": ["group:hr"]}) + "\n")
+    parquet = write_parquet(
+        tmp_path / "chunks.parquet", {"id": ["p"], "text": ["A parquet chunk."]}, vectors[2:]
+    )
+    for path in (jsonl, parquet):
+        summary = ingest(cli, str(path), "-c", "vectors", "--readers", "group:it")
+        assert summary["ok"] and summary["counts"]["chunks_embedded"] == 0
+    assert readers(database_url) == {"v": ["group:hr"], "p": ["group:it"]}
