@@ -172,6 +172,27 @@ def test_an_outsider_gets_nothing_of_a_restricted_document_through_any_tool(
     anyio.run(scenario)
 
 
+def test_a_reader_is_not_served_an_answer_cached_for_an_outsider(
+    client: TestClient, keys: Keys
+) -> None:
+    """An answer built from the documents an outsider may read leaves out what a reader may
+    read: it is not the reader's answer."""
+    restricted_corpus(client, keys.admin)
+    insider, outsider = user_keys(client)
+    outside = build_server(fixed_client(rest_client(client, secret(outsider))))
+    inside = build_server(fixed_client(rest_client(client, secret(insider))))
+
+    async def scenario() -> None:
+        async with Client(outside) as mcp:
+            await call(mcp, "ask", question=QUESTION, collections=[COLLECTION])
+        async with Client(inside) as mcp:
+            answered = await call(mcp, "ask", question=QUESTION, collections=[COLLECTION])
+            cited = {c["document_id"] for c in answered["citations"]}
+            assert RESTRICTED["external_id"] in cited, answered
+
+    anyio.run(scenario)
+
+
 def test_over_streamable_http_each_callers_key_decides_what_it_reads(
     client: TestClient, keys: Keys
 ) -> None:
