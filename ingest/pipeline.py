@@ -318,14 +318,15 @@ class IngestPipeline:
         unchanged: list[str] = []
         changed: list[tuple[LoadedDocument, str]] = []
         for doc in docs:
-            digest = document_hash(doc, self._model_id)
             before = stored.get(doc.external_id)
+            if doc.readers is None and before is not None and before.readers:
+                # Not named by this ingest: the document keeps who may read it, and is hashed
+                # so (an ingest that named them hashed them): unchanged stays unchanged.
+                doc = replace(doc, readers=tuple(before.readers))
+            digest = document_hash(doc, self._model_id)
             if before is not None and before.content_hash == digest:
                 unchanged.append(doc.external_id)
                 continue
-            if doc.readers is None and before is not None and before.readers:
-                # Not named by this ingest: a changed document keeps who may read it.
-                doc = replace(doc, readers=tuple(before.readers))
             changed.append((doc, digest))
         return unchanged, list(self._prepare(changed))
 

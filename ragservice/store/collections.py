@@ -8,10 +8,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Row, Select, delete, func, select, update
+from sqlalchemy import Label, Row, Select, delete, func, select, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
+from ragservice.db import tenancy
 from ragservice.db.models import Collection, CollectionTextStats, Document
 from ragservice.errors import ConflictError, NotFoundError
 
@@ -163,17 +164,26 @@ def _collections_query(tenant_id: uuid.UUID) -> Select[Any]:
         .scalar_subquery()
         .label("document_count")
     )
-    chunks = (
-        select(func.coalesce(func.sum(CollectionTextStats.chunk_count), 0))
-        .where(CollectionTextStats.collection_id == Collection.id)
-        .scalar_subquery()
-        .label("chunk_count")
-    )
     return (
-        select(Collection, documents, chunks)
+        select(Collection, documents, _chunk_count())
         .where(Collection.tenant_id == tenant_id)
         .order_by(Collection.name)
     )
+
+
+def _chunk_count() -> Label[int]:
+    """The collection's chunks: its text statistics' total, which counts every document's
+    chunks; for a transaction that may not read every document, the chunks of those it may
+    read (the documents' own counts, under row-level security)."""
+    if tenancy.current().restricted:
+        total = select(func.coalesce(func.sum(Document.chunk_count), 0)).where(
+            Document.collection_id == Collection.id
+        )
+    else:
+        total = select(func.coalesce(func.sum(CollectionTextStats.chunk_count), 0)).where(
+            CollectionTextStats.collection_id == Collection.id
+        )
+    return total.scalar_subquery().label("chunk_count")
 
 
 def _collection_info(row: Row[Any]) -> CollectionInfo:

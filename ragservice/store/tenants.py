@@ -112,8 +112,11 @@ def add_group_members(
     if not user_names:
         return 0
     rows = [{"tenant_id": tenant_id, "group_name": group_name, "user_name": u} for u in user_names]
-    stmt = insert(GroupMember).values(rows).on_conflict_do_nothing()
-    return int(session.execute(stmt).rowcount)  # type: ignore[attr-defined]
+    # Counted from RETURNING: an ORM insert of several rows reports no rowcount (-1).
+    stmt = (
+        insert(GroupMember).values(rows).on_conflict_do_nothing().returning(GroupMember.user_name)
+    )
+    return len(session.scalars(stmt).all())
 
 
 def remove_group_members(
