@@ -203,6 +203,7 @@ def merge_report(into: IngestReport, part: IngestReport) -> None:
     into.unchanged.extend(part.unchanged)
     into.deleted.extend(part.deleted)
     into.failed.extend(part.failed)
+    into.restricted = into.restricted or part.restricted
     into.chunks_written += part.chunks_written
     into.chunks_embedded += part.chunks_embedded
     into.chunks_reused += part.chunks_reused

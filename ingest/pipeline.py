@@ -388,6 +388,7 @@ class IngestPipeline:
     ) -> None:
         vectors = self._vectors_for([p for p in batch if p.vectors is None], report)
         report.chunks_imported += sum(len(p.chunks) for p in batch if p.vectors is not None)
+        report.restricted = report.restricted or any(p.doc.readers for p in batch)
         writes = [
             store.documents.DocumentWrite(
                 external_id=p.doc.external_id,

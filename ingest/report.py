@@ -35,6 +35,8 @@ class IngestReport:
     pack_seconds: float = 0.0
     """Time spent packing the postings blocks that large batches appended (once, at the end)."""
     dry_run: bool = False
+    restricted: bool = False
+    """Whether a document it wrote has readers (its job is then shown to fewer askers)."""
 
     @property
     def ok(self) -> bool:

@@ -295,6 +295,7 @@ class JobWorker:
                 counts=report.counts(),
                 errors=errors,
                 worker=job.worker,
+                restricted=report.restricted,
             )
         if not finished:
             log.warning("job %s: taken over by another worker; this attempt's end dropped", job.id)

@@ -15,18 +15,21 @@ from ragservice.errors import InvalidInputError
 
 USER = "user"
 GROUP = "group"
+KEY = "key"
+"""A transaction's principal set also names the asker's API key (`key:<prefix>`), so that what
+it queued is its own (a job); no document lists a key among its readers."""
 MAX_NAME_CHARS = 128
 MAX_READERS = 256
 """Principals one document may list (a larger audience is a group)."""
 
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@+-]{0,127}$")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@+\-_]{0,127}$")
 
 
 def check_name(name: str, what: str = "name") -> str:
-    """A user or group name: letters, digits and `._@+-`, at most 128 characters."""
+    """A user or group name: letters, digits and `._@+-_`, at most 128 characters."""
     if not _NAME.match(name):
         raise InvalidInputError(
-            f"{what} {name[:40]!r}: use 1-{MAX_NAME_CHARS} letters, digits and ._@+- "
+            f"{what} {name[:40]!r}: use 1-{MAX_NAME_CHARS} letters, digits and ._@+-_ "
             "(starting with a letter or digit)"
         )
     return name
@@ -63,18 +66,34 @@ def stored_readers(readers: tuple[str, ...] | None) -> list[str] | None:
     return list(readers) if readers else None
 
 
-def principal_set(user: str | None, groups: Iterable[str] = ()) -> frozenset[str]:
-    """The principals an asker reads as: its user and its groups."""
+def principal_set(
+    user: str | None, groups: Iterable[str] = (), *, key_prefix: str | None = None
+) -> frozenset[str]:
+    """The principals an asker reads as: its user and its groups (and its key, which no
+    document lists: it names what the key itself queued)."""
     found = {principal(GROUP, g) for g in groups}
     if user is not None:
         found.add(principal(USER, user))
+    if key_prefix is not None:
+        found.add(principal(KEY, key_prefix))
     return frozenset(found)
+
+
+def listable(principals: Iterable[str]) -> list[str]:
+    """The principals a document may list (users and groups, not keys), sorted: what decides
+    which documents an asker reads."""
+    return sorted(p for p in principals if not p.startswith(f"{KEY}:"))
 
 
 def array_literal(principals: Iterable[str]) -> str:
     """A PostgreSQL text[] literal of checked principals (`{"user:ana","group:hr"}`); the
     names' characters never need escaping."""
-    return "{" + ",".join(f'"{parse_principal(p)}"' for p in sorted(principals)) + "}"
+    return "{" + ",".join(f'"{_checked(p)}"' for p in sorted(principals)) + "}"
+
+
+def _checked(text: str) -> str:
+    kind, _, name = text.partition(":")
+    return parse_principal(text) if kind != KEY else principal(KEY, name)
 
 
 def may_read(readers: Iterable[str] | None, principals: frozenset[str] | None) -> bool:

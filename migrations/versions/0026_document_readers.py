@@ -8,6 +8,9 @@ principal set enforced by row-level security.
 - `api_keys.user_name`: the user a key acts for (NULL: a key of no user).
 - `ingest_job_items.readers`: the readers a queued document is to get.
 - `query_log.asker` and `feedback.asker`: who asked (`user:<name>`, or the key).
+- `ingest_jobs.asker` (who queued it) and `ingest_jobs.restricted` (it named readers, or wrote a
+  document that has some): such a job's counts and per-file errors are shown to its asker and to
+  those who read every document only.
 - `prompt_cache.source_documents`: the documents a cached answer was built from (the same ids
   as its `prompt_cache_sources` rows, sorted, where the policy below can read them). A question
   of one scope may now have an entry per set of sources (askers who read different documents
@@ -85,6 +88,7 @@ POLICIES: dict[str, str] = {
     "THEN retrieved ELSE '[]'::jsonb END) AS r(hit) WHERE NOT EXISTS "
     "(SELECT 1 FROM documents d WHERE d.id = (r.hit ->> 'document_id')::uuid)))",
     "feedback": f"{_ALL} OR EXISTS (SELECT 1 FROM query_log q WHERE q.id = feedback.query_id)",
+    "ingest_jobs": f"NOT restricted OR {_ALL} OR ARRAY[asker] && {_MINE}",
 }
 
 _TENANT_POLICY = (
@@ -161,6 +165,11 @@ def upgrade() -> None:
     op.add_column("api_keys", sa.Column("user_name", sa.Text(), nullable=True))
     op.add_column("query_log", sa.Column("asker", sa.Text(), nullable=True))
     op.add_column("feedback", sa.Column("asker", sa.Text(), nullable=True))
+    op.add_column("ingest_jobs", sa.Column("asker", sa.Text(), nullable=True))
+    op.add_column(
+        "ingest_jobs",
+        sa.Column("restricted", sa.Boolean(), nullable=False, server_default="false"),
+    )
     op.add_column(
         "prompt_cache",
         sa.Column(
@@ -261,6 +270,8 @@ def downgrade() -> None:
     )
     op.drop_column("prompt_cache", "built_for")
     op.drop_column("prompt_cache", "source_documents")
+    op.drop_column("ingest_jobs", "restricted")
+    op.drop_column("ingest_jobs", "asker")
     op.drop_column("feedback", "asker")
     op.drop_column("query_log", "asker")
     op.drop_column("api_keys", "user_name")

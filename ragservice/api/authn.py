@@ -233,12 +233,15 @@ def _lookup(runtime: Runtime, key_hash: str) -> _FoundKey | None:
         return _FoundKey(key, groups)
 
 
-def key_readers(role: Role, user: str | None, groups: list[str]) -> frozenset[str] | None:
+def key_readers(
+    role: Role, user: str | None, groups: list[str], prefix: str
+) -> frozenset[str] | None:
     """What a key reads: its user's and groups' documents; a key of no user, every document
-    of its tenant if it is an admin's, else the unrestricted ones only (fail closed)."""
+    of its tenant if it is an admin's, else the unrestricted ones only (fail closed). The key
+    itself is in the set too: what it queued is its own."""
     if user is not None:
-        return principal_set(user, groups)
-    return None if role is Role.ADMIN else frozenset()
+        return principal_set(user, groups, key_prefix=prefix)
+    return None if role is Role.ADMIN else principal_set(None, key_prefix=prefix)
 
 
 def _principal(runtime: Runtime, found: _FoundKey | None, metrics: Metrics) -> Principal:
@@ -267,7 +270,7 @@ def _principal(runtime: Runtime, found: _FoundKey | None, metrics: Metrics) -> P
         actor=f"key:{key.prefix}",
         key_prefix=key.prefix,
         user=key.user_name,
-        readers=key_readers(role, key.user_name, found.groups),
+        readers=key_readers(role, key.user_name, found.groups, key.prefix),
     )
 
 

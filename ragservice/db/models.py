@@ -195,6 +195,10 @@ class IngestJob(Base):
     # The advisory lock its worker holds while it runs (migration 0019, db/locks.py).
     claim_key: Mapped[int | None] = mapped_column(BigInteger)
     heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # Who queued it, and whether it named readers or wrote a document that has some: then only
+    # its asker and those who read every document see it (migration 0026).
+    asker: Mapped[str | None] = mapped_column(Text)
+    restricted: Mapped[bool] = mapped_column(Boolean, server_default="false")
     created_at: Mapped[datetime] = _now()
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))

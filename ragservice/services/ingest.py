@@ -175,4 +175,5 @@ def recorded_run(
                 status=status,
                 counts=report.counts(),
                 errors=[{"source": f.source, "error": f.reason} for f in report.failed],
+                restricted=report.restricted,
             )

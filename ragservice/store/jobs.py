@@ -27,6 +27,7 @@ from sqlalchemy.orm import Session, aliased
 from ragservice.db import locks
 from ragservice.db.engine import driver_connection
 from ragservice.db.models import Collection, IngestJob, IngestJobItem, Tenant
+from ragservice.db.scope import current_asker
 from ragservice.errors import ConflictError, NotFoundError
 from ragservice.store import bulk
 
@@ -79,6 +80,7 @@ def start_job(
     kind: str,
     params: dict[str, Any],
     worker: str,
+    restricted: bool = False,
 ) -> uuid.UUID:
     """Record a job that starts running now (the CLI runs its own jobs in-process)."""
     job = IngestJob(
@@ -88,6 +90,8 @@ def start_job(
         status="running",
         params=params,
         worker=worker,
+        asker=current_asker(),
+        restricted=restricted,
         attempts=1,
         started_at=func.now(),
         heartbeat_at=func.now(),
@@ -106,9 +110,17 @@ def enqueue_job(
     params: dict[str, Any],
     items: Sequence[JobItem],
 ) -> uuid.UUID:
-    """Queue a job with its items (one COPY); workers see it once the transaction commits."""
+    """Queue a job with its items (one COPY); workers see it once the transaction commits.
+    A job whose items name readers is restricted: shown to its asker and to those who read
+    every document only."""
     job = IngestJob(
-        tenant_id=tenant_id, collection_id=collection_id, kind=kind, status="queued", params=params
+        tenant_id=tenant_id,
+        collection_id=collection_id,
+        kind=kind,
+        status="queued",
+        params=params,
+        asker=current_asker(),
+        restricted=any(item.readers for item in items),
     )
     session.add(job)
     session.flush()
@@ -325,8 +337,10 @@ def finish_job(
     counts: dict[str, int],
     errors: list[dict[str, str]],
     worker: str | None = None,
+    restricted: bool = False,
 ) -> bool:
     """Record how a job ended. With `worker`, only while that worker still owns the job.
+    `restricted`: it wrote a document that has readers (the job is restricted from then on).
 
     A job that is done drops its items (the uploaded files and texts) at once; a failed job
     keeps them until `purge_job_payloads` drops them, so an operator can queue it again
@@ -336,7 +350,12 @@ def finish_job(
     if worker is not None:
         stmt = stmt.where(_owned_by(job_id, worker))
     stmt = stmt.values(
-        status=status, counts=counts, errors=errors, finished_at=func.now(), claim_key=None
+        status=status,
+        counts=counts,
+        errors=errors,
+        finished_at=func.now(),
+        claim_key=None,
+        restricted=IngestJob.restricted | restricted,
     )
     finished = session.scalar(stmt.returning(IngestJob.id)) is not None
     if finished and status == "done":

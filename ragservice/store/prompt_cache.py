@@ -25,6 +25,7 @@ from sqlalchemy.orm import Session
 from ragservice.db import tenancy
 from ragservice.db.engine import driver_connection
 from ragservice.db.models import Collection, Document, PromptCacheEntry
+from ragservice.readers import listable
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,7 +84,7 @@ _CACHE_REPLACE = """UPDATE SET prompt = EXCLUDED.prompt, embedding = EXCLUDED.em
 def built_for() -> list[str]:
     """The current asker's principal set as entries keep it (`*`: every document)."""
     readers = tenancy.current().readers
-    return [tenancy.ALL_DOCUMENTS] if readers is None else sorted(readers)
+    return [tenancy.ALL_DOCUMENTS] if readers is None else listable(readers)
 
 
 def _served_here() -> ColumnElement[bool]:

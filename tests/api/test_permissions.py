@@ -471,3 +471,31 @@ def test_a_writer_who_may_not_read_every_source_still_cleans_up_after_a_deletion
         )
     )
     assert state()[0] == 0
+
+
+def test_a_job_that_names_readers_is_shown_to_its_asker_and_to_those_who_read_everything(
+    client: TestClient, people: People
+) -> None:
+    ok(client.post("/v1/collections", json={"name": "policies"}, headers=people.admin), 201)
+    job = ok(
+        client.post(
+            "/v1/collections/policies/documents/files",
+            files=[
+                ("files", ("payroll-secret.txt", b"Payroll.", "text/plain")),
+                ("files", ("broken.pdf", b"not a pdf", "application/pdf")),
+            ],
+            data={"readers": "group:hr"},
+            headers=people.writer,
+        ),
+        202,
+    )
+    done = wait_for_job(client, job["id"], people.writer)  # its asker sees it
+    assert done["errors"] and done["counts"]["new"] == 1
+    assert ok(client.get(f"/v1/jobs/{job['id']}", headers=people.admin))["id"] == job["id"]
+    for outsider in (people.outsider, people.no_user):
+        assert client.get(f"/v1/jobs/{job['id']}", headers=outsider).status_code == 404
+        listed = ok(client.get("/v1/jobs", headers=outsider))
+        assert job["id"] not in json.dumps(listed) and "payroll-secret" not in json.dumps(listed)
+    # A job of open documents stays visible to every reader.
+    ingest(client, people.writer, [{"external_id": "open", "text": "Open to all."}])
+    assert ok(client.get("/v1/jobs", headers=people.outsider))["jobs"]
