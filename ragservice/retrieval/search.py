@@ -127,6 +127,17 @@ class SearchResult:
 # -- the searcher ----------------------------------------------------------------------------
 
 
+RESTRICTED_DEPTH_FACTOR = 20
+"""An asker who may not read every document: its exact full text asks the extension for this
+many times the chunks it wants (then keeps the visible ones), deepening eightfold while too few
+are visible (benchmarks/permissions.py: at a 10 % share, 20 times was enough for 99 of 100
+queries)."""
+MAX_RESTRICTED_DEPTH = 100_000
+"""The deepest top the extension gives (its MAX_K); a query that still finds fewer visible
+chunks than wanted returns those (a query with fewer matches than wanted reads that deep too:
+each step of a query with few postings is cheap)."""
+
+
 @dataclass(frozen=True, slots=True)
 class _Statement:
     """One SQL statement of a search, with its parameters and the HNSW settings it needs."""
@@ -134,6 +145,9 @@ class _Statement:
     query: sql.Composed
     params: dict[str, Any]
     ef_search: int | None = None
+    wanted: int | None = None
+    """A restricted asker's exact full text (`statements.BM25_EXACT_DEEP`): the rows wanted;
+    fewer come back when too few of the top %(depth)s are visible, and it is run deeper."""
 
 
 class Searcher:
@@ -262,7 +276,8 @@ class Searcher:
                 ),
                 select=statements.HITS,
             )
-            return _Statement(bm25, self._params(collections, options, query=query)), "fulltext"
+            params = self._params(collections, options, query=query)
+            return self._deepened(bm25, params, options, options.text_limit), "fulltext"
         if options.mode is Mode.DENSE:
             with timed(timings, "embed"):
                 vector = _vector(model, query, given)
@@ -362,7 +377,16 @@ class Searcher:
         params = self._params(collections, options, query=query)
         if terms is not None:
             params |= {"terms": terms[0], "weights": terms[1]}
-        return _Statement(bm25, params)
+        return self._deepened(bm25, params, options, limit)
+
+    def _deepened(
+        self, query: sql.Composed, params: dict[str, Any], options: SearchOptions, limit: int
+    ) -> _Statement:
+        """A full-text statement; for a restricted asker's exact one, the depth it starts at."""
+        if not (_restricted() and options.filters is None and self._exact(options)):
+            return _Statement(query, params)
+        depth = min(limit * RESTRICTED_DEPTH_FACTOR, MAX_RESTRICTED_DEPTH)
+        return _Statement(query, params | {"depth": depth}, wanted=limit)
 
     def _dense_candidates(
         self,
@@ -415,6 +439,15 @@ class Searcher:
                     statements.SET_DENSE, {"ef_search": str(statement.ef_search)}, prepare=False
                 )
             rows = conn.execute(statement.query, statement.params, prepare=False).fetchall()
+            params = statement.params
+            while statement.wanted and len(rows) < statement.wanted:
+                if params["depth"] >= MAX_RESTRICTED_DEPTH:
+                    break
+                # Too few of the top chunks are visible to this asker: deeper, in one step of
+                # eight (exact all along; only the depth changes).
+                deeper = min(params["depth"] * 8, MAX_RESTRICTED_DEPTH)
+                params = params | {"depth": deeper}
+                rows = conn.execute(statement.query, params, prepare=False).fetchall()
             if then is not None:
                 follow = then(rows)
                 rows = conn.execute(follow.query, follow.params, prepare=False).fetchall()

@@ -125,6 +125,16 @@ ranked AS (
     LIMIT {limit}
 )""")
 
+# The same for an asker who may not read every document: the exact top %(depth)s (scores do
+# not depend on who reads), deeper than the chunks wanted, whose visible ones `BM25_VISIBLE`
+# then takes best first; the searcher deepens it when too few of them are visible.
+BM25_EXACT_DEEP = sql.SQL("""
+bm25 AS MATERIALIZED (
+    SELECT t.seq, t.score
+    FROM ragservice_bm25_topk(%(collections)s::uuid[], {terms}, {weights}, %(depth)s::int,
+                              %(k1)s, %(b)s) AS t
+)""")
+
 # Whether this database has the extension (an external server may not: the SQL above is used).
 HAS_EXACT_BM25 = sql.Composed(
     [sql.SQL("SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'ragservice_bm25')")]
@@ -254,8 +264,9 @@ def bm25(
     """BM25's CTEs down to `ranked` (the best `limit` chunks): over the query's lexemes, or
     `weighted` over %(terms)s with their %(weights)s (an expanded query). `exact` (the database
     has the extension) makes an unfiltered search exact with block-max pruning. `restricted`:
-    the asker may not read every chunk, so the best `limit` are those it may read (the exact
-    function and the score cut, blind to that, are not used)."""
+    the asker may not read every chunk, so the best `limit` are those it may read: the scored
+    chunks (the exact function's top %(depth)s where `exact`, else the budgeted scores; never
+    the score cut) are looked up best first until `limit` visible ones."""
     terms = WEIGHTED_LEXEMES if weighted else QUERY_LEXEMES
     scores = BM25_SCORES.format(
         terms=terms,
@@ -263,6 +274,11 @@ def bm25(
         weight_join=WEIGHT_JOIN if weighted else sql.SQL(""),
     )
     if restricted and filters is None:
+        if exact:
+            scores = BM25_EXACT_DEEP.format(
+                terms=terms,
+                weights=sql.SQL("%(weights)s::float8[]") if weighted else sql.SQL("NULL"),
+            )
         return sql.SQL("{},{}").format(scores, BM25_VISIBLE.format(limit=sql.Literal(limit)))
     if exact and filters is None:
         return BM25_EXACT.format(

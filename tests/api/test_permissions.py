@@ -499,3 +499,29 @@ def test_a_job_that_names_readers_is_shown_to_its_asker_and_to_those_who_read_ev
     # A job of open documents stays visible to every reader.
     ingest(client, people.writer, [{"external_id": "open", "text": "Open to all."}])
     assert ok(client.get("/v1/jobs", headers=people.outsider))["jobs"]
+
+
+def test_restricted_exact_full_text_reads_deeper_until_enough_chunks_are_visible(
+    client: TestClient, people: People, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The exact extension's top is taken deeper while too few of it are visible: from a
+    depth of k (every chunk in it hidden) to 8 k, then 64 k."""
+    from ragservice.retrieval import search
+
+    ok(client.post("/v1/collections", json={"name": "policies"}, headers=people.admin), 201)
+    hidden = [
+        {
+            "external_id": f"secret-{i}",
+            "text": f"Travel expenses, travel expenses and travel refunds, case {i}.",
+            "readers": ["group:finance"],
+        }
+        for i in range(60)
+    ]
+    visible = [{"external_id": "open", "text": "A note on travel among other things."}]
+    ingest(client, people.writer, hidden + visible)
+    monkeypatch.setattr(search, "RESTRICTED_DEPTH_FACTOR", 1)
+    body = {"query": "travel expenses", "collections": ["policies"], "mode": "fulltext", "k": 1}
+    found = ok(client.post("/v1/search", json=body, headers=people.outsider))["results"]
+    assert [hit["document"]["external_id"] for hit in found] == ["open"]
+    hybrid = ok(client.post("/v1/search", json=body | {"mode": "hybrid"}, headers=people.outsider))
+    assert [hit["document"]["external_id"] for hit in hybrid["results"]] == ["open"]
