@@ -29,6 +29,8 @@ exact search over what the user may read.
 
 Prints progress on stderr, the whole report as JSON on stderr, and a final JSON line:
 `{"chunks", "groups", "hybrid_p95_ratio", "recall@10", …}` (recall@10: the user's hybrid).
+Search settings in the environment (`RAGSERVICE_BM25_POSTINGS_PER_TERM=20000`, …) apply to the
+server it starts and to the exact search's fusion alike.
 """
 
 from __future__ import annotations
@@ -150,7 +152,7 @@ def _assign_readers(
         return cast(dict[str, Any], json.loads(marker.read_text()))
     scale._log(f"readers: one of {args.groups} groups per document")
     started = time.perf_counter()
-    width = max(4, len(str(args.groups - 1)))
+    width = _name_width(args.groups)
     params = {"c": collection, "groups": args.groups, "seed": str(args.seed), "width": width}
     with runtime.db.owner() as session:
         conn = driver_connection(session)
@@ -182,10 +184,15 @@ def _assign_readers(
     return figures
 
 
+def _name_width(groups: int) -> int:
+    """Digits in a group's number (`g0000`…): at least 4."""
+    return max(4, len(str(groups - 1)))
+
+
 def _join_groups(runtime: Runtime, args: argparse.Namespace) -> frozenset[str]:
     """`args.user` made a member of `args.share` of the groups (seeded) and of no other; the
     user's principal set."""
-    width = max(4, len(str(args.groups - 1)))
+    width = _name_width(args.groups)
     rng = np.random.default_rng(args.seed + 3)
     count = max(1, round(args.groups * args.share))
     chosen = sorted(f"g{int(i):0{width}d}" for i in rng.choice(args.groups, count, replace=False))
@@ -296,19 +303,12 @@ def _compare(
                 for stage, ms in response["timings_ms"].items():
                     stages[side].setdefault(stage, []).append(ms)
     figures: dict[str, Any] = {
-        side: {**_summary(walls[side]), "server_ms": _stage_summary(stages[side])} for side in SIDES
+        side: {**scale._summary(walls[side]), "server_ms": _stage_summary(stages[side])}
+        for side in SIDES
     }
     figures["p95_ratio"] = round(figures["user"]["p95"] / figures["admin"]["p95"], 3)
     figures["p50_ratio"] = round(figures["user"]["p50"] / figures["admin"]["p50"], 3)
     return figures, found
-
-
-def _summary(timings: list[float]) -> dict[str, float]:
-    return {
-        "p50": round(statistics.median(timings), 2),
-        "p95": round(percentile(timings, 0.95), 2),
-        "n": len(timings),
-    }
 
 
 def _stage_summary(stages: dict[str, list[float]]) -> dict[str, dict[str, float]]:
@@ -376,7 +376,7 @@ def _sql(
                         )
                         lines = "\n".join(str(row[0]) for row in plan)
                         print(f"-- {side}, {part}: {texts[0]!r}\n{lines}", file=sys.stderr)
-    return {name: _summary(values) for name, values in walls.items()}
+    return {name: scale._summary(values) for name, values in walls.items()}
 
 
 def _statements(
