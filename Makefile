@@ -141,7 +141,7 @@ bench-rls: $(DEV_STAMP)
 	$(BIN)/python benchmarks/rls.py --data ../shared/data/scifact --data-dir .ragservice-rls
 
 # Search as a user who may read a tenth of 100k chunks, beside an admin (its own data directory).
-bench-permissions: $(DEV_STAMP)
+bench-permissions: $(DEV_STAMP) $(BM25_STAMP)
 	$(BIN)/python benchmarks/permissions.py --chunks 100000 --groups 1000 --data ../shared/data/scifact
 
 # Search latency while an ingest worker parses a hostile file (its own data directory).
