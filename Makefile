@@ -28,7 +28,7 @@ export HF_HUB_OFFLINE
 # Idle torch threads otherwise spin and steal CPU from PostgreSQL on small machines.
 export OMP_WAIT_POLICY := PASSIVE
 
-.PHONY: run test browser lint typecheck lock bench-ingest bench-ingest-compare bench-write bench-bm25 bench-search bench-query bench-tracing bench-cache bench-replicas bench-feedback bench-reranker bench-rls bench-hostile bench-injection bench-scale bench-soak clean
+.PHONY: run test browser lint typecheck lock bench-ingest bench-ingest-compare bench-write bench-bm25 bench-search bench-query bench-tracing bench-cache bench-replicas bench-feedback bench-reranker bench-rls bench-permissions bench-hostile bench-injection bench-scale bench-soak clean
 
 # The locked packages without their dependencies (the lock holds them all), then the project.
 $(STAMP): pyproject.toml requirements.lock
@@ -139,6 +139,10 @@ bench-reranker: $(DEV_STAMP)
 bench-rls: $(DEV_STAMP)
 	RAGSERVICE_DATA_DIR=.ragservice-rls $(BIN)/ragservice ingest ../shared/data/scifact/corpus.jsonl -c scifact
 	$(BIN)/python benchmarks/rls.py --data ../shared/data/scifact --data-dir .ragservice-rls
+
+# Search as a user who may read a tenth of 100k chunks, beside an admin (its own data directory).
+bench-permissions: $(DEV_STAMP) $(BM25_STAMP)
+	$(BIN)/python benchmarks/permissions.py --chunks 100000 --groups 1000 --data ../shared/data/scifact
 
 # Search latency while an ingest worker parses a hostile file (its own data directory).
 bench-hostile: $(DEV_STAMP)
