@@ -43,7 +43,7 @@ import numpy as np
 import numpy.typing as npt
 from psycopg import sql
 
-from ragservice.db import Database, tenancy
+from ragservice.db import Database
 from ragservice.db.engine import driver_connection
 from ragservice.errors import EmbeddingError
 from ragservice.retrieval import statements
@@ -51,6 +51,7 @@ from ragservice.retrieval.fusion import document_scores, fuse, rm3_weights
 from ragservice.retrieval.options import DOCUMENT_CHUNKS, MAX_EF_SEARCH
 from ragservice.retrieval.options import Mode as Mode
 from ragservice.retrieval.options import SearchOptions as SearchOptions
+from ragservice.retrieval.restricted import deepened, first_depth, restricted
 from ragservice.timing import add_ms, timed, with_total
 from ragservice.types import PageSpan
 
@@ -125,17 +126,6 @@ class SearchResult:
 
 
 # -- the searcher ----------------------------------------------------------------------------
-
-
-RESTRICTED_DEPTH_FACTOR = 20
-"""An asker who may not read every document: its exact full text asks the extension for this
-many times the chunks it wants (then keeps the visible ones), deepening eightfold while too few
-are visible (benchmarks/permissions.py: at a 10 % share, 20 times was enough for 99 of 100
-queries)."""
-MAX_RESTRICTED_DEPTH = 100_000
-"""The deepest top the extension gives (its MAX_K); a query that still finds fewer visible
-chunks than wanted returns those (a query with fewer matches than wanted reads that deep too:
-each step of a query with few postings is cheap)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -272,7 +262,7 @@ class Searcher:
                     options.filters,
                     options.text_limit,
                     exact=self._exact(options),
-                    restricted=_restricted(),
+                    restricted=restricted(),
                 ),
                 select=statements.HITS,
             )
@@ -372,7 +362,7 @@ class Searcher:
             limit,
             weighted=terms is not None,
             exact=self._exact(options),
-            restricted=_restricted(),
+            restricted=restricted(),
         )
         params = self._params(collections, options, query=query)
         if terms is not None:
@@ -383,10 +373,9 @@ class Searcher:
         self, query: sql.Composed, params: dict[str, Any], options: SearchOptions, limit: int
     ) -> _Statement:
         """A full-text statement; for a restricted asker's exact one, the depth it starts at."""
-        if not (_restricted() and options.filters is None and self._exact(options)):
+        if not (restricted() and options.filters is None and self._exact(options)):
             return _Statement(query, params)
-        depth = min(limit * RESTRICTED_DEPTH_FACTOR, MAX_RESTRICTED_DEPTH)
-        return _Statement(query, params | {"depth": depth}, wanted=limit)
+        return _Statement(query, params | {"depth": first_depth(limit)}, wanted=limit)
 
     def _dense_candidates(
         self,
@@ -439,15 +428,8 @@ class Searcher:
                     statements.SET_DENSE, {"ef_search": str(statement.ef_search)}, prepare=False
                 )
             rows = conn.execute(statement.query, statement.params, prepare=False).fetchall()
-            params = statement.params
-            while statement.wanted and len(rows) < statement.wanted:
-                if params["depth"] >= MAX_RESTRICTED_DEPTH:
-                    break
-                # Too few of the top chunks are visible to this asker: deeper, in one step of
-                # eight (exact all along; only the depth changes).
-                deeper = min(params["depth"] * 8, MAX_RESTRICTED_DEPTH)
-                params = params | {"depth": deeper}
-                rows = conn.execute(statement.query, params, prepare=False).fetchall()
+            if statement.wanted:
+                rows = deepened(conn, statement.query, statement.params, rows, statement.wanted)
             if then is not None:
                 follow = then(rows)
                 rows = conn.execute(follow.query, follow.params, prepare=False).fetchall()
@@ -485,12 +467,6 @@ class Searcher:
         if options.filters is not None:
             params |= options.filters.params
         return params
-
-
-def _restricted() -> bool:
-    """Whether the searching transaction may not read every document of its tenant (row-level
-    security then hides chunks from a statement's results: `tenancy`)."""
-    return tenancy.current().restricted
 
 
 @dataclass(frozen=True, slots=True)

@@ -506,7 +506,7 @@ def test_restricted_exact_full_text_reads_deeper_until_enough_chunks_are_visible
 ) -> None:
     """The exact extension's top is taken deeper while too few of it are visible: from a
     depth of k (every chunk in it hidden) to 8 k, then 64 k."""
-    from ragservice.retrieval import search
+    from ragservice.retrieval import restricted
 
     ok(client.post("/v1/collections", json={"name": "policies"}, headers=people.admin), 201)
     hidden = [
@@ -519,7 +519,7 @@ def test_restricted_exact_full_text_reads_deeper_until_enough_chunks_are_visible
     ]
     visible = [{"external_id": "open", "text": "A note on travel among other things."}]
     ingest(client, people.writer, hidden + visible)
-    monkeypatch.setattr(search, "RESTRICTED_DEPTH_FACTOR", 1)
+    monkeypatch.setattr(restricted, "DEPTH_FACTOR", 1)
     body = {"query": "travel expenses", "collections": ["policies"], "mode": "fulltext", "k": 1}
     found = ok(client.post("/v1/search", json=body, headers=people.outsider))["results"]
     assert [hit["document"]["external_id"] for hit in found] == ["open"]
