@@ -61,11 +61,6 @@ def parse_readers(value: str | Iterable[str] | None) -> tuple[str, ...] | None:
     return tuple(readers)
 
 
-def stored_readers(readers: tuple[str, ...] | None) -> list[str] | None:
-    """What the store keeps: None (the whole tenant) for no list or an empty one."""
-    return list(readers) if readers else None
-
-
 def principal_set(
     user: str | None, groups: Iterable[str] = (), *, key_prefix: str | None = None
 ) -> frozenset[str]:
@@ -94,11 +89,3 @@ def array_literal(principals: Iterable[str]) -> str:
 def _checked(text: str) -> str:
     kind, _, name = text.partition(":")
     return parse_principal(text) if kind != KEY else principal(KEY, name)
-
-
-def may_read(readers: Iterable[str] | None, principals: frozenset[str] | None) -> bool:
-    """Whether an asker (None: one who reads every document) may read a document."""
-    if principals is None:
-        return True
-    listed = list(readers or ())
-    return not listed or not principals.isdisjoint(listed)

@@ -16,7 +16,7 @@ from ingest.loaders.cleaning import clean_json, clean_text, clean_title, collaps
 from ingest.loaders.jsonl_files import JsonlFields, jsonl_results, load_jsonl
 from ingest.loaders.parquet_files import ParquetColumns, batch_documents
 from ingest.loaders.parsing import LoadResult, ParseError
-from ingest.loaders.readers import Sidecars, sidecar_failure, with_readers
+from ingest.loaders.readers import Sidecars, with_readers
 from ingest.loaders.sandbox import PARSERS, parse_isolated, stream_isolated
 from ingest.loaders.walking import iter_files
 from ragservice.errors import InvalidInputError
@@ -58,7 +58,7 @@ def load_documents(
             try:
                 found = sidecars.readers_for(path, external_id)
             except InvalidInputError as exc:
-                yield sidecar_failure(path, exc)
+                yield LoadFailure(str(path), str(exc))
                 continue
             results = load_file(
                 path,

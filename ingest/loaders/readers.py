@@ -16,7 +16,7 @@ from pathlib import Path, PurePosixPath
 from ingest.loaders.parsing import LoadResult
 from ragservice.errors import InvalidInputError
 from ragservice.readers import parse_readers
-from ragservice.types import LoadedDocument, LoadFailure
+from ragservice.types import LoadedDocument
 
 SIDECAR = ".readers"
 MAX_SIDECAR_BYTES = 64 * 1024
@@ -73,7 +73,3 @@ def _read_sidecar(path: Path) -> tuple[str, ...] | InvalidInputError | None:
         return parse_readers([item for line in lines for item in line.split(",")])
     except InvalidInputError as exc:
         return InvalidInputError(f"{path}: {exc}")
-
-
-def sidecar_failure(path: Path, problem: InvalidInputError) -> LoadFailure:
-    return LoadFailure(str(path), str(problem))

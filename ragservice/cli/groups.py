@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Callable
 from typing import Annotated
 
 import typer
@@ -15,6 +16,7 @@ from ragservice.cli.common import cli_actor, console, database, fail
 from ragservice.db import tenancy
 from ragservice.errors import InvalidInputError
 from ragservice.readers import check_name
+from ragservice.services.callers import Operator, audit
 
 app = typer.Typer(help="Groups of users, for document permissions.", no_args_is_help=True)
 
@@ -28,12 +30,8 @@ def groups_add(
     tenant: TenantOption,
 ) -> None:
     """Add users to a group (the group exists once it has a member)."""
-    group_name, names = _names(group, users)
-    with database() as db, tenancy.as_system(), db.write() as session:
-        tenant_id = _tenant_id(session, tenant)
-        added = store.tenants.add_group_members(session, tenant_id, group_name, names)
-        _audit(session, tenant_id, "group.add", group_name, names)
-    console.print(f"added {added} user(s) to group {group_name!r} of tenant {tenant!r}")
+    added = _change(group, users, tenant, store.tenants.add_group_members, "group.add")
+    console.print(f"added {added} user(s) to group {group.strip()!r} of tenant {tenant!r}")
 
 
 @app.command("remove")
@@ -43,12 +41,8 @@ def groups_remove(
     tenant: TenantOption,
 ) -> None:
     """Remove users from a group; they stop reading its documents at their next request."""
-    group_name, names = _names(group, users)
-    with database() as db, tenancy.as_system(), db.write() as session:
-        tenant_id = _tenant_id(session, tenant)
-        removed = store.tenants.remove_group_members(session, tenant_id, group_name, names)
-        _audit(session, tenant_id, "group.remove", group_name, names)
-    console.print(f"removed {removed} user(s) from group {group_name!r} of tenant {tenant!r}")
+    removed = _change(group, users, tenant, store.tenants.remove_group_members, "group.remove")
+    console.print(f"removed {removed} user(s) from group {group.strip()!r} of tenant {tenant!r}")
 
 
 @app.command("list")
@@ -82,14 +76,19 @@ def _tenant_id(session: Session, tenant: str) -> uuid.UUID:
     return tenant_id
 
 
-def _audit(
-    session: Session, tenant_id: uuid.UUID, action: str, group: str, users: list[str]
-) -> None:
-    store.audit.record(
-        session,
-        tenant_id=tenant_id,
-        actor=cli_actor(),
-        action=action,
-        target=group,
-        details={"users": users},
-    )
+def _change(
+    group: str,
+    users: list[str],
+    tenant: str,
+    change: Callable[[Session, uuid.UUID, str, list[str]], int],
+    action: str,
+) -> int:
+    """Apply a change of the group's members and audit it, in one transaction; how many
+    users it changed."""
+    group_name, names = _names(group, users)
+    with database() as db, tenancy.as_system(), db.write() as session:
+        tenant_id = _tenant_id(session, tenant)
+        changed = change(session, tenant_id, group_name, names)
+        operator = Operator(tenant_id=tenant_id, actor=cli_actor())
+        audit(session, operator, action, group_name, {"users": names})
+    return changed

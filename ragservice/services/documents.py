@@ -82,7 +82,8 @@ def set_readers(
             "changed": changed,
         }
         audit(session, caller, "document.readers", external_id, details)
-    return get_document(db, caller.tenant_id, collection, external_id, chunks=False).document
+        session.refresh(doc)  # the readers and the time of the change, as stored
+    return doc
 
 
 def document_not_found(collection: str, external_id: str) -> NotFoundError:

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 import psycopg
-from sqlalchemy import ColumnElement, delete, func, or_, select, text, update
+from sqlalchemy import delete, func, select, text, update
 from sqlalchemy.orm import Session
 
 from ragservice.db import tenancy
@@ -51,12 +51,23 @@ class NewCacheEntry:
     sources: dict[uuid.UUID, int]  # document id → the version the answer was built from
 
 
+# Entries built for an asker who reads at least what the current one reads: every document, or
+# a principal set that holds the current one's (which then does not read every document).
+_SERVED_HERE = "(built_for = '{*}' OR (NOT %(reads_all)s AND built_for @> %(readers)s::text[]))"
+
+_CACHE_EXACT = """
+SELECT id, prompt, response FROM prompt_cache
+WHERE scope = %(scope)s AND prompt_hash = %(prompt_hash)s AND expires_at > now() AND {served}
+ORDER BY created_at DESC, id
+LIMIT 1
+"""
+
 _CACHE_NEAREST = """
 WITH nearest AS MATERIALIZED (
     SELECT id, prompt, response, embedding::vector({dim}) <=> %(vector)s::vector({dim}) AS distance
     FROM prompt_cache
     WHERE model_id = {model_id} AND scope = %(scope)s AND expires_at > now()
-      AND (built_for = '{{*}}' OR built_for @> %(readers)s::text[])
+      AND {served}
     ORDER BY distance
     LIMIT %(limit)s
 )
@@ -87,28 +98,23 @@ def built_for() -> list[str]:
     return [tenancy.ALL_DOCUMENTS] if readers is None else listable(readers)
 
 
-def _served_here() -> ColumnElement[bool]:
-    """Entries built for an asker who reads at least what the current one reads."""
+def _served_params() -> dict[str, Any]:
     mine = built_for()
-    everything = PromptCacheEntry.built_for == [tenancy.ALL_DOCUMENTS]
-    if mine == [tenancy.ALL_DOCUMENTS]:
-        return everything
-    return or_(everything, PromptCacheEntry.built_for.contains(mine))
+    return {"reads_all": mine == [tenancy.ALL_DOCUMENTS], "readers": mine}
+
+
+def _with_served(statement: str, **literals: int) -> psycopg.sql.Composed:
+    return psycopg.sql.SQL(statement).format(
+        served=psycopg.sql.SQL(_SERVED_HERE),
+        **{name: psycopg.sql.Literal(value) for name, value in literals.items()},
+    )
 
 
 def cache_exact(session: Session, scope: str, prompt_hash: str) -> CachedEntry | None:
-    row = session.execute(
-        select(PromptCacheEntry.id, PromptCacheEntry.prompt, PromptCacheEntry.response)
-        .where(
-            PromptCacheEntry.scope == scope,
-            PromptCacheEntry.prompt_hash == prompt_hash,
-            PromptCacheEntry.expires_at > func.now(),
-            _served_here(),
-        )
-        # Several entries when askers who read different documents asked: the newest of those
-        # this asker may be served.
-        .order_by(PromptCacheEntry.created_at.desc(), PromptCacheEntry.id)
-    ).first()
+    """The entry of the question, if the current asker may be served it: several when askers
+    who read different documents asked, the newest of those it may be served."""
+    params = {"scope": scope, "prompt_hash": prompt_hash, **_served_params()}
+    row = driver_connection(session).execute(_with_served(_CACHE_EXACT), params).fetchone()
     return None if row is None else CachedEntry(row[0], row[1], row[2], 1.0)
 
 
@@ -126,25 +132,16 @@ def cache_nearest(
     conn = driver_connection(session)
     # The scope filter is selective: iterative scans keep reading the index until rows pass.
     conn.execute("SELECT set_config('hnsw.iterative_scan', 'relaxed_order', true)")
-    query = psycopg.sql.SQL(_CACHE_NEAREST).format(
-        dim=psycopg.sql.Literal(int(dimension)), model_id=psycopg.sql.Literal(int(model_id))
-    )
+    query = _with_served(_CACHE_NEAREST, dim=int(dimension), model_id=int(model_id))
     params = {
         "vector": vector,
         "scope": scope,
         "limit": limit,
         "threshold": threshold,
-        "readers": _readers_for_nearest(),
+        **_served_params(),
     }
     rows = conn.execute(query, params, prepare=False).fetchall()
     return [CachedEntry(row[0], row[1], row[2], float(row[3])) for row in rows]
-
-
-def _readers_for_nearest() -> list[str]:
-    """What `built_for` must hold for the nearest lookup: an asker who reads every document
-    takes only entries built for such an asker (a set no entry holds otherwise)."""
-    mine = built_for()
-    return [tenancy.ALL_DOCUMENTS, "-"] if mine == [tenancy.ALL_DOCUMENTS] else mine
 
 
 def cache_hit(session: Session, entry_id: uuid.UUID) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -10,6 +11,7 @@ from typing import Any
 import httpx
 import pytest
 from fastapi.testclient import TestClient
+from sqlalchemy.orm import Session
 
 from ragservice import store
 from ragservice.api.app import create_app
@@ -47,12 +49,8 @@ def keys(client: TestClient) -> Keys:
     with tenancy.as_system(), db.write() as session:  # the four keys in one transaction
 
         def make(tenant: str, role: str) -> dict[str, str]:
-            key = new_key()
-            tenant_id = store.tenants.ensure_tenant(session, tenant)
-            store.tenants.create_api_key(
-                session, tenant_id=tenant_id, role=role, prefix=key.prefix, key_hash=key.hash
-            )
-            return {"Authorization": f"Bearer {key.secret}"}
+            secret = make_key(session, store.tenants.ensure_tenant(session, tenant), role)
+            return {"Authorization": f"Bearer {secret}"}
 
         return Keys(
             reader=make("acme", "reader"),
@@ -60,6 +58,20 @@ def keys(client: TestClient) -> Keys:
             admin=make("acme", "admin"),
             other_tenant=make("globex", "admin"),
         )
+
+
+def make_key(session: Session, tenant_id: uuid.UUID, role: str, user: str | None = None) -> str:
+    """A new key of the tenant (acting for `user`, if one is given); its secret."""
+    key = new_key()
+    store.tenants.create_api_key(
+        session,
+        tenant_id=tenant_id,
+        role=role,
+        prefix=key.prefix,
+        key_hash=key.hash,
+        user_name=user,
+    )
+    return key.secret
 
 
 def wait_for_job(client: TestClient, job_id: str, headers: dict[str, str]) -> dict[str, Any]:

@@ -21,12 +21,11 @@ from mcp.client.streamable_http import streamable_http_client
 from sqlalchemy import func, select
 
 from ragservice import store
-from ragservice.auth.keys import new_key
 from ragservice.client import RagserviceClient
 from ragservice.db import tenancy
 from ragservice.db.models import PromptCacheEntry
 from ragservice.mcp_server.server import build_server, fixed_client, http_app, key_check
-from tests.api.conftest import Keys, ok, wait_for_job
+from tests.api.conftest import Keys, make_key, ok, wait_for_job
 from tests.api.test_mcp import BASE, TOOLS, call, rest_client, secret, tool_error
 
 COLLECTION = "people"
@@ -100,16 +99,9 @@ def user_keys(client: TestClient, tenant: str = "acme") -> tuple[dict[str, str],
         store.tenants.add_group_members(session, tenant_id, "hr", ["ana"])
         store.tenants.add_group_members(session, tenant_id, "sales", ["bob"])
         for user in ("ana", "bob"):
-            key = new_key()
-            store.tenants.create_api_key(
-                session,
-                tenant_id=tenant_id,
-                role="reader",
-                prefix=key.prefix,
-                key_hash=key.hash,
-                user_name=user,
+            headers.append(
+                {"Authorization": f"Bearer {make_key(session, tenant_id, 'reader', user)}"}
             )
-            headers.append({"Authorization": f"Bearer {key.secret}"})
     return headers[0], headers[1]
 
 

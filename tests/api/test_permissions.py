@@ -15,10 +15,9 @@ from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
 from ragservice import store
-from ragservice.auth.keys import new_key
 from ragservice.db import tenancy
 from ragservice.db.models import Chunk, Document, PromptCacheEntry, QueryLog
-from tests.api.conftest import Keys, ok, wait_for_job
+from tests.api.conftest import Keys, make_key, ok, wait_for_job
 
 SECRET = "salaries"
 SECRET_TITLE = "Salary bands"
@@ -51,16 +50,7 @@ def people(client: TestClient, keys: Keys) -> People:
         store.tenants.add_group_members(session, tenant_id, "hr", ["ana"])
 
         def make(role: str, user: str | None) -> dict[str, str]:
-            key = new_key()
-            store.tenants.create_api_key(
-                session,
-                tenant_id=tenant_id,
-                role=role,
-                prefix=key.prefix,
-                key_hash=key.hash,
-                user_name=user,
-            )
-            return {"Authorization": f"Bearer {key.secret}"}
+            return {"Authorization": f"Bearer {make_key(session, tenant_id, role, user)}"}
 
         return People(
             hr=make("reader", "ana"),

@@ -17,7 +17,7 @@ from ragservice.api.app import create_app
 from ragservice.config import Settings
 from ragservice.db import tenancy
 from ragservice.embedding.embedder import SentenceTransformerEmbedder
-from tests.api.conftest import ok, wait_for_job
+from tests.api.conftest import make_key, ok, wait_for_job
 from tests.jwt_keys import AUDIENCE, ISSUER, TokenKeys
 
 
@@ -154,13 +154,7 @@ def test_bad_tokens_are_refused_with_a_reason_and_never_echoed(
 
 
 def test_api_keys_still_work_beside_tokens(gateway: TestClient) -> None:
-    from ragservice.auth.keys import new_key
-
     db = gateway.app.state.runtime.db  # type: ignore[attr-defined]
-    key = new_key()
     with tenancy.as_system(), db.write() as session:
-        tenant_id = store.tenants.ensure_tenant(session, "acme")
-        store.tenants.create_api_key(
-            session, tenant_id=tenant_id, role="reader", prefix=key.prefix, key_hash=key.hash
-        )
-    assert ok(gateway.get("/v1/me", headers=bearer(key.secret)))["role"] == "reader"
+        secret = make_key(session, store.tenants.ensure_tenant(session, "acme"), "reader")
+    assert ok(gateway.get("/v1/me", headers=bearer(secret)))["role"] == "reader"

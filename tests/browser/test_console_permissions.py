@@ -19,6 +19,7 @@ from playwright.sync_api import Browser, Page, expect
 from ragservice import store
 from ragservice.config import DEFAULT_TENANT_NAME, Settings
 from ragservice.db import open_database, tenancy
+from tests.api.conftest import make_key
 from tests.api.test_mcp_permissions import COLLECTION, OPEN, QUESTION, RESTRICTED
 from tests.browser.conftest import VIEWPORT, Console
 from tests.browser.test_console import ask, sign_in
@@ -39,7 +40,6 @@ OUTSIDER_ANSWER = "The documents you may read do not say [1]."
 
 def user_keys(console: Console, data_dir: Path) -> tuple[str, str]:
     """Reader keys of the default tenant acting for ana (in group hr) and bob (not in it)."""
-    from ragservice.auth.keys import new_key
 
     settings = Settings(
         database_url=as_service_login(console.database_url),
@@ -53,16 +53,7 @@ def user_keys(console: Console, data_dir: Path) -> tuple[str, str]:
             tenant_id = store.tenants.ensure_tenant(session, DEFAULT_TENANT_NAME)
             store.tenants.add_group_members(session, tenant_id, "hr", ["ana"])
             for user in ("ana", "bob"):
-                key = new_key()
-                store.tenants.create_api_key(
-                    session,
-                    tenant_id=tenant_id,
-                    role="reader",
-                    prefix=key.prefix,
-                    key_hash=key.hash,
-                    user_name=user,
-                )
-                secrets.append(key.secret)
+                secrets.append(make_key(session, tenant_id, "reader", user))
     finally:
         db.dispose()
     return secrets[0], secrets[1]

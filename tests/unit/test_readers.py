@@ -13,10 +13,9 @@ from ragservice.errors import InvalidInputError
 from ragservice.readers import (
     MAX_READERS,
     array_literal,
-    may_read,
+    listable,
     parse_readers,
     principal_set,
-    stored_readers,
 )
 from ragservice.types import LoadedDocument, LoadFailure
 
@@ -26,7 +25,6 @@ def test_reader_lists_are_checked_deduplicated_and_sorted() -> None:
     assert parse_readers(["group:a.b@c+d-e"]) == ("group:a.b@c+d-e",)
     assert parse_readers(None) is None
     assert parse_readers("") == () and parse_readers([]) == ()
-    assert stored_readers(()) is None and stored_readers(("user:a",)) == ["user:a"]
 
 
 @pytest.mark.parametrize(
@@ -44,13 +42,11 @@ def test_too_many_readers_are_refused() -> None:
         parse_readers([f"user:u{i}" for i in range(MAX_READERS + 1)])
 
 
-def test_who_may_read_what() -> None:
+def test_an_askers_principals_are_its_user_groups_and_key() -> None:
     ana = principal_set("ana", ["hr"])
     assert ana == frozenset({"user:ana", "group:hr"})
-    assert may_read(None, ana) and may_read([], ana)  # unrestricted
-    assert may_read(["group:hr"], ana) and not may_read(["group:finance"], ana)
-    assert may_read(["group:finance"], None)  # reads every document
-    assert not may_read(["user:ana"], frozenset())  # no principal: unrestricted only
+    assert principal_set(None, key_prefix="rsk_Ab-1_x") == frozenset({"key:rsk_Ab-1_x"})
+    assert listable({"key:rsk_x", "user:ana", "group:hr"}) == ["group:hr", "user:ana"]
 
 
 def test_the_transaction_setting_is_a_quoted_array_or_every_document() -> None:
