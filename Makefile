@@ -70,7 +70,7 @@ lock:
 	$(PIP_COMPILE) --all-extras -o requirements-dev.lock pyproject.toml
 	# The service's lock starts from the dev lock's pins, so both agree on every version.
 	cp requirements-dev.lock requirements.lock
-	$(PIP_COMPILE) --extra onnx --extra parquet --extra otel --extra mcp -o requirements.lock pyproject.toml
+	$(PIP_COMPILE) --extra onnx --extra parquet --extra otel --extra mcp --extra ocr --extra s3 -o requirements.lock pyproject.toml
 
 # Local use: loopback only, and without API keys unless RAGSERVICE_AUTH_DISABLED=0 is given.
 run: $(STAMP) $(BM25_STAMP)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import Any, Literal, Protocol
@@ -35,6 +35,9 @@ def file_type(name: str) -> str:
 Scale = Literal["thumbs", "stars"]
 """A rating's scale: thumbs are +1/-1, stars 1 to 5."""
 
+PageUnit = Literal["page", "slide", "sheet"]
+"""What a paged document's pages are: PDF pages, a deck's slides, a workbook's sheets."""
+
 TextFormat = Literal["text", "markdown"]
 """How a loaded text is structured: `markdown` texts carry `#` headings the chunker follows."""
 
@@ -48,10 +51,17 @@ CHUNK_SEPARATOR = "\n\n"
 
 @dataclass(frozen=True, slots=True)
 class PageSpan:
-    """The pages, 1-based and inclusive, a piece of a paged document (a PDF) lies on."""
+    """Where in a paged document a piece lies: its pages, 1-based and inclusive (PDF pages, a
+    deck's slides, a workbook's sheets, as `unit` says), and for a sheet its name and the
+    rows the piece holds."""
 
     first: int
     last: int
+    unit: PageUnit = "page"
+    name: str | None = None
+    """The sheet's name (a workbook's page), when the piece lies on one named sheet."""
+    rows: tuple[int, int] | None = None
+    """The first and last spreadsheet row the piece holds (its header row aside)."""
 
     @property
     def numbers(self) -> list[int]:
@@ -60,19 +70,79 @@ class PageSpan:
 
     @property
     def label(self) -> str:
-        """How a citation names the pages: `p. 3`, or `pp. 3\u20134` for more than one."""
+        """How a citation names the place: `p. 3`, `pp. 3\u20134`, `slide 4`, `slides 4\u20135`,
+        `sheet "Q3", rows 12\u201340` (`rows 12\u201340` for a sheet without a name)."""
+        if self.unit == "sheet":
+            return self._sheet_label()
+        single, plural = ("slide ", "slides ") if self.unit == "slide" else ("p. ", "pp. ")
         if self.first == self.last:
-            return f"p. {self.first}"
-        return f"pp. {self.first}\u2013{self.last}"
+            return f"{single}{self.first}"
+        return f"{plural}{self.first}\u2013{self.last}"
+
+    def _sheet_label(self) -> str:
+        if self.first != self.last:
+            return f"sheets {self.first}\u2013{self.last}"
+        parts = [f'sheet "{self.name}"'] if self.name else []
+        if self.rows is not None:
+            low, high = self.rows
+            parts.append(f"row {low}" if low == high else f"rows {low}\u2013{high}")
+        return ", ".join(parts) or f"sheet {self.first}"
 
     @classmethod
     def covering(cls, spans: Iterable[PageSpan | None]) -> PageSpan | None:
         """From the first page of `spans` to their last (None among them left out); None
-        when none is known."""
+        when none is known. Rows and a sheet's name are kept where every span has the same
+        name, and rows."""
         known = [span for span in spans if span is not None]
         if not known:
             return None
-        return cls(min(span.first for span in known), max(span.last for span in known))
+        first, last = min(s.first for s in known), max(s.last for s in known)
+        names = {s.name for s in known}
+        name = known[0].name if len(names) == 1 and first == last else None
+        rows: tuple[int, int] | None = None
+        if name is not None or (first == last and names == {None}):
+            row_spans = [s.rows for s in known]
+            if all(r is not None for r in row_spans):
+                rows = (min(r[0] for r in row_spans if r), max(r[1] for r in row_spans if r))
+        return cls(first, last, known[0].unit, name, rows)
+
+    def as_json(self) -> dict[str, Any]:
+        """The place, for a cached answer's sources (`from_json` reads it back)."""
+        return {
+            "unit": self.unit,
+            "name": self.name,
+            "rows": None if self.rows is None else list(self.rows),
+        }
+
+    @classmethod
+    def from_json(cls, numbers: Sequence[int], place: Mapping[str, Any] | None) -> PageSpan | None:
+        """The span of `numbers` (pages) and `place` (`as_json`; None for a plain page span)."""
+        if not numbers:
+            return None
+        place = place or {}
+        unit = place.get("unit") if place.get("unit") in ("slide", "sheet") else "page"
+        rows = place.get("rows")
+        return cls(
+            min(numbers),
+            max(numbers),
+            unit,
+            place.get("name"),
+            (int(rows[0]), int(rows[1])) if rows else None,
+        )
+
+    @classmethod
+    def of_chunk(cls, first: int, last: int, metadata: Mapping[str, Any]) -> PageSpan:
+        """A stored chunk's span: its pages and what its metadata says of them (`page_unit`,
+        `sheet`, `rows`)."""
+        unit = metadata.get("page_unit")
+        rows = metadata.get("rows")
+        return cls(
+            first,
+            last,
+            unit if unit in ("slide", "sheet") else "page",
+            metadata.get("sheet") if isinstance(metadata.get("sheet"), str) else None,
+            (int(rows[0]), int(rows[1])) if isinstance(rows, list) and len(rows) == 2 else None,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +182,13 @@ class LoadedDocument:
     readers: tuple[str, ...] | None = None
     """Who may read it (`user:…`, `group:…`, checked); None: not said (a stored document keeps
     its readers, a new one is the whole tenant's); empty: the whole tenant."""
+    page_unit: PageUnit = "page"
+    """What `page_starts` counts: PDF pages, slides of a deck, sheets of a workbook."""
+    page_names: tuple[str, ...] = ()
+    """A name per page where pages have names (a workbook's sheets); empty otherwise."""
+    row_starts: tuple[tuple[int, int], ...] = ()
+    """(offset in `text`, row number) of each table row that has a number of its own (a
+    spreadsheet's rows), in text order; chunks of such rows are cited by their rows."""
 
 
 @dataclass(frozen=True, slots=True)

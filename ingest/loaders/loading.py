@@ -127,6 +127,29 @@ def load_bytes(
     return iter((_parse_single(data, suffix, external_id, external_id, extra, resolved),))
 
 
+def load_fetched(
+    external_id: str,
+    name: str,
+    data: bytes,
+    *,
+    metadata: Mapping[str, Any] | None = None,
+    limits: DocumentLimits | None = None,
+) -> Iterator[LoadResult]:
+    """Load a document a source fetched (`ingest.sources`), parsed by the suffix of `name`,
+    under its source's own `external_id` (a URL, `s3://bucket/key`, a relative path), which
+    is also its `source`. `metadata` (its origin) is merged as an upload's is."""
+    if external_id_too_long(external_id):
+        return iter((LoadFailure(clean_text(external_id)[:200], ID_TOO_LONG),))
+    extra: dict[str, Any] = clean_json(dict(metadata or {}))
+    suffix = file_type(name)
+    resolved = resolve_limits(limits)
+    if suffix == ".jsonl":
+        return jsonl_results(
+            io.BytesIO(data), external_id, external_id, _BEIR_FIELDS, extra, resolved
+        )
+    return iter((_parse_single(data, suffix, external_id, external_id, extra, resolved),))
+
+
 def _upload_problem(external_id: str, metadata: Mapping[str, Any] | None) -> str:
     if not external_id:
         return "the file has no usable name"

@@ -8,9 +8,19 @@ from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
 from ingest.loaders.cleaning import clean_text
-from ragservice.types import LoadedDocument, LoadFailure, TextFormat
+from ragservice.types import LoadedDocument, LoadFailure, PageUnit, TextFormat
 
 LoadResult: TypeAlias = LoadedDocument | LoadFailure
+
+
+@dataclass(frozen=True)
+class Child:
+    """A file inside a parsed file that is a document of its own: an e-mail's attachment, a
+    message of an mbox. It is parsed by the suffix of `name`, linked to its parent."""
+
+    name: str
+    data: bytes
+    metadata: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -20,7 +30,13 @@ class Parsed:
     format: TextFormat
     metadata: dict[str, Any] = field(default_factory=dict)
     page_starts: tuple[int, ...] = ()
-    """Where each page starts in `text` (see `LoadedDocument.page_starts`); PDF only."""
+    """Where each page starts in `text` (see `LoadedDocument.page_starts`)."""
+    page_unit: PageUnit = "page"
+    page_names: tuple[str, ...] = ()
+    row_starts: tuple[tuple[int, int], ...] = ()
+    """See `LoadedDocument`: what the pages are, their names, and numbered table rows."""
+    children: tuple[Child, ...] = ()
+    """Files inside this one to load as documents of their own."""
 
 
 class ParseError(Exception):
