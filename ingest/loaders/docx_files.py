@@ -4,57 +4,23 @@ from __future__ import annotations
 
 import io
 import re
-import zipfile
 
 import docx
 from docx.document import Document as DocxDocument
 from docx.table import Table, _Row
 from docx.text.paragraph import Paragraph
 
+from ingest.loaders.archives import open_archive
 from ingest.loaders.cleaning import clean_text, clean_title, collapse
-from ingest.loaders.parsing import Parsed, ParseError, bad_content
+from ingest.loaders.parsing import Parsed, bad_content
 from ragservice.limits.documents import DocumentLimits
 
 _HEADING_STYLE = re.compile(r"heading ([1-9])", re.I)
-# A DOCX is a zip archive: refuse one that would unpack into far more than any real document.
-# zipfile never reads past a member's declared size, so checking the declared sizes suffices.
-_DOCX_MAX_MEMBERS = 10_000
-_DOCX_MAX_UNPACKED = 256 * 2**20
-_DOCX_MAX_RATIO = 200  # Deflate reaches about 1000:1 on zip bombs; XML rarely passes 20:1
-_DOCX_RATIO_FROM = 2**20  # small members may compress however well they like
-# The whole archive against the file's size, since many small members escape the check above
-# (256 one-MiB members of zeros make 256 MiB from a 300 KB file). Ordinary DOCX XML packs 5 to
-# 20:1 (python-docx's own template, mostly styles, 23:1), images and fonts about 1:1, so a real
-# file stays far below 100:1, while deflate gives a bomb about 1000:1. At 100:1, unpacking the
-# 256 MiB allowed above takes a file of 2.5 MiB or more; up to 1 MiB unpacks from any size.
-_DOCX_MAX_TOTAL_RATIO = 100
-
-
-def _check_archive(archive: zipfile.ZipFile, size: int) -> None:
-    """Refuse an archive of `size` bytes that would unpack into far more than a document."""
-    members = archive.infolist()
-    if len(members) > _DOCX_MAX_MEMBERS:
-        raise ParseError(f"refused: the archive has {len(members)} members (a zip bomb?)")
-    unpacked = sum(member.file_size for member in members)
-    if unpacked > _DOCX_MAX_UNPACKED:
-        raise ParseError(f"refused: the archive unpacks to {unpacked} bytes (a zip bomb?)")
-    for member in members:
-        ratio = member.file_size / max(member.compress_size, 1)
-        if member.file_size > _DOCX_RATIO_FROM and ratio > _DOCX_MAX_RATIO:
-            raise ParseError(
-                f"refused: {clean_text(member.filename)[:100]!r} is compressed {ratio:.0f}:1 "
-                "(a zip bomb?)"
-            )
-    if unpacked > max(_DOCX_RATIO_FROM, _DOCX_MAX_TOTAL_RATIO * size):
-        raise ParseError(
-            f"refused: the DOCX unpacks to {unpacked / 2**20:.1f} MiB, more than "
-            f"{_DOCX_MAX_TOTAL_RATIO} times its size (a zip bomb?)"
-        )
 
 
 def parse_docx(data: bytes, _limits: DocumentLimits) -> Parsed:
     with bad_content("not a valid DOCX file"):
-        _check_archive(zipfile.ZipFile(io.BytesIO(data)), len(data))
+        open_archive(data, "DOCX")  # refuses a zip bomb before python-docx unpacks it
         document = docx.Document(io.BytesIO(data))
         blocks = [_docx_block(item) for item in document.iter_inner_content()]
         title = clean_title(document.core_properties.title) or _docx_title(document)

@@ -729,7 +729,7 @@ def test_a_docx_that_unpacks_too_large_is_refused(monkeypatch: pytest.MonkeyPatc
 
     data = make_docx()
     assert parse_docx(data, LIMITS).title == "Quarterly Report"
-    monkeypatch.setattr("ingest.loaders.docx_files._DOCX_MAX_UNPACKED", 10_000)
+    monkeypatch.setattr("ingest.loaders.archives.MAX_UNPACKED", 10_000)
     with pytest.raises(ParseError, match=r"^refused: the archive unpacks to "):
         parse_docx(data, LIMITS)
 
