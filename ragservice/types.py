@@ -18,6 +18,9 @@ SUPPORTED_SUFFIXES: tuple[str, ...] = (
     ".htm",
     ".pdf",
     ".docx",
+    ".epub",
+    ".eml",
+    ".mbox",
     ".jsonl",
     ".parquet",
 )

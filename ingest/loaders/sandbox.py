@@ -43,7 +43,10 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from ingest.loaders.docx_files import parse_docx
+from ingest.loaders.email_files import parse_email
+from ingest.loaders.epub_files import parse_epub
 from ingest.loaders.html_files import parse_html
+from ingest.loaders.mbox_files import parse_mbox
 from ingest.loaders.parquet_files import Frame, ParquetColumns, parquet_batches
 from ingest.loaders.parsing import Parsed, ParseError
 from ingest.loaders.pdf_files import parse_pdf
@@ -61,6 +64,9 @@ PARSERS: dict[str, tuple[str, Parser]] = {
     ".htm": ("html", parse_html),
     ".pdf": ("pdf", parse_pdf),
     ".docx": ("docx", parse_docx),
+    ".epub": ("epub", parse_epub),
+    ".eml": ("email", parse_email),
+    ".mbox": ("mbox", parse_mbox),
 }
 
 _STARTUP_SECONDS = 60.0  # a child imports the parsers before it says it is ready

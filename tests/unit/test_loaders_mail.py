@@ -1,0 +1,244 @@
+"""EPUB, e-mail and mbox loaders against files the tests write (tests/corpus_mail.py)."""
+
+from __future__ import annotations
+
+import io
+import zipfile
+from email.message import EmailMessage
+
+import pytest
+
+from ingest.loaders import DocumentLimits, load_bytes
+from ingest.loaders.email_files import parse_email
+from ingest.loaders.mbox_files import parse_mbox
+from ingest.loaders.parsing import ParseError
+from ragservice.types import SUPPORTED_SUFFIXES, LoadedDocument, LoadFailure
+from tests.corpus_mail import (
+    ATTACHED_PDF,
+    ATTACHED_TEXT,
+    CHAPTERS,
+    MESSAGE_ID,
+    make_attachment_only_email,
+    make_email,
+    make_epub,
+    make_html_email,
+    make_mbox,
+)
+
+LIMITS = DocumentLimits(max_pages=50, max_chars=100_000, parse_seconds=20, parse_memory_mib=1024)
+
+
+def one(name: str, data: bytes) -> LoadedDocument | LoadFailure:
+    [result] = load_bytes(name, data, limits=LIMITS)
+    return result
+
+
+def loaded(name: str, data: bytes) -> LoadedDocument:
+    result = one(name, data)
+    assert isinstance(result, LoadedDocument), result
+    return result
+
+
+def failed(name: str, data: bytes) -> str:
+    result = one(name, data)
+    assert isinstance(result, LoadFailure), result
+    return result.reason
+
+
+def test_the_new_suffixes_are_supported() -> None:
+    assert {".epub", ".eml", ".mbox"} <= set(SUPPORTED_SUFFIXES)
+
+
+# --------------------------------------------------------------------------- EPUB
+
+
+def test_epub_chapters_become_headed_markdown_in_spine_order() -> None:
+    doc = loaded("books/tales.epub", make_epub())
+    assert doc.text == (
+        "# The Harbour\n\nBoats came in at dawn.\n\n"
+        "# Interlude\n\nThe gulls were quiet that morning.\n\n"  # its heading from the TOC
+        "# The Storm\n\n## Evening\n\nWaves broke over the pier.\n\n- sails\n\n- nets"
+    )
+    assert (doc.title, doc.format) == ("Tales of the Coast", "markdown")
+    assert doc.metadata == {
+        "chapters": 3,
+        "author": "A. Writer",
+        "language": "en",
+        "source_path": "books/tales.epub",
+        "file_type": "epub",
+    }
+
+
+def test_epub_reading_order_is_the_spine_not_the_manifest() -> None:
+    doc = loaded("tales.epub", make_epub(spine=[2, 0, 1]))
+    headings = [line for line in doc.text.splitlines() if line.startswith("# ")]
+    assert headings == ["# The Storm", "# The Harbour", "# Interlude"]
+
+
+def test_an_epub_chapter_without_text_adds_nothing() -> None:
+    chapters = (*CHAPTERS[:1], ("cover.xhtml", "Cover", '<img src="cover.png"/>'))
+    doc = loaded("tales.epub", make_epub(chapters))
+    assert doc.text == "# The Harbour\n\nBoats came in at dawn."
+    assert doc.metadata["chapters"] == 1
+
+
+def zip_bomb_epub(megabytes: int = 20) -> bytes:
+    buffer = io.BytesIO(make_epub())
+    with zipfile.ZipFile(buffer, "a", zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr("EPUB/images/zeros.bin", bytes(megabytes * 2**20))
+    return buffer.getvalue()
+
+
+def test_a_zip_bomb_epub_is_refused_before_it_is_unpacked() -> None:
+    data = zip_bomb_epub()
+    assert len(data) < 200_000
+    reason = failed("bomb.epub", data)
+    assert reason.startswith("refused: 'EPUB/images/zeros.bin' is compressed ")
+    assert "zip bomb" in reason
+
+
+def test_bytes_that_are_not_an_epub_fail_with_a_reason() -> None:
+    assert failed("x.epub", b"PK not really").startswith("not a valid EPUB file: ")
+    no_package = io.BytesIO()
+    with zipfile.ZipFile(no_package, "w") as archive:
+        archive.writestr("mimetype", "application/epub+zip")
+    assert failed("y.epub", no_package.getvalue()).startswith("not a valid EPUB file: ")
+
+
+def test_an_epub_over_the_character_limit_fails_early() -> None:
+    small = DocumentLimits(max_pages=50, max_chars=60)
+    [result] = load_bytes("tales.epub", make_epub(), limits=small)
+    assert isinstance(result, LoadFailure)
+    assert result.reason == "the text is over 60 characters (RAGSERVICE_MAX_DOCUMENT_CHARS)"
+
+
+# --------------------------------------------------------------------------- e-mail
+
+
+def test_an_email_has_its_body_subject_and_headers() -> None:
+    parsed = parse_email(make_email(), LIMITS)
+    assert parsed.text == "Hello team,\n\nthe figures are attached.\n\nBest, Ann"
+    assert (parsed.title, parsed.format) == ("Quarterly figures", "text")
+    assert parsed.metadata == {
+        "from": "Ann Example <ann@example.com>",
+        "to": "Bob <bob@example.com>, dave@example.com",
+        "cc": "Carol <carol@example.com>",
+        "subject": "Quarterly figures",
+        "date": "2024-03-05T09:30:00+00:00",
+        "message_id": MESSAGE_ID,
+        "attachments": ["invoice.pdf", "packing list.txt"],
+    }
+
+
+def test_an_emails_attachments_are_its_children() -> None:
+    children = parse_email(make_email(), LIMITS).children
+    assert [(c.name, c.metadata) for c in children] == [
+        ("invoice.pdf", {"attachment": "invoice.pdf", "content_type": "application/pdf"}),
+        ("packing list.txt", {"attachment": "packing list.txt", "content_type": "text/plain"}),
+    ]
+    assert children[0].data == ATTACHED_PDF
+    assert children[1].data.decode() == ATTACHED_TEXT
+
+
+def test_an_html_only_email_is_rendered_as_markdown() -> None:
+    doc = loaded("news.eml", make_html_email())
+    assert doc.text == "# Spring news\n\nThe orchard is in bloom.\n\n- apples\n\n- cherries"
+    assert (doc.title, doc.format) == ("Newsletter: spring", "markdown")
+    assert doc.metadata["file_type"] == "email"
+    assert doc.metadata["from"] == "Ann Example <ann@example.com>"
+
+
+def test_an_email_with_only_attachments_is_a_summary_of_its_headers() -> None:
+    parsed = parse_email(make_attachment_only_email(), LIMITS)
+    assert parsed.text == (
+        "From: Ann Example <ann@example.com>\n"
+        "To: Bob <bob@example.com>, dave@example.com\n"
+        "Cc: Carol <carol@example.com>\n"
+        "Date: 2024-03-05T09:30:00+00:00\n"
+        "Subject: Scan\n"
+        "Attachments: scan.pdf"
+    )
+    assert [child.name for child in parsed.children] == ["scan.pdf"]
+
+
+def test_attachment_names_are_cleaned_unique_and_parseable() -> None:
+    message = EmailMessage()
+    message["Subject"] = "Odd names"
+    message.set_content("see attached")
+    message.add_attachment(b"a", maintype="text", subtype="plain", filename="C:\\tmp\\a  b.txt")
+    message.add_attachment(b"b", maintype="text", subtype="plain", filename="A B.txt")
+    message.add_attachment(b"\x00\x01", maintype="application", subtype="octet-stream")
+    forwarded = EmailMessage()
+    forwarded["Subject"] = "Inner"
+    forwarded.set_content("the forwarded text")
+    message.add_attachment(forwarded)
+    children = parse_email(message.as_bytes(), LIMITS).children
+    assert [child.name for child in children] == [
+        "a b.txt",
+        "A B-2.txt",
+        "attachment-3.bin",
+        "message-4.eml",
+    ]
+    assert children[1].metadata["attachment"] == "A B.txt"
+    inner = parse_email(children[3].data, LIMITS)
+    assert (inner.title, inner.text) == ("Inner", "the forwarded text")
+
+
+def test_broken_headers_are_kept_raw_or_left_out() -> None:
+    data = (
+        b"From: =?x-unknown?q?Ann?= <ann@example.com>\n"
+        b"To: <<<not an address\n"
+        b"Subject: =?utf-8?q?caf=C3=A9?= \x00news\n"
+        b"Date: the day after tomorrow\n"
+        b"Content-Type: text/plain; charset=x-no-such-charset\n"
+        b"\n"
+        b"caf\xc3\xa9 body\n"
+    )
+    parsed = parse_email(data, LIMITS)
+    assert parsed.text == "caf\u00e9 body"
+    assert parsed.title == "caf\u00e9 news"
+    assert "date" not in parsed.metadata
+    assert "ann@example.com" in parsed.metadata["from"]
+    assert "not an address" in parsed.metadata["to"]
+
+
+def test_bytes_that_are_not_an_email_fail_with_a_reason() -> None:
+    assert (
+        failed("x.eml", b"just some words, no headers") == "not a valid e-mail: it has no headers"
+    )
+
+
+def test_an_email_with_too_many_attachments_fails() -> None:
+    message = EmailMessage()
+    message.set_content("many")
+    for number in range(3):
+        message.add_attachment(b"x", maintype="text", subtype="plain", filename=f"{number}.txt")
+    with pytest.raises(ParseError, match=r"the file has 3 attachments; the limit is 2 "):
+        parse_email(message.as_bytes(), DocumentLimits(max_pages=2, max_chars=1000))
+
+
+# --------------------------------------------------------------------------- mbox
+
+
+def test_an_mbox_has_no_text_and_one_child_per_message() -> None:
+    parsed = parse_mbox(make_mbox(), LIMITS)
+    assert (parsed.text, parsed.metadata) == ("", {"messages": 3})
+    assert [(c.name, c.metadata) for c in parsed.children] == [
+        ("1.eml", {"message_index": 1}),
+        ("2.eml", {"message_index": 2}),
+        ("3.eml", {"message_index": 3}),
+    ]
+    second = parse_email(parsed.children[1].data, LIMITS)
+    assert second.title == "Second"
+    assert second.text == "Message 2 about second.\nFrom the desk of Ann."  # unescaped
+
+
+def test_an_mbox_is_bounded_by_the_page_limit() -> None:
+    with pytest.raises(ParseError, match=r"the mailbox has 3 messages; the limit is 2 "):
+        parse_mbox(make_mbox(), DocumentLimits(max_pages=2, max_chars=1000))
+
+
+def test_bytes_that_are_not_an_mbox_fail_with_a_reason() -> None:
+    assert (
+        failed("x.mbox", make_email()) == 'not an mbox file: it does not start with a "From " line'
+    )
