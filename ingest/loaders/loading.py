@@ -1,7 +1,9 @@
 """Loading: files, uploads and sent text become `LoadedDocument`s or `LoadFailure`s.
 
 The parser is chosen by the file's suffix; JSONL yields one result per line, Parquet one per
-document (its rows grouped by document id).
+document (its rows grouped by document id). A file with files embedded in it (an e-mail's
+attachments, an mbox's messages) yields its own document, then one per embedded file, each
+parsed by its own suffix in the sandbox and linked to its parent (`_embedded`).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import Any
 from ingest.loaders.cleaning import clean_json, clean_text, clean_title, collapse
 from ingest.loaders.jsonl_files import JsonlFields, jsonl_results, load_jsonl
 from ingest.loaders.parquet_files import ParquetColumns, batch_documents
-from ingest.loaders.parsing import LoadResult, ParseError
+from ingest.loaders.parsing import Child, LoadResult, ParseError
 from ingest.loaders.readers import Sidecars, with_readers
 from ingest.loaders.sandbox import PARSERS, parse_isolated, stream_isolated
 from ingest.loaders.walking import iter_files
@@ -93,7 +95,7 @@ def load_file(
     if suffix == ".parquet":
         where = (str(path), external_id)
         return _parquet(path, where, parquet_columns, {}, resolve_limits(limits))
-    return iter((_load_single(path, external_id, suffix, resolve_limits(limits)),))
+    return _load_single(path, external_id, suffix, resolve_limits(limits))
 
 
 def load_bytes(
@@ -124,7 +126,7 @@ def load_bytes(
         )
     if suffix == ".parquet":
         return _parquet(data, (external_id, external_id), parquet_columns, extra, resolved)
-    return iter((_parse_single(data, suffix, external_id, external_id, extra, resolved),))
+    return _parse_single(data, suffix, (external_id, external_id), extra, resolved)
 
 
 def load_fetched(
@@ -147,7 +149,7 @@ def load_fetched(
         return jsonl_results(
             io.BytesIO(data), external_id, external_id, _BEIR_FIELDS, extra, resolved
         )
-    return iter((_parse_single(data, suffix, external_id, external_id, extra, resolved),))
+    return _parse_single(data, suffix, (external_id, external_id), extra, resolved)
 
 
 def _upload_problem(external_id: str, metadata: Mapping[str, Any] | None) -> str:
@@ -204,46 +206,115 @@ def upload_name(name: str) -> str:
     return "/".join(part for part in parts if part not in ("", ".", ".."))
 
 
-def _load_single(path: Path, external_id: str, suffix: str, limits: DocumentLimits) -> LoadResult:
+def _load_single(
+    path: Path, external_id: str, suffix: str, limits: DocumentLimits
+) -> Iterator[LoadResult]:
     if suffix not in PARSERS:
-        return _unsupported(str(path), suffix)
+        return iter((_unsupported(str(path), suffix),))
     if external_id_too_long(external_id):
-        return LoadFailure(str(path), ID_TOO_LONG)
+        return iter((LoadFailure(str(path), ID_TOO_LONG),))
     try:
         data = _read(path)
     except ParseError as exc:
-        return LoadFailure(str(path), str(exc))
-    return _parse_single(data, suffix, external_id, str(path), {}, limits)
+        return iter((LoadFailure(str(path), str(exc)),))
+    return _parse_single(data, suffix, (external_id, str(path)), {}, limits)
 
 
 def _parse_single(
     data: bytes,
     suffix: str,
-    external_id: str,
-    source: str,
+    where: tuple[str, str],
     extra: dict[str, Any],
     limits: DocumentLimits,
-) -> LoadResult:
+    embedded: tuple[int, dict[str, Any]] = (0, {}),
+) -> Iterator[LoadResult]:
+    """The document in `data` (its external id and source in `where`), then the documents
+    embedded in it (`_embedded`). A file with no text of its own but embedded files (an mbox)
+    yields only those; one with neither fails with NO_TEXT. `embedded` is how deep the file is
+    embedded, and its own metadata there (its `parent`)."""
+    depth, own = embedded
+    external_id, source = where
     parser = PARSERS.get(suffix)
     if parser is None:
-        return _unsupported(source, suffix)
+        yield _unsupported(source, suffix)
+        return
     try:
         parsed = parse_isolated(suffix, data, limits)
     except ParseError as exc:
-        return LoadFailure(source, str(exc))
-    problem = too_long(parsed.text, limits) if parsed.text else NO_TEXT
-    if problem:
-        return LoadFailure(source, problem)
-    provenance = {"source_path": external_id, "file_type": parser[0]}
-    return LoadedDocument(
-        external_id=external_id,
-        text=parsed.text,
-        title=parsed.title,
-        metadata={**parsed.metadata, **provenance, **extra},
-        source=source,
-        format=parsed.format,
-        page_starts=parsed.page_starts,
-    )
+        yield LoadFailure(source, str(exc))
+        return
+    children = _named_children(parsed.children, where)
+    if parsed.text or not children:
+        problem = too_long(parsed.text, limits) if parsed.text else NO_TEXT
+        if problem:
+            yield LoadFailure(source, problem)
+        else:
+            attachments = {"attachments": [child_id for child_id, _, _ in children]}
+            provenance = {"source_path": external_id, "file_type": parser[0]}
+            yield LoadedDocument(
+                external_id=external_id,
+                text=parsed.text,
+                title=parsed.title,
+                metadata={**parsed.metadata, **own, **(attachments if children else {})}
+                | provenance
+                | extra,
+                source=source,
+                format=parsed.format,
+                page_starts=parsed.page_starts,
+                page_unit=parsed.page_unit,
+                page_names=parsed.page_names,
+                row_starts=parsed.row_starts,
+            )
+    yield from _embedded(children, external_id, extra, limits, depth + 1)
+
+
+MAX_EMBEDDING_DEPTH = 2
+"""How deep embedded files are loaded: an mbox's messages (1) and their attachments (2)."""
+
+_Named = tuple[str, str, Child]  # (external id, source, the embedded file)
+
+
+def _named_children(children: tuple[Child, ...], where: tuple[str, str]) -> list[_Named]:
+    """Each embedded file with its external id and source, `<parent's>/<name>`; a name met
+    again becomes `name (2).ext`, `name (3).ext`, ..."""
+    external_id, source = where
+    seen: set[str] = set()
+    named: list[_Named] = []
+    for child in children:
+        name = child.name
+        stem, dot, ext = name.rpartition(".") if "." in name.lstrip(".") else (name, "", "")
+        copy = 1
+        while name in seen:
+            copy += 1
+            name = f"{stem} ({copy}){dot}{ext}"
+        seen.add(name)
+        named.append((f"{external_id}/{name}", f"{source}/{name}", child))
+    return named
+
+
+def _embedded(
+    children: list[_Named],
+    parent_id: str,
+    extra: dict[str, Any],
+    limits: DocumentLimits,
+    depth: int,
+) -> Iterator[LoadResult]:
+    """The embedded files' documents, linked to their parent (metadata `parent`); one that
+    cannot be loaded fails alone, naming its parent and itself (its source)."""
+    for child_id, source, child in children:
+        if depth > MAX_EMBEDDING_DEPTH:
+            yield LoadFailure(
+                source, f"embedded files nested more than {MAX_EMBEDDING_DEPTH} deep are not read"
+            )
+        elif external_id_too_long(child_id):
+            yield LoadFailure(source, ID_TOO_LONG)
+        elif too_deep(child.metadata):
+            yield LoadFailure(source, TOO_DEEP)
+        else:
+            own = {**child.metadata, "parent": parent_id}
+            where = (child_id, source)
+            suffix = file_type(child.name)
+            yield from _parse_single(child.data, suffix, where, extra, limits, (depth, own))
 
 
 def _parquet(

@@ -13,8 +13,8 @@ it is in). The parent waits for the answer no longer than the wall-clock limit; 
 stopped, dies or runs late is replaced. Messages are length-prefixed frames: the file's bytes
 one way, JSON the other (the parent never unpickles what a parser's process sends).
 
-A parsed document comes back as its text, title, format, metadata and, for a PDF, where each
-page starts in the text: at most one number per page the limits allow, checked by the parent.
+A parsed document comes back as its text, title, format, metadata, its page and row maps and
+the files embedded in it (`replies`: JSON, embedded files base64), all checked by the parent.
 
 A file of many documents (Parquet) is streamed: the child answers with a frame pair (JSON and
 raw bytes: vectors) per record batch, each batch under the CPU and wall-clock limits of one
@@ -50,6 +50,7 @@ from ingest.loaders.mbox_files import parse_mbox
 from ingest.loaders.parquet_files import Frame, ParquetColumns, parquet_batches
 from ingest.loaders.parsing import Parsed, ParseError
 from ingest.loaders.pdf_files import parse_pdf
+from ingest.loaders.replies import decode_parsed, encode_parsed
 from ingest.loaders.text_files import parse_markdown, parse_text
 from ragservice.limits.documents import DocumentLimits
 
@@ -184,9 +185,7 @@ class _Sandbox:
 
     def _outcome(self, reply: dict[str, Any], limits: DocumentLimits) -> Parsed:
         if reply["kind"] == "ok":
-            text = reply["text"]
-            starts = _page_starts(reply.get("page_starts"), len(text), limits.max_pages)
-            return Parsed(text, reply["title"], reply["format"], reply["metadata"], starts)
+            return decode_parsed(reply, limits)
         if reply["kind"] == "end":
             return Parsed("", None, "text")
         if reply["kind"] == "memory":
@@ -219,18 +218,6 @@ class _Sandbox:
         """Kill the child, if any; its exit status."""
         finalizer, self._finalizer, self._child = self._finalizer, None, None
         return None if finalizer is None else finalizer()
-
-
-def _page_starts(value: object, length: int, max_pages: int) -> tuple[int, ...]:
-    """The child's page map, checked: at most one start per page the limits allow, in order,
-    within the text (the parent trusts nothing a parser's process sends)."""
-    if not value:
-        return ()
-    starts = tuple(value) if isinstance(value, list) else ()
-    fits = 0 < len(starts) <= max_pages and all(type(s) is int for s in starts)
-    if not fits or list(starts) != sorted(starts) or starts[0] < 0 or starts[-1] > length:
-        raise ParseError("the parser's page map does not fit its text")
-    return starts
 
 
 def _child_environment() -> dict[str, str]:
@@ -339,7 +326,7 @@ def _parse(suffix: str, data: bytes, limits: DocumentLimits) -> dict[str, Any]:
         return {"kind": "error", "reason": str(exc)}
     except MemoryError:
         return {"kind": "memory"}
-    return {"kind": "ok", **dataclasses.asdict(parsed)}
+    return {"kind": "ok", **encode_parsed(parsed)}
 
 
 def _limit_cpu(seconds: float) -> None:

@@ -10,7 +10,8 @@ import pytest
 
 from ingest.loaders import DocumentLimits, load_bytes
 from ingest.loaders.parsing import ParseError
-from ingest.loaders.sandbox import _page_starts, parse_isolated, sandbox_pid
+from ingest.loaders.replies import checked_page_starts
+from ingest.loaders.sandbox import parse_isolated, sandbox_pid
 from ragservice.types import LoadedDocument, LoadFailure
 from tests.pdfs import make_pdf
 
@@ -76,7 +77,7 @@ def test_a_pdfs_page_map_crosses_the_process_boundary() -> None:
 )
 def test_a_page_map_that_does_not_fit_its_text_is_refused(sent: object) -> None:
     with pytest.raises(ParseError, match="page map"):
-        _page_starts(sent, 20, 100)
+        checked_page_starts(sent, 20, 100)
 
 
 def test_each_thread_parses_in_its_own_process() -> None:
