@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import email
 import mimetypes
-import posixpath
 from collections.abc import Iterator
 from email import policy
 from email.errors import InvalidHeaderDefect
@@ -26,6 +25,7 @@ from email.message import EmailMessage, Message
 from email.utils import parsedate_to_datetime
 from typing import Any
 
+from ingest.loaders import replies
 from ingest.loaders.cleaning import clean_text, clean_title, collapse, decode_bytes
 from ingest.loaders.html_files import html_text
 from ingest.loaders.parsing import Child, Parsed, ParseError, bad_content
@@ -35,42 +35,35 @@ from ragservice.types import TextFormat
 # metadata key -> header
 _HEADERS = {"from": "From", "to": "To", "cc": "Cc", "subject": "Subject"}
 _SUMMARY = (("From", "from"), ("To", "to"), ("Cc", "cc"), ("Date", "date"), ("Subject", "subject"))
-_MAX_NAME = 200  # characters of an attachment's name (it ends the child's external id)
 
 
-def parse_email(data: bytes, limits: DocumentLimits) -> Parsed:
+def parse_email(data: bytes, _limits: DocumentLimits) -> Parsed:
     with bad_content("not a valid e-mail"):
         message = email.message_from_bytes(data, policy=policy.default)
         if not isinstance(message, EmailMessage) or not message.keys():
             raise ParseError("not a valid e-mail: it has no headers")
         metadata = _metadata(message)
         body, text_format = _body(message)
-        children = bounded_children(tuple(_attachments(message)), limits, "attachments")
-    if children:
-        metadata["attachments"] = [child.metadata["attachment"] for child in children]
+        children = bounded_children(tuple(_attachments(message)), "attachments")
     if not body and children:
-        body, text_format = _summary(metadata), "text"
+        body, text_format = _summary(metadata, children), "text"
     title = clean_title(metadata.get("subject"))
     return Parsed(body, title, text_format, metadata, children=children)
 
 
-def bounded_children(
-    children: tuple[Child, ...], limits: DocumentLimits, what: str
-) -> tuple[Child, ...]:
-    """`children`, or ParseError when there are more than the page limit allows (a file's parts
-    count as its pages) or their bytes exceed a quarter of the parser's memory (they travel
-    back to the parent and are parsed again there)."""
-    if len(children) > limits.max_pages:
+def bounded_children(children: tuple[Child, ...], what: str) -> tuple[Child, ...]:
+    """`children`, or ParseError when there are more, or more bytes, than the parent accepts
+    (`replies.MAX_CHILDREN`, `replies.MAX_CHILDREN_BYTES`): refused here, before they are
+    encoded and sent, with the reason a person reads."""
+    if len(children) > replies.MAX_CHILDREN:
         raise ParseError(
-            f"the file has {len(children)} {what}; the limit is {limits.max_pages} "
-            "(RAGSERVICE_MAX_DOCUMENT_PAGES)"
+            f"the file has {len(children)} {what}; the limit is {replies.MAX_CHILDREN}"
         )
     size = sum(len(child.data) for child in children)
-    allowed = limits.parse_memory_mib * 2**20 // 4
-    if size > allowed:
+    if size > replies.MAX_CHILDREN_BYTES:
         raise ParseError(
-            f"the file's {what} hold {size} bytes, more than a quarter of "
-            f"{limits.parse_memory_mib} MiB (RAGSERVICE_PARSE_MEMORY_MIB)"
+            f"the file's {what} come to {size / 2**20:.1f} MiB, more than the "
+            f"{replies.MAX_CHILDREN_BYTES // 2**20} MiB allowed"
         )
     return children
 
@@ -146,7 +139,6 @@ def _attachments(message: EmailMessage) -> Iterator[Child]:
     """Every attachment, depth first; an attached message is one child (its own attachments
     are its children when it is parsed)."""
     body_parts = {id(part) for part in _body_parts(message)}
-    names: set[str] = set()
     stack: list[Message] = [message]
     number = 0
     while stack:
@@ -155,7 +147,7 @@ def _attachments(message: EmailMessage) -> Iterator[Child]:
             continue
         if part.get_content_type() == "message/rfc822" and part is not message:
             number += 1
-            yield _child(part, _attached_message(part), number, names)
+            yield _child(part, _attached_message(part), number)
         elif part.is_multipart():
             payload = part.get_payload()
             if isinstance(payload, list):
@@ -163,7 +155,7 @@ def _attachments(message: EmailMessage) -> Iterator[Child]:
         elif part is not message and _is_attachment(part):
             number += 1
             data = part.get_payload(decode=True)
-            yield _child(part, data if isinstance(data, bytes) else b"", number, names)
+            yield _child(part, data if isinstance(data, bytes) else b"", number)
 
 
 def _body_parts(message: EmailMessage) -> Iterator[Message]:
@@ -187,10 +179,12 @@ def _attached_message(part: Message) -> bytes:
     return inner.as_bytes(policy=policy.compat32)
 
 
-def _child(part: Message, data: bytes, number: int, names: set[str]) -> Child:
+def _child(part: Message, data: bytes, number: int) -> Child:
+    """An attachment as a child; `loading` makes names met twice unique, and `replies`
+    shortens long ones."""
     content_type = part.get_content_type()
     original = _filename(part)
-    name = _unique(_child_name(original, content_type, number), names)
+    name = _child_name(original, content_type, number)
     metadata = {"attachment": original or name, "content_type": content_type}
     return Child(name, data, metadata)
 
@@ -211,35 +205,15 @@ def _child_name(original: str, content_type: str, number: int) -> str:
     a nameless part is named by its number and its type's usual suffix."""
     if content_type == "message/rfc822":
         name = original or f"message-{number}.eml"
-        return _shortened(name if name.lower().endswith(".eml") else name + ".eml")
+        return name if name.lower().endswith(".eml") else name + ".eml"
     if original:
-        return _shortened(original)
+        return original
     suffix = mimetypes.guess_extension(content_type) or ".bin"
     return f"attachment-{number}{suffix}"
 
 
-def _shortened(name: str) -> str:
-    if len(name) <= _MAX_NAME:
-        return name
-    stem, suffix = posixpath.splitext(name)
-    suffix = suffix if len(suffix) <= 20 else ""
-    return stem[: _MAX_NAME - len(suffix)] + suffix
-
-
-def _unique(name: str, names: set[str]) -> str:
-    """`name`, or `stem-2.suffix`, `stem-3.suffix`, … when an earlier attachment has it (each
-    child's external id is its parent's id and its name)."""
-    stem, suffix = posixpath.splitext(name)
-    candidate, copy = name, 1
-    while candidate.lower() in names:
-        copy += 1
-        candidate = f"{stem}-{copy}{suffix}"
-    names.add(candidate.lower())
-    return candidate
-
-
-def _summary(metadata: dict[str, Any]) -> str:
+def _summary(metadata: dict[str, Any], children: tuple[Child, ...]) -> str:
     """The text of a message with no body: its headers and the names of its attachments."""
     lines = [f"{label}: {metadata[key]}" for label, key in _SUMMARY if metadata.get(key)]
-    lines.append("Attachments: " + ", ".join(metadata.get("attachments", [])))
+    lines.append("Attachments: " + ", ".join(child.name for child in children))
     return "\n".join(lines)

@@ -4,7 +4,8 @@ The mailbox itself has no text: its messages are its `Parsed.children`, named `1
 … in mailbox order (metadata `message_index`). Messages are split at lines that start with
 `From ` (the envelope line, dropped), as Python's `mailbox` module splits them, and the lines a
 writer escaped as `>From ` (mboxo and mboxrd) lose one `>`. The number of messages and their
-bytes are bounded as an e-mail's attachments are (`email_files.bounded_children`).
+bytes are bounded as an e-mail's attachments are (`email_files.bounded_children`): by what
+the parent accepts of a file's embedded files (`replies`), checked before they are sent.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 
+from ingest.loaders import replies
 from ingest.loaders.email_files import bounded_children
 from ingest.loaders.parsing import Child, Parsed, ParseError
 from ragservice.limits.documents import DocumentLimits
@@ -20,17 +22,16 @@ _FROM_LINE = re.compile(rb"^From ", re.M)
 _ESCAPED_FROM = re.compile(rb"^>(>*From )", re.M)
 
 
-def parse_mbox(data: bytes, limits: DocumentLimits) -> Parsed:
+def parse_mbox(data: bytes, _limits: DocumentLimits) -> Parsed:
     start = len(data) - len(data.lstrip(b"\r\n"))
     if not data.startswith(b"From ", start):
         raise ParseError('not an mbox file: it does not start with a "From " line')
     starts = [match.start() for match in _FROM_LINE.finditer(data, start)]
-    if len(starts) > limits.max_pages:  # before any message is copied
+    if len(starts) > replies.MAX_CHILDREN:  # before any message is copied
         raise ParseError(
-            f"the mailbox has {len(starts)} messages; the limit is {limits.max_pages} "
-            "(RAGSERVICE_MAX_DOCUMENT_PAGES)"
+            f"the mailbox has {len(starts)} messages; the limit is {replies.MAX_CHILDREN}"
         )
-    children = bounded_children(tuple(_messages(data, starts)), limits, "messages")
+    children = bounded_children(tuple(_messages(data, starts)), "messages")
     return Parsed("", None, "text", {"messages": len(children)}, children=children)
 
 

@@ -8,8 +8,9 @@ from email.message import EmailMessage
 
 import pytest
 
-from ingest.loaders import DocumentLimits, load_bytes
+from ingest.loaders import DocumentLimits, load_bytes, replies
 from ingest.loaders.email_files import parse_email
+from ingest.loaders.epub_files import parse_epub
 from ingest.loaders.mbox_files import parse_mbox
 from ingest.loaders.parsing import ParseError
 from ragservice.types import SUPPORTED_SUFFIXES, LoadedDocument, LoadFailure
@@ -106,10 +107,9 @@ def test_bytes_that_are_not_an_epub_fail_with_a_reason() -> None:
 
 
 def test_an_epub_over_the_character_limit_fails_early() -> None:
-    small = DocumentLimits(max_pages=50, max_chars=60)
-    [result] = load_bytes("tales.epub", make_epub(), limits=small)
-    assert isinstance(result, LoadFailure)
-    assert result.reason == "the text is over 60 characters (RAGSERVICE_MAX_DOCUMENT_CHARS)"
+    expected = r"^the text is over 60 characters \(RAGSERVICE_MAX_DOCUMENT_CHARS\)$"
+    with pytest.raises(ParseError, match=expected):
+        parse_epub(make_epub(), DocumentLimits(max_pages=50, max_chars=60))
 
 
 # --------------------------------------------------------------------------- e-mail
@@ -126,7 +126,6 @@ def test_an_email_has_its_body_subject_and_headers() -> None:
         "subject": "Quarterly figures",
         "date": "2024-03-05T09:30:00+00:00",
         "message_id": MESSAGE_ID,
-        "attachments": ["invoice.pdf", "packing list.txt"],
     }
 
 
@@ -161,26 +160,21 @@ def test_an_email_with_only_attachments_is_a_summary_of_its_headers() -> None:
     assert [child.name for child in parsed.children] == ["scan.pdf"]
 
 
-def test_attachment_names_are_cleaned_unique_and_parseable() -> None:
+def test_attachment_names_are_cleaned_and_parseable() -> None:
     message = EmailMessage()
     message["Subject"] = "Odd names"
     message.set_content("see attached")
     message.add_attachment(b"a", maintype="text", subtype="plain", filename="C:\\tmp\\a  b.txt")
-    message.add_attachment(b"b", maintype="text", subtype="plain", filename="A B.txt")
     message.add_attachment(b"\x00\x01", maintype="application", subtype="octet-stream")
     forwarded = EmailMessage()
     forwarded["Subject"] = "Inner"
     forwarded.set_content("the forwarded text")
     message.add_attachment(forwarded)
     children = parse_email(message.as_bytes(), LIMITS).children
-    assert [child.name for child in children] == [
-        "a b.txt",
-        "A B-2.txt",
-        "attachment-3.bin",
-        "message-4.eml",
-    ]
-    assert children[1].metadata["attachment"] == "A B.txt"
-    inner = parse_email(children[3].data, LIMITS)
+    assert [child.name for child in children] == ["a b.txt", "attachment-2.bin", "message-3.eml"]
+    assert children[0].metadata == {"attachment": "a b.txt", "content_type": "text/plain"}
+    assert children[1].data == b"\x00\x01"
+    inner = parse_email(children[2].data, LIMITS)
     assert (inner.title, inner.text) == ("Inner", "the forwarded text")
 
 
@@ -208,13 +202,44 @@ def test_bytes_that_are_not_an_email_fail_with_a_reason() -> None:
     )
 
 
-def test_an_email_with_too_many_attachments_fails() -> None:
+def test_an_email_with_too_many_attachments_fails(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(replies, "MAX_CHILDREN", 2)
     message = EmailMessage()
     message.set_content("many")
     for number in range(3):
         message.add_attachment(b"x", maintype="text", subtype="plain", filename=f"{number}.txt")
-    with pytest.raises(ParseError, match=r"the file has 3 attachments; the limit is 2 "):
-        parse_email(message.as_bytes(), DocumentLimits(max_pages=2, max_chars=1000))
+    with pytest.raises(ParseError, match=r"^the file has 3 attachments; the limit is 2$"):
+        parse_email(message.as_bytes(), LIMITS)
+
+
+def test_attachments_over_the_byte_limit_fail(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(replies, "MAX_CHILDREN_BYTES", 2**20)
+    message = b"From ann@example.com\nSubject: big\n\n" + b"x" * 600_000 + b"\n"
+    expected = r"^the file's messages come to 1.1 MiB, more than the 1 MiB allowed$"
+    with pytest.raises(ParseError, match=expected):
+        parse_mbox(message * 2, LIMITS)
+
+
+def test_an_emails_attachments_become_documents_linked_to_it() -> None:
+    results = list(load_bytes("inbox/figures.eml", make_email(), limits=LIMITS))
+    assert all(isinstance(r, LoadedDocument) for r in results), results
+    parent, pdf, text = results
+    assert isinstance(parent, LoadedDocument)
+    assert isinstance(pdf, LoadedDocument) and isinstance(text, LoadedDocument)
+    assert parent.external_id == "inbox/figures.eml"
+    assert parent.metadata["attachments"] == [
+        "inbox/figures.eml/invoice.pdf",
+        "inbox/figures.eml/packing list.txt",
+    ]
+    assert (pdf.external_id, pdf.title, pdf.text) == (
+        "inbox/figures.eml/invoice.pdf",
+        "Invoice",
+        "Invoice 42: three crates of apples.",
+    )
+    assert pdf.metadata["parent"] == text.metadata["parent"] == "inbox/figures.eml"
+    assert pdf.metadata["attachment"] == "invoice.pdf"
+    assert (pdf.metadata["file_type"], text.metadata["file_type"]) == ("pdf", "text")
+    assert text.text == ATTACHED_TEXT.strip()
 
 
 # --------------------------------------------------------------------------- mbox
@@ -233,9 +258,24 @@ def test_an_mbox_has_no_text_and_one_child_per_message() -> None:
     assert second.text == "Message 2 about second.\nFrom the desk of Ann."  # unescaped
 
 
-def test_an_mbox_is_bounded_by_the_page_limit() -> None:
-    with pytest.raises(ParseError, match=r"the mailbox has 3 messages; the limit is 2 "):
-        parse_mbox(make_mbox(), DocumentLimits(max_pages=2, max_chars=1000))
+def test_an_mbox_is_bounded_in_messages(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(replies, "MAX_CHILDREN", 2)
+    with pytest.raises(ParseError, match=r"^the mailbox has 3 messages; the limit is 2$"):
+        parse_mbox(make_mbox(), LIMITS)
+
+
+def test_an_mboxs_messages_are_documents_of_their_own() -> None:
+    results = list(load_bytes("mail/archive.mbox", make_mbox(), limits=LIMITS))
+    assert all(isinstance(r, LoadedDocument) for r in results), results
+    documents = [r for r in results if isinstance(r, LoadedDocument)]
+    assert [(d.external_id, d.title) for d in documents] == [
+        ("mail/archive.mbox/1.eml", "First"),
+        ("mail/archive.mbox/2.eml", "Second"),
+        ("mail/archive.mbox/3.eml", "Third"),
+    ]
+    assert [d.metadata["message_index"] for d in documents] == [1, 2, 3]
+    assert {d.metadata["parent"] for d in documents} == {"mail/archive.mbox"}
+    assert documents[0].metadata["file_type"] == "email"
 
 
 def test_bytes_that_are_not_an_mbox_fail_with_a_reason() -> None:
