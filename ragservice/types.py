@@ -18,6 +18,12 @@ SUPPORTED_SUFFIXES: tuple[str, ...] = (
     ".htm",
     ".pdf",
     ".docx",
+    ".pptx",
+    ".xlsx",
+    ".csv",
+    ".tsv",
+    ".odt",
+    ".rtf",
     ".jsonl",
     ".parquet",
 )

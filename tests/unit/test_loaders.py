@@ -583,6 +583,12 @@ def test_supported_suffixes() -> None:
         ".htm",
         ".pdf",
         ".docx",
+        ".pptx",
+        ".xlsx",
+        ".csv",
+        ".tsv",
+        ".odt",
+        ".rtf",
         ".jsonl",
         ".parquet",
     )
