@@ -42,16 +42,21 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from ingest.loaders.csv_files import parse_csv, parse_tsv
 from ingest.loaders.docx_files import parse_docx
 from ingest.loaders.email_files import parse_email
 from ingest.loaders.epub_files import parse_epub
 from ingest.loaders.html_files import parse_html
 from ingest.loaders.mbox_files import parse_mbox
+from ingest.loaders.odt_files import parse_odt
 from ingest.loaders.parquet_files import Frame, ParquetColumns, parquet_batches
 from ingest.loaders.parsing import Parsed, ParseError
 from ingest.loaders.pdf_files import parse_pdf
+from ingest.loaders.pptx_files import parse_pptx
 from ingest.loaders.replies import decode_parsed, encode_parsed
+from ingest.loaders.rtf_files import parse_rtf
 from ingest.loaders.text_files import parse_markdown, parse_text
+from ingest.loaders.xlsx_files import parse_xlsx
 from ragservice.limits.documents import DocumentLimits
 
 Parser = Callable[[bytes, DocumentLimits], Parsed]
@@ -65,6 +70,12 @@ PARSERS: dict[str, tuple[str, Parser]] = {
     ".htm": ("html", parse_html),
     ".pdf": ("pdf", parse_pdf),
     ".docx": ("docx", parse_docx),
+    ".pptx": ("pptx", parse_pptx),
+    ".xlsx": ("xlsx", parse_xlsx),
+    ".csv": ("csv", parse_csv),
+    ".tsv": ("tsv", parse_tsv),
+    ".odt": ("odt", parse_odt),
+    ".rtf": ("rtf", parse_rtf),
     ".epub": ("epub", parse_epub),
     ".eml": ("email", parse_email),
     ".mbox": ("mbox", parse_mbox),

@@ -1,0 +1,145 @@
+"""ODT (OpenDocument text): headings by outline level, paragraphs, lists and tables as Markdown.
+
+odfpy parses the document's XML (a SAX parser, no tree of the whole archive) once the archive
+has passed the zip-bomb check. The body is walked in order: `text:h` becomes a `#` heading of
+its outline level, `text:p` a paragraph, a list's items `- ` lines indented by depth, a table
+a Markdown table whose first row is the header; sections and the like are opened. Comments
+(`office:annotation`), footnote bodies and generated indexes (a table of contents) are left
+out, and repeated
+empty cells and rows (ODF's `number-columns-repeated`) count once. The title is the metadata's
+`dc:title`, else the first heading.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterator
+from typing import Any
+
+from odf.namespaces import DCNS, OFFICENS, TABLENS, TEXTNS
+from odf.opendocument import load
+
+from ingest.loaders.archives import open_archive
+from ingest.loaders.cleaning import clean_text, clean_title, collapse
+from ingest.loaders.markdown_text import MarkdownText, cell_text, separator_line, table_line
+from ingest.loaders.parsing import Parsed, bad_content
+from ragservice.limits.documents import DocumentLimits
+
+_TEXT_NODE = 3
+_SKIPPED = {(OFFICENS, "annotation"), (TEXTNS, "note"), (TEXTNS, "tracked-changes")}
+# Generated lists that repeat the document's own headings and entries.
+_INDEXES = {(TEXTNS, "table-of-content"), (TEXTNS, "alphabetical-index")}
+_INDEXES |= {(TEXTNS, "illustration-index"), (TEXTNS, "bibliography")}
+_MAX_REPEAT = 64  # repeated cells or spaces written out at most this often
+_Element = Any  # odfpy's elements are untyped
+
+
+def parse_odt(data: bytes, limits: DocumentLimits) -> Parsed:
+    with bad_content("not a valid ODT file"):
+        open_archive(data, "ODT")  # refuses a zip bomb before odfpy unpacks it
+        document = load(io.BytesIO(data))
+        out = MarkdownText(limits)
+        headings: list[str] = []
+        for level, block in _blocks(document.text, 0):
+            if level:
+                out.heading(level, block)
+                headings.append(block)
+            else:
+                out.add(block)
+        title = clean_title(_meta_title(document.meta)) or clean_title(next(iter(headings), ""))
+    return Parsed(out.text(), title, "markdown")
+
+
+def _blocks(element: _Element, depth: int) -> Iterator[tuple[int, str]]:
+    """(heading level or 0, text) of each block under `element`, in document order."""
+    for node in element.childNodes:
+        name = getattr(node, "qname", None)
+        if name == (TEXTNS, "h"):
+            level = _int(node.getAttrNS(TEXTNS, "outline-level"), 1)
+            if heading := collapse(_inline(node)):
+                yield min(max(level, 1), 6), heading
+        elif name == (TEXTNS, "p"):
+            yield 0, _inline(node).strip()
+        elif name == (TEXTNS, "list"):
+            yield 0, "\n".join(_list_lines(node, depth))
+        elif name == (TABLENS, "table"):
+            yield 0, _table(node)
+        elif name not in _SKIPPED | _INDEXES and getattr(node, "nodeType", None) != _TEXT_NODE:
+            yield from _blocks(node, depth)  # sections, frames, table:table-header-rows ...
+
+
+def _list_lines(element: _Element, depth: int) -> Iterator[str]:
+    """A list's items as `- ` lines, nested lists indented one step more."""
+    for item in element.childNodes:
+        if getattr(item, "qname", None) not in ((TEXTNS, "list-item"), (TEXTNS, "list-header")):
+            continue
+        for node in item.childNodes:
+            if getattr(node, "qname", None) == (TEXTNS, "list"):
+                yield from _list_lines(node, depth + 1)
+            elif text := collapse(_inline(node)):
+                yield "  " * depth + "- " + text
+
+
+def _table(element: _Element) -> str:
+    rows = [cells for cells in _rows(element) if any(cells)]
+    if not rows:
+        return ""
+    width = max(len(cells) for cells in rows)
+    lines = [table_line(rows[0], width), separator_line(width)]
+    return "\n".join(lines + [table_line(cells, width) for cells in rows[1:]])
+
+
+def _rows(element: _Element) -> Iterator[list[str]]:
+    for node in element.childNodes:
+        name = getattr(node, "qname", None)
+        if name == (TABLENS, "table-row"):
+            yield _cells(node)
+        elif name in ((TABLENS, "table-header-rows"), (TABLENS, "table-rows")):
+            yield from _rows(node)
+
+
+def _cells(row: _Element) -> list[str]:
+    cells: list[str] = []
+    for node in row.childNodes:
+        if getattr(node, "qname", None) not in (
+            (TABLENS, "table-cell"),
+            (TABLENS, "covered-table-cell"),
+        ):
+            continue
+        value = cell_text(_inline(node))
+        repeat = _int(node.getAttrNS(TABLENS, "number-columns-repeated"), 1)
+        cells += [value] * (min(repeat, _MAX_REPEAT) if value else 1)
+    while cells and not cells[-1]:
+        cells.pop()
+    return cells
+
+
+def _inline(element: _Element) -> str:
+    """The text of an element: its text nodes, spaces (`text:s`), tabs and line breaks;
+    comments and footnotes left out."""
+    parts: list[str] = []
+    for node in element.childNodes:
+        name = getattr(node, "qname", None)
+        if getattr(node, "nodeType", None) == _TEXT_NODE:
+            parts.append(str(node.data))
+        elif name == (TEXTNS, "s"):
+            parts.append(" " * min(_int(node.getAttrNS(TEXTNS, "c"), 1), _MAX_REPEAT))
+        elif name == (TEXTNS, "tab"):
+            parts.append("\t")
+        elif name == (TEXTNS, "line-break"):
+            parts.append("\n")
+        elif name not in _SKIPPED:
+            parts.append(_inline(node))
+    return clean_text("".join(parts))
+
+
+def _meta_title(meta: _Element) -> str:
+    titles = [node for node in meta.childNodes if getattr(node, "qname", None) == (DCNS, "title")]
+    return _inline(titles[0]) if titles else ""
+
+
+def _int(value: object, default: int) -> int:
+    try:
+        return int(str(value)) if value is not None else default
+    except ValueError:
+        return default

@@ -1,0 +1,128 @@
+"""PPTX: each slide a `# <title>` section with its text, bullets, tables and speaker notes.
+
+A slide's section starts with its title (`# Slide N` when it has none), so every slide has
+text and its number: `page_starts` holds one start per slide and `page_unit` is "slide",
+for citations such as `slide 4`. Then its shapes in the order the slide stores them (groups
+opened): text frames as paragraphs, with the paragraphs of a bulleted body (or with a bullet
+of their own) as `- ` items indented by their level; tables as Markdown tables, the first row
+the header; pictures and charts have no text to give. The speaker notes close the slide as a
+paragraph that starts `Notes: `.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterable, Iterator
+
+import pptx
+from pptx.enum.shapes import MSO_SHAPE_TYPE, PP_PLACEHOLDER
+from pptx.shapes.base import BaseShape
+from pptx.slide import Slide
+from pptx.table import Table
+from pptx.text.text import TextFrame, _Paragraph
+
+from ingest.loaders.archives import open_archive
+from ingest.loaders.cleaning import clean_text, clean_title, collapse
+from ingest.loaders.markdown_text import (
+    MarkdownText,
+    cell_text,
+    separator_line,
+    table_line,
+    too_many_pages,
+)
+from ingest.loaders.parsing import Parsed, bad_content
+from ragservice.limits.documents import DocumentLimits
+
+_TITLES = (PP_PLACEHOLDER.TITLE, PP_PLACEHOLDER.CENTER_TITLE, PP_PLACEHOLDER.VERTICAL_TITLE)
+# Placeholders whose paragraphs are bullets unless a paragraph says otherwise (`a:buNone`).
+_BULLETED = (PP_PLACEHOLDER.BODY, PP_PLACEHOLDER.OBJECT, PP_PLACEHOLDER.VERTICAL_BODY)
+_A = "{http://schemas.openxmlformats.org/drawingml/2006/main}"
+
+
+def parse_pptx(data: bytes, limits: DocumentLimits) -> Parsed:
+    with bad_content("not a valid PPTX file"):
+        open_archive(data, "PPTX")  # refuses a zip bomb before python-pptx unpacks it
+        deck = pptx.Presentation(io.BytesIO(data))
+        slides = list(deck.slides)
+        if len(slides) > limits.max_pages:
+            raise too_many_pages(len(slides), "slides", limits)
+        out = MarkdownText(limits)
+        starts = [_slide(out, number, slide) for number, slide in enumerate(slides, start=1)]
+        first = _slide_title(slides[0]) if slides else None
+        title = clean_title(deck.core_properties.title) or clean_title(first)
+    metadata = {"slides": len(slides)}
+    return Parsed(out.text(), title, "markdown", metadata, tuple(starts), "slide")
+
+
+def _slide(out: MarkdownText, number: int, slide: Slide) -> int:
+    """Write one slide's section; where it starts."""
+    start = out.heading(1, _slide_title(slide) or f"Slide {number}")
+    for block in _blocks(slide.shapes):
+        out.add(block)
+    if slide.has_notes_slide:
+        frame = slide.notes_slide.notes_text_frame
+        notes = "\n".join(collapse(p.text) for p in frame.paragraphs) if frame else ""
+        if notes.strip():
+            out.add("Notes: " + notes.strip())
+    return start
+
+
+def _slide_title(slide: Slide) -> str | None:
+    shape = slide.shapes.title
+    if shape is None:
+        return None
+    return collapse(clean_text(shape.text_frame.text)) or None
+
+
+def _blocks(shapes: Iterable[BaseShape]) -> Iterator[str]:
+    """The text blocks of `shapes` but the title, in their order; groups opened."""
+    for shape in shapes:
+        if shape.shape_type == MSO_SHAPE_TYPE.GROUP:
+            yield from _blocks(shape.shapes)  # type: ignore[attr-defined]
+        elif getattr(shape, "has_table", False):
+            yield _table(shape.table)  # type: ignore[attr-defined]
+        elif shape.has_text_frame and not _is_title(shape):
+            yield _text_frame(shape.text_frame, _bulleted(shape))  # type: ignore[attr-defined]
+
+
+def _is_title(shape: BaseShape) -> bool:
+    return shape.is_placeholder and shape.placeholder_format.type in _TITLES
+
+
+def _bulleted(shape: BaseShape) -> bool:
+    return shape.is_placeholder and shape.placeholder_format.type in _BULLETED
+
+
+def _text_frame(frame: TextFrame, bulleted: bool) -> str:
+    lines: list[str] = []
+    for paragraph in frame.paragraphs:
+        text = collapse(clean_text(paragraph.text))
+        if not text:
+            continue
+        if _has_bullet(paragraph, bulleted):
+            lines.append("  " * paragraph.level + "- " + text)
+        else:
+            lines.append(("\n" if lines else "") + text)  # a paragraph of its own
+    return "\n".join(lines)
+
+
+def _has_bullet(paragraph: _Paragraph, bulleted: bool) -> bool:
+    """A paragraph's own bullet setting, else its placeholder's habit (or a nested level)."""
+    properties = paragraph._p.pPr
+    if properties is not None:
+        if properties.find(_A + "buNone") is not None:
+            return False
+        if any(properties.find(_A + tag) is not None for tag in ("buChar", "buAutoNum")):
+            return True
+    return bulleted or paragraph.level > 0
+
+
+def _table(table: Table) -> str:
+    """A Markdown table, its first row the header (a merged cell's text in its first cell)."""
+    rows = [[cell_text(cell.text) for cell in row.cells] for row in table.rows]
+    if not any(any(cells) for cells in rows):
+        return ""
+    width = max(len(cells) for cells in rows)
+    header, *body = rows
+    lines = [table_line(header, width), separator_line(width)]
+    return "\n".join(lines + [table_line(cells, width) for cells in body if any(cells)])
