@@ -9,19 +9,23 @@ suffix and linked to the message. A message with no text body but with attachmen
 document: its text is a short summary of its headers and attachments, so it can be found and
 its attachments reached.
 
-Header values that do not parse (a broken address list, an unknown encoded-word charset) are
-kept as their raw text; a date that does not parse is left out.
+Header values are kept as written, their encoded words decoded (not re-rendered by the
+`email` package's header parsers, which drop what they cannot parse: `<<<Ann` becomes `<>`,
+and parse every header several times, ten times slower on a message of many parts); a date
+that does not parse is left out, the others are ISO 8601.
 """
 
 from __future__ import annotations
 
+import contextlib
 import email
 import mimetypes
+import posixpath
+import re
 from collections.abc import Iterator
 from email import policy
-from email.errors import InvalidHeaderDefect
 from email.header import decode_header, make_header
-from email.message import EmailMessage, Message
+from email.message import Message
 from email.utils import parsedate_to_datetime
 from typing import Any
 
@@ -32,19 +36,28 @@ from ingest.loaders.parsing import Child, Parsed, ParseError, bad_content
 from ragservice.limits.documents import DocumentLimits
 from ragservice.types import TextFormat
 
+_MAX_HEADER_CHARS = 16 * 2**10
+_FOLD = re.compile(r"\r?\n(?=[ \t])")
+_SURROGATE = re.compile("[\udc80-\udcff]")
 # metadata key -> header
 _HEADERS = {"from": "From", "to": "To", "cc": "Cc", "subject": "Subject"}
+# Python's own table, not the system's (/etc/mime.types): the same names on every machine.
+_MIME_TYPES = mimetypes.MimeTypes()
 _SUMMARY = (("From", "from"), ("To", "to"), ("Cc", "cc"), ("Date", "date"), ("Subject", "subject"))
 
 
 def parse_email(data: bytes, _limits: DocumentLimits) -> Parsed:
     with bad_content("not a valid e-mail"):
-        message = email.message_from_bytes(data, policy=policy.default)
-        if not isinstance(message, EmailMessage) or not message.keys():
+        message = email.message_from_bytes(data, policy=policy.compat32)
+        if not message.keys():
             raise ParseError("not a valid e-mail: it has no headers")
         metadata = _metadata(message)
-        body, text_format = _body(message)
-        children = bounded_children(tuple(_attachments(message)), "attachments")
+        leaves = list(_leaves(message))
+        plain, html = _body_part(leaves, "plain"), _body_part(leaves, "html")
+        body, text_format = _body(plain, html)
+        bodies = {id(part) for part in (plain, html) if part is not None}
+        attachments = [part for part in leaves if id(part) not in bodies and _is_attachment(part)]
+        children = bounded_children(tuple(_children(attachments)), "attachments")
     if not body and children:
         body, text_format = _summary(metadata, children), "text"
     title = clean_title(metadata.get("subject"))
@@ -68,7 +81,7 @@ def bounded_children(children: tuple[Child, ...], what: str) -> tuple[Child, ...
     return children
 
 
-def _metadata(message: EmailMessage) -> dict[str, Any]:
+def _metadata(message: Message) -> dict[str, Any]:
     metadata: dict[str, Any] = {}
     for key, name in _HEADERS.items():
         if value := _header(message, name):
@@ -80,30 +93,27 @@ def _metadata(message: EmailMessage) -> dict[str, Any]:
     return metadata
 
 
-def _header(message: EmailMessage, name: str) -> str:
-    """The header's decoded value, cleaned and unfolded; its raw text (encoded words decoded
-    where they can be) when it does not parse, since the parsed value of a broken address
-    list keeps only what parsed (`<<<Ann` becomes `<>`)."""
-    try:
-        header = message.get(name)
-        value = str(header or "")
-        invalid = any(isinstance(d, InvalidHeaderDefect) for d in getattr(header, "defects", ()))
-    except Exception:  # the parsers of address lists and encoded words raise many kinds
-        value, invalid = "", True
-    if invalid:
-        value = _raw_header(message, name)
+def _header(message: Message, name: str) -> str:
+    """The header's first value, unfolded, decoded (`decoded_header`) and cleaned."""
+    raw = next((v for k, v in message.raw_items() if k.lower() == name.lower()), "")
+    return decoded_header(raw if isinstance(raw, str) else str(raw))
+
+
+def decoded_header(raw: str) -> str:
+    """A raw header value as text: unfolded, raw 8-bit bytes read as UTF-8 (else their guessed
+    charset), RFC 2047 encoded words decoded where they can be (kept as they are where not:
+    an unknown charset, a broken word), cleaned, whitespace collapsed. The first
+    `_MAX_HEADER_CHARS` only: decoding is slow on long runs of broken words, and metadata
+    has no use for more."""
+    value = _FOLD.sub("", raw[:_MAX_HEADER_CHARS])
+    if _SURROGATE.search(value):  # the parser keeps undecodable bytes as surrogate escapes
+        value = decode_bytes(value.encode("ascii", "surrogateescape"))
+    with contextlib.suppress(Exception):  # an unknown charset, a broken encoded word
+        value = str(make_header(decode_header(value)))
     return collapse(clean_text(value))
 
 
-def _raw_header(message: EmailMessage, name: str) -> str:
-    raw = next((str(v) for k, v in message.raw_items() if k.lower() == name.lower()), "")
-    try:
-        return str(make_header(decode_header(raw)))
-    except Exception:  # an unknown charset, a broken encoded word
-        return raw
-
-
-def _date(message: EmailMessage) -> str:
+def _date(message: Message) -> str:
     raw = _header(message, "Date")
     try:
         return parsedate_to_datetime(raw).isoformat() if raw else ""
@@ -111,12 +121,37 @@ def _date(message: EmailMessage) -> str:
         return ""
 
 
-def _body(message: EmailMessage) -> tuple[str, TextFormat]:
+def _leaves(message: Message) -> Iterator[Message]:
+    """The parts that are not multiparts, in order (walked with a stack: mail can nest
+    deeper than Python recurses); an attached message is one part, not walked into."""
+    stack = [message]
+    while stack:
+        part = stack.pop()
+        payload = part.get_payload()
+        if part.is_multipart() and part.get_content_type() != "message/rfc822":
+            if isinstance(payload, list):
+                stack.extend(p for p in reversed(payload) if isinstance(p, Message))
+        else:
+            yield part
+
+
+def _body_part(leaves: list[Message], subtype: str) -> Message | None:
+    """The first text/<subtype> part not marked as an attachment, one without a file name
+    first (an inline text part with a name is a body only when no other is)."""
+    candidates = [
+        part
+        for part in leaves
+        if part.get_content_type() == f"text/{subtype}"
+        and part.get_content_disposition() != "attachment"
+    ]
+    unnamed = (part for part in candidates if not _filename(part))
+    return next(unnamed, candidates[0] if candidates else None)
+
+
+def _body(plain: Message | None, html: Message | None) -> tuple[str, TextFormat]:
     """The text/plain body, else the HTML body as Markdown, else nothing; and its format."""
-    plain = message.get_body(preferencelist=("plain",))
     if plain is not None and (text := _part_text(plain)):
         return text, "text"
-    html = message.get_body(preferencelist=("html",))
     if html is not None and (markup := _part_text(html)):
         rendered, _title = html_text(markup.encode("utf-8"), main_content=False)
         return clean_text(rendered), "markdown"
@@ -124,51 +159,39 @@ def _body(message: EmailMessage) -> tuple[str, TextFormat]:
 
 
 def _part_text(part: Message) -> str:
-    """A text part's content, decoded by its declared charset, else as a text file is."""
-    try:
-        content = part.get_content() if isinstance(part, EmailMessage) else None
-    except (LookupError, ValueError, AttributeError):  # an unknown or broken charset
-        content = None
-    if isinstance(content, str):
-        return clean_text(content)
+    """A text part's content, decoded by its declared charset, else as a text file is
+    (UTF-8, else a guessed charset: mail that names `us-ascii` often holds UTF-8)."""
     payload = part.get_payload(decode=True)
-    return decode_bytes(payload) if isinstance(payload, bytes) else ""
+    if not isinstance(payload, bytes):
+        return ""
+    charset = part.get_content_charset()
+    if charset:
+        try:
+            return clean_text(payload.decode(charset))
+        except (LookupError, UnicodeDecodeError):  # an unknown charset, or not the one named
+            pass
+    return decode_bytes(payload)
 
 
-def _attachments(message: EmailMessage) -> Iterator[Child]:
-    """Every attachment, depth first; an attached message is one child (its own attachments
-    are its children when it is parsed)."""
-    body_parts = {id(part) for part in _body_parts(message)}
-    stack: list[Message] = [message]
-    number = 0
-    while stack:
-        part = stack.pop()
-        if id(part) in body_parts:
-            continue
-        if part.get_content_type() == "message/rfc822" and part is not message:
-            number += 1
+def _children(attachments: list[Message]) -> Iterator[Child]:
+    """Each attachment as a child, numbered from 1; an attached message is one child (its
+    own attachments are its children when it is parsed)."""
+    for number, part in enumerate(attachments, start=1):
+        if part.get_content_type() == "message/rfc822":
             yield _child(part, _attached_message(part), number)
-        elif part.is_multipart():
-            payload = part.get_payload()
-            if isinstance(payload, list):
-                stack.extend(p for p in reversed(payload) if isinstance(p, Message))
-        elif part is not message and _is_attachment(part):
-            number += 1
+        else:
             data = part.get_payload(decode=True)
             yield _child(part, data if isinstance(data, bytes) else b"", number)
 
 
-def _body_parts(message: EmailMessage) -> Iterator[Message]:
-    for preference in ("plain", "html"):
-        part = message.get_body(preferencelist=(preference,))
-        if part is not None and part is not message:
-            yield part
-
-
 def _is_attachment(part: Message) -> bool:
-    """A part with a file name, or one marked as an attachment; not an inline text body
-    (the HTML alternative of a plain body, a signature's text)."""
-    return _filename(part) != "" or part.get_content_disposition() == "attachment"
+    """A part with a file name, one marked as an attachment, or an attached message; not an
+    inline part without a name (the HTML alternative of a plain body, a signature's text)."""
+    return (
+        _filename(part) != ""
+        or part.get_content_disposition() == "attachment"
+        or part.get_content_type() == "message/rfc822"
+    )
 
 
 def _attached_message(part: Message) -> bytes:
@@ -190,26 +213,27 @@ def _child(part: Message, data: bytes, number: int) -> Child:
 
 
 def _filename(part: Message) -> str:
-    """The part's file name, cleaned: its last path segment, whitespace collapsed."""
+    """The part's file name, decoded and cleaned: its last path segment."""
     try:
         raw = part.get_filename() or ""
     except Exception:  # a broken RFC 2231 parameter
         raw = ""
-    segment = clean_text(str(raw)).replace("\\", "/").rsplit("/", 1)[-1]
+    segment = decoded_header(str(raw)).replace("\\", "/").rsplit("/", 1)[-1]
     name = collapse(segment)
     return "" if name in (".", "..") else name
 
 
 def _child_name(original: str, content_type: str, number: int) -> str:
     """A file name the loaders can parse by its suffix: an attached message ends in `.eml`,
-    a nameless part is named by its number and its type's usual suffix."""
+    a name without a suffix gets its type's usual one, a nameless part is named by its
+    number."""
     if content_type == "message/rfc822":
         name = original or f"message-{number}.eml"
         return name if name.lower().endswith(".eml") else name + ".eml"
-    if original:
-        return original
-    suffix = mimetypes.guess_extension(content_type) or ".bin"
-    return f"attachment-{number}{suffix}"
+    suffix = _MIME_TYPES.guess_extension(content_type) or ""
+    if original:  # `report` sent as a PDF is read as `report.pdf`
+        return original if posixpath.splitext(original)[1] else original + suffix
+    return f"attachment-{number}{suffix or '.bin'}"
 
 
 def _summary(metadata: dict[str, Any], children: tuple[Child, ...]) -> str:

@@ -51,7 +51,9 @@ def _chapters(book: Any, titles: dict[str, str], limits: DocumentLimits) -> Iter
     the character limit (a book is read whole before the limit is checked otherwise)."""
     total = 0
     for item in _spine_items(book):
-        text, _title = html_text(bytes(item.content or b""), main_content=False)
+        content = item.content or b""
+        markup = content if isinstance(content, bytes) else str(content).encode("utf-8")
+        text, _title = html_text(markup, main_content=False)
         text = clean_text(text)
         if not text:
             continue
@@ -68,10 +70,11 @@ def _chapters(book: Any, titles: dict[str, str], limits: DocumentLimits) -> Iter
 
 def _spine_items(book: Any) -> Iterator[Any]:
     """The spine's XHTML items, in order, each once, without the navigation document."""
+    items = {item.id: item for item in book.get_items()}  # a lookup by id scans them all
     seen: set[str] = set()
     for entry in book.spine:
         idref = entry[0] if isinstance(entry, tuple) else entry
-        item = book.get_item_with_id(idref)
+        item = items.get(idref)
         if item is None or idref in seen or item.get_type() == ebooklib.ITEM_NAVIGATION:
             continue
         seen.add(idref)

@@ -16,6 +16,7 @@ The examples are derandomized, so every run (and CI) sees the same ones. More by
 
 from __future__ import annotations
 
+import html
 import io
 import json
 import os
@@ -32,6 +33,13 @@ from pypdf.generic import DecodedStreamObject
 
 from ingest.loaders import DocumentLimits, load_bytes
 from ragservice.types import LoadedDocument, LoadFailure
+from tests.corpus_mail import (
+    make_attachment_only_email,
+    make_email,
+    make_epub,
+    make_html_email,
+    make_mbox,
+)
 from tests.unit.test_loaders import make_docx, make_pdf
 
 LIMITS = DocumentLimits(max_pages=50, max_chars=2_000_000, parse_seconds=10, parse_memory_mib=1024)
@@ -39,6 +47,8 @@ LIMITS = DocumentLimits(max_pages=50, max_chars=2_000_000, parse_seconds=10, par
 # JSONL is read in this process, outside the sandbox, so for it this bound is the only one: 512 KiB
 # of short lines that are not UTF-8 (each one through charset detection) takes 11-13 s.
 TIME_BOUND = LIMITS.parse_seconds + 5
+# Files whose embedded files (attachments, messages) are documents of their own.
+CONTAINERS = (".eml", ".mbox")
 MAX_BYTES = 2**20
 
 _MORE = int(os.environ.get("FUZZ_EXAMPLES", "0"))
@@ -65,8 +75,12 @@ def check(name: str, data: bytes) -> None:
     results = list(load_bytes(name, data, limits=LIMITS))
     seconds = time.perf_counter() - started
     TIMINGS.append((seconds, name, len(data)))
+    bound = TIME_BOUND
     if name.endswith(".jsonl"):
         assert len(results) == sum(1 for line in io.BytesIO(data) if line.strip())
+    elif name.endswith(CONTAINERS):
+        assert results  # the file's own document or failure, or only its embedded files'
+        bound = TIME_BOUND * len(results)  # each embedded file is parsed on its own
     else:
         assert len(results) == 1
     for result in results:
@@ -79,7 +93,7 @@ def check(name: str, data: bytes) -> None:
             for value in (result.text, result.title or "", result.external_id):
                 assert "\x00" not in value
                 value.encode("utf-8")  # no lone surrogates: PostgreSQL must accept it
-    assert seconds < TIME_BOUND, f"{name} ({len(data)} bytes) took {seconds:.1f} s"
+    assert seconds < bound, f"{name} ({len(data)} bytes) took {seconds:.1f} s"
 
 
 # --------------------------------------------------------------------------- building blocks
@@ -355,12 +369,124 @@ def test_jsonl(data: bytes) -> None:
     check("fuzz.jsonl", data)
 
 
+# --------------------------------------------------------------------------- EPUB
+
+
+def members_of(archive_bytes: bytes) -> dict[str, bytes]:
+    with zipfile.ZipFile(io.BytesIO(archive_bytes)) as archive:
+        return {name: archive.read(name) for name in archive.namelist()}
+
+
+words = st.text(st.characters(codec="utf-8", categories=["L", "N", "P", "Zs"]), max_size=80)
+
+
+@st.composite
+def epub_files(draw: st.DrawFn) -> bytes:
+    chapters = [
+        (f"chap_{i}.xhtml", draw(words), f"<p>{html.escape(draw(words))}</p>")
+        for i in range(draw(st.integers(1, 4)))
+    ]
+    made = make_epub(chapters, title=draw(words) or "T")
+    if draw(st.booleans()):  # corrupt one member (a chapter, the package, the nav) and rezip
+        members = members_of(made)
+        name = draw(st.sampled_from(sorted(members)))
+        change = draw(st.sampled_from(["drop", "garbage", "mutate", "html", "nested"]))
+        if change == "drop":
+            del members[name]
+        elif change == "garbage":
+            members[name] = draw(runs(text_pieces))
+        elif change == "mutate":
+            members[name] = draw(mutated(members[name]))
+        elif change == "html":
+            members[name] = draw(runs(html_pieces, most=12))
+        else:  # nested elements, deeper than any parser recurses
+            depth = draw(st.integers(1, 100_000))
+            members[name] = b"<div>" * depth + b"x" + b"</div>" * depth
+        stored = draw(st.booleans())
+        made = rezip(members, zipfile.ZIP_STORED if stored else zipfile.ZIP_DEFLATED)
+    return draw(mutated(made, most=2))
+
+
+@fuzz(40)
+@given(data=epub_files())
+def test_epub(data: bytes) -> None:
+    check("fuzz.epub", data)
+
+
+# --------------------------------------------------------------------------- e-mail and mbox
+
+EMAIL_PIECES = [
+    *(b"From: ", b"To: ", b"Cc: ", b"Subject: ", b"Date: ", b"Message-ID: ", b"\n", b"\r\n"),
+    *(b"=?utf-8?q?caf=C3=A9?=", b"=?x-unknown?b?", b"=?", b"?=", b"<", b">", b",", b":", b'"'),
+    *(b"Content-Type: multipart/mixed; boundary=b\n\n", b"--b\n", b"--b--\n", b" ", b"\t"),
+    *(b"Content-Type: text/plain; charset=x-none\n", b"Content-Type: text/html\n", b"<h1>"),
+    *(b"Content-Transfer-Encoding: base64\n", b"Content-Transfer-Encoding: quoted-printable\n"),
+    *(b"Content-Disposition: attachment; filename=", b"filename*=utf-8''%C3%A9.txt", b"a.pdf"),
+    *(b"Content-Type: message/rfc822\n\n", b"=\n", b"=ZZ", b"QUJD", b"body text "),
+]
+email_pieces = st.one_of(st.sampled_from(EMAIL_PIECES), text_pieces)
+MAIL_BYTES = 16 * 2**10  # many tiny attachments or messages: each is parsed on its own
+
+
+@st.composite
+def email_files(draw: st.DrawFn) -> bytes:
+    kind = draw(st.sampled_from(["real", "pieces", "nested"]))
+    if kind == "real":
+        subject = draw(words)
+        made = draw(
+            st.sampled_from(
+                [make_email(subject or "s"), make_html_email(), make_attachment_only_email()]
+            )
+        )
+    elif kind == "pieces":
+        made = draw(runs(email_pieces, most=12))[:MAIL_BYTES]
+    else:  # multiparts or attached messages inside each other, deeper than parsers recurse
+        depth = draw(st.integers(1, 5_000))
+        layer = draw(
+            st.sampled_from(
+                [
+                    b"Content-Type: multipart/mixed; boundary=b\n\n--b\n",
+                    b"Content-Type: message/rfc822\n\n",
+                ]
+            )
+        )
+        made = b"Subject: deep\n" + layer * depth + b"\ntext\n"
+    return draw(mutated(made, most=3))
+
+
+@fuzz(50)
+@given(data=email_files())
+def test_email(data: bytes) -> None:
+    check("fuzz.eml", data)
+
+
+@st.composite
+def mbox_files(draw: st.DrawFn) -> bytes:
+    kind = draw(st.sampled_from(["real", "pieces", "one"]))
+    if kind == "real":
+        made = make_mbox(draw(st.lists(words, min_size=1, max_size=4)))
+    elif kind == "pieces":
+        pieces = st.one_of(st.sampled_from([b"From ", b">From ", b"From a b\n"]), email_pieces)
+        made = b"From x\n" + draw(runs(pieces, most=12))[:MAIL_BYTES]
+    else:
+        made = b"From x\n" + draw(email_files())[:MAIL_BYTES]
+    return draw(mutated(made, most=3))
+
+
+@fuzz(40)
+@given(data=mbox_files())
+def test_mbox(data: bytes) -> None:
+    check("fuzz.mbox", data)
+
+
 # --------------------------------------------------------------------------- any bytes, any name
 
 
 @fuzz(30)
 @given(
-    suffix=st.sampled_from([".txt", ".md", ".html", ".pdf", ".docx", ".jsonl"]),
+    suffix=st.sampled_from(
+        [".txt", ".md", ".html", ".pdf", ".docx", ".jsonl", ".epub", ".eml", ".mbox"]
+    ),
     data=st.one_of(st.binary(max_size=4096), runs(text_pieces)),
 )
 def test_any_bytes_under_any_supported_name(suffix: str, data: bytes) -> None:

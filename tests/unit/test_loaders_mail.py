@@ -166,15 +166,22 @@ def test_attachment_names_are_cleaned_and_parseable() -> None:
     message.set_content("see attached")
     message.add_attachment(b"a", maintype="text", subtype="plain", filename="C:\\tmp\\a  b.txt")
     message.add_attachment(b"\x00\x01", maintype="application", subtype="octet-stream")
+    message.add_attachment(ATTACHED_PDF, maintype="application", subtype="pdf", filename="report")
     forwarded = EmailMessage()
     forwarded["Subject"] = "Inner"
     forwarded.set_content("the forwarded text")
     message.add_attachment(forwarded)
     children = parse_email(message.as_bytes(), LIMITS).children
-    assert [child.name for child in children] == ["a b.txt", "attachment-2.bin", "message-3.eml"]
+    assert [child.name for child in children] == [
+        "a b.txt",
+        "attachment-2.bin",
+        "report.pdf",
+        "message-4.eml",
+    ]
     assert children[0].metadata == {"attachment": "a b.txt", "content_type": "text/plain"}
     assert children[1].data == b"\x00\x01"
-    inner = parse_email(children[2].data, LIMITS)
+    assert children[2].metadata["attachment"] == "report"
+    inner = parse_email(children[3].data, LIMITS)
     assert (inner.title, inner.text) == ("Inner", "the forwarded text")
 
 
@@ -194,6 +201,39 @@ def test_broken_headers_are_kept_raw_or_left_out() -> None:
     assert "date" not in parsed.metadata
     assert "ann@example.com" in parsed.metadata["from"]
     assert "not an address" in parsed.metadata["to"]
+
+
+def test_raw_utf8_headers_encoded_names_and_misdeclared_bodies_are_read() -> None:
+    data = (
+        "Subject: Gr\u00fc\u00dfe aus K\u00f6ln\n"
+        "From: =?iso-8859-1?q?Ren=E9?= <rene@example.com>\n"
+        "MIME-Version: 1.0\n"
+        'Content-Type: multipart/mixed; boundary="b"\n'
+        "\n--b\n"
+        "Content-Type: text/plain; charset=us-ascii\n\n"
+        "Tsch\u00fcss\n"
+        "--b\n"
+        'Content-Type: text/plain; name="=?utf-8?q?r=C3=A9sum=C3=A9.txt?="\n'
+        "Content-Disposition: attachment\n\n"
+        "cv\n"
+        "--b--\n"
+    ).encode()
+    parsed = parse_email(data, LIMITS)
+    assert parsed.title == "Gr\u00fc\u00dfe aus K\u00f6ln"
+    assert parsed.metadata["from"] == "Ren\u00e9 <rene@example.com>"
+    assert parsed.text == "Tsch\u00fcss"
+    assert [child.name for child in parsed.children] == ["r\u00e9sum\u00e9.txt"]
+
+
+def test_a_named_inline_text_part_is_the_body_when_there_is_no_other() -> None:
+    data = (
+        b"Subject: notes\n"
+        b"Content-Type: text/plain; charset=utf-8\n"
+        b'Content-Disposition: inline; filename="notes.txt"\n\n'
+        b"the notes\n"
+    )
+    parsed = parse_email(data, LIMITS)
+    assert (parsed.text, parsed.children) == ("the notes", ())
 
 
 def test_bytes_that_are_not_an_email_fail_with_a_reason() -> None:
