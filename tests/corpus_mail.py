@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import io
 from collections.abc import Sequence
 from datetime import UTC, datetime
@@ -41,7 +42,8 @@ def make_epub(
     items = []
     for file_name, toc_title, body in chapters:
         item = epub.EpubHtml(title=toc_title, file_name=file_name, lang="en")
-        item.content = f"<html><head><title>{title}</title></head><body>{body}</body></html>"
+        head = f"<head><title>{html.escape(title)}</title></head>"
+        item.content = f"<html>{head}<body>{body}</body></html>"
         book.add_item(item)
         items.append(item)
     book.toc = tuple(items)

@@ -1,11 +1,13 @@
 """Fuzzing the loaders: valid-looking and broken files of every format, up to about 1 MiB.
 
-Real documents (built as `test_loaders` builds them) are mutated (truncated, bytes flipped,
-inserted, deleted or duplicated, zip members corrupted or dropped), and pathological ones are
-made from runs of small pieces (`#`, spaces, `*`, `<`, nested tags, NULs, invalid UTF-8, deep
-JSON, long lines). Every file goes through the public `load_bytes`, in the parsing sandbox,
-and must come back cleanly (documents fit to store, or failures with a reason; never an
-exception) within the parse limit plus a margin.
+Real documents (built as `test_loaders` and `tests/corpus_mail.py` build them) are mutated
+(truncated, bytes flipped, inserted, deleted or duplicated, zip members corrupted or dropped),
+and pathological ones are made from runs of small pieces (`#`, spaces, `*`, `<`, nested tags,
+NULs, invalid UTF-8, deep JSON, long lines, mail headers and MIME boundaries, nested parts).
+Every file goes through the public `load_bytes`, in the parsing sandbox, and must come back
+cleanly (documents fit to store, or failures with a reason; never an exception) within the
+parse limit plus a margin; an e-mail or a mailbox, whose embedded files are documents of their
+own, within that per result.
 
 The examples are derandomized, so every run (and CI) sees the same ones. More by hand:
 
