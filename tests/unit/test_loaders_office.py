@@ -28,6 +28,7 @@ from tests.corpus_office import (
     make_odt,
     make_workbook,
     q3_item,
+    rewrite_member,
     with_many_packed_members,
     with_zeros_member,
 )
@@ -214,6 +215,21 @@ def test_a_damaged_office_file_fails_with_a_short_reason(suffix: str, data: byte
     reason = failure("broken" + suffix, data)
     assert reason.startswith(f"not a valid {suffix[1:].upper()} file: ")
     assert len(reason) < 250
+
+
+def test_a_parser_that_prints_does_not_garble_the_sandboxs_replies() -> None:
+    # odfpy prints the whole XML of a part it cannot parse (and goes on without it). In the
+    # sandbox stdout is not the pipe to the parent, so the reply comes back, and the next.
+    broken = rewrite_member(make_odt(), "styles.xml", b"<office:styles", b"</x><office:styles")
+    assert document("broken-style.odt", broken).title == "Field Notes"
+    assert document("after.csv", b"a\n1\n").text == "| a |\n| --- |\n| 1 |"
+
+
+def test_an_odt_whose_body_is_not_well_formed_is_refused_not_half_read() -> None:
+    broken = rewrite_member(make_odt(), "content.xml", b"<text:h", b"</x><text:h")
+    assert failure("broken.odt", broken).startswith(
+        "not a valid ODT file: its content.xml is malformed (mismatched tag: line "
+    )
 
 
 def test_a_workbook_renamed_pptx_fails() -> None:
