@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from ingest.loaders import DocumentLimits, load_bytes, load_file
+from ingest.loaders.loading import load_fetched
 from ingest.loaders.parsing import Child, Parsed, ParseError
 from ingest.loaders.replies import child_name, decode_parsed, encode_parsed
 from ingest.loaders.sandbox import parse_isolated
@@ -428,6 +429,16 @@ def test_load_file_yields_embedded_files_under_the_files_path(tmp_path: Any) -> 
     assert isinstance(parent, LoadedDocument) and isinstance(child, LoadedDocument)
     assert (child.external_id, child.source) == ("inbox/mail.txt/a.txt", f"{path}/a.txt")
     assert child.metadata["parent"] == "inbox/mail.txt"
+
+
+@pytest.mark.usefixtures("fake_parser")
+def test_load_fetched_yields_embedded_files_under_the_sources_id() -> None:
+    url = "https://mail.example/inbox/1.txt"
+    data = fake("body", [("a.txt", b"attached", {})])
+    parent, child = load_fetched(url, "1.txt", data, limits=LIMITS)
+    assert isinstance(parent, LoadedDocument) and isinstance(child, LoadedDocument)
+    assert (child.external_id, child.source) == (f"{url}/a.txt", f"{url}/a.txt")
+    assert child.metadata["parent"] == url
 
 
 @pytest.mark.usefixtures("fake_parser")
