@@ -34,7 +34,6 @@ from ingest.loaders.markdown_text import (
 from ingest.loaders.parsing import Parsed, bad_content
 from ragservice.limits.documents import DocumentLimits
 
-_TITLES = (PP_PLACEHOLDER.TITLE, PP_PLACEHOLDER.CENTER_TITLE, PP_PLACEHOLDER.VERTICAL_TITLE)
 # Placeholders whose paragraphs are bullets unless a paragraph says otherwise (`a:buNone`).
 _BULLETED = (PP_PLACEHOLDER.BODY, PP_PLACEHOLDER.OBJECT, PP_PLACEHOLDER.VERTICAL_BODY)
 _A = "{http://schemas.openxmlformats.org/drawingml/2006/main}"
@@ -60,7 +59,8 @@ def _slide(out: MarkdownText, number: int, slide: Slide) -> int:
     text, no notes) writes nothing and starts where the text so far ends, as an empty PDF
     page does: a lone `# Slide 5` would be a chunk of nothing."""
     title = _slide_title(slide)
-    blocks = [block for block in _blocks(slide.shapes) if block.strip()]
+    heading = slide.shapes.title
+    blocks = [block for block in _blocks(slide.shapes, heading) if block.strip()]
     notes = _notes(slide)
     if not (title or blocks or notes):
         return out.end
@@ -85,19 +85,16 @@ def _slide_title(slide: Slide) -> str | None:
     return collapse(clean_text(shape.text_frame.text)) or None
 
 
-def _blocks(shapes: Iterable[BaseShape]) -> Iterator[str]:
-    """The text blocks of `shapes` but the title, in their order; groups opened."""
+def _blocks(shapes: Iterable[BaseShape], title: BaseShape | None) -> Iterator[str]:
+    """The text blocks of `shapes` but the `title` (the slide's heading), in their order;
+    groups opened."""
     for shape in shapes:
         if shape.shape_type == MSO_SHAPE_TYPE.GROUP:
-            yield from _blocks(shape.shapes)  # type: ignore[attr-defined]
+            yield from _blocks(shape.shapes, title)  # type: ignore[attr-defined]
         elif getattr(shape, "has_table", False):
             yield _table(shape.table)  # type: ignore[attr-defined]
-        elif shape.has_text_frame and not _is_title(shape):
+        elif shape.has_text_frame and (title is None or shape.shape_id != title.shape_id):
             yield _text_frame(shape.text_frame, _bulleted(shape))  # type: ignore[attr-defined]
-
-
-def _is_title(shape: BaseShape) -> bool:
-    return shape.is_placeholder and shape.placeholder_format.type in _TITLES
 
 
 def _bulleted(shape: BaseShape) -> bool:
