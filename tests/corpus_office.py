@@ -21,7 +21,7 @@ DECK_TITLE = "Quarterly Review"
 
 def make_deck(core_title: str | None = None) -> bytes:
     """Five slides: a title slide, bullets with notes, a table, an untitled text box, and an
-    empty slide (which keeps its number)."""
+    empty slide (which has no text but keeps its number)."""
     deck = pptx.Presentation()
     if core_title is not None:
         deck.core_properties.title = core_title

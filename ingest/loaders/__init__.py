@@ -5,9 +5,12 @@ with a short reason, so one broken file does not stop a batch. Every text, title
 metadata value passes through `clean_text`: PostgreSQL rejects NUL bytes and invalid UTF-8, and
 one such value would fail a whole COPY batch.
 
-One module per format (`text_files`, `html_files`, `pdf_files`, `docx_files`, `jsonl_files`,
-`parquet_files`); `loading` picks the format by suffix, `walking` selects files under folders,
-`cleaning` makes text safe to store; `ragservice.limits.documents` bounds each document.
+One module per format (`text_files`, `html_files`, `pdf_files`, `docx_files`, `pptx_files`,
+`xlsx_files`, `csv_files`, `odt_files`, `rtf_files`, `jsonl_files`, `parquet_files`);
+`loading` picks the format by suffix, `walking` selects files under folders, `cleaning` makes
+text safe to store; `ragservice.limits.documents` bounds each document. Formats parse in a
+child process (`sandbox`), whose replies `replies` checks; zip-based formats pass `archives`'
+zip-bomb check first, and structured ones build their Markdown with `markdown_text`.
 """
 
 from ingest.loaders.cleaning import clean_text, decode_bytes

@@ -61,8 +61,13 @@ class MarkdownText:
         self._length = 0
 
     @property
+    def end(self) -> int:
+        """Where the text so far ends (where a page with no text starts)."""
+        return self._length
+
+    @property
     def next_start(self) -> int:
-        """Where the next non-empty block will start (where a page with no text starts)."""
+        """Where the next non-empty block will start."""
         return self._length + (len(BLOCK_SEPARATOR) if self._parts else 0)
 
     def add(self, block: str) -> int:

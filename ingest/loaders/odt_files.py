@@ -13,8 +13,10 @@ empty cells and rows (ODF's `number-columns-repeated`) count once. The title is 
 from __future__ import annotations
 
 import io
+import zipfile
 from collections.abc import Iterator
 from typing import Any
+from xml.parsers import expat
 
 from odf.namespaces import DCNS, OFFICENS, TABLENS, TEXTNS
 from odf.opendocument import load
@@ -22,7 +24,7 @@ from odf.opendocument import load
 from ingest.loaders.archives import open_archive
 from ingest.loaders.cleaning import clean_text, clean_title, collapse
 from ingest.loaders.markdown_text import MarkdownText, cell_text, separator_line, table_line
-from ingest.loaders.parsing import Parsed, bad_content
+from ingest.loaders.parsing import Parsed, ParseError, bad_content
 from ragservice.limits.documents import DocumentLimits
 
 _TEXT_NODE = 3
@@ -36,7 +38,8 @@ _Element = Any  # odfpy's elements are untyped
 
 def parse_odt(data: bytes, limits: DocumentLimits) -> Parsed:
     with bad_content("not a valid ODT file"):
-        open_archive(data, "ODT")  # refuses a zip bomb before odfpy unpacks it
+        archive = open_archive(data, "ODT")  # refuses a zip bomb before odfpy unpacks it
+        _check_well_formed(archive)
         document = load(io.BytesIO(data))
         out = MarkdownText(limits)
         headings: list[str] = []
@@ -48,6 +51,20 @@ def parse_odt(data: bytes, limits: DocumentLimits) -> Parsed:
                 out.add(block)
         title = clean_title(_meta_title(document.meta)) or clean_title(next(iter(headings), ""))
     return Parsed(out.text(), title, "markdown")
+
+
+def _check_well_formed(archive: zipfile.ZipFile) -> None:
+    """Refuse a body that is not well-formed XML: odfpy prints the error and goes on with the
+    part it read before it, which would load half a document as if it were whole. expat (in
+    C, no handlers, no tree) checks it quickly; expat 2.4 and later refuse entity bombs."""
+    if "content.xml" in archive.namelist():
+        parser = expat.ParserCreate()
+        try:
+            parser.Parse(archive.read("content.xml"), True)
+        except expat.ExpatError as exc:
+            raise ParseError(
+                f"not a valid ODT file: its content.xml is malformed ({exc})"
+            ) from None
 
 
 def _blocks(element: _Element, depth: int) -> Iterator[tuple[int, str]]:

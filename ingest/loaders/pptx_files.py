@@ -1,8 +1,9 @@
 """PPTX: each slide a `# <title>` section with its text, bullets, tables and speaker notes.
 
 A slide's section starts with its title (`# Slide N` when it has none), so every slide has
-text and its number: `page_starts` holds one start per slide and `page_unit` is "slide",
-for citations such as `slide 4`. Then its shapes in the order the slide stores them (groups
+text and its number (but an empty slide: it has no text, and starts where the text so far
+ends): `page_starts` holds one start per slide and `page_unit` is "slide", for citations such
+as `slide 4`. Then its shapes in the order the slide stores them (groups
 opened): text frames as paragraphs, with the paragraphs of a bulleted body (or with a bullet
 of their own) as `- ` items indented by their level; tables as Markdown tables, the first row
 the header; pictures and charts have no text to give. The speaker notes close the slide as a
@@ -33,7 +34,6 @@ from ingest.loaders.markdown_text import (
 from ingest.loaders.parsing import Parsed, bad_content
 from ragservice.limits.documents import DocumentLimits
 
-_TITLES = (PP_PLACEHOLDER.TITLE, PP_PLACEHOLDER.CENTER_TITLE, PP_PLACEHOLDER.VERTICAL_TITLE)
 # Placeholders whose paragraphs are bullets unless a paragraph says otherwise (`a:buNone`).
 _BULLETED = (PP_PLACEHOLDER.BODY, PP_PLACEHOLDER.OBJECT, PP_PLACEHOLDER.VERTICAL_BODY)
 _A = "{http://schemas.openxmlformats.org/drawingml/2006/main}"
@@ -55,16 +55,27 @@ def parse_pptx(data: bytes, limits: DocumentLimits) -> Parsed:
 
 
 def _slide(out: MarkdownText, number: int, slide: Slide) -> int:
-    """Write one slide's section; where it starts."""
-    start = out.heading(1, _slide_title(slide) or f"Slide {number}")
-    for block in _blocks(slide.shapes):
+    """Write one slide's section; where it starts. A slide with nothing on it (no title, no
+    text, no notes) writes nothing and starts where the text so far ends, as an empty PDF
+    page does: a lone `# Slide 5` would be a chunk of nothing."""
+    title = _slide_title(slide)
+    heading = slide.shapes.title
+    blocks = [block for block in _blocks(slide.shapes, heading) if block.strip()]
+    notes = _notes(slide)
+    if not (title or blocks or notes):
+        return out.end
+    start = out.heading(1, title or f"Slide {number}")
+    for block in [*blocks, notes]:
         out.add(block)
-    if slide.has_notes_slide:
-        frame = slide.notes_slide.notes_text_frame
-        notes = "\n".join(collapse(p.text) for p in frame.paragraphs) if frame else ""
-        if notes.strip():
-            out.add("Notes: " + notes.strip())
     return start
+
+
+def _notes(slide: Slide) -> str:
+    if not slide.has_notes_slide:
+        return ""
+    frame = slide.notes_slide.notes_text_frame
+    notes = "\n".join(collapse(p.text) for p in frame.paragraphs).strip() if frame else ""
+    return "Notes: " + notes if notes else ""
 
 
 def _slide_title(slide: Slide) -> str | None:
@@ -74,19 +85,16 @@ def _slide_title(slide: Slide) -> str | None:
     return collapse(clean_text(shape.text_frame.text)) or None
 
 
-def _blocks(shapes: Iterable[BaseShape]) -> Iterator[str]:
-    """The text blocks of `shapes` but the title, in their order; groups opened."""
+def _blocks(shapes: Iterable[BaseShape], title: BaseShape | None) -> Iterator[str]:
+    """The text blocks of `shapes` but the `title` (the slide's heading), in their order;
+    groups opened."""
     for shape in shapes:
         if shape.shape_type == MSO_SHAPE_TYPE.GROUP:
-            yield from _blocks(shape.shapes)  # type: ignore[attr-defined]
+            yield from _blocks(shape.shapes, title)  # type: ignore[attr-defined]
         elif getattr(shape, "has_table", False):
             yield _table(shape.table)  # type: ignore[attr-defined]
-        elif shape.has_text_frame and not _is_title(shape):
+        elif shape.has_text_frame and (title is None or shape.shape_id != title.shape_id):
             yield _text_frame(shape.text_frame, _bulleted(shape))  # type: ignore[attr-defined]
-
-
-def _is_title(shape: BaseShape) -> bool:
-    return shape.is_placeholder and shape.placeholder_format.type in _TITLES
 
 
 def _bulleted(shape: BaseShape) -> bool:

@@ -286,7 +286,7 @@ def serve() -> None:
     _soft, hard = resource.getrlimit(resource.RLIMIT_AS)
     limit = _within(int(sys.argv[1]) * 2**20, hard)
     resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
-    source, sink = sys.stdin.buffer, sys.stdout.buffer
+    source, sink = sys.stdin.buffer, _private_stdout()
     _write(sink, b"ready")
     while header := _read_frame(source):
         request = json.loads(header)
@@ -297,6 +297,18 @@ def serve() -> None:
             _stream(sink, request, data, limits)
         else:
             _write(sink, json.dumps(_parse(request["suffix"], data, limits)).encode())
+
+
+def _private_stdout() -> BinaryIO:
+    """The pipe to the parent, on a descriptor of its own; stdout (descriptor 1 and
+    `sys.stdout`) then goes to /dev/null. A library that prints (odfpy prints the whole XML of
+    a document it fails to parse) would otherwise write into the frames."""
+    sink = os.fdopen(os.dup(1), "wb")
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, 1)
+    os.close(null)
+    sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - the child's whole life
+    return sink
 
 
 def _stream(sink: BinaryIO, request: dict[str, Any], data: bytes, limits: DocumentLimits) -> None:

@@ -42,7 +42,9 @@ from tests.corpus_mail import (
     make_html_email,
     make_mbox,
 )
-from tests.unit.test_loaders import make_docx, make_pdf
+from tests.corpus_office import CSV_TEXT, RTF_TEXT, TSV_TEXT, make_deck, make_odt, make_workbook
+from tests.pdfs import make_pdf
+from tests.unit.test_loaders import make_docx
 
 LIMITS = DocumentLimits(max_pages=50, max_chars=2_000_000, parse_seconds=10, parse_memory_mib=1024)
 # Generous: a parse the sandbox stops at its limit, plus starting a fresh parser process.
@@ -301,6 +303,117 @@ def test_docx(data: bytes) -> None:
     check("fuzz.docx", data)
 
 
+# --------------------------------------------------------------------------- PPTX, XLSX, ODT
+
+# (the format's generated file, the member that holds its body, where pieces go, the pieces,
+# and an element to nest deeper than any parser recurses)
+OFFICE: dict[str, tuple[bytes, str, bytes, list[bytes], bytes, bytes]] = {
+    ".pptx": (
+        make_deck(),
+        "ppt/slides/slide2.xml",
+        b"<a:lstStyle/>",
+        [
+            *(b"<a:p><a:r><a:t>word</a:t></a:r></a:p>", b'<a:p><a:pPr lvl="8"/>', b"</a:p>"),
+            *(b'<a:buChar char="-"/>', b"<a:buNone/>", b"<a:r><a:t>", b"</a:t></a:r>"),
+        ],
+        b"<p:grpSp>",
+        b"</p:grpSp>",
+    ),
+    ".xlsx": (
+        make_workbook(),
+        "xl/worksheets/sheet2.xml",
+        b"<sheetData>",
+        [
+            b'<row r="5"><c r="A5" t="inlineStr"><is><t>x</t></is></c></row>',
+            *(b'<row r="1048576">', b'<c r="XFD1"><v>1</v></c>', b"</row>", b"<row>"),
+            *(b'<c r="A1" t="s"><v>999</v></c>', b'<c t="d"><v>garbage</v></c>', b"<c>"),
+            *(b'<c r="B2" t="e"><v>#N/A</v></c>', b'<c r="C3" t="b"><v>2</v></c>', b"</c>"),
+        ],
+        b"<row><c><is>",
+        b"</is></c></row>",
+    ),
+    ".odt": (
+        make_odt(),
+        "content.xml",
+        b"<office:text>",
+        [
+            *(b"<text:p>word</text:p>", b'<text:h text:outline-level="99">h</text:h>'),
+            *(b'<text:s text:c="999999999"/>', b"<text:list><text:list-item>", b"<text:p>"),
+            b'<table:table><table:table-row><table:table-cell table:number-columns-repeated="'
+            b'1000000"><text:p>x</text:p></table:table-cell></table:table-row></table:table>',
+            *(b"<office:annotation><text:p>c</text:p></office:annotation>", b"</text:p>"),
+        ],
+        b"<text:section>",
+        b"</text:section>",
+    ),
+}
+
+
+@st.composite
+def office_files(draw: st.DrawFn, suffix: str) -> bytes:
+    made, body_name, marker, pieces, opening, closing = OFFICE[suffix]
+    if draw(st.booleans()):  # corrupt one member, or the body, and zip it again
+        with zipfile.ZipFile(io.BytesIO(made)) as archive:
+            members = {name: archive.read(name) for name in archive.namelist()}
+        name = draw(st.sampled_from(sorted(members)))
+        head, _, tail = members[body_name].partition(marker)
+        change = draw(st.sampled_from(["drop", "garbage", "mutate", "pieces", "nested"]))
+        if change == "drop":
+            del members[name]
+        elif change == "garbage":
+            members[name] = draw(runs(text_pieces))
+        elif change == "mutate":
+            members[name] = draw(mutated(members[name]))
+        elif change == "pieces":
+            members[body_name] = head + marker + draw(runs(st.sampled_from(pieces))) + tail
+        else:
+            depth = draw(st.integers(1, 100_000))
+            members[body_name] = head + marker + opening * depth + closing * depth + tail
+        stored = draw(st.booleans())
+        made = rezip(members, zipfile.ZIP_STORED if stored else zipfile.ZIP_DEFLATED)
+    return draw(mutated(made, most=2))
+
+
+@pytest.mark.parametrize("suffix", sorted(OFFICE))
+@fuzz(30)
+@given(data=st.data())
+def test_office(suffix: str, data: st.DataObject) -> None:
+    check("fuzz" + suffix, data.draw(office_files(suffix)))
+
+
+# --------------------------------------------------------------------------- CSV, TSV, RTF
+
+TABLE_PIECES = [b",", b";", b"\t", b"|", b'"', b'""', b"\n", b"\r\n", b"\r", b"a", b"1 ", b"\x00"]
+table_pieces = st.one_of(st.sampled_from(TABLE_PIECES), text_pieces)
+
+RTF_PIECES = [
+    *(b"{\\rtf1 ", b"{", b"}", b"\\par ", b"\\'e9", b"\\'zz", b"\\u8364?", b"\\u-1?"),
+    *(b"\\bin9 ", b"{\\*\\", b"{\\fonttbl{\\f0 x;}}", b"{\\info{\\title ", b"\\", b"word "),
+    *(b"\\ansicpg1252 ", b"\\ansicpg99999 ", b"\\uc0 ", b"\\b0 ", b"\\~", b"\\\n"),
+]
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".tsv"])
+@fuzz(30)
+@given(data=st.data())
+def test_csv_and_tsv(suffix: str, data: st.DataObject) -> None:
+    base = (CSV_TEXT if suffix == ".csv" else TSV_TEXT).encode()
+    made = data.draw(st.one_of(runs(table_pieces), mutated(base), st.binary(max_size=4096)))
+    check("fuzz" + suffix, made)
+
+
+@fuzz(40)
+@given(
+    data=st.one_of(
+        runs(st.one_of(st.sampled_from(RTF_PIECES), text_pieces)).map(lambda b: b"{\\rtf1 " + b),
+        mutated(RTF_TEXT.encode()),
+        st.binary(max_size=4096),
+    )
+)
+def test_rtf(data: bytes) -> None:
+    check("fuzz.rtf", data)
+
+
 # --------------------------------------------------------------------------- JSONL
 
 json_scalars = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), st.text(max_size=40))
@@ -483,12 +596,13 @@ def test_mbox(data: bytes) -> None:
 
 # --------------------------------------------------------------------------- any bytes, any name
 
+ANY_SUFFIXES = [".txt", ".md", ".html", ".pdf", ".docx", ".jsonl", ".pptx", ".xlsx", ".csv"]
+ANY_SUFFIXES += [".tsv", ".odt", ".rtf", ".epub", ".eml", ".mbox"]
+
 
 @fuzz(30)
 @given(
-    suffix=st.sampled_from(
-        [".txt", ".md", ".html", ".pdf", ".docx", ".jsonl", ".epub", ".eml", ".mbox"]
-    ),
+    suffix=st.sampled_from(ANY_SUFFIXES),
     data=st.one_of(st.binary(max_size=4096), runs(text_pieces)),
 )
 def test_any_bytes_under_any_supported_name(suffix: str, data: bytes) -> None:

@@ -5,15 +5,18 @@ how they cross the sandbox's pipe and become documents of their own."""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from ingest.loaders import DocumentLimits, load_bytes, load_file
+from ingest.loaders.loading import load_fetched
 from ingest.loaders.parsing import Child, Parsed, ParseError
 from ingest.loaders.replies import child_name, decode_parsed, encode_parsed
 from ingest.loaders.sandbox import parse_isolated
+from ragservice.chunking import ChunkingOptions, chunk_text, place_chunks
 from ragservice.limits.documents import NO_TEXT
 from ragservice.types import LoadedDocument, LoadFailure
 from tests.corpus_office import (
@@ -28,6 +31,7 @@ from tests.corpus_office import (
     make_odt,
     make_workbook,
     q3_item,
+    rewrite_member,
     with_many_packed_members,
     with_zeros_member,
 )
@@ -78,13 +82,13 @@ def test_a_deck_is_one_section_per_slide_with_bullets_tables_and_notes(
         "Notes: Mention the Europe numbers.\n\n"
         "# Numbers\n\n| Region | Q2 | Q3 |\n| --- | --- | --- |\n| Europe | 10 | 12 |\n"
         "| A\\|B | 8 | 9 |\n\n"
-        "# Slide 4\n\nClosing remarks\n\n"
-        "# Slide 5"
+        "# Slide 4\n\nClosing remarks"
     )
     assert (deck.title, deck.format, deck.page_unit) == (DECK_TITLE, "markdown", "slide")
     assert deck.metadata["file_type"] == "pptx" and deck.metadata["slides"] == 5
-    headings = [line_at(deck.text, start) for start in deck.page_starts]
-    assert headings == ["# Quarterly Review", "# Highlights", "# Numbers", "# Slide 4", "# Slide 5"]
+    headings = [line_at(deck.text, start) for start in deck.page_starts[:4]]
+    assert headings == ["# Quarterly Review", "# Highlights", "# Numbers", "# Slide 4"]
+    assert deck.page_starts[4] == len(deck.text)  # the empty slide 5: no text, its number kept
     assert deck.page_names == () and deck.row_starts == ()
 
 
@@ -135,6 +139,29 @@ def test_a_formula_gives_the_value_excel_cached(workbook: LoadedDocument) -> Non
     # formula: what the row shows is the cache, read because of data_only.
     uncached = document("uncached.xlsx", make_workbook(cached_total=False))
     assert line_at(uncached.text, uncached.row_starts[-1][0]) == "| Total |  |  |"
+
+
+class Words:
+    """A tokenizer of whitespace-separated words (the chunker's budget, without a model)."""
+
+    def token_spans(self, text: str) -> list[tuple[int, int]]:
+        return [match.span() for match in re.finditer(r"\S+", text)]
+
+
+def test_chunks_of_a_sheet_are_cited_by_sheet_and_rows(workbook: LoadedDocument) -> None:
+    # What the loader's maps are for: the chunker's citations of slides, sheets and rows.
+    chunks = chunk_text(
+        workbook.text,
+        tokenizer=Words(),
+        options=ChunkingOptions(max_tokens=80, overlap_tokens=0),
+        format=workbook.format,
+        page_starts=workbook.page_starts,
+    )
+    placed = place_chunks(chunks, "sheet", workbook.page_names, workbook.row_starts)
+    labels = [chunk.pages.label for chunk in placed if chunk.pages is not None]
+    assert labels[0] == 'sheet "Summary", rows 2\u20135'
+    assert all(label.startswith('sheet "Q3", rows ') for label in labels[1:])
+    assert labels[-1].endswith(f"\u2013{Q3_ROWS + 2}")  # the total row
 
 
 def test_a_workbook_over_the_character_limit_fails_while_it_is_read() -> None:
@@ -214,6 +241,21 @@ def test_a_damaged_office_file_fails_with_a_short_reason(suffix: str, data: byte
     reason = failure("broken" + suffix, data)
     assert reason.startswith(f"not a valid {suffix[1:].upper()} file: ")
     assert len(reason) < 250
+
+
+def test_a_parser_that_prints_does_not_garble_the_sandboxs_replies() -> None:
+    # odfpy prints the whole XML of a part it cannot parse (and goes on without it). In the
+    # sandbox stdout is not the pipe to the parent, so the reply comes back, and the next.
+    broken = rewrite_member(make_odt(), "styles.xml", b"<office:styles", b"</x><office:styles")
+    assert document("broken-style.odt", broken).title == "Field Notes"
+    assert document("after.csv", b"a\n1\n").text == "| a |\n| --- |\n| 1 |"
+
+
+def test_an_odt_whose_body_is_not_well_formed_is_refused_not_half_read() -> None:
+    broken = rewrite_member(make_odt(), "content.xml", b"<text:h", b"</x><text:h")
+    assert failure("broken.odt", broken).startswith(
+        "not a valid ODT file: its content.xml is malformed (mismatched tag: line "
+    )
 
 
 def test_a_workbook_renamed_pptx_fails() -> None:
@@ -412,6 +454,16 @@ def test_load_file_yields_embedded_files_under_the_files_path(tmp_path: Any) -> 
     assert isinstance(parent, LoadedDocument) and isinstance(child, LoadedDocument)
     assert (child.external_id, child.source) == ("inbox/mail.txt/a.txt", f"{path}/a.txt")
     assert child.metadata["parent"] == "inbox/mail.txt"
+
+
+@pytest.mark.usefixtures("fake_parser")
+def test_load_fetched_yields_embedded_files_under_the_sources_id() -> None:
+    url = "https://mail.example/inbox/1.txt"
+    data = fake("body", [("a.txt", b"attached", {})])
+    parent, child = load_fetched(url, "1.txt", data, limits=LIMITS)
+    assert isinstance(parent, LoadedDocument) and isinstance(child, LoadedDocument)
+    assert (child.external_id, child.source) == (f"{url}/a.txt", f"{url}/a.txt")
+    assert child.metadata["parent"] == url
 
 
 @pytest.mark.usefixtures("fake_parser")
