@@ -19,6 +19,7 @@ from datetime import timedelta
 from typing import Any
 
 from sqlalchemy import and_, delete, func, or_, select, text, update
+from sqlalchemy.dialects.postgresql import distinct_on
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.orm import Session
 
@@ -296,7 +297,7 @@ def last_runs(session: Session, source_ids: Sequence[uuid.UUID]) -> dict[uuid.UU
         select(IngestJob)
         .where(IngestJob.source_id.in_(list(source_ids)))
         .order_by(IngestJob.source_id, IngestJob.created_at.desc(), IngestJob.id.desc())
-        .distinct(IngestJob.source_id)
+        .ext(distinct_on(IngestJob.source_id))
     )
     return {job.source_id: job for job in session.scalars(stmt) if job.source_id is not None}
 
