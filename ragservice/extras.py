@@ -23,6 +23,7 @@ EXTRA_MODULES: dict[str, tuple[str, ...]] = {
         "greenlet",
     ),
     "tiktoken": ("tiktoken",),
+    "s3": ("boto3",),
 }
 
 
