@@ -111,7 +111,6 @@ def _check_remote(settings: Settings, kind: str, location: str, options: dict[st
     guard = Guard(allow_private=settings.sources.sources_allow_private)
     try:
         if kind == "web":
-            _check_bounds(settings, options)
             guard.check_url(location)
         elif kind == "s3":
             _check_bucket(settings, location, options)
@@ -120,15 +119,6 @@ def _check_remote(settings: Settings, kind: str, location: str, options: dict[st
                 guard.check_url(str(endpoint))
     except SourceError as exc:
         raise InvalidInputError(f"location {location[:80]!r}: {exc}") from exc
-
-
-def _check_bounds(settings: Settings, options: dict[str, Any]) -> None:
-    """A tenant's crawl goes no faster and no further than the settings say."""
-    config = settings.sources
-    for name, most in (("rate", config.crawl_rate), ("max_pages", config.crawl_max_pages)):
-        value = options.get(name)
-        if isinstance(value, int | float) and not isinstance(value, bool) and value > most:
-            raise InvalidInputError(f"options.{name}: at most {most} (the server's setting)")
 
 
 def _check_bucket(settings: Settings, location: str, options: dict[str, Any]) -> None:

@@ -53,7 +53,12 @@ def overrides() -> dict[str, Any]:
 @pytest.fixture
 def api_settings(settings: Settings, overrides: dict[str, Any]) -> Settings:
     """No job threads: the tests run the jobs they queue (so a queued run is still queued)."""
-    update = {"workers": 0, "sources_allow_private": True, "sources_s3_buckets": "shared"}
+    update = {
+        "workers": 0,
+        "sources_allow_private": True,
+        "sources_s3_buckets": "shared",
+        "crawl_rate": 100.0,
+    }
     return settings.model_copy(update={**update, **overrides})
 
 
@@ -70,7 +75,7 @@ def add(client: TestClient, headers: dict[str, str], **body: Any) -> Any:
 def test_a_writer_adds_a_site_and_its_first_run_ingests_it(
     client: TestClient, keys: Keys, site: str
 ) -> None:
-    source = ok(add(client, keys.writer, location=site, options={"rate": 1}), 201)
+    source = ok(add(client, keys.writer, location=site, options={"depth": 1}), 201)
     assert (source["kind"], source["location"], source["prune"]) == ("web", site, True)
     assert source["queued_job_id"] is not None
 
@@ -143,7 +148,7 @@ def test_removing_a_source_can_delete_its_documents(
         ({"location": "s3://private-bucket/x"}, "RAGSERVICE_SOURCES_S3_BUCKETS"),
         ({"location": "s3://shared/x", "options": {"profile": "prod"}}, "options.profile"),
         ({"location": "http://127.0.0.1/", "options": {"colour": "red"}}, "colour"),
-        ({"location": "http://127.0.0.1/", "options": {"rate": 10_000}}, "options.rate"),
+        ({"location": "http://127.0.0.1/", "options": {"rate": 10_000}}, "option rate"),
         ({"location": "http://127.0.0.1/", "every_seconds": 5}, "every_seconds"),
         ({"location": "http://127.0.0.1/", "readers": ["nobody"]}, "readers"),
     ],
