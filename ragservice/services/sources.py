@@ -120,7 +120,7 @@ def add_source(
                 kind=checked.kind,
                 location=checked.location,
                 options=checked.options,
-                readers=spec.readers,
+                readers=checked.readers,
                 every_seconds=spec.every_seconds,
                 prune=spec.prune,
             ),

@@ -326,6 +326,8 @@ def test_a_source_that_cannot_be_read_fails_its_job(
     job = source_job(runtime, job_id)
     assert job.status == "failed"
     assert job.errors == [{"error": "the site went away"}]
+    with pytest.raises(ConflictError, match="run of a source"), runtime.db.write() as session:
+        store.jobs.retry_job(session, None, job_id)  # the source is run again instead
 
 
 def test_one_run_of_a_source_at_a_time(runtime: Runtime, fake_readers: dict[str, FakeSite]) -> None:
