@@ -64,3 +64,29 @@ class SourceSettings(SettingsGroup):
             "one is a per-document failure"
         ),
     )
+    # -- sources kept in sync (H5: the schedule and what the API may add) ---------------------
+    sources_poll_seconds: float = Field(
+        default=30.0,
+        ge=0,
+        description=(
+            "how often each job worker (`serve`'s and `ragservice worker`'s) queues a run of "
+            "the sources whose schedule is due (0: no scheduled runs from this process)"
+        ),
+    )
+    sources_s3_buckets: str = Field(
+        default="",
+        description=(
+            "comma-separated S3 buckets the API may add sources for (empty: none; the "
+            "server's AWS credentials must not read any bucket a tenant names). Operators "
+            "at the command line may add any bucket"
+        ),
+    )
+    sources_max_per_collection: int = Field(
+        default=50,
+        ge=1,
+        description="sources one collection may have at most",
+    )
+
+    def s3_buckets(self) -> frozenset[str]:
+        """The buckets of `RAGSERVICE_SOURCES_S3_BUCKETS`."""
+        return frozenset(b.strip() for b in self.sources_s3_buckets.split(",") if b.strip())
