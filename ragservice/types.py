@@ -18,6 +18,11 @@ SUPPORTED_SUFFIXES: tuple[str, ...] = (
     ".htm",
     ".pdf",
     ".docx",
+    ".png",
+    ".jpg",
+    ".jpeg",
+    ".tif",
+    ".tiff",
     ".jsonl",
     ".parquet",
 )
