@@ -23,6 +23,7 @@ EXTRA_MODULES: dict[str, tuple[str, ...]] = {
         "greenlet",
     ),
     "tiktoken": ("tiktoken",),
+    "ocr": ("pytesseract",),
 }
 
 

@@ -45,8 +45,8 @@ def require_engine(what: str) -> Any:
         import pytesseract
     except ImportError:
         raise ParseError(
-            f"{what} needs OCR, but pytesseract is not installed "
-            "(install ragservice[ocr] and Debian's tesseract-ocr, or set RAGSERVICE_OCR=off)"
+            f"{what} needs OCR, but pytesseract is not installed (pip install "
+            "'ragservice[ocr]' and Debian's tesseract-ocr, or set RAGSERVICE_OCR=off)"
         ) from None
     command = str(pytesseract.pytesseract.tesseract_cmd)
     if shutil.which(command) is None:

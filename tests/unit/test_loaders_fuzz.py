@@ -16,6 +16,7 @@ The examples are derandomized, so every run (and CI) sees the same ones. More by
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import os
@@ -32,7 +33,9 @@ from pypdf.generic import DecodedStreamObject
 
 from ingest.loaders import DocumentLimits, load_bytes
 from ragservice.types import LoadedDocument, LoadFailure
-from tests.unit.test_loaders import make_docx, make_pdf
+from tests import corpus_pdf
+from tests.pdfs import make_pdf
+from tests.unit.test_loaders import make_docx
 
 LIMITS = DocumentLimits(max_pages=50, max_chars=2_000_000, parse_seconds=10, parse_memory_mib=1024)
 # Generous: a parse the sandbox stops at its limit, plus starting a fresh parser process.
@@ -59,10 +62,12 @@ def fuzz(examples: int) -> Callable[[Any], Any]:
 TIMINGS: list[tuple[float, str, int]] = []
 
 
-def check(name: str, data: bytes) -> None:
+def check(
+    name: str, data: bytes, limits: DocumentLimits = LIMITS, bound: float = TIME_BOUND
+) -> None:
     """`load_bytes` gives clean results, one per file (per non-blank line for JSONL), in time."""
     started = time.perf_counter()
-    results = list(load_bytes(name, data, limits=LIMITS))
+    results = list(load_bytes(name, data, limits=limits))
     seconds = time.perf_counter() - started
     TIMINGS.append((seconds, name, len(data)))
     if name.endswith(".jsonl"):
@@ -75,11 +80,11 @@ def check(name: str, data: bytes) -> None:
         else:
             assert isinstance(result, LoadedDocument), result
             assert result.text.strip()
-            assert len(result.text) <= LIMITS.max_chars
+            assert len(result.text) <= limits.max_chars
             for value in (result.text, result.title or "", result.external_id):
                 assert "\x00" not in value
                 value.encode("utf-8")  # no lone surrogates: PostgreSQL must accept it
-    assert seconds < TIME_BOUND, f"{name} ({len(data)} bytes) took {seconds:.1f} s"
+    assert seconds < bound, f"{name} ({len(data)} bytes) took {seconds:.1f} s"
 
 
 # --------------------------------------------------------------------------- building blocks
@@ -285,6 +290,50 @@ def test_docx(data: bytes) -> None:
     check("fuzz.docx", data)
 
 
+# --------------------------------------------------------------------------- images, scans (OCR)
+
+# A few small frames, and a short OCR allowance, so each example stays quick: the bound adds
+# every page's allowance, as the sandbox does. Without tesseract these are clean failures.
+OCR_LIMITS = dataclasses.replace(LIMITS, max_pages=3, ocr_page_seconds=5)
+OCR_TIME_BOUND = TIME_BOUND + OCR_LIMITS.max_pages * OCR_LIMITS.ocr_page_seconds
+
+
+def small_image(lines: list[str], image_format: str, frames: int) -> bytes:
+    images = [corpus_pdf.text_image(lines, dpi=100) for _ in range(frames)]
+    out = io.BytesIO()
+    more = {"save_all": True, "append_images": images[1:]} if image_format == "TIFF" else {}
+    images[0].save(out, image_format, **more)
+    return out.getvalue()
+
+
+# Printable ASCII only: the drawing of the text is the fixture, not what is fuzzed.
+drawn_words = st.text(st.characters(min_codepoint=32, max_codepoint=126), min_size=1, max_size=20)
+
+
+@st.composite
+def image_files(draw: st.DrawFn) -> tuple[str, bytes]:
+    image_format = draw(st.sampled_from(["PNG", "JPEG", "TIFF"]))
+    lines = draw(st.lists(drawn_words, min_size=1, max_size=2))
+    frames = draw(st.integers(1, 2)) if image_format == "TIFF" else 1
+    made = small_image(lines, image_format, frames)
+    suffix = {"PNG": ".png", "JPEG": ".jpg", "TIFF": ".tiff"}[image_format]
+    return suffix, draw(st.one_of(mutated(made, most=2), st.binary(max_size=2048)))
+
+
+@fuzz(25)
+@given(file=image_files())
+def test_images(file: tuple[str, bytes]) -> None:
+    suffix, data = file
+    check("fuzz" + suffix, data, OCR_LIMITS, OCR_TIME_BOUND)
+
+
+@fuzz(15)
+@given(lines=st.lists(drawn_words, min_size=1, max_size=2), cuts=st.integers(0, 2), data=st.data())
+def test_scanned_pdf(lines: list[str], cuts: int, data: st.DataObject) -> None:
+    made = corpus_pdf.scanned_pdf([lines], dpi=100)
+    check("scan.pdf", data.draw(mutated(made, most=cuts)), OCR_LIMITS, OCR_TIME_BOUND)
+
+
 # --------------------------------------------------------------------------- JSONL
 
 json_scalars = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), st.text(max_size=40))
@@ -360,7 +409,7 @@ def test_jsonl(data: bytes) -> None:
 
 @fuzz(30)
 @given(
-    suffix=st.sampled_from([".txt", ".md", ".html", ".pdf", ".docx", ".jsonl"]),
+    suffix=st.sampled_from([".txt", ".md", ".html", ".pdf", ".docx", ".jsonl", ".png", ".tif"]),
     data=st.one_of(st.binary(max_size=4096), runs(text_pieces)),
 )
 def test_any_bytes_under_any_supported_name(suffix: str, data: bytes) -> None:
