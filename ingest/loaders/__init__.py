@@ -6,8 +6,10 @@ metadata value passes through `clean_text`: PostgreSQL rejects NUL bytes and inv
 one such value would fail a whole COPY batch.
 
 One module per format (`text_files`, `html_files`, `pdf_files`, `docx_files`, `jsonl_files`,
-`parquet_files`); `loading` picks the format by suffix, `walking` selects files under folders,
-`cleaning` makes text safe to store; `ragservice.limits.documents` bounds each document.
+`parquet_files`, `image_files`); `loading` picks the format by suffix, `walking` selects files
+under folders, `cleaning` makes text safe to store; `ragservice.limits.documents` bounds each
+document. PDF pages are read by `pdf_words` and laid out by `pdf_layout`; `tables` writes the
+Markdown tables of PDFs and DOCX; `ocr` reads scans and images with tesseract.
 """
 
 from ingest.loaders.cleaning import clean_text, decode_bytes

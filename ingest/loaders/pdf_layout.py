@@ -1,6 +1,6 @@
 """A PDF page's words in reading order, with its tables as Markdown tables.
 
-pdfplumber gives each word's box. From them, per page:
+`pdf_words` gives each word's box (pdfium, or pdfplumber where lines are drawn). From them:
 
 - ruled tables (cells drawn with lines) are found by pdfplumber's lines strategy; their words
   leave the running text and the table is written at its place;
@@ -31,6 +31,7 @@ _GUTTER_MIN_WIDTH = 8.0  # points
 _GUTTER_KEPT = 0.7  # the share of lines that must not cross a gutter
 _COLUMN_FILL = 0.7  # a full line of a column fills this much of its width, at least ...
 _FULL_LINES = 0.4  # ... and this share of a column's lines are full (the others end paragraphs)
+_FAR = 20_000.0  # points (7 m): coordinates beyond are no page's, and would cost memory
 _MAX_WORDS_PER_CELL = 5  # on average, in an unruled table
 _LIST_MARKERS = frozenset("\u2022\u2023\u25e6\u25aa\u2013\u2014-*\u00b7")  # bullets, dashes
 
@@ -81,6 +82,11 @@ class Table:
     top: float
     bottom: float
 
+    def holds(self, word: Word) -> bool:
+        """Whether the middle of `word` is inside the table (its words are its cells)."""
+        middle_x, middle_y = (word.x0 + word.x1) / 2, (word.top + word.bottom) / 2
+        return self.x0 <= middle_x <= self.x1 and self.top <= middle_y <= self.bottom
+
 
 Item = Line | Table
 
@@ -91,11 +97,10 @@ class PageText:
     tables: int
 
 
-def read_page(page: Any) -> PageText:
-    """The page's text in reading order, its tables as Markdown (`page`: a pdfplumber page)."""
-    tables = _ruled_tables(page) if page.edges else []
-    words = [word for word in _words(page) if not any(_inside(word, t) for t in tables)]
-    items: list[Item] = [*tables, *_group_lines(words)]
+def lay_out(words: Sequence[Word], tables: Sequence[Table] = ()) -> PageText:
+    """The page's text in reading order from its words (`pdf_words`) and ruled tables."""
+    kept = [word for word in words if all(-_FAR < v < _FAR for v in _box(word))]
+    items: list[Item] = [*tables, *_group_lines(kept)]
     flows = _reading_order(items)
     found = len(tables)
     parts: list[str] = []
@@ -106,15 +111,12 @@ def read_page(page: Any) -> PageText:
     return PageText("\n\n".join(part for part in parts if part), found)
 
 
-def _words(page: Any) -> list[Word]:
-    return [
-        Word(str(w["text"]), float(w["x0"]), float(w["x1"]), float(w["top"]), float(w["bottom"]))
-        for w in page.extract_words()
-        if str(w["text"]).strip()
-    ]
+def _box(word: Word) -> tuple[float, float, float, float]:
+    return word.x0, word.x1, word.top, word.bottom
 
 
-def _ruled_tables(page: Any) -> list[Table]:
+def ruled_tables(page: Any) -> list[Table]:
+    """The tables pdfplumber finds from the lines drawn on `page` (a pdfplumber page)."""
     found: list[Table] = []
     for table in page.find_tables(_RULED):
         markdown = markdown_table(table.extract())
@@ -124,27 +126,19 @@ def _ruled_tables(page: Any) -> list[Table]:
     return found
 
 
-def _inside(word: Word, table: Table) -> bool:
-    middle_x, middle_y = (word.x0 + word.x1) / 2, (word.top + word.bottom) / 2
-    return table.x0 <= middle_x <= table.x1 and table.top <= middle_y <= table.bottom
-
-
 def _group_lines(words: Iterable[Word]) -> list[Line]:
     """Words whose boxes overlap vertically by half the smaller height share a line."""
     lines: list[list[Word]] = []
+    top = bottom = 0.0  # the current line's extent, kept as it grows
     for word in sorted(words, key=lambda w: (w.top, w.x0)):
-        current = lines[-1] if lines else None
-        if current is not None and _same_line(current, word):
-            current.append(word)
+        overlap = min(bottom, word.bottom) - max(top, word.top)
+        if lines and overlap >= 0.5 * min(bottom - top, word.bottom - word.top):
+            lines[-1].append(word)
+            top, bottom = min(top, word.top), max(bottom, word.bottom)
         else:
             lines.append([word])
+            top, bottom = word.top, word.bottom
     return [Line(tuple(sorted(line, key=lambda w: w.x0))) for line in lines]
-
-
-def _same_line(line: list[Word], word: Word) -> bool:
-    top, bottom = min(w.top for w in line), max(w.bottom for w in line)
-    overlap = min(bottom, word.bottom) - max(top, word.top)
-    return overlap >= 0.5 * min(bottom - top, word.bottom - word.top)
 
 
 # -- columns ---------------------------------------------------------------------------------
@@ -199,6 +193,8 @@ def _gutter(lines: Sequence[Line]) -> tuple[float, float] | None:
     if len(lines) < 2 * _MIN_TABLE_ROWS:
         return None
     origin, end = min(line.x0 for line in lines), max(line.x1 for line in lines)
+    if end - origin > _FAR:
+        return None
     crossing = _crossings(lines, origin, int(end - origin) + 1)
     low, high = int(0.25 * (end - origin)), int(0.75 * (end - origin))
     fewest = min(crossing[low : high + 1])
@@ -289,7 +285,13 @@ def _find_unruled(flow: Sequence[Item]) -> list[Item]:
         end = _table_run(flow, index)
         run = [item for item in flow[index:end] if isinstance(item, Line)]
         rows = [[part.text for part in _segments(line)] for line in run]
-        if end - index >= _MIN_TABLE_ROWS and _short_cells(rows):
+        if end - index < _MIN_TABLE_ROWS:
+            out.append(flow[index])
+            index += 1
+        elif not _short_cells(rows):  # aligned, but prose: all of it stays text
+            out.extend(flow[index:end])
+            index = end
+        else:
             out.append(
                 Table(
                     markdown_table(rows),
@@ -300,9 +302,6 @@ def _find_unruled(flow: Sequence[Item]) -> list[Item]:
                 )
             )
             index = end
-        else:
-            out.append(flow[index])
-            index += 1
     return out
 
 

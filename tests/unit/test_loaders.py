@@ -584,6 +584,11 @@ def test_supported_suffixes() -> None:
         ".htm",
         ".pdf",
         ".docx",
+        ".png",
+        ".jpg",
+        ".jpeg",
+        ".tif",
+        ".tiff",
         ".jsonl",
         ".parquet",
     )

@@ -5,14 +5,19 @@ from __future__ import annotations
 import io
 import itertools
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from functools import partial
 
+import pdfplumber
+import pypdfium2
 import pytest
 from fpdf import FPDF
 from pypdf import PdfWriter
 
 from ingest.loaders import DocumentLimits, load_bytes
 from ingest.loaders.pdf_files import parse_pdf
+from ingest.loaders.pdf_layout import lay_out
+from ingest.loaders.pdf_words import pdfium_words, plumber_words
 from ingest.loaders.tables import markdown_table
 from ragservice.types import LoadedDocument
 from tests import corpus_pdf
@@ -161,3 +166,22 @@ def test_docx_table_is_a_markdown_table_with_merged_cells_once() -> None:
     ]
     assert doc.text.startswith(corpus_pdf.BEFORE_TABLE + "\n\n| Name")
     assert doc.text.endswith("| Paris |\n\n" + corpus_pdf.AFTER_TABLE)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [corpus_pdf.paragraph_pdf, corpus_pdf.two_column_pdf, partial(corpus_pdf.table_pdf, False)],
+)
+def test_pdfium_and_pdfplumber_words_read_alike(make: Callable[[], bytes]) -> None:
+    """Pages are read by pdfium, or by pdfplumber where lines are drawn: the same text."""
+    data = make()
+    document = pypdfium2.PdfDocument(data)
+    try:
+        by_pdfium = lay_out(pdfium_words(document[0])).text
+    finally:
+        document.close()
+    with pdfplumber.open(io.BytesIO(data)) as pdf:
+        words, _tables = plumber_words(pdf.pages[0])
+        by_plumber = lay_out(words).text
+    assert by_pdfium == by_plumber
+    assert len(by_pdfium) > 200
