@@ -26,6 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from fpdf import FPDF
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pypdf import PdfReader, PdfWriter
@@ -219,9 +220,31 @@ def pdf_with_content(content: bytes, pages: int, compress: bool) -> bytes:
 
 
 @st.composite
+def laid_out_pdf(draw: st.DrawFn) -> bytes:
+    """Words placed anywhere (columns, grids, overlaps, off the page), some lines drawn: the
+    reading-order and table finders' input, read by pdfium or, with lines, pdfplumber."""
+    pdf = FPDF(unit="pt")
+    pdf.set_font("Helvetica", size=draw(st.sampled_from([4, 11, 30])))
+    for _ in range(draw(st.integers(1, 2))):
+        pdf.add_page()
+        columns = draw(st.lists(st.integers(-50, 700), min_size=1, max_size=6))
+        rows = draw(st.integers(1, 60))
+        word = draw(st.sampled_from(["a", "word", "1.", "-", "long-sentence-part", "x y z"]))
+        for row in range(rows):
+            for x in columns:
+                pdf.text(x, 40 + row * draw(st.sampled_from([0, 3, 14, 40])), word)
+        for _ in range(draw(st.integers(0, 8))):
+            x, y = draw(st.integers(0, 600)), draw(st.integers(0, 800))
+            pdf.line(x, y, x + draw(st.integers(0, 300)), y + draw(st.integers(0, 300)))
+    return bytes(pdf.output())
+
+
+@st.composite
 def pdf_files(draw: st.DrawFn) -> bytes:
-    kind = draw(st.sampled_from(["plain", "content", "noise"]))
-    if kind == "plain":
+    kind = draw(st.sampled_from(["plain", "content", "noise", "layout"]))
+    if kind == "layout":
+        made = draw(laid_out_pdf())
+    elif kind == "plain":
         pages = draw(st.lists(latin1, min_size=1, max_size=5))
         made = make_pdf(pages, draw(st.none() | latin1))
     elif kind == "content":
