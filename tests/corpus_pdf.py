@@ -122,12 +122,15 @@ def paragraph_pdf() -> bytes:
     return bytes(pdf.output())
 
 
-def two_column_pdf() -> bytes:
+def two_column_pdf(title: str = "") -> bytes:
     """One page of two columns whose lines are written across the page, left line then right
     line at each height (as many PDF producers write them): the file's own order interleaves
-    the columns, so only positions give the reading order."""
+    the columns, so only positions give the reading order. `title`: a line across both
+    columns above them."""
     pdf = _pdf()
     pdf.add_page()
+    if title:
+        pdf.text(pdf.l_margin + 60, 50, title)
     width = (pdf.w - 2 * pdf.l_margin - 30) / 2
     columns = [_wrapped(pdf, LEFT_COLUMN, width), _wrapped(pdf, RIGHT_COLUMN, width)]
     for row in range(max(map(len, columns))):

@@ -1,5 +1,5 @@
 """OCR: scanned PDF pages and images read by tesseract, its time allowance, OCR off, and a
-missing engine. Needs Debian's tesseract-ocr (`make ocr`); skipped without it."""
+missing engine. Tests that run tesseract need Debian's tesseract-ocr (`make ocr`)."""
 
 from __future__ import annotations
 
@@ -9,16 +9,18 @@ import shutil
 import sys
 
 import pytest
+from pydantic import ValidationError
 from pypdf import PdfWriter
 
 from ingest.loaders import DocumentLimits, load_bytes
 from ingest.loaders.image_files import parse_image
 from ingest.loaders.parsing import ParseError
 from ingest.loaders.pdf_files import parse_pdf
+from ragservice.config import IngestSettings
 from ragservice.types import LoadedDocument, LoadFailure
 from tests import corpus_pdf
 
-pytestmark = pytest.mark.skipif(
+needs_tesseract = pytest.mark.skipif(
     shutil.which("tesseract") is None, reason="tesseract is not installed (make ocr)"
 )
 
@@ -61,6 +63,7 @@ def mixed_pdf() -> bytes:
     return out.getvalue()
 
 
+@needs_tesseract
 def test_a_scanned_page_is_ocrd_in_its_place(mixed_pdf: bytes) -> None:
     doc = one("mixed.pdf", mixed_pdf)
     assert isinstance(doc, LoadedDocument), doc
@@ -83,6 +86,7 @@ def test_ocr_off_leaves_a_scanned_page_empty(mixed_pdf: bytes) -> None:
     )
 
 
+@needs_tesseract
 def test_a_png_of_text_is_read() -> None:
     doc = one("note.png", corpus_pdf.text_png())
     assert isinstance(doc, LoadedDocument), doc
@@ -91,6 +95,7 @@ def test_a_png_of_text_is_read() -> None:
     assert (doc.metadata["ocr"], doc.metadata["ocr_pages"], doc.page_starts) == (True, [1], (0,))
 
 
+@needs_tesseract
 def test_a_multi_frame_tiff_is_one_page_a_frame() -> None:
     pages = [["First frame about copper"], ["Second frame about timber"]]
     doc = one("fax.tiff", corpus_pdf.text_tiff(pages))
@@ -106,12 +111,14 @@ def test_an_image_with_ocr_off_fails_saying_so() -> None:
     assert "OCR is off" in result.reason
 
 
+@needs_tesseract
 def test_a_broken_image_fails_alone() -> None:
     result = one("broken.png", corpus_pdf.text_png()[:200])
     assert isinstance(result, LoadFailure)
     assert result.reason.startswith("not a valid image")
 
 
+@needs_tesseract
 def test_each_ocrd_page_extends_the_parse_time_limit() -> None:
     """Three pages take far longer than the file's own 0.3 s: the allowance carries them."""
     data = corpus_pdf.scanned_pdf([corpus_pdf.SCAN_LINES] * 3)
@@ -121,6 +128,7 @@ def test_each_ocrd_page_extends_the_parse_time_limit() -> None:
     assert doc.metadata["ocr_pages"] == [1, 2, 3]
 
 
+@needs_tesseract
 def test_a_page_over_its_ocr_allowance_fails() -> None:
     slow = DocumentLimits(max_pages=5, max_chars=100_000, ocr_page_seconds=0.01)
     result = one("scan.pdf", corpus_pdf.scanned_pdf(), slow)
@@ -145,3 +153,26 @@ def test_without_pytesseract_a_page_that_needs_ocr_fails(monkeypatch: pytest.Mon
     monkeypatch.setitem(sys.modules, "pytesseract", None)  # import fails
     with pytest.raises(ParseError, match="page 1 needs OCR, but pytesseract is not installed"):
         parse_pdf(corpus_pdf.scanned_pdf(), LIMITS)
+
+
+@needs_tesseract
+def test_a_language_without_its_data_fails_saying_so() -> None:
+    unknown = DocumentLimits(max_pages=5, max_chars=100_000, ocr_languages="zzz")
+    result = one("note.png", corpus_pdf.text_png(), unknown)
+    assert isinstance(result, LoadFailure)
+    assert result.reason.startswith("OCR of the image failed: ")
+    assert "zzz" in result.reason
+    assert result.reason.endswith(
+        "(install tesseract's language data, or set RAGSERVICE_OCR_LANGUAGES)"
+    )
+
+
+def test_ocr_settings_reach_the_parser_limits() -> None:
+    settings = IngestSettings(ocr="off", ocr_languages="eng+deu", ocr_page_seconds=12)
+    limits = DocumentLimits.from_settings(settings)
+    assert (limits.ocr, limits.ocr_languages, limits.ocr_page_seconds) == ("off", "eng+deu", 12)
+    for bad in ("eng deu", "eng;rm", "+eng", ""):
+        with pytest.raises(ValidationError):
+            IngestSettings(ocr_languages=bad)
+    with pytest.raises(ValidationError):
+        IngestSettings(ocr="always")  # type: ignore[arg-type]

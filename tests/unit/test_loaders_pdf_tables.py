@@ -133,6 +133,14 @@ def test_two_columns_are_read_left_column_first() -> None:
     assert doc.format == "text"
 
 
+def test_a_title_across_both_columns_comes_first() -> None:
+    title = "A title long enough to run across the gutter between the two columns"
+    doc = load("titled.pdf", corpus_pdf.two_column_pdf(title))
+    assert doc.text.startswith(title + "\n\n" + corpus_pdf.LEFT_COLUMN[0][:20]), doc.text
+    where = [flat(doc.text).find(s) for s in corpus_pdf.LEFT_COLUMN + corpus_pdf.RIGHT_COLUMN]
+    assert -1 not in where and where == sorted(where)
+
+
 def test_page_starts_span_text_tables_and_columns() -> None:
     writer = PdfWriter()
     for part in (corpus_pdf.table_pdf(), corpus_pdf.two_column_pdf(), corpus_pdf.paragraph_pdf()):
