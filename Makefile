@@ -28,7 +28,7 @@ export HF_HUB_OFFLINE
 # Idle torch threads otherwise spin and steal CPU from PostgreSQL on small machines.
 export OMP_WAIT_POLICY := PASSIVE
 
-.PHONY: run test browser lint typecheck lock bench-ingest bench-ingest-compare bench-write bench-bm25 bench-search bench-query bench-tracing bench-cache bench-replicas bench-feedback bench-reranker bench-rls bench-permissions bench-hostile bench-injection bench-scale bench-soak clean
+.PHONY: run test browser ocr bench-ocr bench-pdf lint typecheck lock bench-ingest bench-ingest-compare bench-write bench-bm25 bench-search bench-query bench-tracing bench-cache bench-replicas bench-feedback bench-reranker bench-rls bench-permissions bench-hostile bench-injection bench-scale bench-soak clean
 
 # The locked packages without their dependencies (the lock holds them all), then the project.
 $(STAMP): pyproject.toml requirements.lock
@@ -74,6 +74,7 @@ lock:
 
 # Local use: loopback only, and without API keys unless RAGSERVICE_AUTH_DISABLED=0 is given.
 run: $(STAMP) $(BM25_STAMP)
+	@$(MAKE) --no-print-directory ocr || echo "OCR is unavailable (tesseract could not be installed): scanned PDF pages and images will fail; see 'make ocr'"
 	RAGSERVICE_AUTH_DISABLED=$${RAGSERVICE_AUTH_DISABLED:-1} $(BIN)/ragservice serve --host 127.0.0.1
 
 # The console's browser tests drive the system's Chromium (Playwright's own browser download is
@@ -85,9 +86,17 @@ browser:
 	else echo "no chromium found: install Debian's chromium package as root (or set RAGSERVICE_BROWSER)"; exit 1; fi; \
 	$$SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q --no-install-recommends chromium
 
+# OCR of scanned PDF pages and images runs Debian's tesseract (the `ocr` extra is its Python
+# side). Installed when no tesseract is found: as root, or through sudo. `run` goes on without.
+ocr:
+	@if command -v tesseract >/dev/null; then exit 0; fi; \
+	if [ "$$(id -u)" = 0 ]; then SUDO=; elif command -v sudo >/dev/null; then SUDO=sudo; \
+	else echo "no tesseract found: install Debian's tesseract-ocr and tesseract-ocr-eng as root (or set RAGSERVICE_OCR=off)"; exit 1; fi; \
+	$$SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q --no-install-recommends tesseract-ocr tesseract-ocr-eng
+
 # pytest exits 5 when it collected no test at all; say so instead of failing obscurely.
 # RAGSERVICE_REQUIRE_BROWSER: the browser tests fail instead of skipping without a browser.
-test: $(DEV_STAMP) $(BM25_STAMP) browser
+test: $(DEV_STAMP) $(BM25_STAMP) browser ocr
 	RAGSERVICE_REQUIRE_BROWSER=1 $(BIN)/pytest; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests were collected"; fi; exit $$rc
 
 lint: $(DEV_STAMP)
@@ -96,6 +105,12 @@ lint: $(DEV_STAMP)
 
 typecheck: $(DEV_STAMP)
 	$(BIN)/mypy
+
+bench-ocr: $(DEV_STAMP) ocr
+	$(BIN)/python benchmarks/ocr.py
+
+bench-pdf: $(DEV_STAMP)
+	$(BIN)/python benchmarks/pdf_compare.py
 
 bench-scale: $(DEV_STAMP)
 	$(BIN)/python benchmarks/scale.py --chunks 1000000 --data ../shared/data/scifact

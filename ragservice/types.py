@@ -27,6 +27,11 @@ SUPPORTED_SUFFIXES: tuple[str, ...] = (
     ".epub",
     ".eml",
     ".mbox",
+    ".png",
+    ".jpg",
+    ".jpeg",
+    ".tif",
+    ".tiff",
     ".jsonl",
     ".parquet",
 )

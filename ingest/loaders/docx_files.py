@@ -7,12 +7,13 @@ import re
 
 import docx
 from docx.document import Document as DocxDocument
-from docx.table import Table, _Row
+from docx.table import Table
 from docx.text.paragraph import Paragraph
 
 from ingest.loaders.archives import open_archive
 from ingest.loaders.cleaning import clean_text, clean_title, collapse
 from ingest.loaders.parsing import Parsed, bad_content
+from ingest.loaders.tables import markdown_table
 from ragservice.limits.documents import DocumentLimits
 
 _HEADING_STYLE = re.compile(r"heading ([1-9])", re.I)
@@ -29,7 +30,7 @@ def parse_docx(data: bytes, _limits: DocumentLimits) -> Parsed:
 
 def _docx_block(item: Paragraph | Table) -> str:
     if isinstance(item, Table):
-        return "\n\n".join(row for row in map(_docx_row, item.rows) if row)
+        return _docx_table(item)
     text = item.text.strip()
     style = _style_name(item)
     level = _docx_heading_level(style)
@@ -40,15 +41,20 @@ def _docx_block(item: Paragraph | Table) -> str:
     return "- " + text if style.startswith("List") else text
 
 
-def _docx_row(row: _Row) -> str:
-    texts: list[str] = []
-    previous: object = None
-    for cell in row.cells:
-        # A merged cell comes back once per grid column it spans.
-        if cell._tc is not previous and (text := collapse(cell.text)):
-            texts.append(text)
-        previous = cell._tc
-    return " | ".join(texts)
+def _docx_table(table: Table) -> str:
+    """A Markdown table, its first row the header. A merged cell's text comes once, in its
+    first row and column (python-docx returns it for every grid cell it covers), so the
+    columns stay aligned. A table of one row or one column (a box around text) is paragraphs."""
+    seen: set[object] = set()  # the cells' elements, kept alive so identity holds
+    rows: list[list[str]] = []
+    for row in table.rows:
+        cells: list[str] = []
+        for cell in row.cells:
+            first = cell._tc not in seen
+            seen.add(cell._tc)
+            cells.append(collapse(cell.text) if first else "")
+        rows.append(cells)
+    return markdown_table(rows) or "\n\n".join(text for row in rows for text in row if text)
 
 
 def _style_name(paragraph: Paragraph) -> str:

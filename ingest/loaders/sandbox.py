@@ -13,6 +13,9 @@ it is in). The parent waits for the answer no longer than the wall-clock limit; 
 stopped, dies or runs late is replaced. Messages are length-prefixed frames: the file's bytes
 one way, JSON the other (the parent never unpickles what a parser's process sends).
 
+A file that needs OCR (a scanned PDF, an image) sends a `more` frame before each page it OCRs:
+the parent then waits `ocr_page_seconds` longer, and the child's CPU limit grows as much.
+
 A parsed document comes back as its text, title, format, metadata, its page and row maps and
 the files embedded in it (`replies`: JSON, embedded files base64), all checked by the parent.
 
@@ -47,7 +50,9 @@ from ingest.loaders.docx_files import parse_docx
 from ingest.loaders.email_files import parse_email
 from ingest.loaders.epub_files import parse_epub
 from ingest.loaders.html_files import parse_html
+from ingest.loaders.image_files import parse_image
 from ingest.loaders.mbox_files import parse_mbox
+from ingest.loaders.ocr import set_page_hook
 from ingest.loaders.odt_files import parse_odt
 from ingest.loaders.parquet_files import Frame, ParquetColumns, parquet_batches
 from ingest.loaders.parsing import Parsed, ParseError
@@ -79,6 +84,11 @@ PARSERS: dict[str, tuple[str, Parser]] = {
     ".epub": ("epub", parse_epub),
     ".eml": ("email", parse_email),
     ".mbox": ("mbox", parse_mbox),
+    ".png": ("image", parse_image),
+    ".jpg": ("image", parse_image),
+    ".jpeg": ("image", parse_image),
+    ".tif": ("image", parse_image),
+    ".tiff": ("image", parse_image),
 }
 
 _STARTUP_SECONDS = 60.0  # a child imports the parsers before it says it is ready
@@ -146,8 +156,8 @@ class _Sandbox:
         request = {"suffix": suffix, "limits": dataclasses.asdict(limits)}
         with self._failures(limits):
             _send(child, json.dumps(request).encode(), data)
-            reply = _receive(child, time.monotonic() + limits.parse_seconds)
-        return self._outcome(json.loads(reply), limits)
+            reply = _answer(child, limits)
+        return self._outcome(reply, limits)
 
     def stream(
         self, source: bytes | Path, columns: ParquetColumns, limits: DocumentLimits
@@ -231,6 +241,20 @@ class _Sandbox:
         return None if finalizer is None else finalizer()
 
 
+def _answer(child: subprocess.Popen[bytes], limits: DocumentLimits) -> dict[str, Any]:
+    """The child's answer to one file. Before it, a `more` frame per page the child OCRs
+    moves the deadline by the OCR allowance: at most once per page the limits allow."""
+    deadline = time.monotonic() + limits.parse_seconds
+    extensions = 0
+    while True:
+        reply: dict[str, Any] = json.loads(_receive(child, deadline))
+        if reply.get("kind") != "more":
+            return reply
+        if extensions < limits.max_pages:
+            extensions += 1
+            deadline += limits.ocr_page_seconds
+
+
 def _child_environment() -> dict[str, str]:
     """The parent's environment, with the folder that holds `ingest` first on the path."""
     root = str(Path(__file__).resolve().parents[2])
@@ -293,6 +317,7 @@ def serve() -> None:
         data = _read_frame(source)
         limits = DocumentLimits(**request["limits"])
         _limit_cpu(limits.parse_seconds)
+        set_page_hook(_more_time(sink, limits))
         if "columns" in request:
             _stream(sink, request, data, limits)
         else:
@@ -357,6 +382,20 @@ def _limit_cpu(seconds: float) -> None:
     used = usage.ru_utime + usage.ru_stime
     _soft, hard = resource.getrlimit(resource.RLIMIT_CPU)
     resource.setrlimit(resource.RLIMIT_CPU, (_within(math.ceil(used + seconds), hard), hard))
+
+
+def _more_time(sink: BinaryIO, limits: DocumentLimits) -> Callable[[], None]:
+    """Before a page is OCR'd: the parent's deadline and this process's CPU limit grow by the
+    page's allowance (tesseract's own CPU is its subprocess's, bounded by the deadline)."""
+
+    def more() -> None:
+        _write(sink, json.dumps({"kind": "more"}).encode())
+        soft, hard = resource.getrlimit(resource.RLIMIT_CPU)
+        if soft != resource.RLIM_INFINITY:
+            extended = _within(soft + math.ceil(limits.ocr_page_seconds), hard)
+            resource.setrlimit(resource.RLIMIT_CPU, (extended, hard))
+
+    return more
 
 
 def _within(value: int, hard: int) -> int:

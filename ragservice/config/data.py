@@ -248,6 +248,31 @@ class IngestSettings(SettingsGroup):
         ),
     )
 
+    ocr: Literal["auto", "off"] = Field(
+        default="auto",
+        description=(
+            "OCR of images and of PDF pages without a text layer, with tesseract: `auto` "
+            "(when a file needs it; without tesseract installed that file fails, saying so) "
+            "or `off` (such pages stay empty; an image is a per-file error)"
+        ),
+    )
+    ocr_languages: str = Field(
+        default="eng",
+        pattern=r"^[A-Za-z0-9_]+(\+[A-Za-z0-9_]+)*$",
+        description=(
+            "tesseract's languages, joined by `+` (`eng+deu`); each needs its Debian "
+            "package (tesseract-ocr-deu)"
+        ),
+    )
+    ocr_page_seconds: float = Field(
+        default=30.0,
+        gt=0,
+        description=(
+            "seconds each OCR'd page (a scanned PDF page, an image frame) adds to its file's "
+            "parse time limit; one page's OCR that takes longer fails the file"
+        ),
+    )
+
     max_document_pages: int = Field(
         default=2000,
         ge=1,

@@ -15,12 +15,19 @@ TOO_DEEP = f"the metadata is nested deeper than {MAX_JSON_DEPTH} levels"
 @dataclass(frozen=True)
 class DocumentLimits:
     """The most pages (PDF) and extracted characters one document may have, and the seconds
-    (CPU and wall-clock) and memory parsing one file may take; more is a per-file failure."""
+    (CPU and wall-clock) and memory parsing one file may take; more is a per-file failure.
+
+    OCR (`ocr`: "auto" or "off", tesseract's `ocr_languages`) rides along because the limits
+    are what reaches the parsing sandbox's child; each page it OCRs adds `ocr_page_seconds`
+    to the file's time limit, since a scan of many pages takes seconds a page."""
 
     max_pages: int
     max_chars: int
     parse_seconds: float = 60.0
     parse_memory_mib: int = 2048
+    ocr: str = "auto"
+    ocr_languages: str = "eng"
+    ocr_page_seconds: float = 30.0
 
     @classmethod
     def from_settings(cls, ingest: IngestSettings) -> DocumentLimits:
@@ -29,6 +36,9 @@ class DocumentLimits:
             max_chars=ingest.max_document_chars,
             parse_seconds=ingest.parse_timeout_seconds,
             parse_memory_mib=ingest.parse_memory_mib,
+            ocr=ingest.ocr,
+            ocr_languages=ingest.ocr_languages,
+            ocr_page_seconds=ingest.ocr_page_seconds,
         )
 
 

@@ -373,8 +373,9 @@ def test_docx_headings_become_markdown(tmp_path: Path) -> None:
         "Sales grew.\n\n"
         "## By region\n\n"
         "- North did best.\n\n"
-        "Region | Sales\n\n"
-        "North | 12"
+        "| Region | Sales |\n"
+        "| --- | --- |\n"
+        "| North | 12 |"
     )
     assert (doc.title, doc.format) == ("Quarterly Report", "markdown")
     assert doc.metadata == {"source_path": "report.docx", "file_type": "docx"}
@@ -592,6 +593,11 @@ def test_supported_suffixes() -> None:
         ".epub",
         ".eml",
         ".mbox",
+        ".png",
+        ".jpg",
+        ".jpeg",
+        ".tif",
+        ".tiff",
         ".jsonl",
         ".parquet",
     )

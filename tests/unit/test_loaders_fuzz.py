@@ -18,6 +18,7 @@ The examples are derandomized, so every run (and CI) sees the same ones. More by
 
 from __future__ import annotations
 
+import dataclasses
 import html
 import io
 import json
@@ -28,6 +29,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from fpdf import FPDF
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pypdf import PdfReader, PdfWriter
@@ -35,6 +37,7 @@ from pypdf.generic import DecodedStreamObject
 
 from ingest.loaders import DocumentLimits, load_bytes
 from ragservice.types import LoadedDocument, LoadFailure
+from tests import corpus_pdf
 from tests.corpus_mail import (
     make_attachment_only_email,
     make_email,
@@ -73,18 +76,19 @@ def fuzz(examples: int) -> Callable[[Any], Any]:
 TIMINGS: list[tuple[float, str, int]] = []
 
 
-def check(name: str, data: bytes) -> None:
+def check(
+    name: str, data: bytes, limits: DocumentLimits = LIMITS, bound: float = TIME_BOUND
+) -> None:
     """`load_bytes` gives clean results, one per file (per non-blank line for JSONL), in time."""
     started = time.perf_counter()
-    results = list(load_bytes(name, data, limits=LIMITS))
+    results = list(load_bytes(name, data, limits=limits))
     seconds = time.perf_counter() - started
     TIMINGS.append((seconds, name, len(data)))
-    bound = TIME_BOUND
     if name.endswith(".jsonl"):
         assert len(results) == sum(1 for line in io.BytesIO(data) if line.strip())
     elif name.endswith(CONTAINERS):
         assert results  # the file's own document or failure, or only its embedded files'
-        bound = TIME_BOUND * len(results)  # each embedded file is parsed on its own
+        bound = bound * len(results)  # each embedded file is parsed on its own
     else:
         assert len(results) == 1
     for result in results:
@@ -93,7 +97,7 @@ def check(name: str, data: bytes) -> None:
         else:
             assert isinstance(result, LoadedDocument), result
             assert result.text.strip()
-            assert len(result.text) <= LIMITS.max_chars
+            assert len(result.text) <= limits.max_chars
             for value in (result.text, result.title or "", result.external_id):
                 assert "\x00" not in value
                 value.encode("utf-8")  # no lone surrogates: PostgreSQL must accept it
@@ -232,9 +236,31 @@ def pdf_with_content(content: bytes, pages: int, compress: bool) -> bytes:
 
 
 @st.composite
+def laid_out_pdf(draw: st.DrawFn) -> bytes:
+    """Words placed anywhere (columns, grids, overlaps, off the page), some lines drawn: the
+    reading-order and table finders' input, read by pdfium or, with lines, pdfplumber."""
+    pdf = FPDF(unit="pt")
+    pdf.set_font("Helvetica", size=draw(st.sampled_from([4, 11, 30])))
+    for _ in range(draw(st.integers(1, 2))):
+        pdf.add_page()
+        columns = draw(st.lists(st.integers(-50, 700), min_size=1, max_size=6))
+        rows = draw(st.integers(1, 60))
+        word = draw(st.sampled_from(["a", "word", "1.", "-", "long-sentence-part", "x y z"]))
+        for row in range(rows):
+            for x in columns:
+                pdf.text(x, 40 + row * draw(st.sampled_from([0, 3, 14, 40])), word)
+        for _ in range(draw(st.integers(0, 8))):
+            x, y = draw(st.integers(0, 600)), draw(st.integers(0, 800))
+            pdf.line(x, y, x + draw(st.integers(0, 300)), y + draw(st.integers(0, 300)))
+    return bytes(pdf.output())
+
+
+@st.composite
 def pdf_files(draw: st.DrawFn) -> bytes:
-    kind = draw(st.sampled_from(["plain", "content", "noise"]))
-    if kind == "plain":
+    kind = draw(st.sampled_from(["plain", "content", "noise", "layout"]))
+    if kind == "layout":
+        made = draw(laid_out_pdf())
+    elif kind == "plain":
         pages = draw(st.lists(latin1, min_size=1, max_size=5))
         made = make_pdf(pages, draw(st.none() | latin1))
     elif kind == "content":
@@ -412,6 +438,50 @@ def test_csv_and_tsv(suffix: str, data: st.DataObject) -> None:
 )
 def test_rtf(data: bytes) -> None:
     check("fuzz.rtf", data)
+
+
+# --------------------------------------------------------------------------- images, scans (OCR)
+
+# A few small frames, and a short OCR allowance, so each example stays quick: the bound adds
+# every page's allowance, as the sandbox does. Without tesseract these are clean failures.
+OCR_LIMITS = dataclasses.replace(LIMITS, max_pages=3, ocr_page_seconds=5)
+OCR_TIME_BOUND = TIME_BOUND + OCR_LIMITS.max_pages * OCR_LIMITS.ocr_page_seconds
+
+
+def small_image(lines: list[str], image_format: str, frames: int) -> bytes:
+    images = [corpus_pdf.text_image(lines, dpi=100) for _ in range(frames)]
+    out = io.BytesIO()
+    more = {"save_all": True, "append_images": images[1:]} if image_format == "TIFF" else {}
+    images[0].save(out, image_format, **more)
+    return out.getvalue()
+
+
+# Printable ASCII only: the drawing of the text is the fixture, not what is fuzzed.
+drawn_words = st.text(st.characters(min_codepoint=32, max_codepoint=126), min_size=1, max_size=20)
+
+
+@st.composite
+def image_files(draw: st.DrawFn) -> tuple[str, bytes]:
+    image_format = draw(st.sampled_from(["PNG", "JPEG", "TIFF"]))
+    lines = draw(st.lists(drawn_words, min_size=1, max_size=2))
+    frames = draw(st.integers(1, 2)) if image_format == "TIFF" else 1
+    made = small_image(lines, image_format, frames)
+    suffix = {"PNG": ".png", "JPEG": ".jpg", "TIFF": ".tiff"}[image_format]
+    return suffix, draw(st.one_of(mutated(made, most=2), st.binary(max_size=2048)))
+
+
+@fuzz(25)
+@given(file=image_files())
+def test_images(file: tuple[str, bytes]) -> None:
+    suffix, data = file
+    check("fuzz" + suffix, data, OCR_LIMITS, OCR_TIME_BOUND)
+
+
+@fuzz(15)
+@given(lines=st.lists(drawn_words, min_size=1, max_size=2), cuts=st.integers(0, 2), data=st.data())
+def test_scanned_pdf(lines: list[str], cuts: int, data: st.DataObject) -> None:
+    made = corpus_pdf.scanned_pdf([lines], dpi=100)
+    check("scan.pdf", data.draw(mutated(made, most=cuts)), OCR_LIMITS, OCR_TIME_BOUND)
 
 
 # --------------------------------------------------------------------------- JSONL
@@ -597,7 +667,7 @@ def test_mbox(data: bytes) -> None:
 # --------------------------------------------------------------------------- any bytes, any name
 
 ANY_SUFFIXES = [".txt", ".md", ".html", ".pdf", ".docx", ".jsonl", ".pptx", ".xlsx", ".csv"]
-ANY_SUFFIXES += [".tsv", ".odt", ".rtf", ".epub", ".eml", ".mbox"]
+ANY_SUFFIXES += [".tsv", ".odt", ".rtf", ".epub", ".eml", ".mbox", ".png", ".tif"]
 
 
 @fuzz(30)

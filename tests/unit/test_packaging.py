@@ -161,7 +161,15 @@ def test_makefile_installs_test_tools_for_tests_only() -> None:
     text = (ROOT / "Makefile").read_text()
     rules = dict(re.findall(r"^([$()\w.-]+):([^=\n]*)$", text, re.M))
     assert rules["run"].split() == ["$(STAMP)", "$(BM25_STAMP)"]
-    assert rules["test"].split() == ["$(DEV_STAMP)", "$(BM25_STAMP)", "browser"]
+    assert rules["test"].split() == ["$(DEV_STAMP)", "$(BM25_STAMP)", "browser", "ocr"]
+    # OCR's tesseract, likewise from Debian; `run` tries to install it and goes on without.
+    ocr = re.search(r"^ocr:.*?(?=^\S)", text, re.M | re.S)
+    assert ocr is not None
+    assert "--no-install-recommends tesseract-ocr tesseract-ocr-eng" in ocr.group(0)
+    assert "if command -v tesseract >/dev/null; then exit 0; fi" in ocr.group(0)
+    run = re.search(r"^run:.*?(?=^\S)", text, re.M | re.S)
+    assert run is not None
+    assert "$(MAKE) --no-print-directory ocr || echo" in run.group(0)
     # The browser tests' chromium comes from Debian's package, installed only when missing.
     browser = re.search(r"^browser:.*?(?=^\S)", text, re.M | re.S)
     assert browser is not None

@@ -1,0 +1,59 @@
+"""Images (PNG, JPEG, TIFF): their text, read by OCR; each frame of a multi-frame TIFF is a page.
+
+An image has no text but what OCR reads, so with `RAGSERVICE_OCR=off` it is a per-file error.
+Pillow only reads the header when it opens a file, so the size is checked before any pixel is
+decoded: a small file can claim a huge image (a decompression bomb).
+"""
+
+from __future__ import annotations
+
+import io
+
+from PIL import Image, ImageSequence
+
+from ingest.loaders.cleaning import clean_text
+from ingest.loaders.ocr import ocr_enabled, ocr_image
+from ingest.loaders.parsing import Parsed, ParseError, bad_content
+from ingest.loaders.pdf_files import page_starts
+from ragservice.limits.documents import DocumentLimits
+from ragservice.types import PAGE_SEPARATOR
+
+_MAX_PIXELS = 89_000_000  # per frame, as Pillow warns above: a 26 x 38 inch scan at 300 dpi
+_FORMATS = ["PNG", "JPEG", "TIFF"]
+
+
+def parse_image(data: bytes, limits: DocumentLimits) -> Parsed:
+    if not ocr_enabled(limits):
+        raise ParseError("an image's text can only be read by OCR, and OCR is off (RAGSERVICE_OCR)")
+    with bad_content("not a valid image"):
+        image = Image.open(io.BytesIO(data), formats=_FORMATS)
+        frames = getattr(image, "n_frames", 1)
+        if frames > limits.max_pages:
+            raise ParseError(
+                f"the image has {frames} frames; the limit is {limits.max_pages} "
+                "(RAGSERVICE_MAX_DOCUMENT_PAGES)"
+            )
+        pages = _read_frames(image, frames, limits)
+    text = PAGE_SEPARATOR.join(page for page in pages if page)
+    metadata = {"pages": len(pages), "ocr": True, "ocr_pages": list(range(1, len(pages) + 1))}
+    return Parsed(text, None, "text", metadata, page_starts(pages))
+
+
+def _read_frames(image: Image.Image, frames: int, limits: DocumentLimits) -> list[str]:
+    pages: list[str] = []
+    total = 0
+    for number, frame in enumerate(ImageSequence.Iterator(image), start=1):
+        if frame.width * frame.height > _MAX_PIXELS:
+            raise ParseError(
+                f"refused: frame {number} is {frame.width} x {frame.height} pixels "
+                "(a decompression bomb?)"
+            )
+        what = f"frame {number} of the image" if frames > 1 else "the image"
+        text = clean_text(ocr_image(frame.copy(), limits, what).strip())
+        total += len(text)
+        if total > limits.max_chars:
+            raise ParseError(
+                f"the text is over {limits.max_chars} characters (RAGSERVICE_MAX_DOCUMENT_CHARS)"
+            )
+        pages.append(text)
+    return pages
