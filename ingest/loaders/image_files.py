@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import io
 
-from PIL import Image, ImageSequence
+from PIL import Image, ImageSequence, UnidentifiedImageError
 
 from ingest.loaders.cleaning import clean_text
 from ingest.loaders.ocr import ocr_enabled, ocr_image
@@ -25,8 +25,13 @@ _FORMATS = ["PNG", "JPEG", "TIFF"]
 def parse_image(data: bytes, limits: DocumentLimits) -> Parsed:
     if not ocr_enabled(limits):
         raise ParseError("an image's text can only be read by OCR, and OCR is off (RAGSERVICE_OCR)")
-    with bad_content("not a valid image"):
+    try:
         image = Image.open(io.BytesIO(data), formats=_FORMATS)
+    except UnidentifiedImageError:  # its message names an object's address, not the file
+        raise ParseError(
+            "not a valid image: not a PNG, JPEG or TIFF file Pillow can read"
+        ) from None
+    with bad_content("not a valid image"):
         frames = getattr(image, "n_frames", 1)
         if frames > limits.max_pages:
             raise ParseError(

@@ -402,12 +402,12 @@ def test_embedded_files_become_documents_linked_to_their_parent() -> None:
         [
             ("notes.txt", b"attached notes", {"content_type": "text/plain"}),
             ("notes.txt", b"another with the same name", {}),
-            ("picture.png", b"\x89PNG", {}),
+            ("picture.xyz", b"\x89PNG", {}),
             ("empty.txt", b"", {}),
         ],
     )
     parent, first, second, png, empty = loaded_all("mail.txt", message, metadata={"team": "a"})
-    ids = ["mail.txt/notes.txt", "mail.txt/notes (2).txt", "mail.txt/picture.png"]
+    ids = ["mail.txt/notes.txt", "mail.txt/notes (2).txt", "mail.txt/picture.xyz"]
     assert isinstance(parent, LoadedDocument)
     assert parent.metadata["attachments"] == [*ids, "mail.txt/empty.txt"]
     assert parent.metadata["team"] == "a"
@@ -422,7 +422,7 @@ def test_embedded_files_become_documents_linked_to_their_parent() -> None:
     }
     assert (second.external_id, second.metadata["parent"]) == (ids[1], "mail.txt")
     # One that cannot be read fails alone, named by its parent and itself.
-    assert png == LoadFailure(ids[2], "unsupported file type .png")
+    assert png == LoadFailure(ids[2], "unsupported file type .xyz")
     assert empty == LoadFailure("mail.txt/empty.txt", NO_TEXT)
 
 
