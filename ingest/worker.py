@@ -9,6 +9,9 @@ over at once; a worker that stays connected but stops heartbeating (frozen) lose
 stopped puts its job back in the queue after the batch being written commits (or at once when
 its stop's time is up). Either way the next attempt skips what is already stored (content
 hashes), so no document is written twice or half.
+
+A job of kind `source` syncs a source (`ingest.sources.sync`) instead of running uploaded
+items; the threads' process also queues the sources' scheduled runs (`ingest.sources.schedule`).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Generator, Iterator
+from collections.abc import Callable, Generator, Iterator
 from types import FrameType
 
 import psycopg
@@ -39,6 +42,9 @@ from ingest.loaders import (
 )
 from ingest.loaders.readers import with_readers
 from ingest.pipeline import IngestPipeline, IngestReport
+from ingest.sources.runs import claimed_source, run_source
+from ingest.sources.schedule import SourceScheduler
+from ingest.sources.sync import SyncReport
 from ingest.targets import ingest_pipeline, resolve_model
 from ragservice import store
 from ragservice.db import tenancy
@@ -98,6 +104,7 @@ class JobWorker:
         self._wakeup = threading.Event()
         self._threads: list[threading.Thread] = []
         self._running: dict[str, store.jobs.ClaimedJob] = {}  # by worker name, while it runs
+        self._scheduler: SourceScheduler | None = None
 
     def start(self) -> None:
         """Start the worker threads (again after `stop`); a no-op while they run."""
@@ -111,6 +118,10 @@ class JobWorker:
             )
             thread.start()
             self._threads.append(thread)
+        poll = self._runtime.settings.sources.sources_poll_seconds
+        if self._threads and poll > 0:  # who runs jobs queues the sources' scheduled runs
+            self._scheduler = SourceScheduler(self._runtime.db, poll, on_queued=self.wake)
+            self._scheduler.start()
         log.info("job worker %s started with %d threads", self.name, self._thread_count)
 
     def request_stop(self) -> None:
@@ -130,6 +141,9 @@ class JobWorker:
         """
         self.request_stop()
         deadline = time.monotonic() + timeout
+        if self._scheduler is not None:
+            self._scheduler.stop(timeout)
+            self._scheduler = None
         for thread in self._threads:
             thread.join(max(deadline - time.monotonic(), 0.0))
         busy = [thread.name for thread in self._threads if thread.is_alive()]
@@ -179,9 +193,13 @@ class JobWorker:
     def _attempt(
         self, job: store.jobs.ClaimedJob, report: IngestReport, progress: _Progress
     ) -> str:
+        synced: SyncReport | None = None
         try:
             progress.tick(force=True)
-            self._ingest(job, report, progress)
+            if job.kind == store.sources.SOURCE_JOB_KIND:
+                synced = self._sync(job, report, progress)
+            else:
+                self._ingest(job, report, progress)
         except _Interrupted:
             return self._release(job)
         except _Lost:
@@ -191,6 +209,8 @@ class JobWorker:
             if _database_gone(exc):
                 return self._stall(job, exc)
             return self._finish(job, report, error=_failure_message(job.id, exc))
+        if synced is not None:
+            return self._finish_sync(job, synced)
         return self._finish(job, report)
 
     # -- internals -------------------------------------------------------------------------
@@ -259,6 +279,24 @@ class JobWorker:
         with contextlib.closing(items):
             pipeline.run(items, collection=job.collection, on_progress=progress, report=report)
 
+    def _sync(
+        self, job: store.jobs.ClaimedJob, report: IngestReport, progress: _Progress
+    ) -> SyncReport:
+        """Run a source's sync (`ingest.sources`); the job's counts are the sync's."""
+        source = claimed_source(self._runtime, job)
+        synced = SyncReport()
+        progress.counts_of = synced.counts
+        run_source(
+            self._runtime, source, progress=lambda _s: progress.tick(), report=synced, ingest=report
+        )
+        return synced
+
+    def _finish_sync(self, job: store.jobs.ClaimedJob, synced: SyncReport) -> str:
+        status = "failed" if synced.failure else "done"
+        return self._record_end(
+            job, status, synced.counts(), synced.job_errors(), synced.restricted
+        )
+
     def _results(
         self,
         job: store.jobs.ClaimedJob,
@@ -287,20 +325,30 @@ class JobWorker:
         errors += [{"source": f.source, "error": f.reason} for f in report.failed[:_MAX_ERRORS]]
         if len(report.failed) > _MAX_ERRORS:
             errors.append({"error": f"{len(report.failed) - _MAX_ERRORS} more failures not listed"})
+        return self._record_end(job, status, report.counts(), errors, report.restricted)
+
+    def _record_end(
+        self,
+        job: store.jobs.ClaimedJob,
+        status: str,
+        counts: dict[str, int],
+        errors: list[dict[str, str]],
+        restricted: bool,
+    ) -> str:
         with self._runtime.db.write() as session:
             finished = store.jobs.finish_job(
                 session,
                 job.id,
                 status=status,
-                counts=report.counts(),
+                counts=counts,
                 errors=errors,
                 worker=job.worker,
-                restricted=report.restricted,
+                restricted=restricted,
             )
         if not finished:
             log.warning("job %s: taken over by another worker; this attempt's end dropped", job.id)
             return "lost"
-        log.info("job %s %s: %s", job.id, status, report.counts())
+        log.info("job %s %s: %s", job.id, status, counts)
         return status
 
     def _stall(self, job: store.jobs.ClaimedJob, exc: Exception) -> str:
@@ -355,6 +403,8 @@ class _Progress:
         self._claim = claim
         self._counted: dict[str, int] = {}
         self._last = time.monotonic()
+        self.counts_of: Callable[[], dict[str, int]] = report.counts
+        """The counts the heartbeat records (a source's sync has its own)."""
 
     def __call__(self, _docs: int, _chunks: int) -> None:
         self.tick()
@@ -368,7 +418,7 @@ class _Progress:
         self._last = now
         with self._runtime.db.write() as session:
             alive = store.jobs.heartbeat_job(
-                session, self._job.id, self._job.worker, counts=self._report.counts()
+                session, self._job.id, self._job.worker, counts=self.counts_of()
             )
         if not alive:
             raise _Lost

@@ -31,6 +31,7 @@ from ragservice.api.routers import (
     openai,
     query,
     search,
+    sources,
 )
 from ragservice.api.stopping import JOBS_SHARE, Stopping
 from ragservice.auth.tokens import TokenVerifier
@@ -183,6 +184,7 @@ def create_app(
         feedback,
         admin,
         embedding_models,
+        sources,
     ):
         # Starlette's multipart parser stops at 1,000 files unless told the configured limit.
         app.include_router(module.router, form_limits={"max_files": resolved.max_files_per_upload})

@@ -42,6 +42,7 @@ from ragservice.config.serving import (
     SecuritySettings,
     ServerSettings,
 )
+from ragservice.config.sources import SourceSettings
 
 __all__ = [
     "DEFAULT_EF_SEARCH",
@@ -66,6 +67,7 @@ __all__ = [
     "ServerSettings",
     "Settings",
     "SettingsGroup",
+    "SourceSettings",
     "get_settings",
     "is_loopback",
     "parse_replicas",
@@ -80,6 +82,7 @@ GROUPS: dict[str, type[SettingsGroup]] = {
     "replication": ReplicationSettings,
     "embedding": EmbeddingSettings,
     "ingest": IngestSettings,
+    "sources": SourceSettings,
     "indexing": IndexSettings,
     "search": SearchSettings,
     "answering": AnsweringSettings,
@@ -111,6 +114,7 @@ class Settings(
     AnsweringSettings,
     SearchSettings,
     IndexSettings,
+    SourceSettings,
     IngestSettings,
     EmbeddingSettings,
     ReplicationSettings,
@@ -152,6 +156,10 @@ class Settings(
     @property
     def ingest(self) -> IngestSettings:
         return self.group(IngestSettings)
+
+    @property
+    def sources(self) -> SourceSettings:
+        return self.group(SourceSettings)
 
     @property
     def indexing(self) -> IndexSettings:

@@ -199,9 +199,50 @@ class IngestJob(Base):
     # its asker and those who read every document see it (migration 0026).
     asker: Mapped[str | None] = mapped_column(Text)
     restricted: Mapped[bool] = mapped_column(Boolean, server_default="false")
+    # The source a run job syncs (migration 0027); at most one queued or running per source.
+    source_id: Mapped[uuid.UUID | None] = mapped_column(
+        ForeignKey("sources.id", ondelete="SET NULL")
+    )
     created_at: Mapped[datetime] = _now()
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class Source(Base):
+    """A web site, an S3-compatible bucket or a folder a collection is kept in sync with
+    (migration 0027; `ingest.sources`)."""
+
+    __tablename__ = "sources"
+    __table_args__ = (UniqueConstraint("collection_id", "location"),)
+
+    id: Mapped[uuid.UUID] = mapped_column(primary_key=True, server_default=func.gen_random_uuid())
+    tenant_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
+    collection_id: Mapped[uuid.UUID] = mapped_column(
+        ForeignKey("collections.id", ondelete="CASCADE")
+    )
+    kind: Mapped[str] = mapped_column(Text)
+    location: Mapped[str] = mapped_column(Text)
+    options: Mapped[dict[str, Any]] = mapped_column(server_default="{}")
+    readers: Mapped[list[str] | None] = mapped_column(ARRAY(Text))
+    every_seconds: Mapped[int | None] = mapped_column(Integer)
+    prune: Mapped[bool] = mapped_column(Boolean, server_default="true")
+    next_run_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    created_at: Mapped[datetime] = _now()
+
+
+class SourceItem(Base):
+    """What a source knew of one document at its last run (`ItemState` as JSON)."""
+
+    __tablename__ = "source_items"
+
+    source_id: Mapped[uuid.UUID] = mapped_column(
+        ForeignKey("sources.id", ondelete="CASCADE"), primary_key=True
+    )
+    key: Mapped[str] = mapped_column(Text, primary_key=True)
+    tenant_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
+    state: Mapped[dict[str, Any]] = mapped_column(server_default="{}")
+    external_id: Mapped[str | None] = mapped_column(Text)
+    seen_at: Mapped[datetime] = _now()
 
 
 class ChunkPosting(Base):

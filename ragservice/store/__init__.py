@@ -25,6 +25,7 @@ from ragservice.store import (
     prompt_cache,
     query_log,
     rerankers,
+    sources,
     tenants,
 )
 
@@ -43,5 +44,6 @@ __all__ = [
     "prompt_cache",
     "query_log",
     "rerankers",
+    "sources",
     "tenants",
 ]

@@ -1,0 +1,101 @@
+"""A local folder as a source: the files `ragservice ingest PATH` would load, by the same names."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from ingest.loaders.walking import iter_files
+from ingest.sources.base import (
+    Changed,
+    Failed,
+    ItemState,
+    ScanEvent,
+    SourceError,
+    Unchanged,
+)
+
+
+@dataclass
+class FolderStats:
+    """What the last scan did: files seen, files read (the others were known by size and
+    time), and files too large to read."""
+
+    files: int = 0
+    read: int = 0
+    too_large: int = 0
+
+
+class FolderReader:
+    """Walks a folder (or one file) with `iter_files`, so a document's key is the external id
+    `ingest PATH` gives it (the path relative to the folder) and both name it alike.
+
+    A file whose size and modification time (its `etag`, `size:mtime_ns`) are what `known`
+    holds is unchanged without being read; one that was touched but holds the same bytes
+    (same SHA-256) is unchanged too, with its new etag, so touching files writes nothing."""
+
+    def __init__(
+        self,
+        path: str | Path,
+        include: Sequence[str] = (),
+        exclude: Sequence[str] = (),
+        *,
+        max_bytes: int | None = None,
+    ) -> None:
+        self.root = Path(path)
+        self.include = tuple(include)
+        self.exclude = tuple(exclude)
+        self.max_bytes = max_bytes
+        self.complete = False
+        self.stats = FolderStats()
+
+    def scan(self, known: Mapping[str, ItemState]) -> Iterator[ScanEvent]:
+        """One event per file selected; raises SourceError (before yielding) when the root is
+        missing or unreadable, so a run over a vanished folder deletes nothing."""
+        self.complete = False
+        self.stats = FolderStats()
+        files = self._files()
+        return self._events(files, known)
+
+    def _files(self) -> Iterator[tuple[Path, str]]:
+        try:
+            if not self.root.exists():
+                raise SourceError(f"the folder {self.root} does not exist")
+            return iter_files([self.root], self.include, self.exclude)
+        except OSError as exc:
+            raise SourceError(f"the folder {self.root} cannot be read: {exc.strerror}") from exc
+
+    def _events(
+        self, files: Iterator[tuple[Path, str]], known: Mapping[str, ItemState]
+    ) -> Iterator[ScanEvent]:
+        try:
+            for path, key in files:
+                self.stats.files += 1
+                yield self._event(path, key, known.get(key))
+        except OSError as exc:
+            # A folder that vanished or became unreadable mid-walk: not a complete scan.
+            raise SourceError(f"the folder {self.root} cannot be read: {exc}") from exc
+        self.complete = True
+
+    def _event(self, path: Path, key: str, prior: ItemState | None) -> ScanEvent:
+        try:
+            status = path.stat()
+        except OSError as exc:
+            return Failed(key, f"cannot read {path}: {exc.strerror}")
+        etag = f"{status.st_size}:{status.st_mtime_ns}"
+        if prior is not None and prior.etag == etag:
+            return Unchanged(key, prior)
+        if self.max_bytes is not None and status.st_size > self.max_bytes:
+            self.stats.too_large += 1
+            return Failed(key, f"{status.st_size} bytes, over the limit of {self.max_bytes}")
+        try:
+            data = path.read_bytes()
+        except OSError as exc:
+            return Failed(key, f"cannot read {path}: {exc.strerror}")
+        self.stats.read += 1
+        state = ItemState(etag=etag, content_hash=hashlib.sha256(data).hexdigest())
+        if prior is not None and prior.content_hash == state.content_hash:
+            return Unchanged(key, state)
+        return Changed(key, path.name, data, state, origin={"path": str(path)})

@@ -1,0 +1,82 @@
+"""A source's run as a job: the reader its stored row asks for, and the sync of a claimed
+`source` job (a worker's) or of a run the CLI makes in its own process."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import ingest.sources as sources
+from ingest.pipeline import IngestReport
+from ingest.sources.base import SourceError, SourceReader
+from ingest.sources.sync import SyncProgress, SyncReport, SyncTarget, sync_source
+from ragservice import store
+from ragservice.config import Settings
+from ragservice.db.models import Source
+from ragservice.errors import ConfigurationError, RagServiceError
+from ragservice.runtime import Runtime
+
+
+class SourceGone(RagServiceError):
+    """The run's source was deleted after the run was queued."""
+
+    status_code = 404
+
+
+def open_reader(settings: Settings, location: str, options: dict[str, Any]) -> SourceReader:
+    """The reader for a source at `location` with its `options` (`ingest.sources.reader_for`,
+    which checks them: InvalidInputError for one it does not know, SourceError for a location
+    it refuses)."""
+    reader_for = getattr(sources, "reader_for", None)
+    if reader_for is None:  # the readers are not installed in this build
+        raise ConfigurationError("this build has no source readers")
+    reader: SourceReader = reader_for(location, options, settings=settings)
+    return reader
+
+
+def source_target(runtime: Runtime, source: Source) -> SyncTarget:
+    """Where a run of `source` writes (its collection's name is looked up now)."""
+    with runtime.db.read() as session:
+        collection = store.sources.collection_name(session, source.collection_id)
+    if collection is None:
+        raise SourceGone("the source's collection no longer exists")
+    return SyncTarget(
+        source_id=source.id,
+        tenant_id=source.tenant_id,
+        collection_id=source.collection_id,
+        collection=collection,
+        readers=None if source.readers is None else tuple(source.readers),
+        prune=source.prune,
+    )
+
+
+def run_source(
+    runtime: Runtime,
+    source: Source,
+    *,
+    progress: SyncProgress | None = None,
+    report: SyncReport | None = None,
+    ingest: IngestReport | None = None,
+) -> SyncReport:
+    """Sync `source` now in this thread. A source whose reader cannot even be opened (its
+    host refused by the guard since, say) fails the run: `report.failure` says why."""
+    report = report or SyncReport()
+    target = source_target(runtime, source)
+    try:
+        reader = open_reader(runtime.settings, source.location, dict(source.options))
+    except SourceError as exc:
+        report.failure = str(exc)
+        return report
+    return sync_source(runtime, target, reader, progress=progress, report=report, ingest=ingest)
+
+
+def claimed_source(runtime: Runtime, job: store.jobs.ClaimedJob) -> Source:
+    """The source a claimed `source` job runs; SourceGone when it was deleted meanwhile."""
+    source_id = job.params.get("source_id")
+    source = None
+    if source_id:
+        with runtime.db.read() as session:
+            source = store.sources.source_by_id(session, uuid.UUID(str(source_id)))
+    if source is None or source.collection_id != job.collection_id:
+        raise SourceGone("the job's source was deleted")
+    return source

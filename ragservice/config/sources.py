@@ -1,0 +1,92 @@
+"""Settings of sources (a web site, an S3-compatible bucket, a folder): crawling and its guard."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from ragservice.config.group import SettingsGroup
+
+
+class SourceSettings(SettingsGroup):
+    """Sources: where a crawl or a bucket may connect, how fast and how far a crawl goes."""
+
+    sources_allow_private: bool = Field(
+        default=False,
+        description=(
+            "let web sources and S3 endpoints reach private, loopback, link-local (cloud "
+            "metadata), CGNAT and other non-public addresses; off, such an address is "
+            "refused at every request and redirect (the SSRF guard). For operators whose "
+            "sources are inside their network, and tests"
+        ),
+    )
+    crawl_rate: float = Field(
+        default=2.0,
+        gt=0,
+        le=1000,
+        description=(
+            "requests per second a crawl makes to one host at most; a robots.txt "
+            "`Crawl-delay` slows it further"
+        ),
+    )
+    crawl_max_pages: int = Field(
+        default=1000,
+        ge=1,
+        description=(
+            "pages one crawl fetches at most; a crawl stopped by it deletes nothing it "
+            "did not reach"
+        ),
+    )
+    crawl_depth: int = Field(
+        default=3,
+        ge=0,
+        le=100,
+        description=(
+            "links followed from the start page of a site without a sitemap (0: the start "
+            "page only)"
+        ),
+    )
+    crawl_user_agent: str = Field(
+        default="ragservice/0.1",
+        min_length=1,
+        description="the User-Agent a crawl sends, and the agent whose robots.txt rules it obeys",
+    )
+    crawl_timeout_seconds: float = Field(
+        default=30.0,
+        gt=0,
+        le=3600,
+        description="seconds one request of a crawl (connect, each read) may take",
+    )
+    source_max_bytes: int = Field(
+        default=32 * 2**20,
+        ge=1,
+        description=(
+            "the largest document a source fetches (a page, an object, a file); a larger "
+            "one is a per-document failure"
+        ),
+    )
+    # -- sources kept in sync (H5: the schedule and what the API may add) ---------------------
+    sources_poll_seconds: float = Field(
+        default=30.0,
+        ge=0,
+        description=(
+            "how often each job worker (`serve`'s and `ragservice worker`'s) queues a run of "
+            "the sources whose schedule is due (0: no scheduled runs from this process)"
+        ),
+    )
+    sources_s3_buckets: str = Field(
+        default="",
+        description=(
+            "comma-separated S3 buckets the API may add sources for (empty: none; the "
+            "server's AWS credentials must not read any bucket a tenant names). Operators "
+            "at the command line may add any bucket"
+        ),
+    )
+    sources_max_per_collection: int = Field(
+        default=50,
+        ge=1,
+        description="sources one collection may have at most",
+    )
+
+    def s3_buckets(self) -> frozenset[str]:
+        """The buckets of `RAGSERVICE_SOURCES_S3_BUCKETS`."""
+        return frozenset(b.strip() for b in self.sources_s3_buckets.split(",") if b.strip())

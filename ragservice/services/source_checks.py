@@ -1,0 +1,137 @@
+"""What a source may be, checked before it is stored: its location's kind, its reader's
+options, who adds it (the API or an operator), its schedule.
+
+A tenant's source is fetched by the service's own machines with the service's credentials:
+over the API a folder (the server's disk) is refused, a web host must pass the SSRF guard
+(`ingest.sources.guard`, unless `RAGSERVICE_SOURCES_ALLOW_PRIVATE`), and an S3 source must name
+a bucket `RAGSERVICE_SOURCES_S3_BUCKETS` lists, with neither a named AWS profile nor an endpoint
+the guard refuses. Operators (the CLI) may add any source.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+from ingest.sources.base import SourceError
+from ingest.sources.runs import open_reader
+from ragservice.config import Settings
+from ragservice.errors import InvalidInputError
+from ragservice.limits.text import json_text_problem, text_problem
+
+if TYPE_CHECKING:
+    from ragservice.services.sources import SourceSpec
+
+MAX_LOCATION_CHARS = 2048
+MAX_OPTIONS_BYTES = 16 * 1024
+MIN_EVERY_SECONDS = 60
+"""The shortest schedule the API takes; operators may go down to a second."""
+MAX_EVERY_SECONDS = 366 * 24 * 3600
+
+
+@dataclass(frozen=True, slots=True)
+class CheckedSource:
+    kind: str
+    location: str
+    options: dict[str, Any]
+
+
+def source_kind(location: str) -> str:
+    """`web` (http, https), `s3` (s3://bucket/prefix) or `folder` (a path, `file://` or not);
+    InvalidInputError for another scheme."""
+    scheme = urlsplit(location).scheme.lower()
+    if scheme in ("http", "https"):
+        return "web"
+    if scheme == "s3":
+        return "s3"
+    if scheme in ("", "file") or (len(scheme) == 1 and location[1:3] in (":\\", ":/")):
+        return "folder"
+    raise InvalidInputError(
+        f"location {location[:80]!r}: use an http(s) URL, s3://bucket/prefix or a folder path"
+    )
+
+
+def checked_source(settings: Settings, spec: SourceSpec, *, operator: bool) -> CheckedSource:
+    """`spec` checked (see the module's docstring); InvalidInputError saying what is wrong."""
+    location = spec.location.strip()
+    _check_shape(location, spec, operator)
+    kind = source_kind(location)
+    if kind == "folder" and not operator:
+        raise InvalidInputError(
+            "folder sources are for operators (`ragservice sources add` on the server); "
+            "the API takes http(s) and s3:// locations"
+        )
+    if kind == "folder":
+        location = _folder_path(location)
+    options = dict(spec.options)
+    if not operator:
+        _check_remote(settings, kind, location, options)
+    try:
+        open_reader(settings, location, options)  # the reader checks its options
+    except SourceError as exc:
+        raise InvalidInputError(f"location {location[:80]!r}: {exc}") from exc
+    except (TypeError, ValueError) as exc:
+        raise InvalidInputError(f"options: {exc}") from exc
+    return CheckedSource(kind=kind, location=location, options=options)
+
+
+def _folder_path(location: str) -> str:
+    """A folder's absolute path (`file://` dropped), so that one folder is one source."""
+    path = location[len("file://") :] if location.lower().startswith("file://") else location
+    return str(Path(path).expanduser().resolve())
+
+
+def _check_shape(location: str, spec: SourceSpec, operator: bool) -> None:
+    if not location:
+        raise InvalidInputError("location: empty")
+    if len(location) > MAX_LOCATION_CHARS:
+        raise InvalidInputError(f"location: longer than {MAX_LOCATION_CHARS} characters")
+    if problem := text_problem(location):
+        raise InvalidInputError(f"location: {problem}")
+    if not isinstance(spec.options, dict):
+        raise InvalidInputError("options: must be a JSON object")
+    if problem := json_text_problem(spec.options):
+        raise InvalidInputError(f"options: {problem}")
+    if len(json.dumps(spec.options)) > MAX_OPTIONS_BYTES:
+        raise InvalidInputError(f"options: larger than {MAX_OPTIONS_BYTES} bytes")
+    every = spec.every_seconds
+    shortest = 1 if operator else MIN_EVERY_SECONDS
+    if every is not None and not shortest <= every <= MAX_EVERY_SECONDS:
+        raise InvalidInputError(
+            f"every_seconds: between {shortest} and {MAX_EVERY_SECONDS}, or null (runs when asked)"
+        )
+
+
+def _check_remote(settings: Settings, kind: str, location: str, options: dict[str, Any]) -> None:
+    """What the API may not ask of the service's network and credentials."""
+    from ingest.sources.guard import Guard  # TODO(h5): top-level once h4-readers lands
+
+    guard = Guard(allow_private=settings.sources.sources_allow_private)
+    try:
+        if kind == "web":
+            guard.check_url(location)
+        elif kind == "s3":
+            _check_bucket(settings, location, options)
+            endpoint = options.get("endpoint_url")
+            if endpoint:
+                guard.check_url(str(endpoint))
+    except SourceError as exc:
+        raise InvalidInputError(f"location {location[:80]!r}: {exc}") from exc
+
+
+def _check_bucket(settings: Settings, location: str, options: dict[str, Any]) -> None:
+    bucket = urlsplit(location).netloc
+    allowed = settings.sources.s3_buckets()
+    if bucket not in allowed:
+        hint = "none are" if not allowed else "it is not one of them"
+        raise InvalidInputError(
+            f"S3 bucket {bucket!r}: the API adds sources for the buckets "
+            f"RAGSERVICE_SOURCES_S3_BUCKETS lists only, and {hint}"
+        )
+    if options.get("profile"):
+        raise InvalidInputError(
+            "options.profile: AWS profiles of the server are for operators (the CLI)"
+        )
