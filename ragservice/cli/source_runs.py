@@ -28,7 +28,6 @@ from ragservice.errors import NotFoundError
 
 if TYPE_CHECKING:
     from ingest.sources.sync import SyncReport
-
     from ragservice.db import Database
     from ragservice.runtime import Runtime
     from ragservice.services.sources import SourceView
@@ -308,7 +307,8 @@ def ingest_locations(
     status: 0 when every run read everything, else 1."""
     import json
 
-    from ragservice.cli.common import exit_on_error
+    from ragservice.cli.common import cli_actor, exit_on_error
+    from ragservice.services.callers import Operator
     from ragservice.services.sources import SourceSpec, find_or_add_source
 
     specs = [
@@ -322,8 +322,11 @@ def ingest_locations(
     ]
     runs: list[dict[str, Any]] = []
     with exit_on_error(), tenant_runtime(tenant) as (opened, tenant_id):
+        operator = Operator(tenant_id=tenant_id, actor=cli_actor())
         for spec in specs:
-            source = find_or_add_source(opened.db, tenant_id, collection, spec, operator=True)
+            source = find_or_add_source(
+                opened.db, opened.settings, operator, collection, spec, operator=True
+            )
             report = run_here(opened, tenant_id, collection, source)
             if not as_json:
                 print_report(report, f"ingest {source.location}")

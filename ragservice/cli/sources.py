@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from ragservice.cli.common import console, database, exit_on_error
+from ragservice.cli.common import cli_actor, console, database, exit_on_error
 from ragservice.cli.source_runs import (
     ReaderFlags,
     every_text,
@@ -19,16 +21,20 @@ from ragservice.cli.source_runs import (
     is_remote,
     parse_every,
     print_report,
+    report_json,
     report_ok,
     run_here,
     tenant_id_of,
     tenant_runtime,
 )
-from ragservice.config import DEFAULT_TENANT_NAME
+from ragservice.config import DEFAULT_TENANT_NAME, get_settings
 from ragservice.errors import InvalidInputError
 from ragservice.readers import parse_readers
+from ragservice.services.callers import Operator
+from ragservice.services.sources import SourceSpec
 
 if TYPE_CHECKING:
+    from ragservice.db import Database
     from ragservice.services.sources import SourceRun, SourceView
 
 app = typer.Typer(
@@ -84,7 +90,7 @@ def sources_add(
 ) -> None:
     """Add a source to a collection; with --run, run it at once (else its schedule, `sources
     run` or the console's Run now does)."""
-    from ragservice.services.sources import SourceSpec
+    from ragservice.services import sources
 
     flags = ReaderFlags(
         depth, max_pages, tuple(include or ()), tuple(exclude or ()), profile, endpoint_url, region
@@ -100,8 +106,10 @@ def sources_add(
         if run:
             _add_and_run(tenant, collection, spec, as_json=as_json)
             return
-        with database() as db:
-            source = _add(db, tenant, collection, spec)
+        with _tenant_db(tenant) as (db, operator):
+            source = sources.add_source(
+                db, get_settings(), operator, collection, spec, operator=True
+            )
     _show_added(source, as_json=as_json)
 
 
@@ -115,8 +123,8 @@ def sources_list(
     status, its counts (added/changed/removed/failed) and its number of errors."""
     from ragservice.services import sources
 
-    with exit_on_error(), database() as db:
-        listed = _as_tenant(db, tenant, lambda tid: sources.list_sources(db, tid, collection))
+    with exit_on_error(), _tenant_db(tenant) as (db, operator):
+        listed = sources.list_sources(db, operator.tenant_id, collection)
     if as_json:
         typer.echo(json.dumps([source_json(source) for source in listed], indent=2))
         return
@@ -142,10 +150,8 @@ def sources_run(
 
     with exit_on_error():
         if queue:
-            with database() as db:
-                job_id = _as_tenant(
-                    db, tenant, lambda tid: sources.queue_run(db, tid, collection, source_id)
-                )
+            with _tenant_db(tenant) as (db, operator):
+                job_id = sources.queue_run(db, operator.tenant_id, collection, source_id)
             typer.echo(str(job_id))
             console.print(f"run of source {source_id} queued as job {job_id}")
             return
@@ -169,11 +175,10 @@ def sources_remove(
     """Remove a source (its documents stay unless --delete-documents)."""
     from ragservice.services import sources
 
-    def remove(tid: uuid.UUID) -> None:
-        sources.remove_source(db, tid, collection, source_id, delete_documents=delete_documents)
-
-    with exit_on_error(), database() as db:
-        _as_tenant(db, tenant, remove)
+    with exit_on_error(), _tenant_db(tenant) as (db, operator):
+        sources.remove_source(
+            db, operator, collection, source_id, delete_documents=delete_documents
+        )
     kept = "and its documents " if delete_documents else ""
     console.print(f"removed source {source_id} {kept}from collection {collection!r}")
 
@@ -188,29 +193,26 @@ def _readers(value: str | None) -> tuple[str, ...] | None:
         raise typer.BadParameter(str(exc), param_hint="--readers") from exc
 
 
-def _as_tenant(db: Any, tenant: str, work: Any) -> Any:
-    """`work(tenant_id)` with transactions that see the tenant's rows only."""
+@contextmanager
+def _tenant_db(tenant: str) -> Iterator[tuple[Database, Operator]]:
+    """The database, and the operator acting for the tenant named `tenant` (whose rows alone
+    the transactions within see)."""
     from ragservice.db import tenancy
 
-    tid = tenant_id_of(db, tenant)
-    with tenancy.as_tenant(tid):
-        return work(tid)
+    with database() as db:
+        operator = Operator(tenant_id=tenant_id_of(db, tenant), actor=cli_actor())
+        with tenancy.as_tenant(operator.tenant_id):
+            yield db, operator
 
 
-def _add(db: Any, tenant: str, collection: str, spec: Any) -> SourceView:
-    from ragservice.services import sources
-
-    return _as_tenant(  # type: ignore[no-any-return]
-        db, tenant, lambda tid: sources.add_source(db, tid, collection, spec, operator=True)
-    )
-
-
-def _add_and_run(tenant: str, collection: str, spec: Any, *, as_json: bool) -> None:
-    from ragservice.cli.source_runs import report_json
+def _add_and_run(tenant: str, collection: str, spec: SourceSpec, *, as_json: bool) -> None:
     from ragservice.services import sources
 
     with tenant_runtime(tenant) as (opened, tid):
-        source = sources.add_source(opened.db, tid, collection, spec, operator=True)
+        operator = Operator(tenant_id=tid, actor=cli_actor())
+        source = sources.add_source(
+            opened.db, opened.settings, operator, collection, spec, operator=True
+        )
         console.print(f"added source {source.id} ({source.kind}) to collection {collection!r}")
         report = run_here(opened, tid, collection, source)
     if as_json:
@@ -233,7 +235,7 @@ def _show_added(source: SourceView, *, as_json: bool) -> None:
 
 def _line(source: SourceView) -> list[str]:
     run = source.last_run
-    counts = report_counts_of(run)
+    counts = {} if run is None else run.counts
     return [
         str(source.id),
         source.location,
@@ -243,10 +245,6 @@ def _line(source: SourceView) -> list[str]:
         "/".join(str(counts.get(key, 0)) for key in ("added", "changed", "removed", "failed")),
         f"{len(run.errors) if run else 0} errors",
     ]
-
-
-def report_counts_of(run: SourceRun | None) -> dict[str, int]:
-    return {} if run is None else dict(run.counts)
 
 
 def _when(moment: datetime | None) -> str:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from ragservice.cli.common import console, exit_on_error
+from ragservice.cli.common import cli_actor, console, exit_on_error
 from ragservice.cli.source_runs import (
     ReaderFlags,
     folder_location,
@@ -68,13 +68,17 @@ def sync_command(
 ) -> None:
     """Make the collection mirror a folder: new and changed files ingested, documents of
     deleted files deleted. With --watch, again after each change, until Ctrl-C."""
+    from ragservice.services.callers import Operator
     from ragservice.services.sources import SourceSpec, find_or_add_source
 
     location = folder_location(str(path), "PATH")
     options = ReaderFlags(include=tuple(include or ()), exclude=tuple(exclude or ())).options()
     spec = SourceSpec(location=location, options=options, prune=True)
     with exit_on_error(), tenant_runtime(tenant) as (opened, tenant_id):
-        source = find_or_add_source(opened.db, tenant_id, collection, spec, operator=True)
+        operator = Operator(tenant_id=tenant_id, actor=cli_actor())
+        source = find_or_add_source(
+            opened.db, opened.settings, operator, collection, spec, operator=True
+        )
         _note_changed_options(source.options, options)
 
         def run_once() -> SyncReport:
