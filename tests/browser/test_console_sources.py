@@ -18,8 +18,9 @@ from ragservice import store
 from ragservice.config import DEFAULT_TENANT_NAME, Settings
 from ragservice.db import open_database, tenancy
 from ragservice.services import sources
+from ragservice.services.callers import Operator
 from tests.browser.conftest import VIEWPORT, Console
-from tests.browser.test_console import no_alerts, sign_in
+from tests.browser.test_console import no_alerts, shoot, sign_in
 from tests.conftest import as_service_login
 
 pytestmark = pytest.mark.slow
@@ -43,8 +44,9 @@ def add_folder_source(console: Console, folder: Path, data_dir: Path) -> str:
             tenant_id = store.tenants.find_tenant_id(session, DEFAULT_TENANT_NAME)
         assert tenant_id is not None
         spec = sources.SourceSpec(location=str(folder), options={}, every_seconds=3600)
+        operator = Operator(tenant_id=tenant_id, actor="cli:test")
         with tenancy.as_tenant(tenant_id):
-            added = sources.add_source(db, tenant_id, COLLECTION, spec, operator=True)
+            added = sources.add_source(db, settings, operator, COLLECTION, spec, operator=True)
     finally:
         db.dispose()
     return str(added.id)
@@ -86,7 +88,7 @@ def page(browser: Browser) -> Iterator[Page]:
 
 
 def test_the_sources_page_lists_the_last_run_and_runs_one_now(
-    page: Page, console: Console, source: str
+    page: Page, console: Console, source: str, screenshots: list[Path]
 ) -> None:
     opened = no_alerts(page)
     sign_in(page, console, console.admin_key)
@@ -112,4 +114,5 @@ def test_the_sources_page_lists_the_last_run_and_runs_one_now(
     expect(run).to_contain_text("2 unchanged")
     expect(row).to_contain_text("2 unchanged")  # the new run is the last run now
     expect(page.get_by_role("status")).to_contain_text("Run of")
+    shoot(page, screenshots, "sources")
     assert opened == []

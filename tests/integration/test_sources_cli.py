@@ -40,6 +40,7 @@ def cli(
     monkeypatch.setenv("RAGSERVICE_DATABASE_URL", database_url)
     monkeypatch.setenv("RAGSERVICE_DATA_DIR", str(tmp_path / "data"))
     monkeypatch.setenv("RAGSERVICE_SOURCES_ALLOW_PRIVATE", "true")  # the site is on localhost
+    monkeypatch.setenv("RAGSERVICE_CRAWL_RATE", "100")  # no pause between its pages
     monkeypatch.setenv("COLUMNS", "200")
     shared = functools.partial(runtime.open_runtime, embedder=embedder)
     monkeypatch.setattr(runtime, "open_runtime", shared)
@@ -131,7 +132,7 @@ def test_bad_input_is_a_clear_error(cli: CliRunner, tmp_path: Path) -> None:
         (["sources", "add", str(folder), "-c", "docs", "--every", "5x"], 2, "30m, 1h or 1d"),
         (["sources", "add", str(folder), "-c", "docs", "--readers", "hr"], 2, "--readers"),
         (["sources", "run", str(uuid.uuid4()), "-c", "docs"], 1, "error:"),
-        (["sources", "remove", "not-an-id", "-c", "docs"], 2, "not-an-id"),
+        (["sources", "remove", "not-an-id", "-c", "docs"], 2, "valid UUID"),
         (["ingest", "https://example.org/", str(folder), "-c", "docs"], 2, "not both"),
         (["ingest", "https://example.org/", "-c", "docs", "--dry-run"], 2, "--dry-run"),
         (["ingest", "https://example.org/", "-c", "docs", "--depth", "2"], 2, "need --crawl"),
@@ -228,6 +229,11 @@ def test_sync_once_then_watch(
             "the deleted file's document to go",
             lambda: set(documents(database_url, "mirror")) == {"leave.md"},
         )
+    except AssertionError as exc:
+        stop.set()
+        watcher.join(timeout=WAIT_SECONDS)
+        shown = outcome[0].output if outcome else "(still running)"
+        raise AssertionError(f"{exc}; sync --watch said:\n{shown}") from None
     finally:
         stop.set()
         watcher.join(timeout=WAIT_SECONDS)
@@ -240,9 +246,10 @@ def test_sync_once_then_watch(
 
 
 def _runs(database_url: str) -> int:
-    """Runs of sources so far (each is an ingest job of kind `source`) that ended."""
+    """Runs of sources so far (each is an ingest job naming its source) that ended."""
     [(count,)] = rows(
         database_url,
-        "SELECT count(*) FROM ingest_jobs WHERE kind = 'source' AND status IN ('done', 'failed')",
+        "SELECT count(*) FROM ingest_jobs "
+        "WHERE source_id IS NOT NULL AND status IN ('done', 'failed')",
     )
     return int(count)
