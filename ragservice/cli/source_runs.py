@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 
 REMOTE_SCHEMES = ("https://", "http://", "s3://")
 _MAX_ERRORS_SHOWN = 20
+EXIT_INTERRUPTED = 130  # the shell's status for a command stopped by SIGINT
 _EVERY = re.compile(r"^(\d+)([smhd])$")
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
@@ -146,14 +147,23 @@ def run_here(
         TimeElapsedColumn(),
     )
     with Progress(*columns, console=console, transient=transient) as progress:
-        task = progress.add_task(source.location, seen=0)
+        task = progress.add_task(escape(source.location), seen=0)
 
         def on_progress(seen: SyncReport) -> None:
             progress.update(task, seen=seen.found)
 
-        report = sources.run_now(opened, tenant_id, collection, source.id, progress=on_progress)
+        try:
+            report = sources.run_now(opened, tenant_id, collection, source.id, progress=on_progress)
+        except KeyboardInterrupt:
+            progress.stop()
+            console.print(
+                f"[yellow]interrupted[/yellow]: the run of {escape(source.location)} stopped "
+                "between documents and deleted nothing; what it wrote stays. Run it again to "
+                "finish."
+            )
+            raise typer.Exit(EXIT_INTERRUPTED) from None
     if not transient:
-        console.print(f"{source.location}: read in {time.perf_counter() - started:.1f} s")
+        console.print(f"{escape(source.location)}: read in {time.perf_counter() - started:.1f} s")
     return report
 
 
@@ -181,7 +191,7 @@ def report_line(report: SyncReport) -> str:
 def print_report(report: SyncReport, title: str) -> None:
     """The run's counts as a table, then its per-document errors (the first 20)."""
     counts = report.counts()
-    table = Table(title=title)
+    table = Table(title=escape(title))
     table.add_column("documents")
     table.add_column("count", justify="right")
     for key, value in counts.items():

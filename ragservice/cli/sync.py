@@ -16,9 +16,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
+from rich.markup import escape
 
 from ragservice.cli.common import cli_actor, console, exit_on_error
 from ragservice.cli.source_runs import (
+    EXIT_INTERRUPTED,
     ReaderFlags,
     folder_location,
     print_report,
@@ -32,7 +34,6 @@ from ragservice.config import DEFAULT_TENANT_NAME
 if TYPE_CHECKING:
     from ingest.sources.sync import SyncReport
 
-EXIT_INTERRUPTED = 130
 DEBOUNCE_MS = 800
 """The longest a batch of changes is gathered before the run: a burst (a `git checkout`, a
 copy of many files) is one run, and one change still runs within a second."""
@@ -107,7 +108,7 @@ def watch_folder(
     import watchfiles
 
     runs = 0
-    console.print(f"watching {folder} (source {source_id}); Ctrl-C stops")
+    console.print(f"watching {escape(str(folder))} (source {source_id}); Ctrl-C stops")
     try:
         for changes in watchfiles.watch(
             folder,
@@ -139,9 +140,9 @@ def _run_and_report(run_once: Callable[[], SyncReport], changes: int) -> None:
     try:
         report = run_once()
     except RagServiceError as exc:
-        console.print(f"{stamp} [red]run failed[/red] ({why}): {exc}")
+        console.print(f"{stamp} [red]run failed[/red] ({why}): {escape(str(exc))}")
         return
-    console.print(f"{stamp} ran ({why}): {report_line(report)}")
+    console.print(f"{stamp} ran ({why}): {escape(report_line(report))}")
 
 
 def _note_changed_options(stored: dict[str, object], asked: dict[str, object]) -> None:
@@ -149,5 +150,5 @@ def _note_changed_options(stored: dict[str, object], asked: dict[str, object]) -
     if asked and stored != asked:
         console.print(
             "note: this folder's source keeps the options it was added with "
-            f"({stored or 'none'}); `ragservice sources remove` it to change them"
+            f"({escape(str(stored or 'none'))}); `ragservice sources remove` it to change them"
         )

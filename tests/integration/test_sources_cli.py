@@ -17,8 +17,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from click.testing import Result
-from typer.testing import CliRunner
+from typer.testing import CliRunner, Result
 
 from ragservice import runtime
 from ragservice.cli import app
