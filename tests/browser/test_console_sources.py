@@ -1,7 +1,8 @@
 """A collection's sources in the console, in chromium: a folder source (made through the
 services, as `ragservice sources add` makes one) run once by the workers is listed with its
 schedule and last run, its failed document folded under its errors; Run now queues a run,
-which the page follows until it is done and then shows as the last run."""
+which the page follows until it is done and then shows as the last run. A web source the
+guard refuses (a loopback address) is not added, and the page says why."""
 
 from __future__ import annotations
 
@@ -115,4 +116,11 @@ def test_the_sources_page_lists_the_last_run_and_runs_one_now(
     expect(row).to_contain_text("2 unchanged")  # the new run is the last run now
     expect(page.get_by_role("status")).to_contain_text("Run of")
     shoot(page, screenshots, "sources")
+
+    form = page.locator("form").filter(has=page.get_by_role("heading", name="Add a source"))
+    form.get_by_label("Location").fill("http://127.0.0.1:9/")  # the guard refuses loopback
+    form.get_by_label("Crawl depth").fill("1")
+    form.get_by_role("button", name="Add source").click()
+    expect(page.get_by_role("alert")).to_contain_text("127.0.0.1")
+    expect(page.get_by_role("row").filter(has=page.get_by_text("(web)"))).to_have_count(0)
     assert opened == []

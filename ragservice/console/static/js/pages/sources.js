@@ -1,10 +1,13 @@
 // A collection's sources (web sites, S3 prefixes, folders an operator added): where each reads
 // from, its schedule, its last run (when, status, counts, and the documents that failed, opened
-// on demand); writers can run one now (a job the workers take, followed here until it ends).
+// on demand); writers can run one now (a job the workers take, followed here until it ends) and
+// add a web site or an S3 prefix (folders are for operators: `ragservice sources add`).
 // Route: #/collections/NAME/sources. Refreshed while a run is queued or running.
 
 import { api, enc, get } from "../api.js";
-import { alertError, announce, clear, fmtSeconds, h, shortId, table, timeEl } from "../dom.js";
+import {
+  alertError, announce, clear, field, fmtSeconds, h, shortId, table, timeEl, uid,
+} from "../dom.js";
 import { countsText, jobSummary, watchJob } from "./jobs.js";
 
 const ACTIVE = new Set(["queued", "running"]);
@@ -18,7 +21,9 @@ export function render(main, ctx, name) {
   main.append(h("h1", {}, `Sources of ${name}`),
     h("p", {}, h("a", { href: `#/collections/${enc(name)}` }, `Back to collection ${name}`)),
     h("p", { class: "hint" }, "Web sites, S3 prefixes and folders this collection follows: each run ingests what is new or changed and, unless the source keeps them, deletes the documents that are gone."),
-    runSlot, slot);
+    runSlot);
+  if (ctx.can.write) main.append(addForm(ctx, name, (source) => (source.queued_job_id ? follow(source, source.queued_job_id) : refresh())));
+  main.append(h("h2", {}, "Sources"), slot);
   let timer = null;
   let lastShown = null;
 
@@ -37,7 +42,17 @@ export function render(main, ctx, name) {
 
   async function runNow(source) {
     try {
-      const job = await queuedJob(await api("POST", `${sourcesPath(name)}/${enc(source.id)}/run`, undefined, { signal: ctx.signal }), ctx.signal);
+      const reply = await api("POST", `${sourcesPath(name)}/${enc(source.id)}/run`, undefined, { signal: ctx.signal });
+      await follow(source, reply.job_id);
+    } catch (error) {
+      alertError(error);
+    }
+  }
+
+  /** Show the queued run `jobId` of `source` until it ends, and the list as it goes. */
+  async function follow(source, jobId) {
+    try {
+      const job = await get(`/v1/jobs/${enc(jobId)}`, { signal: ctx.signal });
       announce(`Run of ${source.location} queued as job ${shortId(job.id)}.`);
       const status = h("span", {});
       clear(runSlot).append(h("div", { class: "source-run" }, h("a", { href: "#/jobs" }, `Job ${shortId(job.id)}`),
@@ -55,17 +70,54 @@ export function render(main, ctx, name) {
   refresh();
 }
 
-/** The list a GET answered: `{sources: [...]}` or the array itself. */
+/** The list a GET answered (`{sources: [...]}`). */
 function sourcesOf(body) {
-  return Array.isArray(body) ? body : (body && body.sources) || [];
+  return (body && body.sources) || [];
 }
 
-/** The job a POST …/run answered: the job itself, `{job: …}` or `{job_id}` (then read). */
-async function queuedJob(reply, signal) {
-  const job = (reply && reply.job) || reply || {};
-  const id = job.id || job.job_id;
-  if (job.status && job.id) return job;
-  return get(`/v1/jobs/${enc(id)}`, { signal });
+const SCHEDULES = [["", "Only when asked"], ["3600", "Every hour"], ["21600", "Every 6 hours"], ["86400", "Every day"], ["604800", "Every week"]];
+
+/** Add a web site (crawled from the URL) or an S3 prefix; `added(source)` with the reply. */
+function addForm(ctx, name, added) {
+  const location = h("input", { type: "text", name: "location", required: true, maxlength: "2048", pattern: "(https?|s3)://.+", placeholder: "https://docs.example.com/", autocomplete: "off", spellcheck: "false" });
+  const depth = h("input", { type: "number", name: "depth", min: "0", max: "100", inputmode: "numeric" });
+  const maxPages = h("input", { type: "number", name: "max_pages", min: "1", inputmode: "numeric" });
+  const every = h("select", { name: "every" }, SCHEDULES.map(([value, label]) => h("option", { value }, label)));
+  const keep = h("input", { type: "checkbox", name: "keep", id: uid("keep") });
+  const runNow = h("input", { type: "checkbox", name: "run", id: uid("run"), checked: true });
+  const form = h("form", { class: "panel" },
+    h("h2", {}, "Add a source"),
+    field("Location", location, "A web page (its site is crawled from there) or s3://bucket/prefix."),
+    h("div", { class: "row" },
+      field("Crawl depth", depth, "Web: links followed from the page (blank: the service's default)."),
+      field("Pages at most", maxPages, "Web: per run (blank: the service's default)."),
+      field("Schedule", every)),
+    h("p", {}, h("label", { class: "inline", for: keep.id }, keep, " Keep documents that are gone from the source")),
+    h("p", {}, h("label", { class: "inline", for: runNow.id }, runNow, " Run it now")),
+    h("div", { class: "actions" }, h("button", { type: "submit", class: "primary" }, "Add source")));
+  form.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    if (!location.reportValidity() || !depth.reportValidity() || !maxPages.reportValidity()) return;
+    const options = {};
+    if (depth.value !== "") options.depth = Number(depth.value);
+    if (maxPages.value !== "") options.max_pages = Number(maxPages.value);
+    const body = {
+      location: location.value.trim(),
+      options,
+      every_seconds: every.value ? Number(every.value) : null,
+      prune: !keep.checked,
+      run: runNow.checked,
+    };
+    try {
+      const source = await api("POST", sourcesPath(name), body, { signal: ctx.signal });
+      announce(`Source ${source.location} added.`);
+      form.reset();
+      added(source);
+    } catch (error) {
+      alertError(error);
+    }
+  });
+  return form;
 }
 
 function sourcesTable(ctx, name, sources, runNow) {
