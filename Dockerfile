@@ -55,6 +55,10 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 
 COPY --from=build /opt/venv /opt/venv
 
+# OCR of scans and images (RAGSERVICE_OCR): Debian's tesseract with its English model.
+RUN apt-get update && apt-get install -y --no-install-recommends tesseract-ocr tesseract-ocr-eng \
+    && rm -rf /var/lib/apt/lists/*
+
 RUN useradd --create-home --uid 10001 ragservice \
     && mkdir /data \
     && chown ragservice:ragservice /data

@@ -31,7 +31,7 @@ import numpy as np
 from ingest.report import IngestReport, ProgressCallback
 from ingest.stages import BatchWriter, Prefetch
 from ragservice import store
-from ragservice.chunking import ChunkingOptions, chunk_text
+from ragservice.chunking import TABLE_HEADER, ChunkingOptions, chunk_text, place_chunks
 from ragservice.db import Database, tenancy
 from ragservice.embedding.embedder import Embedder, Vectors
 from ragservice.embedding.tokens import DocumentTokens, TokenIds
@@ -101,6 +101,9 @@ def document_hash(doc: LoadedDocument, model_id: int | None = None) -> str:
         payload = [doc.title, doc.text, doc.metadata]
         if doc.page_starts:
             payload.append(list(doc.page_starts))
+        if doc.page_unit != "page" or doc.row_starts:
+            places = [doc.page_unit, list(doc.page_names), [list(r) for r in doc.row_starts]]
+            payload.append({"places": places})
     else:
         payload = [doc.title, doc.metadata, pre.texts, pre.metadata, model_id]
     if doc.readers is not None:
@@ -154,13 +157,14 @@ class IngestPipeline:
         """Chunk a text document (by its tokens when they were made in a batch already)."""
         tokenizer, options = self._text_tools_loaded()
         spans = tokenizer if tokens is None else tokens
-        return chunk_text(
+        chunks = chunk_text(
             doc.text,
             tokenizer=spans,
             options=options,
             format=doc.format,
             page_starts=doc.page_starts,
         )
+        return place_chunks(chunks, doc.page_unit, doc.page_names, doc.row_starts)
 
     def _text_tools_loaded(self) -> tuple[Tokenizer, ChunkingOptions]:
         """The tokenizer and chunking options; loads the model on first use."""
@@ -357,9 +361,11 @@ class IngestPipeline:
         inputs = None
         batch_tokenizer = self._embedder.batch_tokenizer if self._embedder else None
         if tokens is not None and batch_tokenizer is not None:
-            inputs = batch_tokenizer.chunk_inputs(
-                tokens, [(c.start_char, c.end_char) for c in chunks], [c.text for c in chunks]
-            )
+            # A chunk that repeats its table's header is no slice of the document's tokens.
+            ranges = [
+                None if TABLE_HEADER in c.metadata else (c.start_char, c.end_char) for c in chunks
+            ]
+            inputs = batch_tokenizer.chunk_inputs(tokens, ranges, [c.text for c in chunks])
         return _Pending(doc, digest, chunks, [text_hash(c.text) for c in chunks], inputs=inputs)
 
     def _imported(

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import re
 from bisect import bisect_left, bisect_right
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
 from functools import cached_property
 from itertools import accumulate
 from typing import Any, NamedTuple
 
-from ragservice.types import PageSpan, TextChunk, TextFormat, Tokenizer
+from ragservice.types import PageSpan, PageUnit, TextChunk, TextFormat, Tokenizer
 
 # A boundary tier is a few sorted lists of character positions; a tier's candidates are their
 # union. Keeping the lists apart avoids merging (and sorting) them for every document.
@@ -41,6 +41,26 @@ _MARKDOWN_LINE = re.compile(
     re.MULTILINE,
 )
 _CLOSING_HASHES = re.compile(r"(?:^|[ \t])#+[ \t]*$")
+_LINE = re.compile(r"[^\n]+")
+_TABLE_RULE = re.compile(r"\|(?:[ \t]*:?-{3,}:?[ \t]*\|)+[ \t]*")
+
+TABLE_HEADER = "table_header"
+"""Chunk metadata: the header (and separator) lines of the table a chunk's rows belong to,
+which the chunk's text repeats before them, since the header lies in an earlier chunk."""
+
+
+def repeat_header(header: str, rows: str) -> str:
+    """A chunk's text that repeats its table's header before its rows."""
+    return f"{header}\n{rows}"
+
+
+def own_text(text: str, metadata: Mapping[str, Any]) -> str:
+    """A chunk's text without the table header it repeats: the slice of its document that
+    `start_char:end_char` names."""
+    header = metadata.get(TABLE_HEADER)
+    if isinstance(header, str) and text.startswith(header + "\n"):
+        return text[len(header) + 1 :]
+    return text
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,15 +120,51 @@ def chunk_text(
         return []
     splitter = _Splitter(text, _TokenIndex(tokenizer.token_spans(text)), options)
     sections = _markdown_sections(text) if format == "markdown" else [_Section(0, len(text))]
-    pieces = [
-        (start, end, section.headings)
-        for section in sections
-        for start, end in splitter.split(section.start, section.end)
-    ]
+    pieces = [piece for section in sections for piece in splitter.section_pieces(section)]
     return [
-        splitter.make_chunk(ordinal, start, end, headings, page_span(page_starts, start, end))
-        for ordinal, (start, end, headings) in enumerate(pieces)
+        splitter.make_chunk(ordinal, piece, page_span(page_starts, piece.start, piece.end))
+        for ordinal, piece in enumerate(pieces)
     ]
+
+
+def place_chunks(
+    chunks: list[TextChunk],
+    unit: PageUnit,
+    page_names: Sequence[str] = (),
+    row_starts: Sequence[tuple[int, int]] = (),
+) -> list[TextChunk]:
+    """Chunks that say where they lie beyond page numbers, in their metadata and their span:
+    `page_unit` (slides, sheets), the sheet's name (`sheet`) and the numbered rows they hold
+    (`rows`, [first, last]) — what a citation names (`PageSpan.label`). Page chunks stay as
+    they are."""
+    if unit == "page" and not row_starts:
+        return chunks
+    placed: list[TextChunk] = []
+    for chunk in chunks:
+        metadata = dict(chunk.metadata)
+        if unit != "page":
+            metadata["page_unit"] = unit
+        pages = chunk.pages
+        if pages is not None and pages.first == pages.last and pages.first <= len(page_names):
+            metadata["sheet"] = page_names[pages.first - 1]
+        rows = rows_of(row_starts, chunk.start_char, chunk.end_char)
+        if rows is not None:
+            metadata["rows"] = list(rows)
+        if pages is not None:
+            pages = PageSpan.of_chunk(pages.first, pages.last, metadata)
+        placed.append(replace(chunk, metadata=metadata, pages=pages))
+    return placed
+
+
+def rows_of(row_starts: Sequence[tuple[int, int]], start: int, end: int) -> tuple[int, int] | None:
+    """The first and last numbered row (`LoadedDocument.row_starts`) that starts within the
+    text range [start, end); None when none does."""
+    offsets = [offset for offset, _ in row_starts]
+    low, high = bisect_left(offsets, start), bisect_left(offsets, end)
+    if low >= high:
+        return None
+    numbers = [number for _, number in row_starts[low:high]]
+    return min(numbers), max(numbers)
 
 
 def page_span(page_starts: Sequence[int], start: int, end: int) -> PageSpan | None:
@@ -228,24 +284,74 @@ class _Splitter:
         self._overlap = options.overlap_tokens
         self._boundaries = _Boundaries(text)
 
-    def make_chunk(
-        self,
-        ordinal: int,
-        start: int,
-        end: int,
-        headings: tuple[str, ...] | None,
-        pages: PageSpan | None,
-    ) -> TextChunk:
-        metadata: dict[str, Any] = {} if headings is None else {"headings": list(headings)}
+    def make_chunk(self, ordinal: int, piece: _Piece, pages: PageSpan | None) -> TextChunk:
+        start, end = piece.start, piece.end
+        metadata: dict[str, Any] = {}
+        if piece.headings is not None:
+            metadata["headings"] = list(piece.headings)
+        text, tokens = self._text[start:end], self._index.count(start, end)
+        if piece.header is not None:
+            metadata[TABLE_HEADER] = self._text[piece.header[0] : piece.header[1]]
+            text = repeat_header(metadata[TABLE_HEADER], text)
+            tokens += self._index.count(*piece.header)
         return TextChunk(
             ordinal=ordinal,
-            text=self._text[start:end],
+            text=text,
             start_char=start,
             end_char=end,
-            token_count=self._index.count(start, end),
+            token_count=tokens,
             metadata=metadata,
             pages=pages,
         )
+
+    def section_pieces(self, section: _Section) -> list[_Piece]:
+        """The pieces of one section: its tables cut between rows, the rest as `split` cuts."""
+        headings = section.headings
+        tables = _tables(self._text, section) if headings is not None else []
+        if not tables or self._index.count(section.start, section.end) <= self._max:
+            return [_Piece(s, e, headings) for s, e in self.split(section.start, section.end)]
+        pieces: list[_Piece] = []
+        at = section.start
+        for table in tables:
+            before = [_Piece(s, e, headings) for s, e in self.split(at, table.start)]
+            lead = table.start
+            # A short lead-in (the sheet's heading, a caption) goes with the table's first rows.
+            if before and self._fits(before[-1].start, table.rows[0][1]):
+                lead = before.pop().start
+            pieces += before
+            pieces += self._table_pieces(table, lead, headings)
+            at = table.end
+        pieces += [_Piece(s, e, headings) for s, e in self.split(at, section.end)]
+        return pieces
+
+    def _fits(self, start: int, end: int, extra: int = 0) -> bool:
+        return self._index.count(start, end) + extra <= self._max
+
+    def _table_pieces(
+        self, table: _Table, lead: int, headings: tuple[str, ...] | None
+    ) -> list[_Piece]:
+        """A table's rows packed into pieces; every piece after the first repeats the header.
+        A row too long for a chunk of its own is cut as text is (the only mid-row cut)."""
+        header = (table.start, table.header_end)
+        header_tokens = self._index.count(*header)
+        if not self._fits(lead, table.rows[0][1]):
+            return [_Piece(s, e, headings) for s, e in self.split(lead, table.end)]
+        pieces: list[_Piece] = []
+        start: int | None = lead
+        end, repeated = table.rows[0][1], False
+        for row_start, row_end in table.rows[1:]:
+            if start is not None and self._fits(start, row_end, header_tokens if repeated else 0):
+                end = row_end
+                continue
+            if start is not None:
+                pieces.append(_Piece(start, end, headings, header if repeated else None))
+            start, end, repeated = row_start, row_end, True
+            if not self._fits(row_start, row_end, header_tokens):
+                pieces += [_Piece(s, e, headings) for s, e in self.split(row_start, row_end)]
+                start = None
+        if start is not None:
+            pieces.append(_Piece(start, end, headings, header if repeated else None))
+        return pieces
 
     def split(self, lo: int, hi: int) -> list[tuple[int, int]]:
         """Cut [lo, hi) into trimmed, overlapping (start, end) spans, each within budget."""
@@ -360,6 +466,55 @@ class _Splitter:
 def _next_after(positions: list[int], pos: int, hi: int) -> int:
     i = bisect_right(positions, pos)
     return min(positions[i], hi) if i < len(positions) else hi
+
+
+@dataclass(frozen=True, slots=True)
+class _Piece:
+    """A chunk's range of the text, its heading path, and the range of the table header it
+    repeats (None: it repeats nothing)."""
+
+    start: int
+    end: int
+    headings: tuple[str, ...] | None
+    header: tuple[int, int] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _Table:
+    """A Markdown table in the text: its header and separator lines, then one line per row."""
+
+    start: int
+    header_end: int
+    rows: list[tuple[int, int]]
+
+    @property
+    def end(self) -> int:
+        return self.rows[-1][1]
+
+
+def _tables(text: str, section: _Section) -> list[_Table]:
+    """The Markdown tables of a section that have at least one row (outside code fences the
+    section never holds: a fence opened in it hides nothing a loader writes as a table)."""
+    tables: list[_Table] = []
+    lines = [(m.start(), m.end()) for m in _LINE.finditer(text, section.start, section.end)]
+    i = 0
+    while i + 2 < len(lines):
+        header, separator = lines[i], lines[i + 1]
+        if not (_is_row(text, header) and _TABLE_RULE.fullmatch(text, *separator)):
+            i += 1
+            continue
+        j = i + 2
+        while j < len(lines) and _is_row(text, lines[j]):
+            j += 1
+        if j > i + 2:
+            tables.append(_Table(header[0], separator[1], lines[i + 2 : j]))
+        i = j
+    return tables
+
+
+def _is_row(text: str, line: tuple[int, int]) -> bool:
+    start, end = line
+    return text.startswith("|", start) and text[start:end].rstrip().endswith("|")
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,6 +23,8 @@ EXTRA_MODULES: dict[str, tuple[str, ...]] = {
         "greenlet",
     ),
     "tiktoken": ("tiktoken",),
+    "ocr": ("pytesseract",),
+    "s3": ("boto3",),
 }
 
 

@@ -107,39 +107,30 @@ class PageSpan:
         return cls(first, last, known[0].unit, name, rows)
 
     def as_json(self) -> dict[str, Any]:
-        """The place, for a cached answer's sources (`from_json` reads it back)."""
-        return {
-            "unit": self.unit,
-            "name": self.name,
-            "rows": None if self.rows is None else list(self.rows),
-        }
+        """What the span says beyond its page numbers, in the keys chunk metadata uses
+        (`of_chunk` reads them back): for a cached answer's sources."""
+        rows = None if self.rows is None else list(self.rows)
+        return {"page_unit": self.unit, "sheet": self.name, "rows": rows}
 
     @classmethod
     def from_json(cls, numbers: Sequence[int], place: Mapping[str, Any] | None) -> PageSpan | None:
-        """The span of `numbers` (pages) and `place` (`as_json`; None for a plain page span)."""
+        """The span of `numbers` (pages) and `place` (`as_json`; None: plain pages)."""
         if not numbers:
             return None
-        place = place or {}
-        unit = place.get("unit") if place.get("unit") in ("slide", "sheet") else "page"
-        rows = place.get("rows")
-        return cls(
-            min(numbers),
-            max(numbers),
-            unit,
-            place.get("name"),
-            (int(rows[0]), int(rows[1])) if rows else None,
-        )
+        return cls.of_chunk(min(numbers), max(numbers), place or {})
 
     @classmethod
     def of_chunk(cls, first: int, last: int, metadata: Mapping[str, Any]) -> PageSpan:
         """A stored chunk's span: its pages and what its metadata says of them (`page_unit`,
         `sheet`, `rows`)."""
-        unit = metadata.get("page_unit")
+        unit: PageUnit = "slide" if metadata.get("page_unit") == "slide" else "page"
+        if metadata.get("page_unit") == "sheet":
+            unit = "sheet"
         rows = metadata.get("rows")
         return cls(
             first,
             last,
-            unit if unit in ("slide", "sheet") else "page",
+            unit,
             metadata.get("sheet") if isinstance(metadata.get("sheet"), str) else None,
             (int(rows[0]), int(rows[1])) if isinstance(rows, list) and len(rows) == 2 else None,
         )

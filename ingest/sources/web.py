@@ -33,6 +33,7 @@ from ingest.sources.guard import AddressRefused, Guard, guarded_client
 from ingest.sources.weblinks import (
     Site,
     document_name,
+    normalise,
     page_links,
     sitemap_locations,
 )
@@ -80,6 +81,8 @@ class _Visit:
     links: tuple[str, ...]
     reached: bool = False
     problem: str = ""
+    final_url: str = ""
+    """Where the redirects, if any, ended."""
 
 
 @dataclass
@@ -230,6 +233,14 @@ class _Crawl:
         visit = self._page(start)
         if not visit.reached:
             raise SourceError(f"the start page {start} cannot be fetched: {visit.problem}")
+        final = normalise(visit.final_url) or start
+        if not self.reader.site.holds(final):
+            # Its links would all be off the site: the crawl would find the start page alone
+            # and call every other page gone.
+            raise SourceError(
+                f"the start page {start} redirects to {final}, outside the site; "
+                "give that URL as the source's location"
+            )
         return visit
 
     def _sitemap_pages(self) -> list[str]:
@@ -264,14 +275,16 @@ class _Crawl:
             return _Visit(Failed(url, str(exc)), known_links, problem=str(exc))
         if answer.status == 304 and prior is not None:
             self.stats.not_modified += 1
-            return _Visit(Unchanged(url, prior), prior.links, reached=True)
+            return _Visit(Unchanged(url, prior), prior.links, reached=True, final_url=answer.url)
         if answer.status in GONE:
             return _Visit(None, (), problem=f"HTTP {answer.status}")
         if answer.status != 200:
             self.stats.failed += 1
             reason = f"answered HTTP {answer.status}"
             return _Visit(Failed(url, reason), known_links, problem=reason)
-        return self._fetched(url, answer, prior)
+        visit = self._fetched(url, answer, prior)
+        visit.final_url = answer.url
+        return visit
 
     def _fetched(self, url: str, answer: _Answer, prior: ItemState | None) -> _Visit:
         content_type = answer.headers.get("content-type", "")

@@ -43,6 +43,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeAlias
 
+from ragservice.chunking import TABLE_HEADER, own_text
 from ragservice.safety.sources import neutralise
 from ragservice.types import PageSpan
 
@@ -203,6 +204,7 @@ def source_to_json(source: Source) -> dict[str, Any]:
         "score": source.score,
         "flagged": source.flagged,
         "pages": None if source.pages is None else source.pages.numbers,
+        "place": None if source.pages is None else source.pages.as_json(),
     }
 
 
@@ -218,7 +220,7 @@ def source_from_json(item: dict[str, Any]) -> Source:
         text=str(item["text"]),
         score=float(item["score"]),
         flagged=bool(item.get("flagged", False)),
-        pages=PageSpan.covering(PageSpan(n, n) for n in item.get("pages") or ()),
+        pages=PageSpan.from_json(item.get("pages") or (), item.get("place")),
     )
 
 
@@ -329,16 +331,22 @@ class _Piece:
 
 
 def _pieces(run: _Run) -> tuple[str, list[_Piece]]:
-    """The run's text, each part written once, and where each chunk's part lies in it."""
+    """The run's text, each part written once, and where each chunk's part lies in it. A run
+    that starts inside a table starts with the table's header its first chunk repeats."""
     parts: list[str] = []
     pieces: list[_Piece] = []
     at, end = 0, run[0].start_char
+    header = run[0].chunk_metadata.get(TABLE_HEADER) if run[0].chunk_metadata else None
+    if isinstance(header, str) and run[0].text.startswith(header):
+        parts.append(header + "\n")
+        at = len(parts[0])
     for chunk in run:
+        own = own_text(chunk.text, chunk.chunk_metadata or {})
         if chunk.start_char <= end:
             # Starts inside (or at the end of) the text so far: add only what follows it.
-            doc_start, text = end, chunk.text[end - chunk.start_char :]
+            doc_start, text = end, own[end - chunk.start_char :]
         else:
-            doc_start, text = chunk.start_char, chunk.text
+            doc_start, text = chunk.start_char, own
             parts.append("\n")
             at += 1
         parts.append(text)
@@ -407,7 +415,7 @@ def _truncate(run: _Run, ranks: Mapping[uuid.UUID, int], budget: _Budget) -> Pas
 
     def cut(length: int) -> Passage:
         end = _document_position(pieces, length)
-        kept = [chunk for chunk in run if chunk.start_char < end]
+        kept = [chunk for chunk in run if chunk.start_char < end] or run[:1]
         return _passage(kept, ranks, text[:length], end)
 
     def fits(length: int) -> bool:
@@ -419,8 +427,11 @@ def _truncate(run: _Run, ranks: Mapping[uuid.UUID, int], budget: _Budget) -> Pas
 
 def _document_position(pieces: list[_Piece], length: int) -> int:
     """Where the first `length` characters of a run's text end in the document."""
-    piece = [piece for piece in pieces if piece.at < length][-1]
-    return piece.doc_start + min(length - piece.at, len(piece.text))
+    before = [piece for piece in pieces if piece.at < length]
+    if not before:  # within the repeated table header, which is no part of the document
+        return pieces[0].doc_start
+    piece = before[-1]
+    return piece.doc_start + max(0, min(length - piece.at, len(piece.text)))
 
 
 def _longest(lengths: Sequence[int], fits: Callable[[int], bool]) -> int | None:

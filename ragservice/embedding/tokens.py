@@ -116,12 +116,18 @@ class BatchTokenizer:
         )
 
     def chunk_inputs(
-        self, document: DocumentTokens, ranges: Sequence[tuple[int, int]], texts: Sequence[str]
+        self,
+        document: DocumentTokens,
+        ranges: Sequence[tuple[int, int] | None],
+        texts: Sequence[str],
     ) -> list[TokenIds]:
         """Model inputs of a document's chunks (character `ranges`, their `texts`): slices of
-        the document's ids where exact, the others tokenized on their own."""
+        the document's ids where exact, the others (and those without a range: a chunk whose
+        text is not a slice of the document) tokenized on their own."""
         ends = [end for _, end in document.spans]
-        inputs: list[TokenIds | None] = [self._slice(document, ends, r) for r in ranges]
+        inputs: list[TokenIds | None] = [
+            None if r is None else self._slice(document, ends, r) for r in ranges
+        ]
         retokenize = [i for i, ids in enumerate(inputs) if ids is None]
         if retokenize:
             fresh = self.model_inputs([texts[i] for i in retokenize])

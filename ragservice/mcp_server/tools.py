@@ -104,9 +104,19 @@ def document_text(chunks: list[Chunk]) -> str:
             continue
         if pieces and start > covered:
             pieces.append("\n")
-        pieces.append(chunk["text"][max(covered - start, 0) :])
+        pieces.append(_own_text(chunk)[max(covered - start, 0) :])
         covered = end
     return "".join(pieces)
+
+
+def _own_text(chunk: Chunk) -> str:
+    """The chunk's slice of its document: without the table header (chunk metadata
+    `table_header`) a chunk of a table's later rows repeats before them."""
+    header = (chunk.get("metadata") or {}).get("table_header")
+    text = chunk["text"]
+    if isinstance(header, str) and text.startswith(header + "\n"):
+        return text[len(header) + 1 :]
+    return text
 
 
 def _hit(hit: SearchHit) -> Hit:

@@ -108,7 +108,7 @@ class SearchHit:
     # what the chunk's collection does with flagged chunks (mark, downweight, drop).
     injection: tuple[str, ...] = ()
     flagged_policy: str = "downweight"
-    pages: PageSpan | None = None  # the pages of a paged document (a PDF) it lies on
+    pages: PageSpan | None = None  # where in a paged document (pages, slides, sheets) it lies
 
     @property
     def flagged(self) -> bool:
@@ -581,5 +581,5 @@ def _hit(row: tuple[Any, ...]) -> SearchHit:
         document_version=row[13],
         injection=tuple(str(reason) for reason in (row[6] or {}).get("injection") or ()),
         flagged_policy=row[14],
-        pages=None if row[15] is None else PageSpan(row[15], row[16]),
+        pages=None if row[15] is None else PageSpan.of_chunk(row[15], row[16], row[6] or {}),
     )

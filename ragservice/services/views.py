@@ -20,8 +20,9 @@ from ragservice.types import PageSpan
 Pages = Annotated[
     list[int] | None,
     Field(
-        description="the pages (1-based) of a paged document (a PDF) the text lies on, every "
-        "one from the first to the last, e.g. [12, 13]; null for a document without pages"
+        description="the pages (1-based) of a paged document the text lies on: a PDF's pages, "
+        "a deck's slides, a workbook's sheets; every one from the first to the last, e.g. "
+        "[12, 13]; null for a document without pages"
     ),
 ]
 
@@ -124,7 +125,8 @@ class CitationOut(BaseModel):
     pages: Pages = None
     cited_as: str = Field(
         description="the source named for a reader: `Title (report.pdf, p. 12)`, or "
-        "`report.pdf, pp. 12\u201313` without a title; without pages for a document that has none"
+        "`report.pdf, pp. 12\u201313` without a title; `deck.pptx, slide 4`, "
+        '`book.xlsx, sheet "Q3", rows 12\u201340`; without pages for a document that has none'
     )
 
 

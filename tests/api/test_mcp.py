@@ -272,6 +272,21 @@ def test_a_documents_text_from_its_chunks(spans: list[tuple[int, int, str]], tex
     assert document_text(chunks) == text
 
 
+def test_a_documents_text_leaves_out_the_table_header_later_chunks_repeat() -> None:
+    header = "| a | b |\n| --- | --- |"
+    first = header + "\n| 1 | 2 |"
+    chunks: Any = [
+        {"start_char": 0, "end_char": len(first), "text": first, "metadata": {}},
+        {
+            "start_char": len(first) + 1,
+            "end_char": len(first) + 10,
+            "text": header + "\n| 3 | 4 |",
+            "metadata": {"table_header": header},
+        },
+    ]
+    assert document_text(chunks) == first + "\n| 3 | 4 |"
+
+
 @pytest.mark.parametrize(
     ("typed", "schema"),
     [

@@ -454,3 +454,30 @@ def test_a_hit_left_out_is_not_brought_back_as_a_neighbour() -> None:
         (filler.id_of(0),),
     ]
     assert context.dropped == 1
+
+
+def test_a_passage_inside_a_table_shows_its_header_once() -> None:
+    header = "| city | people |\n| --- | --- |"
+    rows = [f"| town {i} | {i * 1000} |" for i in range(1, 9)]
+    text = "# Towns\n\n" + header + "\n" + "\n".join(rows)
+    spans = [(text.index(rows[0]) - len(header) - 1 - 9, text.index(rows[3]) - 1)]
+    spans += [(text.index(rows[4]), text.index(rows[5]) + len(rows[5]))]
+    spans += [(text.index(rows[6]), len(text))]
+    doc = Doc(uuid.uuid4(), text, spans, "towns.xlsx", None)
+
+    def table_hit(ordinal: int, score: float) -> SearchHit:
+        hit = doc.hit(ordinal, score)
+        if ordinal == 0:
+            return hit
+        meta = {"table_header": header}
+        return replace(hit, text=header + "\n" + hit.text, chunk_metadata=meta)
+
+    alone = assemble([table_hit(1, 0.9)])
+    assert alone.sources[0].text == header + "\n" + rows[4] + "\n" + rows[5]
+    joined = assemble([table_hit(1, 0.9), table_hit(2, 0.8)])
+    [source] = joined.sources
+    assert source.text.count(header) == 1  # not again between the two chunks' rows
+    assert source.text.endswith(rows[5] + "\n" + rows[6] + "\n" + rows[7])
+    assert (source.start_char, source.end_char) == (spans[1][0], len(text))
+    tight = assemble([table_hit(1, 0.9)], budget=20)  # the cut keeps the header and a row
+    assert tight.sources[0].text.startswith(header + "\n| town 5")

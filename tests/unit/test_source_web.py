@@ -252,7 +252,13 @@ def test_the_start_url_failing_is_a_source_error(server: tuple[Served, str]) -> 
         list(WebReader(f"{base}/docs/", rate=1000.0).scan({}))  # the guard, by default
     with pytest.raises(SourceError, match="HTTP 404"):
         list(_reader(base + "/nothing").scan({}))
-    del served.pages["/docs/"]
+    elsewhere = base.replace("127.0.0.1", "localhost") + "/docs/s1.html"  # another host
+    served.redirects["/docs/"] = elsewhere
+    with pytest.raises(SourceError, match=f"redirects to {elsewhere}, outside the site"):
+        list(_reader(base).scan({}))
+    served.redirects["/docs/"] = f"{base}/docs/s1.html"  # on the site: crawled from there
+    assert len(list(_reader(base, depth=0).scan({}))) == 1
+    del served.pages["/docs/"], served.redirects["/docs/"]
     with pytest.raises(SourceError, match="cannot be fetched"):
         list(_reader(base).scan({}))
 
@@ -297,3 +303,17 @@ def test_the_pacer_keeps_the_interval_per_host() -> None:
     for url in ("http://a.test/1", "http://a.test/2", "http://b.test/1", "http://a.test/3"):
         pacer.wait(url)
     assert waits == [0.5, 0.5]
+
+
+def test_a_known_page_robots_now_disallows_is_not_fetched_and_so_gone(
+    server: tuple[Served, str],
+) -> None:
+    served, base = server
+    _site(served, sitemap=False, base=base)
+    secret = f"{base}/docs/private/secret.html"
+    served.log.clear()
+    reader = _reader(base, depth=1)
+    events = list(reader.scan({secret: ItemState(etag='"old"')}))
+    assert secret not in {e.key for e in events}
+    assert reader.stats.disallowed == 1 and reader.complete
+    assert all(path != "/docs/private/secret.html" for path, _, _ in served.log)
