@@ -25,12 +25,11 @@ class SourceGone(RagServiceError):
 
 def open_reader(settings: Settings, location: str, options: dict[str, Any]) -> SourceReader:
     """The reader for a source at `location` with its `options` (`ingest.sources.reader_for`,
-    which checks them: InvalidInputError for one it does not know, SourceError for a location
-    it refuses)."""
+    which checks them: ValueError for one it does not know or a bad value)."""
     reader_for = getattr(sources, "reader_for", None)
     if reader_for is None:  # the readers are not installed in this build
         raise ConfigurationError("this build has no source readers")
-    reader: SourceReader = reader_for(location, options, settings=settings)
+    reader: SourceReader = reader_for(location, options, settings=settings.sources)
     return reader
 
 

@@ -209,8 +209,12 @@ class _Run:
             return
         keys = {change.key for change in batch}
         produced: dict[str, str] = {}  # external id → the key of the document it came from
+        # Parsed here, not on the pipeline's preparation thread (a new one per batch): the
+        # parsing sandbox is a process per thread, started once and kept (a worker's thread
+        # keeps its own across jobs), so a batch does not pay for starting one.
+        loaded = list(self._loaded(batch, produced))
         ingested = pipeline.run(
-            self._loaded(batch, produced),
+            loaded,
             collection=self._target.collection,
             on_progress=lambda _docs, _chunks: self._progress(self.report),
             pack=False,

@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
+from ingest.sources import runs
 from ingest.sources.base import SourceError
-from ingest.sources.runs import open_reader
+from ingest.sources.guard import Guard
 from ragservice.config import Settings
 from ragservice.errors import InvalidInputError
 from ragservice.limits.text import json_text_problem, text_problem
@@ -70,7 +71,7 @@ def checked_source(settings: Settings, spec: SourceSpec, *, operator: bool) -> C
     if not operator:
         _check_remote(settings, kind, location, options)
     try:
-        open_reader(settings, location, options)  # the reader checks its options
+        runs.open_reader(settings, location, options)  # the reader checks its options
     except SourceError as exc:
         raise InvalidInputError(f"location {location[:80]!r}: {exc}") from exc
     except (TypeError, ValueError) as exc:
@@ -107,8 +108,6 @@ def _check_shape(location: str, spec: SourceSpec, operator: bool) -> None:
 
 def _check_remote(settings: Settings, kind: str, location: str, options: dict[str, Any]) -> None:
     """What the API may not ask of the service's network and credentials."""
-    from ingest.sources.guard import Guard  # TODO(h5): top-level once h4-readers lands
-
     guard = Guard(allow_private=settings.sources.sources_allow_private)
     try:
         if kind == "web":

@@ -103,6 +103,10 @@ def add_source(
     limit = settings.sources.sources_max_per_collection
     with db.write() as session:
         cid = store.collections.ensure_collection(session, caller.tenant_id, collection)
+        if store.sources.find_source(session, cid, checked.location) is not None:
+            raise ConflictError(
+                f"collection {collection!r} already has a source at {checked.location!r}"
+            )
         if store.sources.count_sources(session, cid) >= limit:
             raise ConflictError(
                 f"collection {collection!r} has {limit} sources, the most it may have "

@@ -437,3 +437,34 @@ def test_removing_a_source_with_its_documents(runtime: Runtime) -> None:
     assert service.list_sources(runtime.db, runtime.default_tenant_id, COLLECTION) == []
     with runtime.db.read() as session:
         assert session.scalar(select(func.count()).select_from(SourceItem)) == 0
+
+
+def test_migration_0027_downgrades_with_sources_and_runs_and_comes_back(
+    runtime: Runtime, settings: Any
+) -> None:
+    from alembic import command
+    from sqlalchemy import create_engine
+
+    from ragservice.db import migrate
+
+    source = add_source(runtime)
+    queue(runtime, source)
+    runtime.db.dispose()
+    engine = create_engine(settings.owner_database_url.get_secret_value())
+    config = migrate.alembic_config()
+    try:
+        with engine.connect() as conn:
+            config.attributes["connection"] = conn
+            command.downgrade(config, "0026")
+            conn.commit()
+            tables = set(
+                conn.execute(
+                    text("SELECT tablename FROM pg_tables WHERE tablename LIKE 'source%'")
+                ).scalars()
+            )
+            jobs = conn.execute(text("SELECT count(*) FROM ingest_jobs")).scalar()
+            command.upgrade(config, "head")
+            conn.commit()
+    finally:
+        engine.dispose()
+    assert (tables, jobs) == (set(), 1)

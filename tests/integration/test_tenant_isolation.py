@@ -34,6 +34,8 @@ TENANT_TABLES = (
     "chunk_embeddings",
     "chunk_postings",
     "collection_text_stats",
+    "sources",
+    "source_items",
 )
 
 
