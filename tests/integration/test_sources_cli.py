@@ -193,6 +193,43 @@ def test_ingest_a_page_and_a_crawled_site(cli: CliRunner, database_url: str, sit
     assert listed["last_run"]["counts"]["unchanged"] == 3
 
 
+@pytest.fixture(scope="module")
+def bucket() -> Iterator[str]:
+    """moto's S3 server on localhost with a bucket of two notes under `handbook/`; its URL."""
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("AWS_ACCESS_KEY_ID", "testing")
+        env.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+        env.setenv("AWS_DEFAULT_REGION", "us-east-1")
+        for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL"):
+            env.delenv(name, raising=False)
+        server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+        server.start()
+        try:
+            host, port = server.get_host_and_port()
+            endpoint = f"http://{host}:{port}"
+            s3 = boto3.client("s3", endpoint_url=endpoint)
+            s3.create_bucket(Bucket="docs")
+            s3.put_object(Bucket="docs", Key="handbook/leave.md", Body=b"# Leave\n\nSixteen weeks.")
+            s3.put_object(Bucket="docs", Key="handbook/travel.md", Body=b"# Travel\n\nFly early.")
+            s3.put_object(Bucket="docs", Key="other/skip.md", Body=b"# Skip\n\nNot under it.")
+            yield endpoint
+        finally:
+            server.stop()
+
+
+def test_ingest_an_s3_prefix(cli: CliRunner, database_url: str, bucket: str) -> None:
+    args = ["ingest", "s3://docs/handbook/", "-c", "bucket", "--endpoint-url", bucket, "--json"]
+    summary = json.loads(run(cli, *args).stdout)
+    [report] = summary["runs"]
+    assert summary["ok"] and report["counts"]["added"] == 2
+    assert set(documents(database_url, "bucket").values()) == {"Leave", "Travel"}
+    [listed] = json.loads(run(cli, "sources", "list", "-c", "bucket", "--json").stdout)
+    assert listed["kind"] == "s3" and listed["options"] == {"endpoint_url": bucket}
+
+
 def test_sync_once_then_watch(
     cli: CliRunner, database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
