@@ -8,6 +8,10 @@ from __future__ import annotations
 import functools
 import http.server
 import json
+import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -27,6 +31,7 @@ from ragservice.embedding.embedder import SentenceTransformerEmbedder
 pytestmark = pytest.mark.default_tenancy  # the commands say whose rows they work on
 
 WAIT_SECONDS = 60.0
+BIN = Path(sys.executable).parent
 
 
 @pytest.fixture
@@ -289,3 +294,31 @@ def _runs(database_url: str) -> int:
         "WHERE source_id IS NOT NULL AND status IN ('done', 'failed')",
     )
     return int(count)
+
+
+@pytest.mark.slow
+def test_ctrl_c_ends_sync_watch_with_130(database_url: str, tmp_path: Path) -> None:
+    """The real command in its own process: Ctrl-C (SIGINT) while it watches ends it."""
+    folder = handbook(tmp_path / "watched")
+    env = {
+        **os.environ,
+        "RAGSERVICE_DATABASE_URL": database_url,
+        "RAGSERVICE_DATA_DIR": str(tmp_path / "data"),
+        "HF_HUB_OFFLINE": "1",
+        "COLUMNS": "200",
+    }
+    command = [str(BIN / "ragservice"), "sync", str(folder), "-c", "watched", "--watch"]
+    process = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for("the first run", lambda: _runs(database_url) == 1 or process.poll() is not None)
+        assert process.poll() is None, process.communicate()[1]
+        process.send_signal(signal.SIGINT)
+        _, stderr = process.communicate(timeout=WAIT_SECONDS)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode == 130, stderr
+    assert "ran (first run): 2 added" in stderr and "stopped after 1 run(s)" in stderr
+    assert "Traceback" not in stderr
+    assert set(documents(database_url, "watched")) == {"leave.md", "policies/travel.md"}
