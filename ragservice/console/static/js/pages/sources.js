@@ -22,8 +22,8 @@ export function render(main, ctx, name) {
     h("p", {}, h("a", { href: `#/collections/${enc(name)}` }, `Back to collection ${name}`)),
     h("p", { class: "hint" }, "Web sites, S3 prefixes and folders this collection follows: each run ingests what is new or changed and, unless the source keeps them, deletes the documents that are gone."),
     runSlot);
-  if (ctx.can.write) main.append(addForm(ctx, name, (source) => (source.queued_job_id ? follow(source, source.queued_job_id) : refresh())));
   main.append(h("h2", {}, "Sources"), slot);
+  if (ctx.can.write) main.append(addForm(ctx, name, (source) => (source.queued_job_id ? follow(source, source.queued_job_id) : refresh())));
   let timer = null;
   let lastShown = null;
 
