@@ -22,6 +22,7 @@ from ingest.sources.guard import Guard
 from ragservice.config import Settings
 from ragservice.errors import InvalidInputError
 from ragservice.limits.text import json_text_problem, text_problem
+from ragservice.readers import parse_readers
 
 if TYPE_CHECKING:
     from ragservice.services.sources import SourceSpec
@@ -38,6 +39,7 @@ class CheckedSource:
     kind: str
     location: str
     options: dict[str, Any]
+    readers: tuple[str, ...] | None
 
 
 def source_kind(location: str) -> str:
@@ -76,7 +78,8 @@ def checked_source(settings: Settings, spec: SourceSpec, *, operator: bool) -> C
         raise InvalidInputError(f"location {location[:80]!r}: {exc}") from exc
     except (TypeError, ValueError) as exc:
         raise InvalidInputError(f"options: {exc}") from exc
-    return CheckedSource(kind=kind, location=location, options=options)
+    readers = parse_readers(spec.readers)  # InvalidInputError naming a bad principal
+    return CheckedSource(kind=kind, location=location, options=options, readers=readers)
 
 
 def _folder_path(location: str) -> str:

@@ -6,6 +6,10 @@ the SSRF guard, and an S3 bucket must be one `RAGSERVICE_SOURCES_S3_BUCKETS` lis
 server's AWS credentials are not every tenant's); operators at the command line may add any.
 At most one run of a source is queued or running at once (`store.sources`): a second is a
 ConflictError, whoever asks. Additions and removals are audited.
+
+As every service, these take the tenant as the caller's: `tenant_id` to read and queue, a
+`Caller` (the API's principal, the CLI's `Operator`) to change and be audited, and `Settings`
+where the checks need them.
 """
 
 from __future__ import annotations
@@ -120,7 +124,7 @@ def add_source(
                 kind=checked.kind,
                 location=checked.location,
                 options=checked.options,
-                readers=spec.readers,
+                readers=checked.readers,
                 every_seconds=spec.every_seconds,
                 prune=spec.prune,
             ),

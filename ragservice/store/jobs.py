@@ -390,7 +390,8 @@ def retry_job(session: Session, tenant_id: uuid.UUID | None, job_id: uuid.UUID) 
 
     NotFoundError for a job that is not the tenant's (`tenant_id` None: any tenant's);
     ConflictError for a job that did not fail, one the CLI ran (workers never take those), one
-    whose collection is gone, or one whose items were purged."""
+    whose collection is gone, a source's run (the source is run again instead), or one whose
+    items were purged."""
     job = session.scalar(
         select(IngestJob).where(IngestJob.id == job_id, *_of_tenant(tenant_id)).with_for_update()
     )
@@ -405,6 +406,11 @@ def retry_job(session: Session, tenant_id: uuid.UUID | None, job_id: uuid.UUID) 
         )
     if job.collection_id is None:
         raise ConflictError(f"job {job_id} has no collection any more; it cannot run")
+    if job.params.get("source_id"):  # a source's run: its source is run again instead
+        raise ConflictError(
+            f"job {job_id} was a run of a source; queue a new run of the source "
+            "(POST /v1/collections/{name}/sources/{id}/run, `ragservice sources run`)"
+        )
     if not _has_items(session, job_id):
         raise ConflictError(
             f"job {job_id} no longer has its files and texts (purged after "

@@ -4,7 +4,9 @@ runs as worker jobs, taken over when a worker dies; the schedule; the CLI's in-p
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import time
 import uuid
 from collections.abc import Iterator, Mapping
 from datetime import datetime
@@ -326,6 +328,8 @@ def test_a_source_that_cannot_be_read_fails_its_job(
     job = source_job(runtime, job_id)
     assert job.status == "failed"
     assert job.errors == [{"error": "the site went away"}]
+    with pytest.raises(ConflictError, match="run of a source"), runtime.db.write() as session:
+        store.jobs.retry_job(session, None, job_id)  # the source is run again instead
 
 
 def test_one_run_of_a_source_at_a_time(runtime: Runtime, fake_readers: dict[str, FakeSite]) -> None:
@@ -468,3 +472,31 @@ def test_migration_0027_downgrades_with_sources_and_runs_and_comes_back(
     finally:
         engine.dispose()
     assert (tables, jobs) == (set(), 1)
+
+
+def test_running_job_threads_queue_and_run_the_due_sources(
+    runtime: Runtime, fake_readers: dict[str, FakeSite]
+) -> None:
+    scheduling = dataclasses.replace(
+        runtime, settings=runtime.settings.model_copy(update={"sources_poll_seconds": 0.1})
+    )
+    source = add_source(scheduling, every=60)
+    fake_readers[SITE] = site(2)
+    with scheduling.db.write() as session:
+        session.execute(
+            text("UPDATE sources SET next_run_at = now() WHERE id = :id"), {"id": source.id}
+        )
+    worker = JobWorker(scheduling, threads=1)
+    worker.start()
+    try:
+        deadline = time.monotonic() + 60
+        while (run := last_run(scheduling, source)) is None or run.status != "done":
+            assert time.monotonic() < deadline, "the scheduled run did not end"
+            time.sleep(0.05)
+    finally:
+        worker.stop()
+    assert run.counts["added"] == 2
+
+
+def last_run(runtime: Runtime, source: Source) -> service.SourceRun | None:
+    return service.get_source(runtime.db, runtime.default_tenant_id, COLLECTION, source.id).last_run
