@@ -29,6 +29,16 @@ from ingest.loaders import JsonlFields, ParquetColumns, load_documents
 from ingest.pipeline import IngestReport, ProgressCallback
 from ingest.targets import ingest_pipeline, resolve_model
 from ragservice import store
+from ragservice.cli.source_runs import (
+    CrawlOption,
+    DepthOption,
+    EndpointUrlOption,
+    MaxPagesOption,
+    ProfileOption,
+    RemoteIngest,
+    check_remote_ingest,
+    ingest_locations,
+)
 from ragservice.config import DEFAULT_TENANT_NAME, get_settings
 from ragservice.db import tenancy
 from ragservice.errors import (
@@ -88,7 +98,13 @@ class _CtrlC:
 
 
 def ingest_command(
-    paths: Annotated[list[Path], typer.Argument(help="Files or folders (walked recursively).")],
+    paths: Annotated[
+        list[str],
+        typer.Argument(
+            help="Files or folders (walked recursively), or web pages (https://…) or S3 "
+            "prefixes (s3://bucket/prefix), each read as the collection's source for it."
+        ),
+    ],
     collection: Annotated[str, typer.Option("--collection", "-c", help="Target collection.")],
     include: Annotated[
         list[str] | None, typer.Option("--include", help="Glob of files to take (repeatable).")
@@ -167,9 +183,15 @@ def ingest_command(
             "(docs/permissions.md).",
         ),
     ] = None,
+    crawl: CrawlOption = False,
+    depth: DepthOption = None,
+    max_pages: MaxPagesOption = None,
+    profile: ProfileOption = None,
+    endpoint_url: EndpointUrlOption = None,
 ) -> None:
     """Load, chunk, embed and store documents, or import chunks with their vectors (JSONL
-    lines with `chunks`, Parquet). Unchanged documents are skipped."""
+    lines with `chunks`, Parquet). Unchanged documents are skipped. A web page (or a site,
+    with --crawl) or an S3 prefix is read as the collection's source for it."""
     try:
         named_readers = parse_readers(readers)
     except InvalidInputError as exc:
@@ -186,9 +208,14 @@ def ingest_command(
         raise typer.BadParameter(str(exc), param_hint="--parquet-columns") from exc
     if not collection.strip():
         raise typer.BadParameter("must not be empty", param_hint="--collection")
+    asked = RemoteIngest(
+        crawl, depth, max_pages, profile, endpoint_url, include, exclude, named_readers
+    )
+    if check_remote_ingest(paths, asked, dry_run=dry_run, prune=prune, workers=workers):
+        raise typer.Exit(ingest_locations(paths, collection, tenant, asked, as_json=as_json))
     workers = _check_workers(workers, dry_run=dry_run)
     for path in paths:
-        if not path.exists():
+        if not Path(path).exists():
             raise typer.BadParameter(f"{path} does not exist", param_hint="PATHS")
     outcome = _Outcome(IngestReport(dry_run=dry_run), tenant=tenant, collection=collection)
     ctrl_c, stopped = _CtrlC(), False
@@ -196,7 +223,7 @@ def ingest_command(
     try:
         try:
             _run(
-                paths,
+                [Path(path) for path in paths],
                 collection,
                 _Options(
                     include or [],

@@ -22,10 +22,12 @@ from ragservice.cli import (
     replicas,
     rerankers,
     serve,
+    sources,
     tenants,
     training,
 )
 from ragservice.cli.ingest import ingest_command
+from ragservice.cli.sync import sync_command
 from ragservice.cli.termination import end_cleanly_on_termination
 from ragservice.config import get_settings
 from ragservice.observability.logs import configure_logging
@@ -75,6 +77,8 @@ app.command("export-feedback")(feedback.export_feedback)
 app.command("finetune")(training.finetune)
 app.command("reembed")(training.reembed)
 app.command("ingest")(ingest_command)
+app.command("sync")(sync_command)
+app.add_typer(sources.app, name="sources")
 app.command("search")(query.search)
 app.command("ask")(query.ask)
 app.command("mcp")(mcp_server.mcp)

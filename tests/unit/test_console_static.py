@@ -42,7 +42,13 @@ def test_the_console_is_served_with_a_strict_policy_and_builds_no_markup() -> No
         for path in console.STATIC_DIR.rglob("*")
         if path.suffix in (".html", ".js")
     }
-    assert {"index.html", "js/main.js", "js/api.js", "js/pages/ask.js"} <= set(sources)
+    assert {
+        "index.html",
+        "js/main.js",
+        "js/api.js",
+        "js/pages/ask.js",
+        "js/pages/sources.js",
+    } <= set(sources)
     for name, text in sources.items():
         code = re.sub(r"//.*", "", text)  # comments may name what is not done
         assert not re.search(

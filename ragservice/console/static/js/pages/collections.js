@@ -1,13 +1,14 @@
 // Collections and documents: create and delete collections; upload files (drag and drop, with
 // upload progress, then the job's live status); page through documents; open a document's
 // chunks; delete with confirmation. Routes: #/collections, #/collections/NAME,
-// #/collections/NAME/documents/EXTERNAL_ID.
+// #/collections/NAME/documents/EXTERNAL_ID, and #/collections/NAME/sources (sources.js).
 
 import { api, enc, get, uploadFiles, withQuery } from "../api.js";
 import {
   alertError, announce, clear, confirmDialog, field, fmtBytes, fmtPages, fmtSeconds, h, table, timeEl,
 } from "../dom.js";
 import { countsText, jobSummary, watchJob } from "./jobs.js";
+import * as sources from "./sources.js";
 
 const PAGE_SIZE = 50;
 const SUFFIXES = [".txt", ".md", ".markdown", ".html", ".htm", ".pdf", ".docx", ".jsonl", ".parquet"];
@@ -16,6 +17,7 @@ export function render(main, ctx) {
   const [name, sub, externalId] = ctx.params;
   if (!name) listPage(main, ctx);
   else if (sub === "documents" && externalId !== undefined) documentPage(main, ctx, name, externalId);
+  else if (sub === "sources") sources.render(main, ctx, name);
   else collectionPage(main, ctx, name);
 }
 
@@ -110,7 +112,8 @@ function collectionPage(main, ctx, name) {
   const facts = h("p", { class: "muted" }, "Loading…");
   const documentsSlot = h("div", {});
   main.append(h("h1", {}, `Collection ${name}`), facts,
-    h("p", {}, h("a", { href: "#/collections" }, "All collections")));
+    h("p", {}, h("a", { href: "#/collections" }, "All collections"), " · ",
+      h("a", { href: `${collectionHash(name)}/sources` }, "Sources")));
   const pager = { stack: [], after: null };
 
   async function refreshFacts() {
