@@ -236,8 +236,10 @@ class _Run:
             else:
                 self.report.unchanged += 1
             saved[change.key] = change.state
-            if ids != {change.key}:
-                rows[change.key] = ids
+            if ids != {change.key} or ids & updated:
+                rows[change.key] = (
+                    ids  # what a changed file holds no longer goes (rows, attachments)
+                )
         self._save(saved, rows)
 
     def _loaded(self, batch: list[Changed], produced: dict[str, str]) -> Iterator[LoadResult]:

@@ -18,7 +18,20 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import and_, delete, func, or_, select, text, update
+from sqlalchemy import (
+    ARRAY,
+    ColumnElement,
+    Text,
+    and_,
+    delete,
+    exists,
+    func,
+    literal,
+    or_,
+    select,
+    text,
+    update,
+)
 from sqlalchemy.dialects.postgresql import distinct_on
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.orm import Session
@@ -166,7 +179,8 @@ def delete_source_documents(
     session: Session, collection_id: uuid.UUID, keys: Sized[str]
 ) -> list[str]:
     """Delete the collection's documents a source brought under `keys`: a document whose
-    external id is a key, or whose `source` is one (the rows of a JSONL file). Their chunks and
+    external id is a key, or whose `source` is one (the rows of a JSONL file) or lies inside
+    one (`<key>/<name>`: an e-mail's attachments, an mbox's messages). Their chunks and
     embeddings go with them, and the documents' triggers drop the cached answers built on
     them. Returns the deleted documents' external ids."""
     if not keys:
@@ -176,7 +190,11 @@ def delete_source_documents(
         delete(Document)
         .where(
             Document.collection_id == collection_id,
-            or_(Document.external_id.in_(wanted), Document.source.in_(wanted)),
+            or_(
+                Document.external_id.in_(wanted),
+                Document.source.in_(wanted),
+                _inside_any(wanted),
+            ),
         )
         .returning(Document.external_id)
     )
@@ -187,17 +205,25 @@ def delete_stale_rows(
     session: Session, collection_id: uuid.UUID, key: str, keep: Sized[str]
 ) -> list[str]:
     """Delete the documents a changed file (`key`) held before and holds no longer (a JSONL
-    row removed): those with `source` = key whose external id is not in `keep`."""
+    row removed, an attachment gone from an e-mail): those with `source` = key, or inside it
+    (`<key>/<name>`), whose external id is not in `keep`."""
     stmt = (
         delete(Document)
         .where(
             Document.collection_id == collection_id,
-            Document.source == key,
+            or_(Document.source == key, _inside_any([key])),
             Document.external_id.not_in(list(keep)),
         )
         .returning(Document.external_id)
     )
     return sorted(session.scalars(stmt))
+
+
+def _inside_any(keys: list[str]) -> ColumnElement[bool]:
+    """The document came from a file embedded in one of `keys` (its source is `<key>/…`)."""
+    parents = func.unnest(literal(keys, ARRAY(Text))).table_valued("key").render_derived("parents")
+    inside = func.starts_with(Document.source, func.concat(parents.c.key, "/"))
+    return exists(select(literal(1)).select_from(parents).where(inside))
 
 
 def known_keys(session: Session, source_id: uuid.UUID) -> list[str]:

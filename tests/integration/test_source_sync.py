@@ -500,3 +500,41 @@ def test_running_job_threads_queue_and_run_the_due_sources(
 
 def last_run(runtime: Runtime, source: Source) -> service.SourceRun | None:
     return service.get_source(runtime.db, runtime.default_tenant_id, COLLECTION, source.id).last_run
+
+
+class Mailbox:
+    """A source of e-mail files in memory: key → the message's bytes."""
+
+    def __init__(self, messages: Mapping[str, bytes]) -> None:
+        self.messages = dict(messages)
+
+    def scan(self, known: Mapping[str, ItemState]) -> Iterator[ScanEvent]:
+        for key, data in sorted(self.messages.items()):
+            digest = hashlib.sha256(data).hexdigest()
+            state = ItemState(etag=digest[:16], content_hash=digest)
+            prior = known.get(key)
+            if prior is not None and prior.etag == state.etag:
+                yield Unchanged(key, state)
+            else:
+                yield Changed(key, key.rsplit("/", 1)[-1], data, state, origin={"url": key})
+
+
+def test_an_e_mails_attachments_go_when_they_leave_it_and_with_it(runtime: Runtime) -> None:
+    from tests.corpus_mail import make_email
+
+    source = add_source(runtime)
+    mail, note = f"{SITE}/mail.eml", f"{SITE}/note.eml"
+    box = Mailbox({mail: make_email(), note: make_email("A note", attach=False)})
+    run(runtime, source, box)
+    attachments = {f"{mail}/invoice.pdf", f"{mail}/packing list.txt"}
+    assert set(documents(runtime)) == {mail, note, *attachments}
+
+    box.messages[mail] = make_email(body="No attachments this time.", attach=False)
+    assert counts(run(runtime, source, box))["changed"] == 1
+    assert set(documents(runtime)) == {mail, note}  # the attachments left with the change
+
+    box.messages[mail] = make_email()
+    run(runtime, source, box)
+    del box.messages[mail]
+    assert counts(run(runtime, source, box))["removed"] == 1
+    assert set(documents(runtime)) == {note}  # the message and its attachments
