@@ -13,6 +13,16 @@ from ragservice.config import Settings
 from tests.api.conftest import Keys, ok, wait_for_job
 from tests.corpus_mail import make_email, make_epub
 from tests.corpus_office import make_deck, make_workbook, q3_item
+from tests.corpus_pdf import (
+    LEFT_COLUMN,
+    RIGHT_COLUMN,
+    SCAN_LINES,
+    TABLE_HEADER,
+    long_table_pdf,
+    scanned_pdf,
+    table_pdf,
+    two_column_pdf,
+)
 
 Q3_HEADER = "| Item | Amount | Note |"
 
@@ -30,6 +40,10 @@ def test_each_format_is_found_and_cited_where_it_lies(office: TestClient, keys: 
     a_sheets_rows_are_cited_with_their_header(office, keys)
     an_attachment_is_its_own_document_linked_to_its_message(office, keys)
     a_chapter_is_the_heading_path_of_its_chunks(office, keys)
+    a_pdf_tables_rows_come_with_its_header_and_page(office, keys)
+    an_unruled_table_is_a_table(office, keys)
+    two_columns_read_in_order(office, keys)
+    a_scanned_page_is_read_and_cited_by_its_page(office, keys)
 
 
 @pytest.fixture
@@ -40,12 +54,17 @@ def office(client: TestClient, keys: Keys) -> TestClient:
         ("files", ("book.xlsx", make_workbook(), "application/octet-stream")),
         ("files", ("mail.eml", make_email(), "message/rfc822")),
         ("files", ("tales.epub", make_epub(), "application/epub+zip")),
+        ("files", ("stock.pdf", long_table_pdf(120), "application/pdf")),
+        ("files", ("sales.pdf", table_pdf(ruled=False), "application/pdf")),
+        ("files", ("columns.pdf", two_column_pdf(), "application/pdf")),
+        # A blank sheet scanned before the page with text: the text is cited on page 2.
+        ("files", ("scan.pdf", scanned_pdf([[" "], SCAN_LINES]), "application/pdf")),
     ]
     url = "/v1/collections/office/documents/files"
     job = ok(client.post(url, files=files, headers=keys.writer), 202)
     done = wait_for_job(client, job["id"], keys.reader)
     # The e-mail's two attachments are documents of their own.
-    assert done["counts"]["new"] == 6, done
+    assert done["counts"]["new"] == 10, done
     return client
 
 
@@ -104,3 +123,43 @@ def a_chapter_is_the_heading_path_of_its_chunks(office: TestClient, keys: Keys) 
     [hit] = ok(office.post("/v1/search", json=body, headers=keys.reader))["results"]
     assert hit["document"]["external_id"] == "tales.epub"
     assert hit["metadata"]["headings"][:1] == ["The Storm"]
+
+
+def hit(client: TestClient, keys: Keys, query: str) -> dict[str, Any]:
+    body = {"query": query, "collections": ["office"], "mode": "fulltext", "k": 1}
+    [found] = ok(client.post("/v1/search", json=body, headers=keys.reader))["results"]
+    result: dict[str, Any] = found
+    return result
+
+
+def a_pdf_tables_rows_come_with_its_header_and_page(office: TestClient, keys: Keys) -> None:
+    answer = ask(office, keys, "part number 1097")
+    [source] = answer["sources"]
+    assert source["document"]["external_id"] == "stock.pdf"
+    assert source["text"].startswith("| Item | Part | Stock |\n| --- | --- | --- |")
+    assert "| item 097 | part number 1097 | 89 units |" in source["text"]
+    page = source["pages"][0]
+    assert page > 1 and re.match(rf"stock\.pdf, pp?\. {page}\b", source["cited_as"])
+
+
+def an_unruled_table_is_a_table(office: TestClient, keys: Keys) -> None:
+    found = hit(office, keys, "Gaskets")
+    assert found["document"]["external_id"] == "sales.pdf"
+    assert "| " + " | ".join(TABLE_HEADER) + " |" in found["text"]
+    assert "| Coast | Gaskets | 133 | 1475 |" in found["text"]
+
+
+def two_columns_read_in_order(office: TestClient, keys: Keys) -> None:
+    url = "/v1/collections/office/documents/columns.pdf?chunks=true"
+    text = " ".join(c["text"] for c in ok(office.get(url, headers=keys.reader))["chunks"])
+    text = " ".join(text.split())
+    places = [text.index(" ".join(line.split()[:2])) for line in (*LEFT_COLUMN, *RIGHT_COLUMN)]
+    assert places == sorted(places)  # the left column's sentences, then the right's
+
+
+def a_scanned_page_is_read_and_cited_by_its_page(office: TestClient, keys: Keys) -> None:
+    answer = ask(office, keys, "forty copper pipes")
+    [citation] = answer["citations"]
+    assert citation["cited_as"] == "scan.pdf, p. 2"
+    document = ok(office.get("/v1/collections/office/documents/scan.pdf", headers=keys.reader))
+    assert document["metadata"]["ocr"] is True and document["metadata"]["pages"] == 2
