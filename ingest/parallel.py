@@ -196,24 +196,6 @@ def _prune(
         report.deleted = store.documents.delete_documents_except(session, collection_id, seen)
 
 
-def merge_report(into: IngestReport, part: IngestReport) -> None:
-    """Add a worker's report to the run's (its own seconds are not the run's)."""
-    into.new.extend(part.new)
-    into.updated.extend(part.updated)
-    into.unchanged.extend(part.unchanged)
-    into.deleted.extend(part.deleted)
-    into.failed.extend(part.failed)
-    into.restricted = into.restricted or part.restricted
-    into.chunks_written += part.chunks_written
-    into.chunks_embedded += part.chunks_embedded
-    into.chunks_reused += part.chunks_reused
-    into.chunks_imported += part.chunks_imported
-    into.write_seconds += part.write_seconds
-    into.embed_seconds += part.embed_seconds
-    into.prepare_wait_seconds += part.prepare_wait_seconds
-    into.write_wait_seconds += part.write_wait_seconds
-
-
 # -- the parent's side ------------------------------------------------------------------------
 
 # Messages from the workers: ("progress", docs, chunks), ("done", index, report),
@@ -286,7 +268,7 @@ class _Pool:
             except KeyboardInterrupt:
                 self.stop(interrupted=True)
         for part in self._reports.values():
-            merge_report(report, part)
+            report.add(part)
         if self._interrupted:
             raise KeyboardInterrupt
         if self._failures:

@@ -38,6 +38,24 @@ class IngestReport:
     restricted: bool = False
     """Whether a document it wrote has readers (its job is then shown to fewer askers)."""
 
+    def add(self, part: IngestReport) -> None:
+        """Add what another run did (a worker process's, a batch's) to this one's; its own
+        `seconds` are not this run's and stay out."""
+        self.new.extend(part.new)
+        self.updated.extend(part.updated)
+        self.unchanged.extend(part.unchanged)
+        self.deleted.extend(part.deleted)
+        self.failed.extend(part.failed)
+        self.restricted = self.restricted or part.restricted
+        self.chunks_written += part.chunks_written
+        self.chunks_embedded += part.chunks_embedded
+        self.chunks_reused += part.chunks_reused
+        self.chunks_imported += part.chunks_imported
+        self.write_seconds += part.write_seconds
+        self.embed_seconds += part.embed_seconds
+        self.prepare_wait_seconds += part.prepare_wait_seconds
+        self.write_wait_seconds += part.write_wait_seconds
+
     @property
     def ok(self) -> bool:
         return not self.failed

@@ -219,7 +219,8 @@ class _Run:
             on_progress=lambda _docs, _chunks: self._progress(self.report),
             pack=False,
         )
-        _merge(self._ingest, ingested)
+        self._ingest.add(ingested)
+        self._ingest.seconds += ingested.seconds  # one after another: they add up
         self.report.restricted = self.report.restricted or ingested.restricted
         failed = self._failures(ingested.failed, keys, produced)
         new, updated = set(ingested.new), set(ingested.updated)
@@ -322,15 +323,3 @@ def _key_of(source: str, keys: set[str], produced: dict[str, str]) -> str:
         return produced[source]
     head = source.rpartition(":")[0]
     return head if head in keys else source
-
-
-def _merge(total: IngestReport, part: IngestReport) -> None:
-    total.new += part.new
-    total.updated += part.updated
-    total.unchanged += part.unchanged
-    total.failed += part.failed
-    total.chunks_written += part.chunks_written
-    total.chunks_embedded += part.chunks_embedded
-    total.chunks_reused += part.chunks_reused
-    total.seconds += part.seconds
-    total.restricted = total.restricted or part.restricted

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
-from ragservice.config import Settings
+from ragservice import runtime as runtimes
+from ragservice.config import Settings, get_settings
 from ragservice.db import tenancy
 from ragservice.embedding.embedder import SentenceTransformerEmbedder
 from ragservice.runtime import Runtime, open_runtime
@@ -31,3 +35,22 @@ def runtime(settings: Settings, embedder: SentenceTransformerEmbedder) -> Iterat
     rt = open_runtime(settings, embedder=embedder)
     yield rt
     rt.close()
+
+
+@pytest.fixture
+def cli(
+    database_url: str,
+    tmp_path: Path,
+    embedder: SentenceTransformerEmbedder,
+    monkeypatch: pytest.MonkeyPatch,
+) -> Iterator[CliRunner]:
+    """The `ragservice` command in this process, on the session's database and model."""
+    monkeypatch.setenv("RAGSERVICE_DATABASE_URL", database_url)
+    monkeypatch.setenv("RAGSERVICE_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setenv("COLUMNS", "200")
+    shared = functools.partial(runtimes.open_runtime, embedder=embedder)
+    monkeypatch.setattr(runtimes, "open_runtime", shared)
+    monkeypatch.setattr("ragservice.cli.ingest.open_runtime", shared)
+    get_settings.cache_clear()
+    yield CliRunner()
+    get_settings.cache_clear()

@@ -3,40 +3,19 @@ shared): each tenant's documents and jobs, the API's JSON, the errors."""
 
 from __future__ import annotations
 
-import functools
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from typer.testing import CliRunner
 
-from ragservice import runtime, store
+from ragservice import store
 from ragservice.cli import app
 from ragservice.config import get_settings
 from ragservice.db import open_database, tenancy
-from ragservice.embedding.embedder import SentenceTransformerEmbedder
 
 pytestmark = pytest.mark.default_tenancy  # the commands say whose rows they work on
-
-
-@pytest.fixture
-def cli(
-    database_url: str,
-    tmp_path: Path,
-    embedder: SentenceTransformerEmbedder,
-    monkeypatch: pytest.MonkeyPatch,
-) -> Iterator[CliRunner]:
-    monkeypatch.setenv("RAGSERVICE_DATABASE_URL", database_url)
-    monkeypatch.setenv("RAGSERVICE_DATA_DIR", str(tmp_path / "data"))
-    monkeypatch.setenv("COLUMNS", "200")
-    shared = functools.partial(runtime.open_runtime, embedder=embedder)
-    monkeypatch.setattr(runtime, "open_runtime", shared)
-    monkeypatch.setattr("ragservice.cli.ingest.open_runtime", shared)
-    get_settings.cache_clear()
-    yield CliRunner()
-    get_settings.cache_clear()
 
 
 def ok(cli: CliRunner, *args: str) -> Any:

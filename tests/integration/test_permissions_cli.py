@@ -4,9 +4,7 @@ sidecar and a JSONL row's `readers`, kept or changed on re-ingest without embedd
 
 from __future__ import annotations
 
-import functools
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,30 +12,9 @@ import psycopg
 import pytest
 from typer.testing import CliRunner
 
-from ragservice import runtime
 from ragservice.cli import app
-from ragservice.config import get_settings
-from ragservice.embedding.embedder import SentenceTransformerEmbedder
 
 pytestmark = pytest.mark.default_tenancy  # the commands say whose rows they work on
-
-
-@pytest.fixture
-def cli(
-    database_url: str,
-    tmp_path: Path,
-    embedder: SentenceTransformerEmbedder,
-    monkeypatch: pytest.MonkeyPatch,
-) -> Iterator[CliRunner]:
-    monkeypatch.setenv("RAGSERVICE_DATABASE_URL", database_url)
-    monkeypatch.setenv("RAGSERVICE_DATA_DIR", str(tmp_path / "data"))
-    monkeypatch.setenv("COLUMNS", "200")
-    shared = functools.partial(runtime.open_runtime, embedder=embedder)
-    monkeypatch.setattr(runtime, "open_runtime", shared)
-    monkeypatch.setattr("ragservice.cli.ingest.open_runtime", shared)
-    get_settings.cache_clear()
-    yield CliRunner()
-    get_settings.cache_clear()
 
 
 def run(cli: CliRunner, *args: str, code: int = 0) -> Any:

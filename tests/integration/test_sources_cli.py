@@ -23,10 +23,8 @@ import psycopg
 import pytest
 from typer.testing import CliRunner, Result
 
-from ragservice import runtime
 from ragservice.cli import app
 from ragservice.config import get_settings
-from ragservice.embedding.embedder import SentenceTransformerEmbedder
 
 pytestmark = pytest.mark.default_tenancy  # the commands say whose rows they work on
 
@@ -35,22 +33,12 @@ BIN = Path(sys.executable).parent
 
 
 @pytest.fixture
-def cli(
-    database_url: str,
-    tmp_path: Path,
-    embedder: SentenceTransformerEmbedder,
-    monkeypatch: pytest.MonkeyPatch,
-) -> Iterator[CliRunner]:
-    monkeypatch.setenv("RAGSERVICE_DATABASE_URL", database_url)
-    monkeypatch.setenv("RAGSERVICE_DATA_DIR", str(tmp_path / "data"))
-    monkeypatch.setenv("RAGSERVICE_SOURCES_ALLOW_PRIVATE", "true")  # the site is on localhost
-    monkeypatch.setenv("RAGSERVICE_CRAWL_RATE", "100")  # no pause between its pages
-    monkeypatch.setenv("COLUMNS", "200")
-    shared = functools.partial(runtime.open_runtime, embedder=embedder)
-    monkeypatch.setattr(runtime, "open_runtime", shared)
+def cli(cli: CliRunner, monkeypatch: pytest.MonkeyPatch) -> CliRunner:
+    """The shared `cli`, allowed to crawl the test's site on localhost without pauses."""
+    monkeypatch.setenv("RAGSERVICE_SOURCES_ALLOW_PRIVATE", "true")
+    monkeypatch.setenv("RAGSERVICE_CRAWL_RATE", "100")
     get_settings.cache_clear()
-    yield CliRunner()
-    get_settings.cache_clear()
+    return cli
 
 
 def run(cli: CliRunner, *args: str, code: int = 0) -> Result:
@@ -75,9 +63,9 @@ def documents(database_url: str, collection: str) -> dict[str, str]:
     return dict(found)
 
 
-def wait_for(what: str, check: Callable[[], bool]) -> None:
-    """Poll `check` until it holds (bounded: fails after WAIT_SECONDS)."""
-    deadline = time.monotonic() + WAIT_SECONDS
+def wait_for(what: str, check: Callable[[], bool], seconds: float = WAIT_SECONDS) -> None:
+    """Poll `check` until it holds (bounded: fails after `seconds`)."""
+    deadline = time.monotonic() + seconds
     while not check():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.1)
@@ -310,7 +298,9 @@ def test_ctrl_c_ends_sync_watch_with_130(database_url: str, tmp_path: Path) -> N
     command = [str(BIN / "ragservice"), "sync", str(folder), "-c", "watched", "--watch"]
     process = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True)
     try:
-        wait_for("the first run", lambda: _runs(database_url) == 1 or process.poll() is not None)
+        # A process of its own loads the model first: slow on a busy machine, so a longer bound.
+        first = lambda: _runs(database_url) == 1 or process.poll() is not None  # noqa: E731
+        wait_for("the first run", first, seconds=4 * WAIT_SECONDS)
         assert process.poll() is None, process.communicate()[1]
         process.send_signal(signal.SIGINT)
         _, stderr = process.communicate(timeout=WAIT_SECONDS)
