@@ -186,11 +186,24 @@ def _children(attachments: list[Message]) -> Iterator[Child]:
 
 def _is_attachment(part: Message) -> bool:
     """A part with a file name, one marked as an attachment, or an attached message; not an
-    inline part without a name (the HTML alternative of a plain body, a signature's text)."""
+    inline part without a name (the HTML alternative of a plain body, a signature's text),
+    nor an image the HTML body shows (a logo: OCR would only spend seconds on it)."""
+    if _shown_image(part):
+        return False
     return (
         _filename(part) != ""
         or part.get_content_disposition() == "attachment"
         or part.get_content_type() == "message/rfc822"
+    )
+
+
+def _shown_image(part: Message) -> bool:
+    """An image that is part of the message's layout: inline, with the Content-ID its HTML
+    body refers to (`cid:`), as mail programs send logos and signatures."""
+    return (
+        part.get_content_maintype() == "image"
+        and part.get("Content-ID") is not None
+        and part.get_content_disposition() != "attachment"
     )
 
 

@@ -139,6 +139,27 @@ def test_an_emails_attachments_are_its_children() -> None:
     assert children[1].data.decode() == ATTACHED_TEXT
 
 
+def test_an_image_the_html_body_shows_is_no_attachment() -> None:
+    """A logo or signature image (inline, with the Content-ID the HTML refers to) is part of
+    the message's layout, not a document; an image sent as an attachment still is one."""
+    message = EmailMessage()
+    message["Subject"] = "With a logo"
+    message.set_content("Plain body.")
+    message.add_alternative('<p>HTML body.</p><img src="cid:logo@example.com">', subtype="html")
+    html_part = message.get_payload()[1]
+    html_part.add_related(
+        b"\x89PNG logo",
+        "image",
+        "png",
+        cid="<logo@example.com>",
+        filename="image001.png",
+        disposition="inline",
+    )
+    message.add_attachment(b"\x89PNG photo", "image", "png", filename="photo.png")
+    children = parse_email(message.as_bytes(), LIMITS).children
+    assert [child.name for child in children] == ["photo.png"]
+
+
 def test_an_html_only_email_is_rendered_as_markdown() -> None:
     doc = loaded("news.eml", make_html_email())
     assert doc.text == "# Spring news\n\nThe orchard is in bloom.\n\n- apples\n\n- cherries"
