@@ -139,6 +139,7 @@ def place_chunks(
     they are."""
     if unit == "page" and not row_starts:
         return chunks
+    rows_by_place = _Rows(row_starts)
     placed: list[TextChunk] = []
     for chunk in chunks:
         metadata = dict(chunk.metadata)
@@ -147,7 +148,7 @@ def place_chunks(
         pages = chunk.pages
         if pages is not None and pages.first == pages.last and pages.first <= len(page_names):
             metadata["sheet"] = page_names[pages.first - 1]
-        rows = rows_of(row_starts, chunk.start_char, chunk.end_char)
+        rows = rows_by_place.between(chunk.start_char, chunk.end_char)
         if rows is not None:
             metadata["rows"] = list(rows)
         if pages is not None:
@@ -159,12 +160,23 @@ def place_chunks(
 def rows_of(row_starts: Sequence[tuple[int, int]], start: int, end: int) -> tuple[int, int] | None:
     """The first and last numbered row (`LoadedDocument.row_starts`) that starts within the
     text range [start, end); None when none does."""
-    offsets = [offset for offset, _ in row_starts]
-    low, high = bisect_left(offsets, start), bisect_left(offsets, end)
-    if low >= high:
-        return None
-    numbers = [number for _, number in row_starts[low:high]]
-    return min(numbers), max(numbers)
+    return _Rows(row_starts).between(start, end)
+
+
+class _Rows:
+    """A document's numbered rows, their offsets split out once for bisecting (a workbook has
+    many rows, and every chunk looks its rows up)."""
+
+    def __init__(self, row_starts: Sequence[tuple[int, int]]) -> None:
+        self._offsets = [offset for offset, _ in row_starts]
+        self._numbers = [number for _, number in row_starts]
+
+    def between(self, start: int, end: int) -> tuple[int, int] | None:
+        low, high = bisect_left(self._offsets, start), bisect_left(self._offsets, end)
+        if low >= high:
+            return None
+        numbers = self._numbers[low:high]
+        return min(numbers), max(numbers)
 
 
 def page_span(page_starts: Sequence[int], start: int, end: int) -> PageSpan | None:

@@ -14,8 +14,9 @@ import io
 from collections.abc import Iterator
 
 from ingest.loaders.cleaning import decode_bytes
-from ingest.loaders.markdown_text import MarkdownText, cell_text, over_the_limit
+from ingest.loaders.markdown_text import MarkdownText, over_the_limit
 from ingest.loaders.parsing import Parsed, bad_content
+from ingest.loaders.tables import cell_text
 from ragservice.limits.documents import DocumentLimits
 
 _SNIFF_CHARS = 4096  # the Sniffer's regexes backtrack on long lines; a few lines suffice

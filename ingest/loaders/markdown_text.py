@@ -6,9 +6,8 @@ built a block at a time and each block's offset is known when it is written. Blo
 text's length is checked as it grows, so a huge file fails early, with the usual message,
 rather than after its whole text is built.
 
-Tables have the shape the chunker keeps whole per row and repeats the header of: a header line
-`| a | b |`, a separator line `| --- | --- |`, then one line per row; a cell's `|` is escaped
-as `\\|` and its line breaks collapse to spaces.
+Tables have the shape the chunker keeps whole per row and repeats the header of, written by
+`ingest.loaders.tables`.
 """
 
 from __future__ import annotations
@@ -17,6 +16,7 @@ from collections.abc import Sequence
 
 from ingest.loaders.cleaning import clean_text, collapse
 from ingest.loaders.parsing import ParseError
+from ingest.loaders.tables import separator_line, table_line
 from ragservice.limits.documents import DocumentLimits
 
 BLOCK_SEPARATOR = "\n\n"
@@ -34,21 +34,6 @@ def too_many_pages(count: int, what: str, limits: DocumentLimits) -> ParseError:
         f"the file has {count} {what}; the limit is {limits.max_pages} "
         "(RAGSERVICE_MAX_DOCUMENT_PAGES)"
     )
-
-
-def cell_text(value: str) -> str:
-    """One table cell: clean, on one line, its `|` escaped."""
-    return collapse(clean_text(value)).replace("|", "\\|")
-
-
-def table_line(cells: Sequence[str], width: int) -> str:
-    """A table line of `width` cells (escaped already, `cell_text`), padded with empty ones."""
-    padded = [*cells, *([""] * (width - len(cells)))]
-    return "| " + " | ".join(padded) + " |"
-
-
-def separator_line(width: int) -> str:
-    return "|" + " --- |" * width
 
 
 class MarkdownText:

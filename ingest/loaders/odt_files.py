@@ -23,8 +23,9 @@ from odf.opendocument import load
 
 from ingest.loaders.archives import open_archive
 from ingest.loaders.cleaning import clean_text, clean_title, collapse
-from ingest.loaders.markdown_text import MarkdownText, cell_text, separator_line, table_line
+from ingest.loaders.markdown_text import MarkdownText
 from ingest.loaders.parsing import Parsed, ParseError, bad_content
+from ingest.loaders.tables import cell_text, separator_line, table_line
 from ragservice.limits.documents import DocumentLimits
 
 _TEXT_NODE = 3

@@ -24,14 +24,9 @@ from pptx.text.text import TextFrame, _Paragraph
 
 from ingest.loaders.archives import open_archive
 from ingest.loaders.cleaning import clean_text, clean_title, collapse
-from ingest.loaders.markdown_text import (
-    MarkdownText,
-    cell_text,
-    separator_line,
-    table_line,
-    too_many_pages,
-)
+from ingest.loaders.markdown_text import MarkdownText, too_many_pages
 from ingest.loaders.parsing import Parsed, bad_content
+from ingest.loaders.tables import cell_text, separator_line, table_line
 from ragservice.limits.documents import DocumentLimits
 
 # Placeholders whose paragraphs are bullets unless a paragraph says otherwise (`a:buNone`).

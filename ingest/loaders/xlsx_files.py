@@ -24,8 +24,9 @@ from openpyxl.workbook.workbook import Workbook
 
 from ingest.loaders.archives import open_archive
 from ingest.loaders.cleaning import clean_title
-from ingest.loaders.markdown_text import MarkdownText, cell_text, over_the_limit, too_many_pages
+from ingest.loaders.markdown_text import MarkdownText, over_the_limit, too_many_pages
 from ingest.loaders.parsing import Parsed, bad_content
+from ingest.loaders.tables import cell_text
 from ragservice.limits.documents import DocumentLimits
 
 _Row = tuple[int, list[str]]  # (row number in the sheet, its cells' texts)
