@@ -1,18 +1,21 @@
 """HTML: the main content as Markdown (headings, list items, table rows, code), without the
 navigation, headers, footers, sidebars, banners and scripts around it.
 
-Semantic tags (`nav`, `footer`, `aside`, …), scripts and hidden elements are dropped first; the
-rest is rendered as blocks, of which `html_main` keeps those trafilatura finds to be the main
-content (menus, cookie banners and sidebars built from plain `div`s go too).
+Semantic tags (`nav`, `footer`, `aside`, …), scripts, hidden elements and permalinks (the "¶"
+beside each heading) are dropped first; the rest is rendered as blocks, of which `html_main`
+keeps those trafilatura finds to be the main content (menus, cookie banners and sidebars built
+from plain `div`s go too).
 """
 
 from __future__ import annotations
 
 import codecs
 import re
+import unicodedata
+import warnings
 from collections.abc import Iterable, Iterator, Sequence
 
-from bs4 import BeautifulSoup, Tag
+from bs4 import BeautifulSoup, Tag, XMLParsedAsHTMLWarning
 from bs4.element import NavigableString, PageElement, PreformattedString
 
 from ingest.loaders.cleaning import BOMS, clean_text, clean_title, collapse, decode_bytes
@@ -41,6 +44,12 @@ _INLINE_TAGS = frozenset({
 # fmt: on
 _UNRENDERED_TAGS = frozenset({"head", "title", "meta", "link", "base"})
 _CHARSET_DECLARATION = re.compile(rb"""charset\s*=\s*(?:["']\s*)?([A-Za-z0-9._:-]+)""", re.I)
+# What a permalink shows: Sphinx's "¶", "§", "#", a link or anchor emoji, Doxygen's "◆", a
+# footnote's way back "↩" (and an icon font's private-use glyph, as MkDocs' theme shows).
+_PERMALINK_SIGNS = frozenset("\u00b6\u00a7#\U0001f517\u2693\u25c6\u21a9\ufe0e\ufe0f")
+_PERMALINK_LENGTH = 3
+# A line of running text that starts so would read as a Markdown heading or code fence.
+_MARKDOWN_START = re.compile(r"#|```|~~~")
 
 
 def parse_html(data: bytes, _limits: DocumentLimits) -> Parsed:
@@ -52,7 +61,10 @@ def parse_html(data: bytes, _limits: DocumentLimits) -> Parsed:
 def html_text(data: bytes, *, main_content: bool = True) -> tuple[str, str | None]:
     """The page's text as Markdown, and its title. `main_content=False` keeps every block the
     tag rules leave (the extraction before `html_main`; benchmarks compare the two)."""
-    soup = BeautifulSoup(_decode_html(data), "lxml")
+    with warnings.catch_warnings():
+        # Meant: lxml's HTML parser forgives what XHTML pages (DocBook's, Texinfo's) get wrong.
+        warnings.simplefilter("ignore", XMLParsedAsHTMLWarning)
+        soup = BeautifulSoup(_decode_html(data), "lxml")
     _drop_boilerplate(soup)
     blocks = list(_html_blocks(_content_root(soup)))
     if main_content:
@@ -117,6 +129,8 @@ def _drop_boilerplate(soup: BeautifulSoup) -> None:
     for tag in soup.find_all(_hidden):
         if not tag.decomposed:  # hidden inside a hidden parent: gone with it
             tag.decompose()
+    for tag in soup.find_all(_permalink):
+        tag.decompose()
     for br in soup.find_all("br"):
         br.replace_with("\n")
 
@@ -128,6 +142,22 @@ def _hidden(tag: Tag) -> bool:
         return True
     style = _HIDDEN_STYLE_SPACE.sub("", str(tag.get("style", ""))).lower()
     return _HIDDEN_STYLE.search(style) is not None
+
+
+def _permalink(tag: Tag) -> bool:
+    """An anchor that links its heading (or term) to itself: Sphinx's `a.headerlink`, or a
+    link to `#…` on the same page whose text is only a sign. It would end every heading, and
+    every chunk's heading path, in "¶"."""
+    if tag.name != "a":
+        return False
+    if "headerlink" in (tag.get("class") or []):
+        return True
+    text = tag.get_text().strip()
+    return (
+        str(tag.get("href", "")).startswith("#")
+        and 0 < len(text) <= _PERMALINK_LENGTH
+        and all(c in _PERMALINK_SIGNS or unicodedata.category(c) == "Co" for c in text)
+    )
 
 
 def _content_root(soup: BeautifulSoup) -> Tag:
@@ -155,10 +185,10 @@ def _html_blocks(node: Tag) -> Iterator[Block]:
         child = next(children, None)
         if child is None:  # the end of a container: its inline run is a paragraph
             stack.pop()
-            yield from _blocks(_paragraph(run), container)
+            yield from _blocks(_running(run), container)
             run = []
         elif isinstance(child, Tag) and child.name not in _INLINE_TAGS:
-            yield from _blocks(_paragraph(run), container)
+            yield from _blocks(_running(run), container)
             run = []
             if _is_container(child):
                 stack.append((child, iter(child.children)))
@@ -176,7 +206,7 @@ def _is_container(tag: Tag) -> bool:
     return (
         tag.name not in _UNRENDERED_TAGS
         and tag.name not in _HEADING_LEVELS
-        and tag.name not in ("li", "tr", "pre")
+        and tag.name not in ("li", "dt", "dd", "tr", "pre")
     )
 
 
@@ -188,10 +218,12 @@ def _html_block(tag: Tag) -> Iterator[str]:
     if level is not None:
         yield from _prefixed("#" * level + " ", list(_paragraph([tag.get_text()])))
     elif tag.name == "li":
-        yield from _prefixed("- ", [block.text for block in _html_blocks(tag)])
+        yield from _listed([block.text for block in _html_blocks(tag)])
+    elif tag.name in ("dt", "dd"):  # a term and its definition: kept beside each other
+        yield from (block.text for block in _html_blocks(tag))
     elif tag.name == "tr":
         cells = (collapse(cell.get_text()) for cell in tag.find_all(["td", "th"]))
-        yield from _paragraph([" | ".join(cell for cell in cells if cell)])
+        yield from _running([" | ".join(cell for cell in cells if cell)])
     elif tag.name == "pre":
         # Code keeps its lines; the fence stops `# comments` from reading as headings.
         code = tag.get_text().strip("\n")
@@ -213,7 +245,23 @@ def _paragraph(run: Sequence[str]) -> Iterator[str]:
         yield text
 
 
+def _running(run: Sequence[str]) -> Iterator[str]:
+    """A paragraph of running text (or a table row), escaped where it would start a Markdown
+    heading or code fence ("#include <stdio.h>" in prose)."""
+    for text in _paragraph(run):
+        yield "\\" + text if _MARKDOWN_START.match(text) else text
+
+
 def _prefixed(prefix: str, blocks: Sequence[str]) -> Iterator[str]:
     if blocks:
         yield prefix + blocks[0]
         yield from blocks[1:]
+
+
+def _listed(blocks: Sequence[str]) -> Iterator[str]:
+    """A list item's blocks, the first one after "- " unless it is a heading or code: the
+    bullet would hide those from a Markdown reader (Javadoc puts each section in an item)."""
+    if blocks and _MARKDOWN_START.match(blocks[0]):
+        yield from blocks
+    else:
+        yield from _prefixed("- ", blocks)

@@ -69,3 +69,53 @@ def test_when_trafilatura_finds_nothing_or_too_little_every_block_is_kept(
     before, _ = html_text(page, main_content=False)
     monkeypatch.setattr(html_main, "_chosen_text", lambda _html: chosen)
     assert html_text(page, main_content=True)[0] == before
+
+
+ARTICLE = (
+    "<p>Returns are accepted within thirty days of delivery for a full refund to the card.</p>"
+    "<p>Items must be unused and in their original packaging, with the receipt enclosed.</p>"
+)
+
+
+@pytest.mark.parametrize(
+    "anchor",
+    [
+        '<a class="headerlink" href="#returns" title="Permalink to this heading">\u00b6</a>',
+        '<a class="headerlink" href="#returns">Link to this heading</a>',
+        '<a href="#returns">\u00a7</a>',
+        '<a href="#returns" class="anchor">#</a>',
+        '<a href="#returns">\U0001f517</a>',
+        '<a href="#returns" title="Permanent link">\uf0c1</a>',  # an icon font's glyph
+    ],
+)
+def test_a_permalink_is_dropped(anchor: str) -> None:
+    page = f"<html><body><main><h2>Returns{anchor}</h2>{ARTICLE}</main></body></html>"
+    text, _ = html_text(page.encode())
+    assert text.startswith("## Returns\n\nReturns are accepted"), text
+
+
+def test_a_link_to_a_footnote_or_another_page_stays() -> None:
+    page = (
+        '<html><body><main><h2>Returns <a href="/policy">\u00a7</a></h2>'
+        f'{ARTICLE}<p>See the conditions<a href="#note-1">*</a>.</p></main></body></html>'
+    )
+    text, _ = html_text(page.encode())
+    assert text.startswith("## Returns \u00a7\n\n")
+    assert "See the conditions*." in text
+
+
+@pytest.mark.parametrize(
+    ("markup", "line"),
+    [
+        ("<p># 3 items per order</p>", "\\# 3 items per order"),
+        ("<p>#include &lt;stdio.h&gt;</p>", "\\#include <stdio.h>"),
+        ("<p>```not code```</p>", "\\```not code```"),
+        ("<table><tr><td>#</td><td>Item</td></tr></table>", "\\# | Item"),
+        ("<ul><li># first</li></ul>", "- \\# first"),
+    ],
+)
+def test_text_that_starts_like_markdown_is_escaped(markup: str, line: str) -> None:
+    page = f"<html><body><main><h2># Orders</h2>{markup}{ARTICLE}</main></body></html>"
+    text, _ = html_text(page.encode(), main_content=False)
+    assert text.splitlines()[0] == "## # Orders"  # a heading's text is left as it is
+    assert line in text.splitlines()
