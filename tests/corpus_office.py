@@ -1,6 +1,7 @@
-"""Office, spreadsheet and text-format files the tests build themselves (nothing binary is
-committed): a deck, a workbook, CSV and TSV, an ODT and an RTF, each small and with known
-content in a known order, and zip bombs in office clothing."""
+"""Office, spreadsheet and text-format files the tests build themselves: a deck, a workbook,
+CSV and TSV, an ODT and an RTF, each small and with known content in a known order, the
+places of a DOCX that python-docx's block iterator does not see, and zip bombs in office
+clothing. (Real files nobody here wrote are in tests/realdocs.)"""
 
 from __future__ import annotations
 
@@ -8,10 +9,14 @@ import datetime as dt
 import io
 import zipfile
 
+import docx
 import openpyxl
 import pptx
+from docx.oxml import parse_xml
 from odf import dc, table, text
 from odf.opendocument import OpenDocumentText
+from pptx.chart.data import CategoryChartData
+from pptx.enum.chart import XL_CHART_TYPE
 from pptx.util import Inches
 
 # --------------------------------------------------------------------------- PPTX
@@ -52,6 +57,67 @@ def make_deck(core_title: str | None = None) -> bytes:
     deck.slides.add_slide(layouts[6])  # empty
     out = io.BytesIO()
     deck.save(out)
+    return out.getvalue()
+
+
+def make_chart_deck() -> bytes:
+    """One slide with nothing but a chart titled "Revenue by region", its axes titled
+    "Quarter" and "EUR", and one slide with a table of one row."""
+    deck = pptx.Presentation()
+    slide = deck.slides.add_slide(deck.slide_layouts[6])  # Blank
+    data = CategoryChartData()
+    data.categories = ["Q1", "Q2"]
+    data.add_series("Europe", (10.0, 12.0))
+    kind, box = XL_CHART_TYPE.COLUMN_CLUSTERED, (Inches(1), Inches(1), Inches(6), Inches(4))
+    chart = slide.shapes.add_chart(kind, *box, data).chart
+    chart.has_title = True
+    chart.chart_title.text_frame.text = "Revenue by region"
+    for axis, title in ((chart.category_axis, "Quarter"), (chart.value_axis, "EUR")):
+        axis.has_title = True
+        axis.axis_title.text_frame.text = title
+    boxed = deck.slides.add_slide(deck.slide_layouts[6])
+    shape = boxed.shapes.add_table(1, 2, Inches(1), Inches(1), Inches(6), Inches(1))
+    shape.table.cell(0, 0).text, shape.table.cell(0, 1).text = "Left words", "Right words"
+    out = io.BytesIO()
+    deck.save(out)
+    return out.getvalue()
+
+
+# --------------------------------------------------------------------------- DOCX
+
+_WORD_NS = (
+    'xmlns:w="http://schemas.openxmlformats.org/wordprocessingml/2006/main" '
+    'xmlns:mc="http://schemas.openxmlformats.org/markup-compatibility/2006" '
+    'xmlns:wps="http://schemas.microsoft.com/office/word/2010/wordprocessingShape" '
+    'xmlns:v="urn:schemas-microsoft-com:vml"'
+)
+_WRAPPED_BLOCKS = (
+    # A block-level content control, as Word writes a cover page or a form field.
+    "<w:sdt><w:sdtContent><w:p><w:r><w:t>Inside a content control</w:t></w:r></w:p>"
+    "</w:sdtContent></w:sdt>",
+    # A tracked insertion and a tracked deletion.
+    "<w:p><w:r><w:t xml:space='preserve'>Kept </w:t></w:r><w:ins><w:r><w:t>inserted</w:t>"
+    "</w:r></w:ins><w:del><w:r><w:delText>deleted</w:delText></w:r></w:del></w:p>",
+    # A text box anchored in a paragraph, with the fallback copy Word writes beside it.
+    "<w:p><w:r><w:t>Anchor</w:t></w:r><w:r><mc:AlternateContent><mc:Choice Requires='wps'>"
+    "<w:drawing><wps:txbx><w:txbxContent><w:p><w:r><w:t>Boxed words</w:t></w:r></w:p>"
+    "</w:txbxContent></wps:txbx></w:drawing></mc:Choice><mc:Fallback><w:pict><v:textbox>"
+    "<w:txbxContent><w:p><w:r><w:t>Boxed words</w:t></w:r></w:p></w:txbxContent>"
+    "</v:textbox></w:pict></mc:Fallback></mc:AlternateContent></w:r></w:p>",
+)
+
+
+def make_wrapped_docx() -> bytes:
+    """A DOCX whose body holds a content control, tracked changes and a text box (with its
+    fallback copy), after a plain first paragraph."""
+    document = docx.Document()
+    document.add_paragraph("Plain first")
+    body = document.element.body
+    for xml in _WRAPPED_BLOCKS:
+        tag, rest = xml.split(">", 1)  # the namespaces go on each block's root element
+        body.insert(len(body) - 1, parse_xml(f"{tag} {_WORD_NS}>{rest}"))  # before sectPr
+    out = io.BytesIO()
+    document.save(out)
     return out.getvalue()
 
 

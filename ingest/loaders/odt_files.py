@@ -3,11 +3,12 @@
 odfpy parses the document's XML (a SAX parser, no tree of the whole archive) once the archive
 has passed the zip-bomb check. The body is walked in order: `text:h` becomes a `#` heading of
 its outline level, `text:p` a paragraph, a list's items `- ` lines indented by depth, a table
-a Markdown table whose first row is the header; sections and the like are opened. Comments
-(`office:annotation`), footnote bodies and generated indexes (a table of contents) are left
-out, and repeated
-empty cells and rows (ODF's `number-columns-repeated`) count once. The title is the metadata's
-`dc:title`, else the first heading.
+a Markdown table whose first row is the header; sections and the like are opened. A footnote
+or endnote is written after the paragraph, list or table that cites it, as `[^2]: its text`
+(inline it would cut the sentence that cites it). Comments (`office:annotation`) and
+generated indexes (a table of contents, which repeats the headings) are left out, and
+repeated empty cells and rows (ODF's `number-columns-repeated`) count once. The title is the
+metadata's `dc:title`, else the first heading.
 """
 
 from __future__ import annotations
@@ -72,18 +73,49 @@ def _blocks(element: _Element, depth: int) -> Iterator[tuple[int, str]]:
     """(heading level or 0, text) of each block under `element`, in document order."""
     for node in element.childNodes:
         name = getattr(node, "qname", None)
-        if name == (TEXTNS, "h"):
-            level = _int(node.getAttrNS(TEXTNS, "outline-level"), 1)
-            if heading := collapse(_inline(node)):
-                yield min(max(level, 1), 6), heading
-        elif name == (TEXTNS, "p"):
-            yield 0, _inline(node).strip()
-        elif name == (TEXTNS, "list"):
-            yield 0, "\n".join(_list_lines(node, depth))
-        elif name == (TABLENS, "table"):
-            yield 0, _table(node)
+        block = _block(node, name, depth)
+        if block is not None:
+            yield block
+            yield from ((0, note) for note in _notes(node))
         elif name not in _SKIPPED | _INDEXES and getattr(node, "nodeType", None) != _TEXT_NODE:
             yield from _blocks(node, depth)  # sections, frames, table:table-header-rows ...
+
+
+def _block(node: _Element, name: object, depth: int) -> tuple[int, str] | None:
+    """A heading, paragraph, list or table as (heading level or 0, text); None for others."""
+    if name == (TEXTNS, "h"):
+        level = _int(node.getAttrNS(TEXTNS, "outline-level"), 1)
+        heading = collapse(_inline(node))
+        return (min(max(level, 1), 6), heading) if heading else (0, "")
+    if name == (TEXTNS, "p"):
+        return 0, _inline(node).strip()
+    if name == (TEXTNS, "list"):
+        return 0, "\n".join(_list_lines(node, depth))
+    if name == (TABLENS, "table"):
+        return 0, _table(node)
+    return None
+
+
+def _notes(element: _Element) -> Iterator[str]:
+    """The footnotes and endnotes cited in `element`, each `[^citation]: text`."""
+    for note in _descendants(element, (TEXTNS, "note")):
+        citation, body = "", ""
+        for part in note.childNodes:
+            if getattr(part, "qname", None) == (TEXTNS, "note-citation"):
+                citation = collapse(_inline(part))
+            elif getattr(part, "qname", None) == (TEXTNS, "note-body"):
+                body = collapse(" ".join(text for _, text in _blocks(part, 0)))
+        if body:
+            yield f"[^{citation or '*'}]: {body}"
+
+
+def _descendants(element: _Element, name: tuple[str, str]) -> Iterator[_Element]:
+    """The elements called `name` under `element`, not those inside another of them."""
+    for node in element.childNodes:
+        if getattr(node, "qname", None) == name:
+            yield node
+        elif getattr(node, "childNodes", None):
+            yield from _descendants(node, name)
 
 
 def _list_lines(element: _Element, depth: int) -> Iterator[str]:
@@ -134,21 +166,25 @@ def _cells(row: _Element) -> list[str]:
 
 def _inline(element: _Element) -> str:
     """The text of an element: its text nodes, spaces (`text:s`), tabs and line breaks;
-    comments and footnotes left out."""
-    parts: list[str] = []
+    comments and footnotes left out. Cleaned once, whole: a space or tab at the edge of a
+    span (`maxreq<text:tab/></text:span>3`) separates words, and cleaning each span would
+    strip it."""
+    return clean_text("".join(_inline_parts(element)))
+
+
+def _inline_parts(element: _Element) -> Iterator[str]:
     for node in element.childNodes:
         name = getattr(node, "qname", None)
         if getattr(node, "nodeType", None) == _TEXT_NODE:
-            parts.append(str(node.data))
+            yield str(node.data)
         elif name == (TEXTNS, "s"):
-            parts.append(" " * min(_int(node.getAttrNS(TEXTNS, "c"), 1), _MAX_REPEAT))
+            yield " " * min(_int(node.getAttrNS(TEXTNS, "c"), 1), _MAX_REPEAT)
         elif name == (TEXTNS, "tab"):
-            parts.append("\t")
+            yield "\t"
         elif name == (TEXTNS, "line-break"):
-            parts.append("\n")
+            yield "\n"
         elif name not in _SKIPPED:
-            parts.append(_inline(node))
-    return clean_text("".join(parts))
+            yield from _inline_parts(node)
 
 
 def _meta_title(meta: _Element) -> str:

@@ -5,9 +5,12 @@ text and its number (but an empty slide: it has no text, and starts where the te
 ends): `page_starts` holds one start per slide and `page_unit` is "slide", for citations such
 as `slide 4`. Then its shapes in the order the slide stores them (groups
 opened): text frames as paragraphs, with the paragraphs of a bulleted body (or with a bullet
-of their own) as `- ` items indented by their level; tables as Markdown tables, the first row
-the header; pictures and charts have no text to give. The speaker notes close the slide as a
-paragraph that starts `Notes: `.
+of their own) as `- ` items indented by their level; tables as Markdown tables, the first
+non-empty row the header (a table of one row or one column, a box around text, as
+paragraphs); a chart as a paragraph `Chart: <its title>` with its axes' titles, the words a
+reader sees on it (its numbers are in the workbook embedded behind it, not on the slide's
+text); pictures have no text to give. The speaker notes close the slide as a paragraph that
+starts `Notes: `.
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ import io
 from collections.abc import Iterable, Iterator
 
 import pptx
+from pptx.chart.axis import AxisTitle, _BaseAxis
+from pptx.chart.chart import Chart, ChartTitle
 from pptx.enum.shapes import MSO_SHAPE_TYPE, PP_PLACEHOLDER
 from pptx.shapes.base import BaseShape
 from pptx.slide import Slide
@@ -26,7 +31,7 @@ from ingest.loaders.archives import open_archive
 from ingest.loaders.cleaning import clean_text, clean_title, collapse
 from ingest.loaders.markdown_text import MarkdownText, too_many_pages
 from ingest.loaders.parsing import Parsed, bad_content
-from ingest.loaders.tables import cell_text, separator_line, table_line
+from ingest.loaders.tables import markdown_table
 from ragservice.limits.documents import DocumentLimits
 
 # Placeholders whose paragraphs are bullets unless a paragraph says otherwise (`a:buNone`).
@@ -88,6 +93,8 @@ def _blocks(shapes: Iterable[BaseShape], title: BaseShape | None) -> Iterator[st
             yield from _blocks(shape.shapes, title)  # type: ignore[attr-defined]
         elif getattr(shape, "has_table", False):
             yield _table(shape.table)  # type: ignore[attr-defined]
+        elif getattr(shape, "has_chart", False):
+            yield _chart(shape.chart)  # type: ignore[attr-defined]
         elif shape.has_text_frame and (title is None or shape.shape_id != title.shape_id):
             yield _text_frame(shape.text_frame, _bulleted(shape))  # type: ignore[attr-defined]
 
@@ -121,11 +128,31 @@ def _has_bullet(paragraph: _Paragraph, bulleted: bool) -> bool:
 
 
 def _table(table: Table) -> str:
-    """A Markdown table, its first row the header (a merged cell's text in its first cell)."""
-    rows = [[cell_text(cell.text) for cell in row.cells] for row in table.rows]
-    if not any(any(cells) for cells in rows):
+    """A Markdown table, its first non-empty row the header (a merged cell's text in its
+    first cell); a table of one row or one column as paragraphs."""
+    rows = [[cell.text for cell in row.cells] for row in table.rows]
+    found = markdown_table(rows)
+    return found or "\n\n".join(collapse(clean_text(text)) for row in rows for text in row)
+
+
+def _chart(chart: Chart) -> str:
+    """`Chart: <title> (<axis title>, <axis title>)`, or "" for a chart without titles."""
+    title = _title_text(chart.chart_title) if chart.has_title else ""
+    axes = [_title_text(axis.axis_title) for axis in _axes(chart) if axis.has_title]
+    named = [text for text in axes if text]
+    if not title and not named:
         return ""
-    width = max(len(cells) for cells in rows)
-    header, *body = rows
-    lines = [table_line(header, width), separator_line(width)]
-    return "\n".join(lines + [table_line(cells, width) for cells in body if any(cells)])
+    return "Chart: " + " ".join([title, f"({', '.join(named)})" if named else ""]).strip()
+
+
+def _title_text(title: ChartTitle | AxisTitle) -> str:
+    return collapse(clean_text(title.text_frame.text)) if title.has_text_frame else ""
+
+
+def _axes(chart: Chart) -> Iterator[_BaseAxis]:
+    """The chart's category and value axes; a pie chart has none (python-pptx raises)."""
+    for name in ("category_axis", "value_axis"):
+        try:
+            yield getattr(chart, name)
+        except ValueError:
+            continue

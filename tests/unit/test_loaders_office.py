@@ -4,11 +4,13 @@ how they cross the sandbox's pipe and become documents of their own."""
 
 from __future__ import annotations
 
+import io
 import json
 import re
 from collections.abc import Iterator
 from typing import Any
 
+import openpyxl
 import pytest
 
 from ingest.loaders import DocumentLimits, load_bytes, load_file
@@ -18,7 +20,7 @@ from ingest.loaders.replies import child_name, decode_parsed, encode_parsed
 from ingest.loaders.sandbox import parse_isolated
 from ragservice.chunking import ChunkingOptions, chunk_text, place_chunks
 from ragservice.limits.documents import NO_TEXT
-from ragservice.types import LoadedDocument, LoadFailure
+from ragservice.types import LoadedDocument, LoadFailure, SkippedFile
 from tests.corpus_office import (
     BLANK_ROW,
     CSV_TEXT,
@@ -27,9 +29,11 @@ from tests.corpus_office import (
     Q3_TOTAL,
     RTF_TEXT,
     TSV_TEXT,
+    make_chart_deck,
     make_deck,
     make_odt,
     make_workbook,
+    make_wrapped_docx,
     q3_item,
     rewrite_member,
     with_many_packed_members,
@@ -103,7 +107,39 @@ def test_a_deck_over_the_slide_limit_fails_before_its_text_is_read() -> None:
     )
 
 
+def test_a_charts_titles_are_its_slides_words_and_a_one_row_table_is_paragraphs() -> None:
+    charts = document("charts.pptx", make_chart_deck())
+    assert charts.text == (
+        "# Slide 1\n\nChart: Revenue by region (Quarter, EUR)\n\n"
+        "# Slide 2\n\nLeft words\n\nRight words"
+    )
+
+
+# --------------------------------------------------------------------------- DOCX
+
+
+def test_docx_content_controls_tracked_changes_and_text_boxes_are_read_once() -> None:
+    wrapped = document("wrapped.docx", make_wrapped_docx())
+    assert wrapped.text == (
+        "Plain first\n\nInside a content control\n\nKept inserted\n\nAnchor\n\nBoxed words"
+    )
+
+
 # --------------------------------------------------------------------------- XLSX
+
+
+def test_a_sheet_of_numbers_from_its_first_row_is_headed_by_its_column_letters() -> None:
+    book = openpyxl.Workbook()
+    sheet = book.active
+    assert sheet is not None
+    sheet.title = "Readings"
+    for row in ([None, 1, 2.5], [None, 2, 3.5]):
+        sheet.append(row)
+    out = io.BytesIO()
+    book.save(out)
+    readings = document("readings.xlsx", out.getvalue())
+    assert readings.text == "# Readings\n\n| B | C |\n| --- | --- |\n| 1 | 2.5 |\n| 2 | 3.5 |"
+    assert [number for _, number in readings.row_starts] == [1, 2]
 
 
 def test_a_workbook_is_a_heading_and_a_table_per_sheet(workbook: LoadedDocument) -> None:
@@ -406,10 +442,11 @@ def test_embedded_files_become_documents_linked_to_their_parent() -> None:
             ("empty.txt", b"", {}),
         ],
     )
-    parent, first, second, png, empty = loaded_all("mail.txt", message, metadata={"team": "a"})
+    parent, png, first, second, empty = loaded_all("mail.txt", message, metadata={"team": "a"})
     ids = ["mail.txt/notes.txt", "mail.txt/notes (2).txt", "mail.txt/picture.xyz"]
     assert isinstance(parent, LoadedDocument)
-    assert parent.metadata["attachments"] == [*ids, "mail.txt/empty.txt"]
+    assert parent.metadata["attachments"] == [*ids[:2], "mail.txt/empty.txt"]
+    assert parent.metadata["skipped_attachments"] == ["picture.xyz"]
     assert parent.metadata["team"] == "a"
     assert isinstance(first, LoadedDocument) and isinstance(second, LoadedDocument)
     assert (first.external_id, first.text, first.source) == (ids[0], "attached notes", ids[0])
@@ -421,8 +458,9 @@ def test_embedded_files_become_documents_linked_to_their_parent() -> None:
         "team": "a",
     }
     assert (second.external_id, second.metadata["parent"]) == (ids[1], "mail.txt")
-    # One that cannot be read fails alone, named by its parent and itself.
-    assert png == LoadFailure(ids[2], "unsupported file type .xyz")
+    # One no loader reads is skipped (named by its parent and itself, after the parent); one
+    # that cannot be read fails alone.
+    assert png == SkippedFile(ids[2], "unsupported file type .xyz")
     assert empty == LoadFailure("mail.txt/empty.txt", NO_TEXT)
 
 
@@ -441,7 +479,7 @@ def test_a_container_without_text_yields_only_its_files_nested_two_deep() -> Non
     assert message_doc.metadata["parent"] == "box.txt"
     assert message_doc.metadata["subject"] == "hi"
     assert attached.metadata["parent"] == "box.txt/m1.txt"
-    assert deep == LoadFailure(
+    assert deep == SkippedFile(
         "box.txt/m1.txt/inner.txt/deep.txt", "embedded files nested more than 2 deep are not read"
     )
 
