@@ -4,6 +4,7 @@ reads from it (`tests.realdocs.fidelity.office`), and a deck's words land on the
 
 from __future__ import annotations
 
+import json
 import re
 from functools import cache
 from pathlib import Path
@@ -119,3 +120,17 @@ def test_rtf_code_pages_are_decoded() -> None:
     assert "Il a fermé la porte" in loaded("la-dame.rtf").text  # \'e9, Windows-1252
     pddl = loaded("odc-pddl.rtf").text  # \mac: MacRoman dashes
     assert "Open Data Commons \u2013 Public Domain Dedication & Licence (PDDL)" in pddl
+
+
+def test_each_question_names_a_corpus_file_and_a_place_it_has() -> None:
+    lines = (ROOT / "office" / "questions.jsonl").read_text(encoding="utf-8").splitlines()
+    questions = [json.loads(line) for line in lines]
+    assert len(questions) >= 10 and len({q["id"] for q in questions}) == len(questions)
+    for question in questions:
+        folder, name = question["file"].split("/")
+        assert folder == "office" and name in OFFICE, question
+        places = dict(loaded(name).places)
+        if name.endswith(".pptx"):
+            assert f"slide {question['slide']}" in places, question
+        else:
+            assert "slide" not in question and "page" not in question, question

@@ -4,6 +4,7 @@ its rows are cited by the numbers the sheet gives them, under the header that na
 
 from __future__ import annotations
 
+import json
 from functools import cache
 from pathlib import Path
 
@@ -132,3 +133,17 @@ def test_a_tsv_is_split_on_tabs() -> None:
     taxi = parsed("taxi.tsv")
     assert taxi.text.startswith("| reading_package | manip_package | op | type | time |")
     assert row_line(taxi, 2).startswith("| data.table | data.table | setup | process |")
+
+
+def test_each_question_names_a_corpus_file_a_sheet_it_has_and_its_rows() -> None:
+    lines = (ROOT / "sheets" / "questions.jsonl").read_text(encoding="utf-8").splitlines()
+    questions = [json.loads(line) for line in lines]
+    assert len(questions) >= 10 and len({q["id"] for q in questions}) == len(questions)
+    for question in questions:
+        folder, name = question["file"].split("/")
+        assert folder == "sheets" and name in SHEETS, question
+        found = parsed(name)
+        sheet = question.get("sheet", "")
+        assert sheet in found.page_names, question  # a CSV's one sheet has no name
+        for number in question.get("rows", []):
+            assert row_line(found, number, sheet), question
