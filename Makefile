@@ -28,7 +28,7 @@ export HF_HUB_OFFLINE
 # Idle torch threads otherwise spin and steal CPU from PostgreSQL on small machines.
 export OMP_WAIT_POLICY := PASSIVE
 
-.PHONY: run test browser ocr bench-ocr bench-pdf lint typecheck lock bench-ingest bench-ingest-compare bench-write bench-bm25 bench-search bench-query bench-tracing bench-cache bench-replicas bench-feedback bench-reranker bench-rls bench-permissions bench-hostile bench-injection bench-scale bench-soak clean
+.PHONY: run test browser ocr bench-ocr bench-pdf bench-fidelity lint typecheck lock bench-ingest bench-ingest-compare bench-write bench-bm25 bench-search bench-query bench-tracing bench-cache bench-replicas bench-feedback bench-reranker bench-rls bench-permissions bench-hostile bench-injection bench-scale bench-soak clean
 
 # The locked packages without their dependencies (the lock holds them all), then the project.
 $(STAMP): pyproject.toml requirements.lock
@@ -112,6 +112,32 @@ bench-ocr: $(DEV_STAMP) ocr
 bench-pdf: $(DEV_STAMP)
 	$(BIN)/python benchmarks/pdf_compare.py
 
+# Other readers of the real-document corpus, beside the loader (benchmarks/fidelity.py), in
+# their own virtual environment: the project's never imports them (PyMuPDF and pymupdf4llm are
+# AGPL). unstructured's PDF partitioner imports its layout models' packages (torch) even for the
+# `fast` strategy, so torch is installed first as for the service (TORCH_INDEX) and held at
+# its version (torchvision would otherwise pull a newer CUDA build). Nothing downloads at run
+# time: unstructured is reported absent until spaCy's en_core_web_sm (not on PyPI; unstructured
+# would fetch it on first use) is installed into .venv-peers by hand. New pins take effect after
+# `rm -rf .venv-peers`. poppler-utils (pdftotext) is installed when missing: as root, or sudo.
+PEERS_VENV := .venv-peers
+PEERS_STAMP := $(PEERS_VENV)/.installed
+PEERS := pymupdf==2.0 pymupdf4llm==2.0 'markitdown[pdf,docx,pptx,xlsx,xls,outlook]==0.1.9' \
+	'unstructured[pdf,docx,pptx,xlsx,epub,odt,rtf,md,csv]==0.27.35' pdfplumber==0.11.11 pypdfium2==5.15.2
+$(PEERS_STAMP):
+	$(PYTHON) -m venv $(PEERS_VENV)
+	$(PEERS_VENV)/bin/pip install --quiet $(TORCH_INSTALL)
+	$(PEERS_VENV)/bin/pip install --quiet torch==$(TORCH_VERSION) $(PEERS)
+	$(PEERS_VENV)/bin/pip check
+	touch $(PEERS_STAMP)
+
+bench-fidelity: $(DEV_STAMP) $(PEERS_STAMP)
+	@if command -v pdftotext >/dev/null; then exit 0; fi; \
+	if [ "$$(id -u)" = 0 ]; then SUDO=; elif command -v sudo >/dev/null; then SUDO=sudo; \
+	else echo "no pdftotext found: install Debian's poppler-utils as root"; exit 1; fi; \
+	$$SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q --no-install-recommends poppler-utils
+	$(BIN)/python benchmarks/fidelity.py --peers $(PEERS_VENV)/bin/python
+
 bench-scale: $(DEV_STAMP)
 	$(BIN)/python benchmarks/scale.py --chunks 1000000 --data ../shared/data/scifact
 
@@ -174,4 +200,4 @@ bench-soak: $(DEV_STAMP)
 	$(BIN)/python benchmarks/soak.py --collection $(SOAK_COLLECTION) $(SOAK_ARGS)
 
 clean:
-	rm -rf $(VENV) $(LOCK_VENV) .ragservice .ragservice-injection .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(LOCK_VENV) $(PEERS_VENV) .ragservice .ragservice-injection .pytest_cache .mypy_cache .ruff_cache
