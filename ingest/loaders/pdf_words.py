@@ -1,26 +1,63 @@
-"""A PDF page's words with their boxes, from pdfium or from pdfplumber, for `pdf_layout`.
+"""A PDF page's words and drawn lines, read by pdfium, for `pdf_layout` and `pdf_rules`.
 
-pdfium (C) reads a page's characters and their boxes in a few milliseconds; pdfplumber
-(pdfminer, pure Python) takes 50 to 100 ms a page but finds ruled tables from the lines
-drawn. So a page is read by pdfium unless it draws something (a path object: lines, boxes),
-where a ruled table may be, and then by pdfplumber. Both give boxes top-down in points.
+pdfium (C) reads a page's characters, their boxes and their fonts in a few milliseconds. Its
+character indexes are UTF-16 code units: a character outside the Basic Multilingual Plane (a
+mathematical italic letter) takes two, so characters are read by index, never by position in
+the page's text string (which is shorter by one for each such pair, and would shift every box
+after it). pdfium also tells apart what the page only implies: the spaces and line ends it
+generates between words split them, and a hyphen it sees breaking a word at a line's end comes
+as U+0002, kept here as a hyphen that `pdf_text` may join across the line.
+
+Boxes are top-down in points: `top = -y`, so larger is lower on the page.
 """
 
 from __future__ import annotations
 
+import ctypes
+import math
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import pypdfium2
 import pypdfium2.raw as pdfium_c
 
-from ingest.loaders.pdf_layout import Table, Word, ruled_tables
+from ingest.loaders.pdf_layout import Word
 
-_CHAR_GAP = 3.0  # points: characters further apart are separate words (pdfplumber's default)
+_CHAR_GAP = 3.0  # points: characters further apart than this on a line are separate words
+_UPRIGHT = 0.1  # radians: a character turned further is rotated text (a watermark, a label)
+_UPRIGHT_SHARE = 0.5  # rotated text is dropped where upright characters are at least this share
+_MARK_SIZE = 0.85  # a mark set this much smaller than the text after it is no part of a word
+_OFF_PAGE = 2.0  # points: a word this far outside the page's crop box is not on the page
+_LINE_HYPHEN = 0x02  # pdfium's mark for a hyphen that breaks a word at the end of a line
+# Latin ligatures as one character: BM25 and the embedding want the letters.
+_LIGATURES = {
+    0xFB00: "ff",
+    0xFB01: "fi",
+    0xFB02: "fl",
+    0xFB03: "ffi",
+    0xFB04: "ffl",
+    0xFB05: "st",
+    0xFB06: "st",
+}
+# Fixed-pitch fonts by name, where the font descriptor does not say (TeX's fonts never do):
+# Computer/Latin Modern typewriter (CMTT10, LMMono10, SFTT1000, txtt), Courier, DejaVu Sans Mono,
+# Consolas, Menlo, Inconsolata, TeX Gyre Cursor, Source Code Pro, Fira Code.
+_MONO_NAME = re.compile(r"mono|courier|typewriter|consol|menlo|inconsolata|cursor|code|tt\d")
+_FIXED_PITCH = 1  # the font descriptor's flag
+_FONT_NAME_BYTES = 128
 
 
-def draws_lines(page: pypdfium2.PdfPage) -> bool:
-    """Whether the page (or a form it shows) has a path object: a ruled table may be there."""
-    return next(page.get_objects(filter=[pdfium_c.FPDF_PAGEOBJ_PATH]), None) is not None
+@dataclass(slots=True)
+class _Char:
+    text: str
+    left: float
+    bottom: float
+    right: float
+    top: float
+    baseline: float
+    upright: bool = True
 
 
 def has_image(page: pypdfium2.PdfPage) -> bool:
@@ -28,45 +65,136 @@ def has_image(page: pypdfium2.PdfPage) -> bool:
 
 
 def pdfium_words(page: pypdfium2.PdfPage) -> list[Word]:
-    """The page's words: runs of characters that are not spaces, on one line, close together
-    (pdfium adds the spaces and line ends a page only implies; they split words too)."""
+    """The page's words: runs of characters that are not spaces, on one line, close together,
+    each with its box and whether its font is fixed-pitch (code). Words off the
+    page (beamer parks hidden overlays thousands of points away) are left out, and so is
+    rotated text on a page of upright text (a "Draft" stamp, a rotated margin note)."""
     text_page = page.get_textpage()
     try:
-        count = text_page.count_chars()
-        text = text_page.get_text_range(0, count) if count else ""
-        boxes = [text_page.get_charbox(index, loose=True) for index in range(len(text))]
+        chars = list(_chars(text_page))
+        upright = sum(1 for _, char in chars if char is not None and char.upright)
+        drop_rotated = upright >= _UPRIGHT_SHARE * sum(1 for _, c in chars if c is not None)
+        if drop_rotated:
+            chars = [(i, c if c is None or c.upright else None) for i, c in chars]
+        words = list(_words(text_page, chars))
     finally:
         text_page.close()
-    words: list[Word] = []
-    current: list[str] = []
-    x0 = x1 = top = bottom = 0.0
-    for char, (left, low, right, high) in zip(text, boxes, strict=True):
-        if char.isspace() or (not char.isprintable() and char != "\ufffd"):
+    left, bottom, right, top = page.get_bbox()  # the crop box within the media box
+    return [
+        word
+        for word in words
+        if left - _OFF_PAGE <= (word.x0 + word.x1) / 2 <= right + _OFF_PAGE
+        and bottom - _OFF_PAGE <= -(word.top + word.bottom) / 2 <= top + _OFF_PAGE
+    ]
+
+
+def _words(
+    text_page: pypdfium2.PdfTextPage, chars: list[tuple[int, _Char | None]]
+) -> Iterator[Word]:
+    current: list[_Char] = []
+    first_index = 0
+    for index, char in chars:
+        if char is None:  # a space, a line end, a control character
             if current:
-                words.append(Word("".join(current), x0, x1, top, bottom))
+                yield _word(current, _is_mono(text_page, first_index))
                 current = []
             continue
-        char_top, char_bottom = -high, -low  # pdfium's y grows upwards
-        near = left - x1 <= _CHAR_GAP and abs(char_top - top) < 0.5 * (bottom - top or 1)
-        if current and not near:
-            words.append(Word("".join(current), x0, x1, top, bottom))
+        if current and not _near(current, char):
+            yield _word(current, _is_mono(text_page, first_index))
             current = []
         if not current:
-            x0, top, bottom = left, char_top, char_bottom
+            first_index = index
         current.append(char)
-        x1 = max(x1, right) if len(current) > 1 else right
-        top, bottom = min(top, char_top), max(bottom, char_bottom)
     if current:
-        words.append(Word("".join(current), x0, x1, top, bottom))
-    return words
+        yield _word(current, _is_mono(text_page, first_index))
 
 
-def plumber_words(page: Any) -> tuple[list[Word], list[Table]]:
-    """A pdfplumber page's words and ruled tables (the tables' words left out)."""
-    tables = ruled_tables(page) if page.edges else []
-    words = [
-        Word(str(found["text"]), *(float(found[key]) for key in ("x0", "x1", "top", "bottom")))
-        for found in page.extract_words()
-        if str(found["text"]).strip()
-    ]
-    return [word for word in words if not any(table.holds(word) for table in tables)], tables
+def _chars(text_page: pypdfium2.PdfTextPage) -> Iterator[tuple[int, _Char | None]]:
+    """Each character by pdfium's index, a surrogate pair as one; None where words break."""
+    raw = text_page.raw
+    count = pdfium_c.FPDFText_CountChars(raw)
+    index = 0
+    while index < count:
+        code = pdfium_c.FPDFText_GetUnicode(raw, index)
+        width = 1
+        if 0xD800 <= code < 0xDC00 and index + 1 < count:
+            low = pdfium_c.FPDFText_GetUnicode(raw, index + 1)
+            if 0xDC00 <= low < 0xE000:
+                code, width = 0x10000 + ((code - 0xD800) << 10) + (low - 0xDC00), 2
+        text = "-" if code == _LINE_HYPHEN else _LIGATURES.get(code) or _printable(code)
+        if text is None:
+            yield index, None
+        else:
+            left, bottom, right, top = text_page.get_charbox(index, loose=True)
+            if width == 2:  # the pair's second half has the glyph's box too
+                l2, b2, r2, t2 = text_page.get_charbox(index + 1, loose=True)
+                left, bottom = min(left, l2), min(bottom, b2)
+                right, top = max(right, r2), max(top, t2)
+            angle = pdfium_c.FPDFText_GetCharAngle(raw, index)
+            upright = angle < 0 or min(angle, 2 * math.pi - angle) <= _UPRIGHT
+            baseline = _origin_y(raw, index, bottom)
+            yield index, _Char(text, left, bottom, right, top, baseline, upright)
+        index += width
+
+
+def _origin_y(raw: Any, index: int, fallback: float) -> float:
+    """The character's baseline (the y of its origin)."""
+    x, y = ctypes.c_double(), ctypes.c_double()
+    if pdfium_c.FPDFText_GetCharOrigin(raw, index, ctypes.byref(x), ctypes.byref(y)):
+        return y.value
+    return fallback
+
+
+def _printable(code: int) -> str | None:
+    if code in (0xFFFE, 0xFFFF) or 0xD800 <= code < 0xE000:
+        return None
+    char = chr(code)
+    if char.isspace() or (not char.isprintable() and char != "\ufffd"):
+        return None
+    return char
+
+
+def _near(current: list[_Char], char: _Char) -> bool:
+    """Whether `char` continues the word: close after its last character, its baseline within
+    half a line's height (a subscript or superscript stays with its letter, as pdftotext keeps
+    it; boxes would not do: a math font's box is taller than the text font's on the same
+    line) — but a word does not start with a raised smaller mark (a footnote's number)."""
+    last, first = current[-1], current[0]
+    height = max(last.top - last.bottom, char.top - char.bottom) or 1.0
+    if char.left - last.right > _CHAR_GAP or abs(char.baseline - first.baseline) >= 0.5 * height:
+        return False
+    return not _leading_mark(current, char)
+
+
+def _leading_mark(current: list[_Char], char: _Char) -> bool:
+    """Whether the word so far is a raised, smaller mark before `char` (a footnote number)."""
+    size = char.top - char.bottom
+    raised = all(c.baseline - char.baseline > 0.2 * size for c in current)
+    smaller = all(c.top - c.bottom < _MARK_SIZE * size for c in current)
+    return raised and smaller
+
+
+def _word(chars: list[_Char], mono: bool) -> Word:
+    return Word(
+        "".join(char.text for char in chars),
+        min(char.left for char in chars),
+        max(char.right for char in chars),
+        -max(char.top for char in chars),
+        -min(char.bottom for char in chars),
+        mono,
+        -chars[0].baseline,
+    )
+
+
+def _is_mono(text_page: pypdfium2.PdfTextPage, index: int) -> bool:
+    """Whether the font of the character at `index` is fixed-pitch: by its descriptor's flag,
+    else by its name."""
+    buffer = ctypes.create_string_buffer(_FONT_NAME_BYTES)
+    flags = ctypes.c_int(0)
+    length = pdfium_c.FPDFText_GetFontInfo(
+        text_page.raw, index, buffer, _FONT_NAME_BYTES, ctypes.byref(flags)
+    )
+    if flags.value & _FIXED_PITCH:
+        return True
+    name = buffer.raw[: max(0, min(length, _FONT_NAME_BYTES) - 1)].decode("latin-1").lower()
+    return _MONO_NAME.search(name.rpartition("+")[2]) is not None

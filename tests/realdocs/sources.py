@@ -212,9 +212,8 @@ def _tar_member(data: bytes, member: str) -> bytes:
 
 
 def write_references() -> Iterator[str]:
-    """pdftotext's text of every PDF, in both of its modes, into pdf/reference/: `-layout`
-    (the words, kept in their physical places) and the default (reading order), one form
-    feed after each page."""
+    """pdftotext's `-layout` text of every PDF (the words kept in their physical places, one
+    form feed after each page) into pdf/reference/<name>.layout.txt."""
     pdftotext = shutil.which("pdftotext")
     if pdftotext is None:
         raise SystemExit("pdftotext is not installed (Debian's poppler-utils)")
@@ -223,10 +222,9 @@ def write_references() -> Iterator[str]:
     reference.mkdir(exist_ok=True)
     (reference / "VERSION").write_text(version.splitlines()[0] + "\n", encoding="utf-8")
     for source in sources(("pdf",)):
-        for mode, flags in (("layout", ["-layout"]), ("order", [])):
-            target = reference / f"{source.path.stem}.{mode}.txt"
-            run = [pdftotext, *flags, "-enc", "UTF-8", str(source.path), str(target)]
-            subprocess.run(run, check=True)
+        target = reference / f"{source.path.stem}.layout.txt"
+        run = [pdftotext, "-layout", "-enc", "UTF-8", str(source.path), str(target)]
+        subprocess.run(run, check=True)
         yield f"{source.relative}: reference texts written"
 
 
