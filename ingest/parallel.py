@@ -2,13 +2,13 @@
 
 Chunking, the injection scan and hashing are Python work that holds the GIL, so more cores
 need more processes. The parent loads the documents, turns away duplicate external ids and
-unreadable inputs itself (as the pipeline does), and hands the rest out in groups through a
-bounded queue, so the corpus is never held in memory whole. Each worker opens its own runtime
-on the same database (as a client of the parent's embedded server, if that is what runs),
-builds the usual pipeline for the same model version and collection, and runs it over the
-groups it takes. The workers send their progress and, at the end, their reports; the parent
-merges them into one `IngestReport` and prunes (once, after every worker has finished, when
-nothing failed).
+unreadable inputs itself (as the pipeline does) and counts the files skipped, and hands the
+rest out in groups through a bounded queue, so the corpus is never held in memory whole. Each
+worker opens its own runtime on the same database (as a client of the parent's embedded
+server, if that is what runs), builds the usual pipeline for the same model version and
+collection, and runs it over the groups it takes. The workers send their progress and, at the
+end, their reports; the parent merges them into one `IngestReport` and prunes (once, after
+every worker has finished, when nothing failed).
 
 Every batch a worker writes is one transaction, as in a single-process run. On Ctrl-C (SIGINT
 reaches the whole process group) each worker stops after its batch in flight commits and still
@@ -42,7 +42,7 @@ from ragservice.db import tenancy
 from ragservice.embedding.embedder import Embedder, available_cpus
 from ragservice.errors import NotFoundError, RagServiceError
 from ragservice.runtime import Runtime, open_runtime
-from ragservice.types import LoadedDocument, LoadFailure
+from ragservice.types import LoadedDocument, LoadFailure, SkippedFile
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +91,7 @@ def worker_settings(runtime: Runtime) -> Settings:
 
 def run_parallel(
     runtime: Runtime,
-    items: Iterable[LoadedDocument | LoadFailure],
+    items: Iterable[LoadedDocument | LoadFailure | SkippedFile],
     *,
     workers: int,
     model_id: int,
@@ -150,15 +150,19 @@ def run_parallel(
 
 
 def _documents(
-    items: Iterable[LoadedDocument | LoadFailure],
+    items: Iterable[LoadedDocument | LoadFailure | SkippedFile],
     seen: set[str],
     report: IngestReport,
     progress: ProgressCallback,
 ) -> Iterator[LoadedDocument]:
-    """The documents to hand out; failures and repeated external ids are failed here."""
+    """The documents to hand out; failures and repeated external ids are failed here, and
+    skipped files counted here."""
     for item in items:
         if isinstance(item, LoadFailure):
             report.failed.append(item)
+            progress(1, 0)
+        elif isinstance(item, SkippedFile):
+            report.skipped.append(item)
             progress(1, 0)
         elif item.external_id in seen:
             reason = f"duplicate external id {item.external_id!r} in this ingest"

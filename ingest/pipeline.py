@@ -42,6 +42,7 @@ from ragservice.types import (
     LoadedDocument,
     LoadFailure,
     PrecomputedChunks,
+    SkippedFile,
     TextChunk,
     Tokenizer,
 )
@@ -71,11 +72,18 @@ class _Pending:
 @dataclass
 class _Prepared:
     """What the preparation thread hands on: a batch to embed (maybe empty), and the documents
-    it settled meanwhile (unchanged, failed), for the calling thread to account for."""
+    it settled meanwhile (unchanged, failed) and the files skipped, for the calling thread to
+    account for."""
 
     batch: list[_Pending] = field(default_factory=list)
     unchanged: list[str] = field(default_factory=list)
     failed: list[LoadFailure] = field(default_factory=list)
+    skipped: list[SkippedFile] = field(default_factory=list)
+
+    @property
+    def settled(self) -> bool:
+        """Whether it holds anything besides its batch."""
+        return bool(self.unchanged or self.failed or self.skipped)
 
 
 NO_EMBEDDER = (
@@ -186,7 +194,7 @@ class IngestPipeline:
 
     def run(
         self,
-        items: Iterable[LoadedDocument | LoadFailure],
+        items: Iterable[LoadedDocument | LoadFailure | SkippedFile],
         *,
         collection: str,
         dry_run: bool = False,
@@ -212,7 +220,7 @@ class IngestPipeline:
 
     def _run(
         self,
-        items: Iterable[LoadedDocument | LoadFailure],
+        items: Iterable[LoadedDocument | LoadFailure | SkippedFile],
         collection: str,
         dry_run: bool,
         prune: bool,
@@ -268,18 +276,19 @@ class IngestPipeline:
 
     def _prepared(
         self,
-        items: Iterable[LoadedDocument | LoadFailure],
+        items: Iterable[LoadedDocument | LoadFailure | SkippedFile],
         collection_id: uuid.UUID | None,
         seen: set[str],
     ) -> Iterator[_Prepared]:
         """New and changed documents in batches of about `batch_chunks` chunks, chunked and
-        tokenized; and, after each group of documents, those it found unchanged or failed.
-        Runs on the preparation thread: it touches no report and calls no callback."""
+        tokenized; and, after each group of documents, those it found unchanged or failed and
+        the files skipped. Runs on the preparation thread: it touches no report and calls no callback."""
         unit, size = _Prepared(), 0
-        load_failures: list[LoadFailure] = []  # filled as `_documents` reads the items
-        for group in _groups(self._documents(items, seen, load_failures), self._lookup_batch):
-            unit.failed.extend(load_failures)
-            load_failures.clear()
+        loaded = _Prepared()  # the failures and skips `_documents` finds as it reads the items
+        for group in _groups(self._documents(items, seen, loaded), self._lookup_batch):
+            unit.failed.extend(loaded.failed)
+            unit.skipped.extend(loaded.skipped)
+            loaded.failed, loaded.skipped = [], []
             unchanged, prepared = self._classify(group, collection_id)
             unit.unchanged.extend(unchanged)
             for pending in prepared:
@@ -291,25 +300,29 @@ class IngestPipeline:
                 if size >= self._batch_chunks:
                     yield unit
                     unit, size = _Prepared(), 0
-            if unit.unchanged or unit.failed:
-                yield _Prepared(unchanged=unit.unchanged, failed=unit.failed)
-                unit.unchanged, unit.failed = [], []
-        unit.failed.extend(load_failures)
-        if unit.batch or unit.unchanged or unit.failed:
+            if unit.settled:
+                yield _Prepared(unchanged=unit.unchanged, failed=unit.failed, skipped=unit.skipped)
+                unit.unchanged, unit.failed, unit.skipped = [], [], []
+        unit.failed.extend(loaded.failed)
+        unit.skipped.extend(loaded.skipped)
+        if unit.batch or unit.settled:
             yield unit
 
     def _documents(
         self,
-        items: Iterable[LoadedDocument | LoadFailure],
+        items: Iterable[LoadedDocument | LoadFailure | SkippedFile],
         seen: set[str],
-        failed: list[LoadFailure],
+        loaded: _Prepared,
     ) -> Iterator[LoadedDocument]:
+        """The documents of `items`; failures and skipped files go to `loaded`."""
         for item in items:
             if isinstance(item, LoadFailure):
-                failed.append(item)
+                loaded.failed.append(item)
+            elif isinstance(item, SkippedFile):
+                loaded.skipped.append(item)
             elif item.external_id in seen:
                 reason = f"duplicate external id {item.external_id!r} in this ingest"
-                failed.append(LoadFailure(source=item.source or item.external_id, reason=reason))
+                loaded.failed.append(LoadFailure(item.source or item.external_id, reason))
             else:
                 seen.add(item.external_id)
                 yield item
@@ -502,11 +515,13 @@ def _timed(units: Iterable[_Prepared], report: IngestReport) -> Iterator[_Prepar
 
 
 def _account_settled(unit: _Prepared, report: IngestReport, progress: ProgressCallback) -> None:
-    """Count the documents the preparation settled without a write (unchanged, failed)."""
+    """Count the documents the preparation settled without a write (unchanged, failed) and
+    the files skipped (inputs done, as a failed one is)."""
     report.unchanged.extend(unit.unchanged)
     report.failed.extend(unit.failed)
-    if unit.unchanged or unit.failed:
-        progress(len(unit.unchanged) + len(unit.failed), 0)
+    report.skipped.extend(unit.skipped)
+    if unit.settled:
+        progress(len(unit.unchanged) + len(unit.failed) + len(unit.skipped), 0)
 
 
 def _inputs_by_hash(batch: list[_Pending]) -> dict[str, TokenIds]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ragservice.types import LoadFailure
+from ragservice.types import LoadFailure, SkippedFile
 
 ProgressCallback = Callable[[int, int], None]
 """Called with (documents done, chunks written) increments as the run advances."""
@@ -18,6 +18,8 @@ class IngestReport:
     unchanged: list[str] = field(default_factory=list)
     deleted: list[str] = field(default_factory=list)
     failed: list[LoadFailure] = field(default_factory=list)
+    skipped: list[SkippedFile] = field(default_factory=list)
+    """Files found but not read on purpose (a type no loader reads); they fail nothing."""
     chunks_written: int = 0
     chunks_embedded: int = 0
     chunks_reused: int = 0
@@ -46,6 +48,7 @@ class IngestReport:
         self.unchanged.extend(part.unchanged)
         self.deleted.extend(part.deleted)
         self.failed.extend(part.failed)
+        self.skipped.extend(part.skipped)
         self.restricted = self.restricted or part.restricted
         self.chunks_written += part.chunks_written
         self.chunks_embedded += part.chunks_embedded
@@ -67,6 +70,7 @@ class IngestReport:
             "unchanged": len(self.unchanged),
             "deleted": len(self.deleted),
             "failed": len(self.failed),
+            "skipped": len(self.skipped),
             "chunks_written": self.chunks_written,
             "chunks_embedded": self.chunks_embedded,
             "chunks_reused": self.chunks_reused,

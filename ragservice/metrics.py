@@ -80,8 +80,9 @@ class JobMetrics:
         )
         self.documents = Counter(
             "ragservice_job_documents",
-            "Documents ingest jobs processed, by result (new, updated, unchanged, failed); "
-            "rate() of it is the documents per second. Counted as jobs make progress.",
+            "Documents ingest jobs processed, by result (new, updated, unchanged, failed; and "
+            "files skipped, of a type no loader reads); rate() of it is the documents per "
+            "second. Counted as jobs make progress.",
             ["result"],
             registry=registry,
         )
@@ -93,7 +94,7 @@ class JobMetrics:
 
     def add_progress(self, delta: Mapping[str, int]) -> None:
         """Count what a job processed since it was last counted (`IngestReport.counts` keys)."""
-        for result in ("new", "updated", "unchanged", "failed"):
+        for result in ("new", "updated", "unchanged", "failed", "skipped"):
             if delta.get(result):
                 self.documents.labels(result=result).inc(delta[result])
         if delta.get("chunks_embedded"):

@@ -205,6 +205,16 @@ class LoadFailure:
 
 
 @dataclass(frozen=True, slots=True)
+class SkippedFile:
+    """A file found but not read, on purpose: a type no loader reads inside a folder given,
+    an e-mail's attachment no loader reads. Not a failure (the ingest still succeeds), but
+    counted and listed, so that no file is left out without a word."""
+
+    source: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
 class TextChunk:
     """A piece of a document's text: `text == document_text[start_char:end_char]`."""
 

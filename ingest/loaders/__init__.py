@@ -1,9 +1,11 @@
 """Loaders: turn files, folders and JSONL exports into `LoadedDocument`s.
 
 Bad content never raises. A file (or JSONL line) that cannot be parsed becomes a `LoadFailure`
-with a short reason, so one broken file does not stop a batch. Every text, title and string
-metadata value passes through `clean_text`: PostgreSQL rejects NUL bytes and invalid UTF-8, and
-one such value would fail a whole COPY batch.
+with a short reason, so one broken file does not stop a batch; a file not read on purpose (a
+type no loader reads, in a folder or attached to a message) becomes a `SkippedFile`, so that
+it is counted and listed, not lost without a word. Every text, title and string metadata
+value passes through `clean_text`: PostgreSQL rejects NUL bytes and invalid UTF-8, and one
+such value would fail a whole COPY batch.
 
 One module per format (`text_files`, `html_files`, `pdf_files`, `docx_files`, `pptx_files`,
 `xlsx_files`, `csv_files`, `odt_files`, `rtf_files`, `epub_files`, `email_files`, `mbox_files`,

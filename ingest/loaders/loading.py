@@ -1,9 +1,12 @@
-"""Loading: files, uploads and sent text become `LoadedDocument`s or `LoadFailure`s.
+"""Loading: files, uploads and sent text become `LoadedDocument`s or `LoadFailure`s, and the
+files skipped on purpose `SkippedFile`s.
 
 The parser is chosen by the file's suffix; JSONL yields one result per line, Parquet one per
 document (its rows grouped by document id). A file with files embedded in it (an e-mail's
 attachments, an mbox's messages) yields its own document, then one per embedded file, each
-parsed by its own suffix in the sandbox and linked to its parent (`_embedded`).
+parsed by its own suffix in the sandbox and linked to its parent (`_embedded`). An embedded
+file no loader reads, or one nested deeper than `MAX_EMBEDDING_DEPTH`, is skipped: named in
+its parent's metadata (`skipped_attachments`) and yielded as a `SkippedFile`.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from ingest.loaders.parquet_files import ParquetColumns, batch_documents
 from ingest.loaders.parsing import Child, LoadResult, ParseError
 from ingest.loaders.readers import Sidecars, with_readers
 from ingest.loaders.sandbox import PARSERS, parse_isolated, stream_isolated
-from ingest.loaders.walking import iter_files
+from ingest.loaders.walking import walk_files
 from ragservice.errors import InvalidInputError
 from ragservice.limits.documents import (
     ID_TOO_LONG,
@@ -31,7 +34,7 @@ from ragservice.limits.documents import (
     too_long,
 )
 from ragservice.limits.shape import external_id_too_long, too_deep
-from ragservice.types import LoadedDocument, LoadFailure, file_type
+from ragservice.types import LoadedDocument, LoadFailure, SkippedFile, file_type
 
 # The defaults read BEIR `corpus.jsonl`; frozen, so one shared instance is safe.
 _BEIR_FIELDS = JsonlFields()
@@ -47,16 +50,21 @@ def load_documents(
     parquet_columns: ParquetColumns = _PARQUET_COLUMNS,
     readers: tuple[str, ...] | None = None,
 ) -> Iterator[LoadResult]:
-    """Load every file `iter_files` selects; raises FileNotFoundError at once for a bad path.
+    """Load every file `walk_files` selects, and say which it skips (`SkippedFile`: a type no
+    loader reads inside a folder); raises FileNotFoundError at once for a bad path.
 
     Documents get the readers their JSONL row names, else those of the nearest `.readers`
     sidecar (`ingest.loaders.readers`), else `readers` (None: not said)."""
-    files = iter_files(paths, include, exclude)
+    files = walk_files(paths, include, exclude)
     resolved = resolve_limits(limits)
     sidecars = Sidecars()
 
     def loaded() -> Iterator[LoadResult]:
-        for path, external_id in files:
+        for entry in files:
+            path, external_id = entry.path, entry.external_id
+            if entry.skipped:
+                yield SkippedFile(str(path), entry.skipped)
+                continue
             try:
                 found = sidecars.readers_for(path, external_id)
             except InvalidInputError as exc:
@@ -244,18 +252,18 @@ def _parse_single(
         yield LoadFailure(source, str(exc))
         return
     children = _named_children(parsed.children, where)
+    read, skipped = _sorted_children(children, depth + 1)
     if parsed.text or not children:
         problem = too_long(parsed.text, limits) if parsed.text else NO_TEXT
         if problem:
             yield LoadFailure(source, problem)
         else:
-            attachments = {"attachments": [child_id for child_id, _, _ in children]}
             provenance = {"source_path": external_id, "file_type": parser[0]}
             yield LoadedDocument(
                 external_id=external_id,
                 text=parsed.text,
                 title=parsed.title,
-                metadata={**parsed.metadata, **own, **(attachments if children else {})}
+                metadata={**parsed.metadata, **own, **_children_metadata(read, skipped)}
                 | provenance
                 | extra,
                 source=source,
@@ -265,7 +273,8 @@ def _parse_single(
                 page_names=parsed.page_names,
                 row_starts=parsed.row_starts,
             )
-    yield from _embedded(children, external_id, extra, limits, depth + 1)
+    yield from (SkippedFile(source, reason) for (_, source, _), reason in skipped)
+    yield from _embedded(read, external_id, extra, limits, depth + 1)
 
 
 MAX_EMBEDDING_DEPTH = 2
@@ -292,6 +301,46 @@ def _named_children(children: tuple[Child, ...], where: tuple[str, str]) -> list
     return named
 
 
+def _sorted_children(
+    children: list[_Named], depth: int
+) -> tuple[list[_Named], list[tuple[_Named, str]]]:
+    """The embedded files to read, and those skipped with the reason: of a type no loader
+    reads (a GIF, a PGP signature), or nested deeper than `MAX_EMBEDDING_DEPTH`."""
+    read: list[_Named] = []
+    skipped: list[tuple[_Named, str]] = []
+    for named in children:
+        reason = _skip_reason(named[2].name, depth)
+        if reason:
+            skipped.append((named, reason))
+        else:
+            read.append(named)
+    return read, skipped
+
+
+def _skip_reason(name: str, depth: int) -> str:
+    if depth > MAX_EMBEDDING_DEPTH:
+        return f"embedded files nested more than {MAX_EMBEDDING_DEPTH} deep are not read"
+    suffix = file_type(name)
+    if suffix in PARSERS:
+        return ""
+    if suffix:  # JSONL and Parquet are read from whole files, not from inside others
+        return f"a {suffix} file inside another file is not read"
+    return _unsupported(name, suffix).reason
+
+
+def _children_metadata(read: list[_Named], skipped: list[tuple[_Named, str]]) -> dict[str, Any]:
+    """What a parent says of its embedded files: the ids of those read (`attachments`), the
+    names of those skipped (`skipped_attachments`)."""
+    metadata: dict[str, Any] = {}
+    if read:
+        metadata["attachments"] = [child_id for child_id, _, _ in read]
+    if skipped:
+        metadata["skipped_attachments"] = [
+            child_id.rsplit("/", 1)[-1] for (child_id, _, _), _ in skipped
+        ]
+    return metadata
+
+
 def _embedded(
     children: list[_Named],
     parent_id: str,
@@ -302,11 +351,7 @@ def _embedded(
     """The embedded files' documents, linked to their parent (metadata `parent`); one that
     cannot be loaded fails alone, naming its parent and itself (its source)."""
     for child_id, source, child in children:
-        if depth > MAX_EMBEDDING_DEPTH:
-            yield LoadFailure(
-                source, f"embedded files nested more than {MAX_EMBEDDING_DEPTH} deep are not read"
-            )
-        elif external_id_too_long(child_id):
+        if external_id_too_long(child_id):
             yield LoadFailure(source, ID_TOO_LONG)
         elif too_deep(child.metadata):
             yield LoadFailure(source, TOO_DEEP)

@@ -8,9 +8,10 @@ from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
 from ingest.loaders.cleaning import clean_text
-from ragservice.types import LoadedDocument, LoadFailure, PageUnit, TextFormat
+from ragservice.types import LoadedDocument, LoadFailure, PageUnit, SkippedFile, TextFormat
 
-LoadResult: TypeAlias = LoadedDocument | LoadFailure
+LoadResult: TypeAlias = LoadedDocument | LoadFailure | SkippedFile
+"""What loading gives per document, per file that failed, and per file skipped on purpose."""
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""Walking folders: which files under the given paths to load, with include/exclude globs."""
+"""Walking folders: which files under the given paths to load, with include/exclude globs,
+and which found there are skipped (a type no loader reads)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import errno
 import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from ragservice.types import SUPPORTED_SUFFIXES
 
@@ -17,19 +18,42 @@ class _Filters:
     exclude: tuple[_Glob, ...]
 
 
+@dataclass(frozen=True, slots=True)
+class Found:
+    """A file the walk found: its path, its external id base, and why it is skipped ("": it
+    is to be loaded)."""
+
+    path: Path
+    external_id: str
+    skipped: str = ""
+
+
 def iter_files(
     paths: Sequence[Path],
     include: Sequence[str] = (),
     exclude: Sequence[str] = (),
 ) -> Iterator[tuple[Path, str]]:
-    """Yield `(file, external id base)` for the files under `paths`, in a stable order.
+    """Yield `(file, external id base)` for the files under `paths` to load, in a stable
+    order (`walk_files`, less the files it skips)."""
+    found = walk_files(paths, include, exclude)
+    return ((item.path, item.external_id) for item in found if not item.skipped)
+
+
+def walk_files(
+    paths: Sequence[Path],
+    include: Sequence[str] = (),
+    exclude: Sequence[str] = (),
+) -> Iterator[Found]:
+    """Yield every file found under `paths`, in a stable order: those to load, and those
+    skipped with the reason.
 
     Folders are walked recursively in sorted order; the id base is the path relative to the
     folder given (posix), or the file name for a file given directly. Globs (`*`, `?`, `[..]`,
     `**`) match the relative path or the bare file name; `exclude` also prunes folders. With no
-    `include`, a folder yields only files with a supported suffix; a file given directly is
-    taken whatever its suffix, so an unsupported one is reported instead of silently skipped.
-    Names starting with "." are skipped inside folders.
+    `include`, a folder's files with a suffix no loader reads are skipped (and said so); a file
+    given directly is taken whatever its suffix, so an unsupported one is reported as a
+    failure. What the globs leave out is the user's choice, and not reported; nor are names
+    starting with "." inside folders (hidden files, `.readers` sidecars).
 
     Raises FileNotFoundError, before yielding anything, when a path does not exist.
     """
@@ -40,17 +64,17 @@ def iter_files(
     return _iter_paths(paths, filters)
 
 
-def _iter_paths(paths: Sequence[Path], filters: _Filters) -> Iterator[tuple[Path, str]]:
+def _iter_paths(paths: Sequence[Path], filters: _Filters) -> Iterator[Found]:
     for path in paths:
         if path.is_dir():
             yield from _walk(path, path, filters, frozenset())
         elif _passes(path.name, filters):
-            yield path, path.name
+            yield Found(path, path.name)
 
 
 def _walk(
     root: Path, folder: Path, filters: _Filters, ancestors: frozenset[Path]
-) -> Iterator[tuple[Path, str]]:
+) -> Iterator[Found]:
     real = folder.resolve()
     if real in ancestors:
         return  # a symlink back up the tree; following it would never end
@@ -61,14 +85,17 @@ def _walk(
         if entry.is_dir():
             if not _matches(filters.exclude, relative):
                 yield from _walk(root, entry, filters, ancestors | {real})
-        elif entry.is_file() and _wanted(relative, filters):
-            yield entry, relative
+        elif entry.is_file() and _passes(relative, filters):
+            yield Found(entry, relative, _skipped(relative, filters))
 
 
-def _wanted(relative: str, filters: _Filters) -> bool:
-    # An include list is the user's own choice of files; without one, take what we can parse.
-    chosen = bool(filters.include) or relative.lower().endswith(SUPPORTED_SUFFIXES)
-    return chosen and _passes(relative, filters)
+def _skipped(relative: str, filters: _Filters) -> str:
+    """Why a file the globs let through is not loaded: without an include list (the user's
+    own choice of files, taken whatever their type), one of a type no loader reads."""
+    if filters.include or relative.lower().endswith(SUPPORTED_SUFFIXES):
+        return ""
+    suffix = PurePosixPath(relative).suffix.lower()
+    return f"unsupported file type {suffix or '(no suffix)'}"
 
 
 def _passes(relative: str, filters: _Filters) -> bool:

@@ -70,7 +70,16 @@ class Failed:
     reason: str
 
 
-ScanEvent: TypeAlias = Changed | Unchanged | Failed
+@dataclass(frozen=True, slots=True)
+class Skipped:
+    """A file the source has but no loader reads (an image, an archive): not fetched, not a
+    document, and not a failure; counted and listed in the run's report."""
+
+    key: str
+    reason: str
+
+
+ScanEvent: TypeAlias = Changed | Unchanged | Failed | Skipped
 
 
 class SourceError(Exception):
@@ -80,8 +89,8 @@ class SourceError(Exception):
 
 
 class SourceReader(Protocol):
-    """Walks one source. `scan` yields one event per document found, each key once; a scan
-    that ends without raising found everything there is, so what `known` has and the scan
-    did not yield is gone from the source."""
+    """Walks one source. `scan` yields one event per document found (and per file skipped),
+    each key once; a scan that ends without raising found everything there is, so what
+    `known` has and the scan did not yield as a document is gone from the source."""
 
     def scan(self, known: Mapping[str, ItemState]) -> Iterator[ScanEvent]: ...

@@ -7,12 +7,13 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ingest.loaders.walking import iter_files
+from ingest.loaders.walking import Found, walk_files
 from ingest.sources.base import (
     Changed,
     Failed,
     ItemState,
     ScanEvent,
+    Skipped,
     SourceError,
     Unchanged,
 )
@@ -21,16 +22,18 @@ from ingest.sources.base import (
 @dataclass
 class FolderStats:
     """What the last scan did: files seen, files read (the others were known by size and
-    time), and files too large to read."""
+    time), files too large to read, and files of a type no loader reads."""
 
     files: int = 0
     read: int = 0
     too_large: int = 0
+    skipped: int = 0
 
 
 class FolderReader:
-    """Walks a folder (or one file) with `iter_files`, so a document's key is the external id
-    `ingest PATH` gives it (the path relative to the folder) and both name it alike.
+    """Walks a folder (or one file) with `walk_files`, so a document's key is the external id
+    `ingest PATH` gives it (the path relative to the folder) and both name it alike, and both
+    skip the same files (a type no loader reads: a `Skipped` event, counted in `skipped`).
 
     A file whose size and modification time (its `etag`, `size:mtime_ns`) are what `known`
     holds is unchanged without being read; one that was touched but holds the same bytes
@@ -59,21 +62,25 @@ class FolderReader:
         files = self._files()
         return self._events(files, known)
 
-    def _files(self) -> Iterator[tuple[Path, str]]:
+    def _files(self) -> Iterator[Found]:
         try:
             if not self.root.exists():
                 raise SourceError(f"the folder {self.root} does not exist")
-            return iter_files([self.root], self.include, self.exclude)
+            return walk_files([self.root], self.include, self.exclude)
         except OSError as exc:
             raise SourceError(f"the folder {self.root} cannot be read: {exc.strerror}") from exc
 
     def _events(
-        self, files: Iterator[tuple[Path, str]], known: Mapping[str, ItemState]
+        self, files: Iterator[Found], known: Mapping[str, ItemState]
     ) -> Iterator[ScanEvent]:
         try:
-            for path, key in files:
+            for found in files:
+                if found.skipped:
+                    self.stats.skipped += 1
+                    yield Skipped(found.external_id, found.skipped)
+                    continue
                 self.stats.files += 1
-                yield self._event(path, key, known.get(key))
+                yield self._event(found.path, found.external_id, known.get(found.external_id))
         except OSError as exc:
             # A folder that vanished or became unreadable mid-walk: not a complete scan.
             raise SourceError(f"the folder {self.root} cannot be read: {exc}") from exc

@@ -18,6 +18,7 @@ import hashlib
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
+from pathlib import PurePosixPath
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -26,6 +27,7 @@ from ingest.sources.base import (
     Failed,
     ItemState,
     ScanEvent,
+    Skipped,
     SourceError,
     Unchanged,
 )
@@ -39,7 +41,8 @@ _TIMEOUT_SECONDS = 30
 
 @dataclass
 class BucketStats:
-    """What the last scan did: objects listed, downloads, and objects no loader reads."""
+    """What the last scan did: objects listed, downloads, and objects no loader reads (yielded
+    as `Skipped`, not downloaded)."""
 
     listed: int = 0
     downloads: int = 0
@@ -154,17 +157,24 @@ class S3Reader:
     ) -> Iterator[ScanEvent]:
         for item in page:
             self.stats.listed += 1
-            if not self._wanted(item.key):
-                self.stats.skipped += 1
+            if not self._selected(item.key):
                 continue
-            event = self._event(client, item, known.get(self._document_key(item.key)))
+            key = self._document_key(item.key)
+            suffix = PurePosixPath(item.key).suffix.lower()
+            if not file_type(item.key):
+                self.stats.skipped += 1
+                yield Skipped(key, f"unsupported file type {suffix or '(no suffix)'}")
+                continue
+            event = self._event(client, item, known.get(key))
             if event is not None:
                 yield event
 
-    def _wanted(self, key: str) -> bool:
+    def _selected(self, key: str) -> bool:
+        """Whether the object is a file (not a "folder" marker) that include/exclude let
+        through; the globs' choice is the user's, and not reported."""
         name = key.rsplit("/", 1)[-1]
-        if not name or not file_type(name):
-            return False  # a "folder" marker, or a type no loader reads
+        if not name:
+            return False
         relative = key[len(self.prefix) :].lstrip("/")
         if any(fnmatchcase(relative, g) or fnmatchcase(name, g) for g in self.exclude):
             return False

@@ -1,9 +1,11 @@
 """One run of a source: what its reader found, brought into the collection.
 
 The reader says, for each document it finds, whether it is new or changed (with its bytes),
-unchanged, or failed (`ingest.sources.base`). Changed documents go through the ingest pipeline
-in batches; nothing is written for unchanged ones (their state's `seen_at` moves on); a failed
-one keeps its stored document. After a scan that completed, the documents the source knew and
+unchanged, or failed, and which files it skips (a type no loader reads; `ingest.sources.base`).
+Changed documents go through the ingest pipeline in batches; nothing is written for unchanged
+ones (their state's `seen_at` moves on); a failed one keeps its stored document. A skipped file
+is counted and listed, as are the attachments the loaders skip; it is no document, so one the
+collection held is removed as gone. After a scan that completed, the documents the source knew and
 did not find are deleted (when the source prunes). A run that fails as a whole (`SourceError`)
 or stops halfway deletes nothing.
 
@@ -24,12 +26,20 @@ from ingest.loaders import DocumentLimits, LoadResult
 from ingest.loaders.loading import load_fetched
 from ingest.loaders.readers import with_readers
 from ingest.pipeline import IngestPipeline, IngestReport, pack_postings
-from ingest.sources.base import Changed, Failed, ItemState, SourceError, SourceReader, Unchanged
+from ingest.sources.base import (
+    Changed,
+    Failed,
+    ItemState,
+    Skipped,
+    SourceError,
+    SourceReader,
+    Unchanged,
+)
 from ingest.targets import ingest_pipeline
 from ragservice import store
 from ragservice.db import tenancy
 from ragservice.runtime import Runtime
-from ragservice.types import LoadFailure
+from ragservice.types import LoadedDocument, LoadFailure
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +48,8 @@ BATCH_DOCUMENTS = 64
 BATCH_BYTES = 16 * 2**20
 """Fetched bytes held before they go to the pipeline, whatever the documents' count."""
 MAX_ERRORS = 1000
-"""Per-document errors kept in a report; `failed` still counts them all."""
+"""Per-document errors (and skipped files) kept in a report; `failed` (`skipped`) still counts
+them all."""
 
 
 @dataclass
@@ -47,8 +58,10 @@ class SyncReport:
     `failed`: of those; `removed`: documents deleted because the source no longer has them;
     `requests` and `not_modified`: what the reader asked its source and how many answers said
     nothing changed (where it counts them). `errors`: (key, reason) per failed document.
-    `complete`: the scan went through the whole source (only then is anything removed).
-    `failure`: why the source as a whole could not be read (the run failed)."""
+    `skipped`: files not read on purpose (a type no loader reads, the source's files or an
+    attachment), `skips` their (key, reason). `complete`: the scan went through the whole
+    source (only then is anything removed). `failure`: why the source as a whole could not
+    be read (the run failed)."""
 
     found: int = 0
     added: int = 0
@@ -59,6 +72,8 @@ class SyncReport:
     requests: int = 0
     not_modified: int = 0
     errors: list[tuple[str, str]] = field(default_factory=list)
+    skipped: int = 0
+    skips: list[tuple[str, str]] = field(default_factory=list)
     complete: bool = False
     failure: str | None = None
     restricted: bool = False
@@ -72,6 +87,7 @@ class SyncReport:
             "unchanged": self.unchanged,
             "removed": self.removed,
             "failed": self.failed,
+            "skipped": self.skipped,
             "requests": self.requests,
             "not_modified": self.not_modified,
         }
@@ -88,6 +104,11 @@ class SyncReport:
         self.failed += 1
         if len(self.errors) < MAX_ERRORS:
             self.errors.append((key, reason))
+
+    def skip(self, key: str, reason: str) -> None:
+        self.skipped += 1
+        if len(self.skips) < MAX_ERRORS:
+            self.skips.append((key, reason))
 
 
 SyncProgress = Callable[[SyncReport], None]
@@ -180,6 +201,10 @@ class _Run:
         size = 0
         try:
             for event in reader.scan(known):
+                if isinstance(event, Skipped):
+                    self.report.skip(event.key, event.reason)
+                    self._progress(self.report)
+                    continue  # no document: its key is not found, so a stored one goes
                 if event.key in found:
                     continue  # a reader yields each key once; one that does not is not trusted
                 found.add(event.key)
@@ -222,6 +247,8 @@ class _Run:
         self._ingest.add(ingested)
         self._ingest.seconds += ingested.seconds  # one after another: they add up
         self.report.restricted = self.report.restricted or ingested.restricted
+        for skipped in ingested.skipped:
+            self.report.skip(skipped.source, skipped.reason)
         failed = self._failures(ingested.failed, keys, produced)
         new, updated = set(ingested.new), set(ingested.updated)
         saved: dict[str, ItemState] = {}
@@ -253,7 +280,7 @@ class _Run:
                 limits=self._limits,
             )
             for result in with_readers(results, self._target.readers):
-                if not isinstance(result, LoadFailure):
+                if isinstance(result, LoadedDocument):
                     produced[result.external_id] = change.key
                 yield result
 

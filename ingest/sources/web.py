@@ -26,6 +26,7 @@ from ingest.sources.base import (
     Failed,
     ItemState,
     ScanEvent,
+    Skipped,
     SourceError,
     Unchanged,
 )
@@ -58,7 +59,7 @@ class CrawlStats:
     fetched: int = 0
     failed: int = 0
     skipped: int = 0
-    """Pages whose type no loader reads (images, archives …): not yielded."""
+    """Pages whose type no loader reads (images, archives …): yielded as `Skipped`."""
     disallowed: int = 0
     """Pages robots.txt disallows for our user agent: not fetched, not yielded (gone)."""
     from_sitemap: bool = False
@@ -74,8 +75,8 @@ class _Answer:
 
 @dataclass
 class _Visit:
-    """One page's outcome: its event (None: gone, or a type no loader reads), the links that
-    lead on, and whether the server answered it (200 or 304) or why not."""
+    """One page's outcome: its event (None: gone), the links that lead on, and whether the
+    server answered it (200 or 304) or why not."""
 
     event: ScanEvent | None
     links: tuple[str, ...]
@@ -298,7 +299,8 @@ class _Crawl:
         name = document_name(answer.url, content_type)
         if name is None:
             self.stats.skipped += 1
-            return _Visit(None, links, reached=True)
+            kind = content_type.split(";", 1)[0].strip() or "(none)"
+            return _Visit(Skipped(url, f"unsupported content type {kind}"), links, reached=True)
         self.stats.fetched += 1
         if prior is not None and prior.content_hash == state.content_hash:
             return _Visit(Unchanged(url, state), links, reached=True)

@@ -1,8 +1,9 @@
 """The batch ingest command: `ragservice ingest PATH... -c NAME`, also `python -m ingest`.
 
-The output goes to stderr; the exit status is non-zero when any input failed, and 130 when
-the user pressed Ctrl-C (SIGINT), even after the last batch had committed. SIGTERM (and SIGHUP)
-stop the run the same way, with status 143.
+The output goes to stderr; the exit status is non-zero when any input failed (files skipped,
+of a type no loader reads, are listed but fail nothing), and 130 when the user pressed Ctrl-C
+(SIGINT), even after the last batch had committed. SIGTERM (and SIGHUP) stop the run the same
+way, with status 143.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -59,6 +61,7 @@ console = Console(stderr=True)
 log = logging.getLogger(__name__)
 
 _MAX_FAILURES_SHOWN = 20
+"""Failures (and skipped files) the summary lists; `--json` lists them all."""
 
 Runner = Callable[[ProgressCallback, IngestReport], IngestReport]
 
@@ -190,8 +193,9 @@ def ingest_command(
     endpoint_url: EndpointUrlOption = None,
 ) -> None:
     """Load, chunk, embed and store documents, or import chunks with their vectors (JSONL
-    lines with `chunks`, Parquet). Unchanged documents are skipped. A web page (or a site,
-    with --crawl) or an S3 prefix is read as the collection's source for it."""
+    lines with `chunks`, Parquet). Unchanged documents are not written again; files of a type
+    no loader reads are skipped and listed. A web page (or a site, with --crawl) or an S3
+    prefix is read as the collection's source for it."""
     try:
         named_readers = parse_readers(readers)
     except InvalidInputError as exc:
@@ -299,6 +303,7 @@ class _Outcome:
             "write_seconds": round(report.write_seconds, 3),
             "pack_seconds": round(report.pack_seconds, 3),
             "failures": [{"source": f.source, "error": f.reason} for f in report.failed],
+            "skipped": [{"source": f.source, "reason": f.reason} for f in report.skipped],
         }
 
 
@@ -525,6 +530,7 @@ def _print_summary(report: IngestReport) -> None:
         ("unchanged", len(report.unchanged)),
         ("deleted", len(report.deleted)),
         ("failed", len(report.failed)),
+        ("skipped", len(report.skipped)),
     ):
         table.add_row(label, f"{value:,}")
     console.print(table)
@@ -534,9 +540,15 @@ def _print_summary(report: IngestReport) -> None:
         f"in {report.seconds:.1f} s, {report.write_seconds:.1f} s of it in write transactions"
     )
     for failure in report.failed[:_MAX_FAILURES_SHOWN]:
-        console.print(f"[red]failed[/red] {failure.source}: {failure.reason}")
+        console.print(f"[red]failed[/red] {escape(failure.source)}: {escape(failure.reason)}")
     if len(report.failed) > _MAX_FAILURES_SHOWN:
         console.print(f"… and {len(report.failed) - _MAX_FAILURES_SHOWN} more failures")
+    for skipped in report.skipped[:_MAX_FAILURES_SHOWN]:
+        console.print(
+            f"[yellow]skipped[/yellow] {escape(skipped.source)}: {escape(skipped.reason)}"
+        )
+    if len(report.skipped) > _MAX_FAILURES_SHOWN:
+        console.print(f"… and {len(report.skipped) - _MAX_FAILURES_SHOWN} more skipped")
 
 
 def _print_interrupted(report: IngestReport, *, stopped: bool, by: str = "Ctrl-C") -> None:

@@ -178,11 +178,13 @@ def report_errors(report: SyncReport) -> list[dict[str, str]]:
 
 
 def report_line(report: SyncReport) -> str:
-    """One line for a run: `3 added, 1 changed, 2 removed, 7 unchanged, 0 failed`."""
+    """One line for a run: `3 added, 1 changed, 2 removed, 7 unchanged, 0 failed` (and
+    `, 2 skipped` when files were skipped)."""
     counts = report.counts()
-    text = ", ".join(
-        f"{counts[key]} {key}" for key in ("added", "changed", "removed", "unchanged", "failed")
-    )
+    keys = ("added", "changed", "removed", "unchanged", "failed")
+    text = ", ".join(f"{counts[key]} {key}" for key in keys)
+    if report.skipped:
+        text += f", {report.skipped} skipped"
     if report.failure is not None:
         return f"failed: {report.failure} ({text}; nothing removed)"
     return text if report.complete else f"{text} (incomplete: nothing removed)"
@@ -207,6 +209,10 @@ def print_report(report: SyncReport, title: str) -> None:
         console.print(f"[red]failed[/red] {escape(key)}: {escape(reason)}")
     if len(report.errors) > _MAX_ERRORS_SHOWN:
         console.print(f"… and {len(report.errors) - _MAX_ERRORS_SHOWN} more failures")
+    for key, reason in report.skips[:_MAX_ERRORS_SHOWN]:
+        console.print(f"[yellow]skipped[/yellow] {escape(key)}: {escape(reason)}")
+    if report.skipped > _MAX_ERRORS_SHOWN:
+        console.print(f"… and {report.skipped - _MAX_ERRORS_SHOWN} more skipped")
 
 
 def report_json(
@@ -223,6 +229,7 @@ def report_json(
         "failure": report.failure,
         "counts": report.counts(),
         "failures": report_errors(report),
+        "skipped": [{"source": key, "reason": reason} for key, reason in report.skips],
     }
 
 

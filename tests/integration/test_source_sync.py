@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import shutil
 import time
 import uuid
 from collections.abc import Iterator, Mapping
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -538,3 +540,27 @@ def test_an_e_mails_attachments_go_when_they_leave_it_and_with_it(runtime: Runti
     del box.messages[mail]
     assert counts(run(runtime, source, box))["removed"] == 1
     assert set(documents(runtime)) == {note}  # the message and its attachments
+
+
+def test_files_no_loader_reads_are_skipped_and_listed_not_failed(
+    runtime: Runtime, tmp_path: Path
+) -> None:
+    """A folder's spreadsheet of another format, and the GIF a real message carries: skipped
+    (counted and listed), not failed; the message and the other files are written."""
+    from ingest.sources.folder import FolderReader
+
+    mail = Path(__file__).parents[1] / "realdocs" / "mail" / "cpython-msg07-dingus-fish.eml"
+    shutil.copy(mail, tmp_path / "fish.eml")
+    (tmp_path / "budget.ods").write_bytes(b"PK\x03\x04 a spreadsheet")
+    (tmp_path / "notes.txt").write_text("Pumps move water.")
+    source = add_source(runtime)
+    first = run(runtime, source, FolderReader(tmp_path))
+    assert counts(first) == {"found": 2, "added": 2, "skipped": 2}
+    assert first.skips == [
+        ("budget.ods", "unsupported file type .ods"),
+        ("fish.eml/dingusfish.gif", "unsupported file type .gif"),
+    ]
+    assert first.errors == [] and first.complete
+    assert set(documents(runtime)) == {"fish.eml", "notes.txt"}
+    again = run(runtime, source, FolderReader(tmp_path))  # the message is not read again
+    assert counts(again) == {"found": 2, "unchanged": 2, "not_modified": 2, "skipped": 1}

@@ -28,7 +28,8 @@ from ingest.loaders import (
 )
 from ingest.loaders.html_files import parse_html
 from ingest.loaders.text_files import parse_markdown
-from ragservice.types import LoadedDocument, LoadFailure
+from ingest.loaders.walking import walk_files
+from ragservice.types import LoadedDocument, LoadFailure, SkippedFile
 from tests.pdfs import make_pdf
 
 # --------------------------------------------------------------------------- helpers
@@ -553,6 +554,41 @@ def test_iter_files_direct_file_uses_its_name(tree: Path) -> None:
     direct = [tree / "docs" / "guide.md", tree / "notes.xyz"]
     assert list(iter_files(direct)) == [(direct[0], "guide.md"), (direct[1], "notes.xyz")]
     assert list(iter_files(direct, exclude=("*.xyz",))) == [(direct[0], "guide.md")]
+
+
+def test_walk_files_says_which_files_it_skips_and_why(tree: Path) -> None:
+    """A folder's file of a type no loader reads is found and skipped, with the reason (so
+    that it is counted, not lost without a word); hidden files, `.readers` sidecars and what
+    the globs leave out are not found at all."""
+    write(tree / "docs" / "sheet.ods", "a spreadsheet")
+    write(tree / "docs" / "Makefile", "all:")
+    write(tree / "docs" / ".readers", "group:team")
+    found = [(f.external_id, f.skipped) for f in walk_files([tree / "docs"], exclude=("deep",))]
+    assert found == [
+        ("Makefile", "unsupported file type (no suffix)"),
+        ("guide.md", ""),
+        ("sheet.ods", "unsupported file type .ods"),
+    ]
+    assert [f.external_id for f in walk_files([tree], exclude=("docs", "build"))] == [
+        "a.md",
+        "b.txt",
+        "notes.xyz",
+    ]
+    # An include list is the user's choice: what it names is taken, the rest not found.
+    assert [(f.external_id, f.skipped) for f in walk_files([tree], include=("*.xyz",))] == [
+        ("notes.xyz", "")
+    ]
+    assert relative_ids(tree) == [f.external_id for f in walk_files([tree]) if not f.skipped]
+
+
+def test_load_documents_yields_the_skipped_files_and_fails_a_file_named_directly(
+    tree: Path,
+) -> None:
+    results = list(load_documents([tree], exclude=("docs", "build")))
+    assert results[2] == SkippedFile(str(tree / "notes.xyz"), "unsupported file type .xyz")
+    assert [type(r) for r in results] == [LoadedDocument, LoadedDocument, SkippedFile]
+    [direct] = load_documents([tree / "notes.xyz"])
+    assert direct == LoadFailure(str(tree / "notes.xyz"), "unsupported file type .xyz")
 
 
 def test_iter_files_missing_path_raises(tree: Path) -> None:

@@ -14,6 +14,7 @@ from ingest.sources.base import (
     Failed,
     ItemState,
     ScanEvent,
+    Skipped,
     SourceError,
     Unchanged,
 )
@@ -25,7 +26,7 @@ def _tree(root: Path, count: int = 20) -> None:
         folder = root / f"part{index % 3}"
         folder.mkdir(parents=True, exist_ok=True)
         (folder / f"doc{index:02}.md").write_text(f"# Doc {index}\n\nbody {index}\n")
-    (root / "skip.bin").write_bytes(b"\0\1")  # no loader reads it: not selected
+    (root / "skip.bin").write_bytes(b"\0\1")  # no loader reads it: skipped, and said so
     (root / ".hidden.txt").write_text("hidden")
 
 
@@ -40,10 +41,12 @@ def _scan(reader: FolderReader, known: Mapping[str, ItemState]) -> list[ScanEven
 def test_a_first_scan_reads_every_file_under_the_names_ingest_gives(tmp_path: Path) -> None:
     _tree(tmp_path)
     reader = FolderReader(tmp_path)
-    events = _scan(reader, {})
+    *events, skipped = _scan(reader, {})
     assert all(isinstance(e, Changed) for e in events)
     assert [e.key for e in events] == [key for _, key in iter_files([tmp_path])]
     assert len(events) == 20 and reader.complete
+    assert skipped == Skipped("skip.bin", "unsupported file type .bin")  # not read, and said so
+    assert reader.stats.skipped == 1 and reader.stats.read == 20
     first = events[0]
     assert isinstance(first, Changed)
     assert first.name == Path(first.key).name
@@ -56,13 +59,13 @@ def test_a_rescan_reads_nothing_and_touching_writes_nothing(tmp_path: Path) -> N
     known = _states(_scan(FolderReader(tmp_path), {}))
     reader = FolderReader(tmp_path)
     again = _scan(reader, known)
-    assert [type(e) for e in again] == [Unchanged] * 20
+    assert [type(e) for e in again] == [Unchanged] * 20 + [Skipped]
     assert reader.stats.read == 0
     touched = tmp_path / "part0" / "doc00.md"
     stat = touched.stat()
     os.utime(touched, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
     events = _scan(reader, known)
-    assert [type(e) for e in events] == [Unchanged] * 20
+    assert [type(e) for e in events] == [Unchanged] * 20 + [Skipped]
     assert reader.stats.read == 1
     new_state = next(
         e.state for e in events if isinstance(e, Unchanged) and e.key.endswith("00.md")
@@ -88,7 +91,8 @@ def test_include_exclude_and_size_limit(tmp_path: Path) -> None:
     events = _scan(FolderReader(tmp_path, include=["*.md"], exclude=["part1"]), {})
     assert {e.key.split("/")[0] for e in events} == {"part0", "part2"}
     big = _scan(FolderReader(tmp_path, max_bytes=5), {})
-    assert all(isinstance(e, Failed) and "over the limit" in e.reason for e in big)
+    read = [e for e in big if not isinstance(e, Skipped)]
+    assert read and all(isinstance(e, Failed) and "over the limit" in e.reason for e in read)
 
 
 def test_a_missing_folder_is_a_source_error(tmp_path: Path) -> None:

@@ -17,6 +17,7 @@ from ingest.sources.base import (
     Failed,
     ItemState,
     ScanEvent,
+    Skipped,
     SourceError,
     Unchanged,
 )
@@ -243,6 +244,21 @@ def test_failures_are_per_page(server: tuple[Served, str]) -> None:
     failed = [e for e in events if isinstance(e, Failed)]
     assert [e.key for e in failed] == [f"{base}/docs/p005.html"]
     assert "over the limit" in failed[0].reason
+
+
+def test_a_page_of_a_type_no_loader_reads_is_skipped_and_said_so(
+    server: tuple[Served, str],
+) -> None:
+    served, base = server
+    _site(served, sitemap=False, base=base)
+    served.pages["/docs/"] = (_html("Index", ["logo.gif", "s0.html"]), "text/html")
+    served.pages["/docs/logo.gif"] = (b"GIF89a", "image/gif")
+    reader = _reader(base, depth=1)
+    events = list(reader.scan({}))
+    skipped = [e for e in events if isinstance(e, Skipped)]
+    assert skipped == [Skipped(f"{base}/docs/logo.gif", "unsupported content type image/gif")]
+    assert [type(e) for e in events if e not in skipped] == [Changed, Changed]
+    assert reader.stats.skipped == 1 and reader.complete
 
 
 def test_the_start_url_failing_is_a_source_error(server: tuple[Served, str]) -> None:

@@ -45,7 +45,8 @@ class SourceRunOut(BaseModel):
     job_id: uuid.UUID = Field(description="the run's job (`GET /v1/jobs/{id}`)")
     status: str
     counts: dict[str, int] = Field(
-        description="found, added, changed, unchanged, removed, failed, requests, not_modified"
+        description="found, added, changed, unchanged, removed, failed, skipped (files of a "
+        "type no loader reads), requests, not_modified"
     )
     errors: list[dict[str, str]] = Field(
         description="`source` (a document's key) and `error`; an error of the whole run has "
