@@ -48,6 +48,8 @@ _CHARSET_DECLARATION = re.compile(rb"""charset\s*=\s*(?:["']\s*)?([A-Za-z0-9._:-
 # footnote's way back "↩" (and an icon font's private-use glyph, as MkDocs' theme shows).
 _PERMALINK_SIGNS = frozenset("\u00b6\u00a7#\U0001f517\u2693\u25c6\u21a9\ufe0e\ufe0f")
 _PERMALINK_LENGTH = 3
+# What an <aside> that is a note says it is (its class, role or epub:type).
+_NOTES = ("footnote", "endnote", "rearnote")
 # A line of running text that starts so would read as a Markdown heading or code fence.
 _MARKDOWN_START = re.compile(r"#|```|~~~")
 
@@ -122,9 +124,7 @@ def _meta_charset(head: bytes) -> bytes | None:
 def _drop_boilerplate(soup: BeautifulSoup) -> None:
     for tag in soup.select(_DROPPED):
         # Select returns parents before children; a child of a dropped tag is gone already.
-        # A <header> inside <article> or <main> holds the article's own heading: keep it.
-        keep = tag.name == "header" and tag.find_parent(["article", "main"]) is not None
-        if not tag.decomposed and not keep:
+        if not tag.decomposed and not _kept_semantic(tag):
             tag.decompose()
     for tag in soup.find_all(_hidden):
         if not tag.decomposed:  # hidden inside a hidden parent: gone with it
@@ -133,6 +133,17 @@ def _drop_boilerplate(soup: BeautifulSoup) -> None:
         tag.decompose()
     for br in soup.find_all("br"):
         br.replace_with("\n")
+
+
+def _kept_semantic(tag: Tag) -> bool:
+    """A <header> inside <article> or <main> holds the article's own heading; an <aside> that
+    is a footnote (Sphinx's `aside.footnote`, an EPUB's `epub:type="footnote"`) is the text's."""
+    if tag.name == "header":
+        return tag.find_parent(["article", "main"]) is not None
+    if tag.name != "aside":
+        return False
+    kinds = " ".join(str(tag.get(a, "")) for a in ("class", "role", "epub:type")).casefold()
+    return any(kind in kinds for kind in _NOTES)
 
 
 def _hidden(tag: Tag) -> bool:
@@ -240,7 +251,8 @@ def _inline_text(node: PageElement) -> str:
 
 
 def _paragraph(run: Sequence[str]) -> Iterator[str]:
-    text = collapse("".join(run))
+    # A soft hyphen marks where a word may break ("Fig\u00adure"); a browser shows none.
+    text = collapse("".join(run).replace("\u00ad", ""))
     if text:
         yield text
 

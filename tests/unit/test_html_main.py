@@ -119,3 +119,23 @@ def test_text_that_starts_like_markdown_is_escaped(markup: str, line: str) -> No
     text, _ = html_text(page.encode(), main_content=False)
     assert text.splitlines()[0] == "## # Orders"  # a heading's text is left as it is
     assert line in text.splitlines()
+
+
+def test_a_footnote_aside_stays_and_a_sidebar_aside_goes() -> None:
+    page = (
+        f"<html><body><main>{ARTICLE}"
+        '<aside class="footnote brackets" id="id2" role="note"><p>Cards are refunded in'
+        " three to five working days.</p></aside>"
+        '<aside epub:type="footnote"><p>Gift cards are not refunded.</p></aside>'
+        "<aside><p>Trending: our summer sale</p></aside></main></body></html>"
+    )
+    text, _ = html_text(page.encode(), main_content=False)
+    assert "Cards are refunded in three to five working days." in text
+    assert "Gift cards are not refunded." in text
+    assert "summer sale" not in text
+
+
+def test_soft_hyphens_are_no_part_of_a_word() -> None:
+    page = "<html><body><main><h2>Re\u00adturns</h2><p>Re\u00adfunds in thirty days.</p>"
+    text, _ = html_text(f"{page}</main></body></html>".encode(), main_content=False)
+    assert text == "## Returns\n\nRefunds in thirty days."

@@ -127,10 +127,10 @@ def _text(element: Any) -> str:
 
 def visible_text(data: bytes) -> str:
     """What a browser shows of the page: the body's text, less scripts, styles, templates,
-    comments and hidden elements."""
+    comments and hidden elements, and less soft hyphens (shown only where a line breaks)."""
     root = _page(data)
     body = root.find("body")
-    return _text(body if body is not None else root)
+    return _text(body if body is not None else root).replace("\u00ad", "")
 
 
 def navigation_text(data: bytes) -> str:
