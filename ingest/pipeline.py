@@ -282,7 +282,8 @@ class IngestPipeline:
     ) -> Iterator[_Prepared]:
         """New and changed documents in batches of about `batch_chunks` chunks, chunked and
         tokenized; and, after each group of documents, those it found unchanged or failed and
-        the files skipped. Runs on the preparation thread: it touches no report and calls no callback."""
+        the files skipped. Runs on the preparation thread: it touches no report and calls no
+        callback."""
         unit, size = _Prepared(), 0
         loaded = _Prepared()  # the failures and skips `_documents` finds as it reads the items
         for group in _groups(self._documents(items, seen, loaded), self._lookup_batch):

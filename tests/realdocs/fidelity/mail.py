@@ -53,7 +53,7 @@ def messages(path: Path) -> list[EmailMessage]:
         return [_parsed(path.read_bytes())]
     box = mailbox.mbox(path, create=False)
     try:
-        return [_parsed(box.get_bytes(key)) for key in box.keys()]
+        return [_parsed(box.get_bytes(key)) for key in box.iterkeys()]
     finally:
         box.close()
 
