@@ -1,18 +1,27 @@
-"""E-mail (.eml): the body as the document's text, the subject as its title, the sender,
-recipients, date and message id as metadata, and each attachment as a document of its own.
+"""E-mail (.eml): the headers and body as the document's text, the subject as its title, the
+sender, recipients, date and message id as metadata, and each attachment as a document of
+its own.
 
-The text/plain body is preferred; a message with only an HTML body is rendered as the HTML
-loader renders a page, but whole (no main-content selection: an e-mail has no site navigation,
-and trafilatura drops short replies and signatures). Attachments (parts with a file name, or
-marked as attachments, and attached messages) become `Parsed.children`, parsed by their own
-suffix and linked to the message. A message with no text body but with attachments is still a
-document: its text is a short summary of its headers and attachments, so it can be found and
-its attachments reached.
+The text starts with a header block, `From: …`, `To: …`, `Cc: …`, `Date: …`, `Subject: …` (those
+the message has) and a blank line: a message whose answer is its subject or its sender is
+found by it, and a chunk cited from it says who wrote it and when. The body follows: every
+inline text part in order (a multipart/mixed of several parts, a digest's masthead and
+topics), of a multipart/alternative only the alternative a reader is shown (`_shown`: the
+plain text, else the HTML). HTML is rendered as the HTML loader renders a page, but whole (no
+main-content selection: an e-mail has no site navigation, and trafilatura drops short replies
+and signatures); a message of HTML alone is Markdown. A multipart whose boundary never occurs
+is read as the plain text it is. Attachments (parts with a file name, or marked as
+attachments, and attached messages) become `Parsed.children`, parsed by their own suffix (by
+their type's, where their name's suffix is one no loader reads) and linked to the message. A
+message with no text body but with attachments is still a document: its header block and the
+names of its attachments, so it can be found and its attachments reached.
 
 Header values are kept as written, their encoded words decoded (not re-rendered by the
 `email` package's header parsers, which drop what they cannot parse: `<<<Ann` becomes `<>`,
-and parse every header several times, ten times slower on a message of many parts); a date
-that does not parse is left out, the others are ISO 8601.
+and parse every header several times, ten times slower on a message of many parts). A date
+is written in the header block as mail programs write it (`Tue, 06 Jun 2000 03:20:11 +0000`)
+and in the metadata as ISO 8601; one that does not parse is kept as written in the block and
+left out of the metadata.
 """
 
 from __future__ import annotations
@@ -23,10 +32,11 @@ import mimetypes
 import posixpath
 import re
 from collections.abc import Iterator
+from datetime import datetime
 from email import policy
 from email.header import decode_header, make_header
 from email.message import Message
-from email.utils import parsedate_to_datetime
+from email.utils import format_datetime, parsedate_to_datetime
 from typing import Any
 
 from ingest.loaders import replies
@@ -34,7 +44,7 @@ from ingest.loaders.cleaning import clean_text, clean_title, collapse, decode_by
 from ingest.loaders.html_files import html_text
 from ingest.loaders.parsing import Child, Parsed, ParseError, bad_content
 from ragservice.limits.documents import DocumentLimits
-from ragservice.types import TextFormat
+from ragservice.types import TextFormat, file_type
 
 _MAX_HEADER_CHARS = 16 * 2**10
 _FOLD = re.compile(r"\r?\n(?=[ \t])")
@@ -43,7 +53,8 @@ _SURROGATE = re.compile("[\udc80-\udcff]")
 _HEADERS = {"from": "From", "to": "To", "cc": "Cc", "subject": "Subject"}
 # Python's own table, not the system's (/etc/mime.types): the same names on every machine.
 _MIME_TYPES = mimetypes.MimeTypes()
-_SUMMARY = (("From", "from"), ("To", "to"), ("Cc", "cc"), ("Date", "date"), ("Subject", "subject"))
+_HEADING = ("From", "To", "Cc", "Date", "Subject")
+"""The headers of the block that starts a message's text, in a mail program's order."""
 
 
 def parse_email(data: bytes, _limits: DocumentLimits) -> Parsed:
@@ -53,15 +64,28 @@ def parse_email(data: bytes, _limits: DocumentLimits) -> Parsed:
             raise ParseError("not a valid e-mail: it has no headers")
         metadata = _metadata(message)
         leaves = list(_leaves(message))
-        plain, html = _body_part(leaves, "plain"), _body_part(leaves, "html")
-        body, text_format = _body(plain, html)
-        bodies = {id(part) for part in (plain, html) if part is not None}
-        attachments = [part for part in leaves if id(part) not in bodies and _is_attachment(part)]
+        bodies = _body_parts(message)
+        body, text_format = _body(bodies)
+        taken = {id(part) for part in bodies}
+        attachments = [part for part in leaves if id(part) not in taken and _is_attachment(part)]
         children = bounded_children(tuple(_children(attachments)), "attachments")
     if not body and children:
-        body, text_format = _summary(metadata, children), "text"
+        body, text_format = "Attachments: " + ", ".join(child.name for child in children), "text"
+    text = "\n\n".join(piece for piece in (heading(message), body) if piece)
     title = clean_title(metadata.get("subject"))
-    return Parsed(body, title, text_format, metadata, children=children)
+    return Parsed(text, title, text_format, metadata, children=children)
+
+
+def heading(message: Message) -> str:
+    """The message's header block: a `Name: value` line for each of `_HEADING` it has, the
+    values as written (decoded); the date as mail programs write it, `Tue, 06 Jun 2000
+    03:20:11 +0000` (the metadata's is ISO 8601), or as written where it does not parse."""
+    lines = []
+    for name in _HEADING:
+        value = _shown_date(message) if name == "Date" else _header(message, name)
+        if value:
+            lines.append(f"{name}: {value}")
+    return "\n".join(lines)
 
 
 def bounded_children(children: tuple[Child, ...], what: str) -> tuple[Child, ...]:
@@ -114,11 +138,21 @@ def decoded_header(raw: str) -> str:
 
 
 def _date(message: Message) -> str:
+    parsed = _parsed_date(message)
+    return parsed.isoformat() if parsed else ""
+
+
+def _shown_date(message: Message) -> str:
+    parsed = _parsed_date(message)
+    return format_datetime(parsed) if parsed else _header(message, "Date")
+
+
+def _parsed_date(message: Message) -> datetime | None:
     raw = _header(message, "Date")
     try:
-        return parsedate_to_datetime(raw).isoformat() if raw else ""
+        return parsedate_to_datetime(raw) if raw else None
     except (TypeError, ValueError, IndexError, OverflowError):
-        return ""
+        return None
 
 
 def _leaves(message: Message) -> Iterator[Message]:
@@ -128,34 +162,77 @@ def _leaves(message: Message) -> Iterator[Message]:
     while stack:
         part = stack.pop()
         payload = part.get_payload()
-        if part.is_multipart() and part.get_content_type() != "message/rfc822":
+        if _is_container(part):
             if isinstance(payload, list):
                 stack.extend(p for p in reversed(payload) if isinstance(p, Message))
         else:
             yield part
 
 
-def _body_part(leaves: list[Message], subtype: str) -> Message | None:
-    """The first text/<subtype> part not marked as an attachment, one without a file name
-    first (an inline text part with a name is a body only when no other is)."""
-    candidates = [
-        part
-        for part in leaves
-        if part.get_content_type() == f"text/{subtype}"
+def _body_parts(message: Message) -> list[Message]:
+    """The parts that make the body, in order: every inline text part without a file name
+    (else the first named one: a message that is one named text part), of each
+    multipart/alternative those of the alternative shown (`_shown`)."""
+    candidates: list[Message] = []
+    stack = [message]
+    while stack:
+        part = stack.pop()
+        payload = part.get_payload()
+        if part.get_content_type() == "multipart/alternative" and isinstance(payload, list):
+            shown = _shown([p for p in payload if isinstance(p, Message)])
+            stack.extend([shown] if shown is not None else [])
+        elif _is_container(part) and isinstance(payload, list):
+            stack.extend(p for p in reversed(payload) if isinstance(p, Message))
+        elif _is_text(part) and part.get_content_disposition() != "attachment":
+            candidates.append(part)
+    unnamed = [part for part in candidates if not _filename(part)]
+    return unnamed or candidates[:1]
+
+
+def _shown(alternatives: list[Message]) -> Message | None:
+    """The alternative a mail program shows a reader who prefers plain text: the first that
+    has plain text, else the first that has HTML (an empty plain part beside the HTML one is
+    common), else none."""
+    for subtype in ("plain", "html"):
+        for alternative in alternatives:
+            if any(_has_text(leaf, subtype) for leaf in _leaves(alternative)):
+                return alternative
+    return None
+
+
+def _has_text(part: Message, subtype: str) -> bool:
+    return (
+        part.get_content_type() == f"text/{subtype}"
         and part.get_content_disposition() != "attachment"
-    ]
-    unnamed = (part for part in candidates if not _filename(part))
-    return next(unnamed, candidates[0] if candidates else None)
+        and bool(_part_text(part).strip())
+    )
 
 
-def _body(plain: Message | None, html: Message | None) -> tuple[str, TextFormat]:
-    """The text/plain body, else the HTML body as Markdown, else nothing; and its format."""
-    if plain is not None and (text := _part_text(plain)):
-        return text, "text"
-    if html is not None and (markup := _part_text(html)):
-        rendered, _title = html_text(markup.encode("utf-8"), main_content=False)
-        return clean_text(rendered), "markdown"
-    return "", "text"
+def _is_container(part: Message) -> bool:
+    """A multipart walked into (an attached message is one part, not walked into)."""
+    return part.is_multipart() and part.get_content_type() != "message/rfc822"
+
+
+def _is_text(part: Message) -> bool:
+    """A text part, or a multipart whose boundary never occurs (its payload is text)."""
+    maintype = part.get_content_maintype()
+    return maintype == "text" or (maintype == "multipart" and not part.is_multipart())
+
+
+def _body(parts: list[Message]) -> tuple[str, TextFormat]:
+    """The body parts' texts, HTML as Markdown, and their format: Markdown when every part
+    with text is HTML (plain text is no Markdown: a `#` starting a line is no heading)."""
+    pieces: list[tuple[str, bool]] = []
+    for part in parts:
+        is_html = part.get_content_type() == "text/html"
+        text = _part_text(part)
+        if is_html and text:
+            rendered, _title = html_text(text.encode("utf-8"), main_content=False)
+            text = clean_text(rendered)
+        if text.strip():
+            pieces.append((text, is_html))
+    markdown = bool(pieces) and all(is_html for _, is_html in pieces)
+    return "\n\n".join(text for text, _ in pieces), "markdown" if markdown else "text"
 
 
 def _part_text(part: Message) -> str:
@@ -238,19 +315,16 @@ def _filename(part: Message) -> str:
 
 def _child_name(original: str, content_type: str, number: int) -> str:
     """A file name the loaders can parse by its suffix: an attached message ends in `.eml`,
-    a name without a suffix gets its type's usual one, a nameless part is named by its
-    number."""
+    a name without a suffix gets its type's usual one, as does a name whose suffix no loader
+    reads when its type's is one (`notes.doc` sent as text/plain is read as text), and a
+    nameless part is named by its number."""
     if content_type == "message/rfc822":
         name = original or f"message-{number}.eml"
         return name if name.lower().endswith(".eml") else name + ".eml"
     suffix = _MIME_TYPES.guess_extension(content_type) or ""
-    if original:  # `report` sent as a PDF is read as `report.pdf`
-        return original if posixpath.splitext(original)[1] else original + suffix
-    return f"attachment-{number}{suffix or '.bin'}"
-
-
-def _summary(metadata: dict[str, Any], children: tuple[Child, ...]) -> str:
-    """The text of a message with no body: its headers and the names of its attachments."""
-    lines = [f"{label}: {metadata[key]}" for label, key in _SUMMARY if metadata.get(key)]
-    lines.append("Attachments: " + ", ".join(child.name for child in children))
-    return "\n".join(lines)
+    if not original:
+        return f"attachment-{number}{suffix or '.bin'}"
+    if not posixpath.splitext(original)[1]:  # `report` sent as a PDF is read as `report.pdf`
+        return original + suffix
+    readable = not file_type(original) and file_type(original + suffix)
+    return original + suffix if readable else original

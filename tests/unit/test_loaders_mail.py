@@ -13,7 +13,7 @@ from ingest.loaders.email_files import parse_email
 from ingest.loaders.epub_files import parse_epub
 from ingest.loaders.mbox_files import parse_mbox
 from ingest.loaders.parsing import ParseError
-from ragservice.types import SUPPORTED_SUFFIXES, LoadedDocument, LoadFailure
+from ragservice.types import SUPPORTED_SUFFIXES, LoadedDocument, LoadFailure, SkippedFile
 from tests.corpus_mail import (
     ATTACHED_PDF,
     ATTACHED_TEXT,
@@ -44,6 +44,20 @@ def failed(name: str, data: bytes) -> str:
     result = one(name, data)
     assert isinstance(result, LoadFailure), result
     return result.reason
+
+
+HEADING = (
+    "From: Ann Example <ann@example.com>\n"
+    "To: Bob <bob@example.com>, dave@example.com\n"
+    "Cc: Carol <carol@example.com>\n"
+    "Date: Tue, 05 Mar 2024 09:30:00 +0000\n"
+)
+"""The header block of the corpus's messages (tests/corpus_mail.py), less their subject."""
+
+
+def body(text: str) -> str:
+    """A message's text after its header block."""
+    return text.split("\n\n", 1)[1]
 
 
 def test_the_new_suffixes_are_supported() -> None:
@@ -115,9 +129,15 @@ def test_an_epub_over_the_character_limit_fails_early() -> None:
 # --------------------------------------------------------------------------- e-mail
 
 
-def test_an_email_has_its_body_subject_and_headers() -> None:
+def test_an_email_has_its_headers_and_body_subject_and_metadata() -> None:
+    """The header block comes first, so that the subject, the sender and the date are words
+    of the text (searched, and read in a cited chunk); the date as written, as a mail
+    program shows it (the metadata's is ISO 8601)."""
     parsed = parse_email(make_email(), LIMITS)
-    assert parsed.text == "Hello team,\n\nthe figures are attached.\n\nBest, Ann"
+    assert parsed.text == (
+        f"{HEADING}Subject: Quarterly figures\n\n"
+        "Hello team,\n\nthe figures are attached.\n\nBest, Ann"
+    )
     assert (parsed.title, parsed.format) == ("Quarterly figures", "text")
     assert parsed.metadata == {
         "from": "Ann Example <ann@example.com>",
@@ -162,22 +182,18 @@ def test_an_image_the_html_body_shows_is_no_attachment() -> None:
 
 def test_an_html_only_email_is_rendered_as_markdown() -> None:
     doc = loaded("news.eml", make_html_email())
-    assert doc.text == "# Spring news\n\nThe orchard is in bloom.\n\n- apples\n\n- cherries"
+    assert doc.text == (
+        f"{HEADING}Subject: Newsletter: spring\n\n"
+        "# Spring news\n\nThe orchard is in bloom.\n\n- apples\n\n- cherries"
+    )
     assert (doc.title, doc.format) == ("Newsletter: spring", "markdown")
     assert doc.metadata["file_type"] == "email"
     assert doc.metadata["from"] == "Ann Example <ann@example.com>"
 
 
-def test_an_email_with_only_attachments_is_a_summary_of_its_headers() -> None:
+def test_an_email_with_only_attachments_is_its_headers_and_their_names() -> None:
     parsed = parse_email(make_attachment_only_email(), LIMITS)
-    assert parsed.text == (
-        "From: Ann Example <ann@example.com>\n"
-        "To: Bob <bob@example.com>, dave@example.com\n"
-        "Cc: Carol <carol@example.com>\n"
-        "Date: 2024-03-05T09:30:00+00:00\n"
-        "Subject: Scan\n"
-        "Attachments: scan.pdf"
-    )
+    assert parsed.text == f"{HEADING}Subject: Scan\n\nAttachments: scan.pdf"
     assert [child.name for child in parsed.children] == ["scan.pdf"]
 
 
@@ -203,7 +219,7 @@ def test_attachment_names_are_cleaned_and_parseable() -> None:
     assert children[1].data == b"\x00\x01"
     assert children[2].metadata["attachment"] == "report"
     inner = parse_email(children[3].data, LIMITS)
-    assert (inner.title, inner.text) == ("Inner", "the forwarded text")
+    assert (inner.title, inner.text) == ("Inner", "Subject: Inner\n\nthe forwarded text")
 
 
 def test_broken_headers_are_kept_raw_or_left_out() -> None:
@@ -217,9 +233,10 @@ def test_broken_headers_are_kept_raw_or_left_out() -> None:
         b"caf\xc3\xa9 body\n"
     )
     parsed = parse_email(data, LIMITS)
-    assert parsed.text == "caf\u00e9 body"
+    assert body(parsed.text) == "caf\u00e9 body"
     assert parsed.title == "caf\u00e9 news"
     assert "date" not in parsed.metadata
+    assert "\nDate: the day after tomorrow\nSubject: caf\u00e9 news\n" in parsed.text
     assert "ann@example.com" in parsed.metadata["from"]
     assert "not an address" in parsed.metadata["to"]
 
@@ -242,7 +259,9 @@ def test_raw_utf8_headers_encoded_names_and_misdeclared_bodies_are_read() -> Non
     parsed = parse_email(data, LIMITS)
     assert parsed.title == "Gr\u00fc\u00dfe aus K\u00f6ln"
     assert parsed.metadata["from"] == "Ren\u00e9 <rene@example.com>"
-    assert parsed.text == "Tsch\u00fcss"
+    assert parsed.text == (
+        "From: Ren\u00e9 <rene@example.com>\nSubject: Gr\u00fc\u00dfe aus K\u00f6ln\n\nTsch\u00fcss"
+    )
     assert [child.name for child in parsed.children] == ["r\u00e9sum\u00e9.txt"]
 
 
@@ -254,7 +273,85 @@ def test_a_named_inline_text_part_is_the_body_when_there_is_no_other() -> None:
         b"the notes\n"
     )
     parsed = parse_email(data, LIMITS)
-    assert (parsed.text, parsed.children) == ("the notes", ())
+    assert (parsed.text, parsed.children) == ("Subject: notes\n\nthe notes", ())
+
+
+def test_every_inline_text_part_is_body_and_of_alternatives_the_plain_one() -> None:
+    """A digest's masthead and topics, a reply beside a forwarded note: every inline text
+    part is read, in order; of an alternative, the part a reader is shown (the plain one)."""
+    message = EmailMessage()
+    message["Subject"] = "Digest"
+    message.set_content("Masthead.")
+    message.make_mixed()
+    alternative = EmailMessage()
+    alternative.set_content("Plain words.")
+    alternative.add_alternative("<p>HTML words.</p>", subtype="html")
+    message.attach(alternative)
+    topics = EmailMessage()
+    topics.set_content("Topics.")
+    message.attach(topics)
+    message.add_attachment(b"GIF89a", "image", "gif", filename="logo.gif")
+    parsed = parse_email(message.as_bytes(), LIMITS)
+    assert parsed.text == "Subject: Digest\n\nMasthead.\n\nPlain words.\n\nTopics."
+    assert parsed.format == "text"
+    assert [child.name for child in parsed.children] == ["logo.gif"]
+
+
+def test_an_empty_plain_alternative_gives_way_to_the_html_one() -> None:
+    message = EmailMessage()
+    message["Subject"] = "News"
+    message.set_content("\n")
+    message.add_alternative("<h1>Only here</h1><p>The news.</p>", subtype="html")
+    parsed = parse_email(message.as_bytes(), LIMITS)
+    assert parsed.text == "Subject: News\n\n# Only here\n\nThe news."
+    assert parsed.format == "markdown"
+
+
+def test_a_multipart_whose_boundary_never_occurs_is_read_as_text() -> None:
+    data = (
+        b"Subject: Here is your dingus fish\n"
+        b'Content-Type: multipart/mixed; boundary="BOUNDARY"\n\n'
+        b"Hi there,\n\nThis is the dingus fish.\n"
+    )
+    parsed = parse_email(data, LIMITS)
+    assert parsed.text == (
+        "Subject: Here is your dingus fish\n\nHi there,\n\nThis is the dingus fish."
+    )
+
+
+def test_a_message_with_headers_and_no_body_is_found_by_its_headers() -> None:
+    data = b"From: Ann <ann@example.com>\nSubject: Lunch on Friday?\n\n\n"
+    doc = loaded("lunch.eml", data)
+    assert doc.text == "From: Ann <ann@example.com>\nSubject: Lunch on Friday?"
+    assert doc.title == "Lunch on Friday?"
+
+
+def test_a_text_attachment_named_for_a_type_no_loader_reads_is_read_by_its_type() -> None:
+    message = EmailMessage()
+    message.set_content("see attached")
+    message.add_attachment("Salutations", filename="notes.doc")  # text/plain
+    message.add_attachment(b"sig", "application", "pgp-signature", filename="signature.asc")
+    children = parse_email(message.as_bytes(), LIMITS).children
+    assert [(c.name, c.metadata["attachment"]) for c in children] == [
+        ("notes.doc.txt", "notes.doc"),
+        ("signature.asc", "signature.asc"),
+    ]
+
+
+def test_an_attachment_no_loader_reads_is_skipped_and_named_by_its_message() -> None:
+    """A GIF (no loader reads it) is no failure: the message and its other attachments load,
+    the message names it (`skipped_attachments`), and it is reported as skipped."""
+    message = EmailMessage()
+    message["Subject"] = "Here is your dingus fish"
+    message.set_content("This is the dingus fish.")
+    message.add_attachment(b"GIF89a", "image", "gif", filename="dingusfish.gif")
+    message.add_attachment(ATTACHED_PDF, "application", "pdf", filename="invoice.pdf")
+    parent, skipped, pdf = load_bytes("inbox/fish.eml", message.as_bytes(), limits=LIMITS)
+    assert isinstance(parent, LoadedDocument) and isinstance(pdf, LoadedDocument)
+    assert skipped == SkippedFile("inbox/fish.eml/dingusfish.gif", "unsupported file type .gif")
+    assert parent.metadata["skipped_attachments"] == ["dingusfish.gif"]
+    assert parent.metadata["attachments"] == ["inbox/fish.eml/invoice.pdf"]
+    assert pdf.text == "Invoice 42: three crates of apples."
 
 
 def test_bytes_that_are_not_an_email_fail_with_a_reason() -> None:
@@ -316,7 +413,8 @@ def test_an_mbox_has_no_text_and_one_child_per_message() -> None:
     ]
     second = parse_email(parsed.children[1].data, LIMITS)
     assert second.title == "Second"
-    assert second.text == "Message 2 about second.\nFrom the desk of Ann."  # unescaped
+    assert body(second.text) == "Message 2 about second.\nFrom the desk of Ann."  # unescaped
+    assert second.text.startswith(HEADING + "Subject: Second\n\n")
 
 
 def test_an_mbox_is_bounded_in_messages(monkeypatch: pytest.MonkeyPatch) -> None:
