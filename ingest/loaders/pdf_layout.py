@@ -46,6 +46,8 @@ _FULL_LINES = 0.25  # ... and this share of a column's lines are full (not parag
 _FAR = 20_000.0  # points (7 m): coordinates beyond are no page's, and would cost memory
 _MAX_WORDS_PER_CELL = 5  # on average, in an unruled table
 _LIST_MARKERS = frozenset("\u2022\u2023\u25e6\u25aa\u2013\u2014-*\u00b7")  # bullets, dashes
+_WRAPPED = 0.2  # of a column's width: a cell's text ending this near its right edge was wrapped
+_PROSE_WIDTH = 0.6  # of a table's rule: a single run of words this wide is prose, not a row
 _CODE_SHARE = 0.6  # of a line's characters in a fixed-pitch font: a line of code
 _MIN_CODE_LINES = 2
 _DIGITS = re.compile(r"\d+")
@@ -197,14 +199,18 @@ def lay_out(
     kept = [word for word in kept if not any(table.holds(word) for table in tables)]
     lines = _marked_margins(_group_lines(kept))
     gutter = _gutter(lines)
+    level = [rule for rule in rules if rule.horizontal]
     if gutter is not None:
+        wide, lines = _spanning_tables(lines, level, gutter)
+        tables += wide
         lines = _regrouped(lines, gutter)
     flows = _reading_order([*tables, *lines], gutter)
-    level = [rule for rule in rules if rule.horizontal]
     pieces: list[Piece] = []
     found, code = len(tables), 0
     for flow in flows:
-        blocks = _find_unruled(_find_code(flow), level)
+        # Rules bound a table before its fixed-pitch cells could be taken for code; code is
+        # found before aligned lines could be taken for a table (a listing's line numbers).
+        blocks = _find_unruled(_find_code(_find_unruled(flow, level)), None)
         found += sum(isinstance(block, Table) for block in blocks)
         code += sum(isinstance(block, Code) for block in blocks)
         pieces.extend(_pieces(blocks, first=not pieces))
@@ -279,6 +285,21 @@ def _marked_margins(lines: list[Line]) -> list[Line]:
 
 def _gap(a: Line, b: Line) -> float:
     return max(b.top - a.bottom, a.top - b.bottom)
+
+
+def _spanning_tables(
+    lines: list[Line], rules: Sequence[Rule], gutter: tuple[float, float]
+) -> tuple[list[Table], list[Line]]:
+    """Tables between rules drawn across the gutter (a table across both columns), found
+    before the lines are split into columns (which would split its rows); and the lines
+    left."""
+    middle = (gutter[0] + gutter[1]) / 2
+    across = [rule for rule in rules if rule.x0 < middle < rule.x1]
+    if not across:
+        return [], lines
+    found = _find_unruled(lines, across)
+    tables = [item for item in found if isinstance(item, Table)]
+    return tables, [item for item in found if isinstance(item, Line)]
 
 
 def _regrouped(lines: Sequence[Line], gutter: tuple[float, float]) -> list[Line]:
@@ -544,15 +565,15 @@ def _segments(line: Line) -> list[Line]:
     return [Line(tuple(part)) for part in parts]
 
 
-def _find_unruled(flow: Sequence[Item], rules: Sequence[Rule]) -> list[Item]:
-    """The flow with each run of table-like lines replaced by a Table: lines between two
-    horizontal rules that bound them (`_ruled_run`), else aligned lines (`_table_run`)."""
+def _find_unruled(flow: Sequence[Item], rules: Sequence[Rule] | None) -> list[Item]:
+    """The flow with each run of table-like lines replaced by a Table: with `rules`, lines
+    between two horizontal rules that bound them (`_ruled_run`); without, aligned lines
+    (`_table_run`)."""
     out: list[Item] = []
     index = 0
     while index < len(flow):
-        end, bounded = _ruled_run(flow, index, rules), True
-        if end <= index:
-            end, bounded = _table_run(flow, index), False
+        bounded = rules is not None
+        end = _ruled_run(flow, index, rules) if rules is not None else _table_run(flow, index)
         run = [item for item in flow[index:end] if isinstance(item, Line)]
         table = _table(run, bounded) if end - index >= _MIN_TABLE_ROWS else None
         if table is None and end - index >= _MIN_TABLE_ROWS and not bounded:
@@ -609,9 +630,9 @@ def _ruled_run(flow: Sequence[Item], start: int, rules: Sequence[Rule]) -> int:
 
 
 def _last_rule(flow: Sequence[Item], rules: Sequence[Rule], above: Rule) -> float | None:
-    """Where the table that starts below `above` ends: at the first rule of the same extent
-    below it that no row follows closely (a row sits just under \\midrule; the text after
-    the table is further away)."""
+    """Where the table that starts below `above` ends: the last of the rules of the same
+    extent below it (\\midrule, \\bottomrule) up to which every stretch between two rules
+    reads as table rows (`_rows_between`); None when not even the first does."""
     lines = [item for item in flow if isinstance(item, Line)]
     below = sorted(
         rule.top
@@ -620,10 +641,25 @@ def _last_rule(flow: Sequence[Item], rules: Sequence[Rule], above: Rule) -> floa
         and abs(rule.x0 - above.x0) <= _ALIGN_TOLERANCE
         and abs(rule.x1 - above.x1) <= _ALIGN_TOLERANCE
     )
+    bottom: float | None = None
+    previous = above.top
     for top in below:
-        if not any(0 <= line.top - top <= 0.8 * line.height for line in lines):
-            return top
-    return None
+        stretch = [line for line in lines if previous < line.top and line.bottom <= top + 1.0]
+        if not _rows_between(stretch, above):
+            break
+        bottom, previous = top, top
+    return bottom
+
+
+def _rows_between(lines: Sequence[Line], rule: Rule) -> bool:
+    """Lines between two rules of a table: some split into cells, none a line of prose (one
+    run of words across most of the rule's width)."""
+    width = rule.x1 - rule.x0
+    if not any(len(_segments(line)) >= 2 for line in lines):
+        return False
+    return not any(
+        len(_segments(line)) == 1 and line.x1 - line.x0 > _PROSE_WIDTH * width for line in lines
+    )
 
 
 def _rule_above(line: Line, rules: Sequence[Rule]) -> Rule | None:
@@ -640,7 +676,9 @@ def _rule_above(line: Line, rules: Sequence[Rule]) -> Rule | None:
 
 def _rows(lines: Sequence[Line]) -> list[list[str]] | None:
     """The lines' cells by the table's columns: the x ranges its cells cover, merged where
-    they overlap (a header's cell spanning two columns takes the first); None for one column."""
+    they overlap (a header's cell spanning two columns takes the first); None for one column.
+    A line with words in one column only, under a cell of that column that ran to the
+    column's right edge, is that cell's text wrapped (a paragraph cell), not a row."""
     spans = sorted((part.x0, part.x1) for line in lines for part in _segments(line))
     columns: list[list[float]] = []
     for x0, x1 in spans:
@@ -651,13 +689,35 @@ def _rows(lines: Sequence[Line]) -> list[list[str]] | None:
     if len(columns) < 2:
         return None
     rows: list[list[str]] = []
+    ends: list[list[float]] = []  # where each cell's text ends, of the last line read into it
     for line in lines:
-        cells = [""] * len(columns)
+        cells, reach = [""] * len(columns), [0.0] * len(columns)
         for part in _segments(line):
             index = next(i for i, (x0, x1) in enumerate(columns) if x0 <= part.x0 <= x1)
             cells[index] = f"{cells[index]} {part.text}".strip()
+            reach[index] = part.x1
+        filled = [i for i, cell in enumerate(cells) if cell]
+        if rows and len(filled) == 1 and _wraps(rows[-1], ends[-1], columns, filled[0]):
+            rows[-1][filled[0]] = _continued(rows[-1][filled[0]], cells[filled[0]])
+            ends[-1][filled[0]] = reach[filled[0]]
+            continue
         rows.append(cells)
+        ends.append(reach)
     return rows
+
+
+def _continued(cell: str, more: str) -> str:
+    """A cell's text and its next line: a word broken by a hyphen joined."""
+    if cell.endswith("-") and cell[-2:-1].isalpha() and more[:1].islower():
+        return cell[:-1] + more
+    return f"{cell} {more}"
+
+
+def _wraps(row: list[str], ends: list[float], columns: list[list[float]], index: int) -> bool:
+    """Whether the row's cell at `index` ran to its column's right edge (and so a line below
+    with words in that column only goes on with it)."""
+    x0, x1 = columns[index]
+    return index > 0 and bool(row[index]) and ends[index] >= x1 - _WRAPPED * (x1 - x0)
 
 
 def _short_cells(rows: Sequence[Sequence[str]]) -> bool:
