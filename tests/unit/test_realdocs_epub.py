@@ -7,6 +7,7 @@ shows it."""
 from __future__ import annotations
 
 import io
+import json
 import zipfile
 from collections.abc import Callable
 from functools import cache
@@ -158,3 +159,26 @@ def test_the_summary_over_the_corpus() -> None:
     assert summary["accepted"] == summary["files"]  # ebooklib itself refuses two
     assert summary["ebooklib_accepts"] < summary["files"]
     assert summary["lowest_recall"] >= MIN_RECALL
+
+
+ANSWERS = {
+    "epub-calibre-1": "Click the \u2018Send to device\u2019 button in the top tool bar.",
+    "epub-docbook-1": "cxxtestgen --error-printer -o runner.cpp MyTestSuite1.h",
+    "epub-context-1": "there is no default/fallback css loaded",
+    "epub-sisu-1": "\\# apt-get install live-build",
+    "epub-sisu-2": "install qemu, in which case the program name is qemu instead of kvm",
+    "epub-sphinx-1": "with [VAC] prepended to the subject of your message",
+    "epub-sphinx-2": "5.11.1. When and how to do an NMU",
+    "epub-calibre-convert-1": "A: Take a look at SNMPTT-GUI.",
+}
+"""Where each question's answer is: words the loader's text of its book must hold."""
+
+
+def test_every_question_is_answered_by_its_book() -> None:
+    lines = (EPUB_FOLDER / "questions.jsonl").read_text(encoding="utf-8").splitlines()
+    questions = [json.loads(line) for line in lines]
+    assert len({q["id"] for q in questions}) == len(questions) == len(ANSWERS)
+    for question in questions:
+        folder, name = question["file"].split("/")
+        assert folder == "epub" and name in epub_names() and question["question"].strip()
+        assert ANSWERS[question["id"]] in text_of(name), question["id"]

@@ -5,6 +5,7 @@ are not, and no line of text becomes a heading."""
 
 from __future__ import annotations
 
+import json
 import re
 from functools import cache
 
@@ -148,3 +149,32 @@ def test_the_summary_over_the_corpus() -> None:
     assert summary["permalink_signs_kept"] == 0
     assert summary["navigation_words_kept_share"] <= 0.05
     assert 0 < summary["recall_visible"] < 1
+
+
+ANSWERS = {
+    "html-sphinx-1": "key=str.lower",
+    "html-sphinx-2": "Sorts are guaranteed to be stable.",
+    "html-sphinx-3": "32 bytes (256 bits) of randomness is sufficient",
+    "html-sphinx-rtd-1": "To use STDIN as an input to these tools, use - as the filename.",
+    "html-sphinx-alabaster-1": "gcc -o github_commits github_commits.c -ljansson -lcurl",
+    "html-mkdocs-1": "MkDocs will allow you to name your index pages as README.md instead",
+    "html-mkdocs-2": "ask for the missing value with prompt=True",
+    "html-javadoc-1": "Squeezes any repetitions of a character that is mentioned in the supplied",
+    "html-doxygen-1": "Use CharReader and CharReaderBuilder.",
+    "html-docbook-1": "# dpkg-reconfigure locales",
+    "html-texinfo-1": "--files-from=file",
+    "html-texinfo-2": "set jumpyscrolling\n\nScroll the buffer contents per half-screen",
+    "html-handwritten-1": "In February 2001, nano was declared an official GNU program by Richard",
+    "html-asciidoc-1": "alice$ git log -p HEAD..FETCH_HEAD",
+}
+"""Where each question's answer is: words the loader's text of its page must hold."""
+
+
+def test_every_question_is_answered_by_its_page() -> None:
+    lines = (HTML_FOLDER / "questions.jsonl").read_text(encoding="utf-8").splitlines()
+    questions = [json.loads(line) for line in lines]
+    assert len({q["id"] for q in questions}) == len(questions) == len(ANSWERS)
+    for question in questions:
+        folder, name = question["file"].split("/")
+        assert folder == "html" and name in html_names() and question["question"].strip()
+        assert ANSWERS[question["id"]] in text_of(name), question["id"]
