@@ -136,8 +136,7 @@ def is_prose(sentence: str) -> bool:
     """No mathematics in it (math symbols, math alphanumerics, Greek, a math font's unmapped
     glyphs): a formula's glyphs come in another order in every extraction."""
     return not any(
-        unicodedata.category(char) in ("Sm", "Cc")
-        and char not in "\n\t\r"
+        (unicodedata.category(char) in ("Sm", "Cc") and char not in "\n\t\r")
         or "\u0370" <= char <= "\u03ff"
         or "\U0001d400" <= char <= "\U0001d7ff"
         for char in sentence
