@@ -162,15 +162,24 @@ class _Elements:
         """The element whose content gives a structural block its context: above the lists
         and tables the block is in, and above the wrappers that hold nothing else (DocBook's
         three `div`s around each heading, Doxygen's around each signature), but not above a
-        wrapper in the page's body (a navigation bar's, a footer's)."""
-        if id(tag) not in self._holders:
-            child, parent = tag, tag.parent
-            while isinstance(parent, Tag) and (
-                parent.name in _HOLDERS or (_only(child, parent) and not _page(parent.parent))
-            ):
-                child, parent = parent, parent.parent
-            self._holders[id(tag)] = parent if isinstance(parent, Tag) else tag
-        return self._holders[id(tag)]
+        wrapper in the page's body (a navigation bar's, a footer's). Each element on the way
+        up remembers the answer: the items of one list climb the same way."""
+        passed: list[Tag] = []
+        child, parent = tag, tag.parent
+        while isinstance(parent, Tag) and id(child) not in self._holders:
+            passed.append(child)
+            if parent.name not in _HOLDERS and (not _only(child, parent) or _page(parent.parent)):
+                break
+            child, parent = parent, parent.parent
+        if id(child) in self._holders:
+            found = self._holders[id(child)]
+        elif isinstance(parent, Tag):
+            found = parent
+        else:
+            return tag  # an element outside any page
+        for element in passed:
+            self._holders[id(element)] = found
+        return found
 
 
 def _page(tag: Tag | None) -> bool:
