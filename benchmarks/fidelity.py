@@ -16,9 +16,11 @@ pdfplumber, on the same files and through the same measures (tests/realdocs/fide
 
 Peers run in their own virtual environment (`--peers PYTHON`; `make bench-fidelity` builds
 `.venv-peers`) through `benchmarks/fidelity_peers.py`, one process per peer and format, so the
-project's environment never imports them and interpreter start-up stays out of the timings
-(each peer reads its first file once, untimed). A file a reader fails on is rejected, with
-its reason, and left out of its word measures; a peer that does not import is absent.
+project's environment never imports them and interpreter start-up stays out of the timings;
+each peer reads its first file once, untimed, and the loader warms up likewise (its first PDF
+read once; the other formats' modules run twice, the second run counted). The network is cut
+in the runner: nothing downloads. A file a reader fails on (or gets no text from) is rejected,
+with its reason, and its words count as missed; a peer that cannot run offline is absent.
 
     .venv/bin/python benchmarks/fidelity.py                                  # the loader alone
     .venv/bin/python benchmarks/fidelity.py --peers .venv-peers/bin/python   # make bench-fidelity
@@ -123,13 +125,14 @@ def measure_pdf(reader: str, rows: dict[Path, Summary]) -> Summary:
     the_truth = pdf.truth()
     for path, row in rows.items():
         pages = row.get("pages") or [row.get("text", "")]
-        if "error" in row:
-            rejected[path.name] = row["error"]
+        why = row.get("error") or ("" if any(page.strip() for page in pages) else "no text")
+        if why:
+            rejected[path.name] = why
             pages = []
-            print(f"{reader:>18}  {path.name:<34} rejected: {row['error'][:80]}")
+            print(f"{reader:>18}  {path.name:<34} rejected: {why[:80]}")
         read = fixed(padded(pages, path.name), row.get("seconds", 0.0))
         results.append(pdf.measure(path.name, read, the_truth))
-        if "error" not in row:
+        if not why:
             print(f"{reader:>18}  {pdf_line(results[-1])}")
     return pdf_summary(results, rejected)
 
@@ -149,6 +152,9 @@ def loader_pdf_rows(files: Iterable[Path]) -> dict[Path, Summary]:
     """The loader's pages of each PDF, in this process, in the shape of the runner's lines."""
     read = pdf.loader_reader()
     rows: dict[Path, Summary] = {}
+    files = list(files)
+    if files:
+        read(files[0].read_bytes())  # warm-up, untimed, as the peers' runner does
     for path in files:
         try:
             pages, seconds = read(path.read_bytes())
@@ -277,6 +283,7 @@ def measure_other(
     if measure is None:
         return {"absent": f"{module.__name__} has no measure callable without arguments"}
     if rows is None:
+        measure()  # warm-up (imports, first-use set-up), as the peers' runner does
         files, summary = split_result(measure())
     else:
         try:
@@ -365,10 +372,18 @@ COLUMNS: dict[str, dict[str, str]] = {
         "seconds_per_file": "s/file",
         "rejected": "rejected",
     },
+    "epub": {
+        "recall": "recall",
+        "precision": "precision",
+        "lowest_recall": "worst book's recall",
+        "seconds_per_file": "s/file",
+        "rejected": "rejected",
+    },
     "mail": {
         "recall": "recall",
         "precision": "precision",
         "header_recall": "header recall",
+        "lowest_recall": "worst file's recall",
         "seconds_per_file": "s/file",
         "rejected": "rejected",
     },
@@ -376,6 +391,7 @@ COLUMNS: dict[str, dict[str, str]] = {
         "recall": "recall",
         "precision": "precision",
         "place_recall": "recall on the right slide/sheet",
+        "worst_recall": "worst file's recall",
         "seconds_per_file": "s/file",
         "rejected": "rejected",
     },

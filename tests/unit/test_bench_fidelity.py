@@ -138,3 +138,17 @@ def test_another_formats_table_shows_the_figures_its_module_reports() -> None:
 
 def test_a_measure_module_not_there_yet_is_none() -> None:
     assert fidelity.measure_module("no_such_format") is None
+
+
+def test_a_pdf_read_as_its_reference_scores_fully_and_a_failed_one_is_rejected() -> None:
+    name = "elsarticle-elstest-5p.pdf"
+    path = fidelity.pdf.PDF_FOLDER / name
+    pages = fidelity.pdf.reference_pages(name)
+    read = fidelity.measure_pdf("same", {path: {"pages": pages, "seconds": 0.4}})
+    assert read["recall"] == 1.0 and read["rejected"] == 0 and read["glued_runs"] == 0
+    assert read["seconds_per_page"] == round(0.4 / len(pages), 4)
+    failed = fidelity.measure_pdf("broken", {path: {"error": "ValueError: no"}})
+    assert failed["rejected"] == 1 and failed["rejected_files"] == {name: "ValueError: no"}
+    assert failed["recall"] == 0.0 and failed["files"] == 1
+    empty = fidelity.measure_pdf("silent", {path: {"pages": ["", " "], "seconds": 0.1}})
+    assert empty["rejected_files"] == {name: "no text"}
