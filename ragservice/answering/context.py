@@ -28,8 +28,18 @@ The block, one entry per source, entries separated by a blank line:
     passage text
 
 The header is `[n] external_id` when the document has no title or the title is the id. A
-passage of a paged document (a PDF) names its pages after the id: `[1] Title (report.pdf,
-p. 3)`, `[2] report.pdf, pp. 3\u20134`.
+passage of a paged document (a PDF, a deck, a workbook) names its pages after the id: `[1]
+Title (report.pdf, p. 3)`, `[2] report.pdf, pp. 3\u20134`, `[3] deck.pptx, slide 4`.
+
+Those pages are the hits' (`Passage.pages`, `_cited`): from the first page of the passage's
+strong hits to the last of them, never those of the chunks that only give context. Its best
+hit is strong, and so is any other hit in it that scored about as well as the best hit of the
+whole search (`_STRONG`); the neighbours added around them never count, and neither do
+weak hits that joined the passage only because they are next to a strong one (a search for
+the 8 best chunks of a 4-slide deck finds every slide). So a hit on slide 3 grown by its
+neighbours on slides 2 and 4 is cited as `slide 3`, not `slides 2\u20134`: the citation points
+at the evidence, and the passage's text, with its context, stays as it is.
+
 Titles, ids and passage text are neutralised (`safety.sources`) as they are written into the
 block: a document cannot close the block, open another or forge a `[n]` header. `Source.text`
 keeps the text as stored.
@@ -39,7 +49,7 @@ from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeAlias
 
@@ -57,6 +67,12 @@ TokenCounter: TypeAlias = Callable[[str], int]
 _Run: TypeAlias = "list[SearchHit]"
 
 _WORD = re.compile(r"\S+")
+_STRONG = 0.25
+"""A hit whose score is within this share of the best hit's (measured from zero) is strong, and
+cited beside its passage's best hit (`_cited`). The scores of one search are on one scale,
+whatever its mode; a quarter keeps a chunk that matches about as well as the best one, and
+drops one that only came along (a 4-slide deck searched for its 8 best chunks: in a hybrid
+search, the slides beside the one that answers score a fifth as well as it)."""
 # `[3]` or `[1, 4]`: models often cite several sources in one bracket.
 _MARKER = re.compile(r"\[\s*(\d+(?:\s*,\s*\d+)*)\s*\]")
 
@@ -83,7 +99,9 @@ class Passage:
     score: float
     rank: int
     flagged: bool = False  # a chunk in it was flagged as instruction-like at ingest
-    pages: PageSpan | None = None  # from the first page of its chunks to their last
+    pages: PageSpan | None = None
+    """Where its strong hits lie (`_cited`): from the first page (slide, sheet and rows) of
+    those chunks to the last; its other chunks add text, not pages."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +119,7 @@ class Source:
     score: float
     flagged: bool = False
     pages: PageSpan | None = None
+    """The pages of the passage's strong hits (`Passage.pages`), which its citation names."""
 
     @property
     def cited_as(self) -> str:
@@ -150,13 +169,13 @@ def assemble_context(
     """
     if budget_tokens < 1:
         raise ValueError(f"budget_tokens must be at least 1, got {budget_tokens}")
-    ranks = _ranks(hits)
+    found = _found(hits)
     budget = _Budget(count_tokens, budget_tokens)
-    core = sorted(_runs(_unique(hits, ranks)), key=lambda run: _best_rank(run, ranks))
-    passages, whole = _select(core, ranks, budget)
+    core = sorted(_runs(_unique(hits, found)), key=lambda run: _best_rank(run, found))
+    passages, whole = _select(core, found, budget)
     # A cut passage already fills the budget, and growing it would need the text cut off.
     if neighbours and len(whole) == len(passages):
-        passages = _Growth(whole, neighbours, ranks, budget).grow()
+        passages = _Growth(whole, neighbours, found, budget).grow()
     passages = budget.within(passages)
     text = _format(passages)
     kept = {chunk_id for passage in passages for chunk_id in passage.chunk_ids}
@@ -164,7 +183,7 @@ def assemble_context(
         sources=[Source.of(number, passage) for number, passage in enumerate(passages, 1)],
         text=text,
         token_count=count_tokens(text),
-        dropped=sum(chunk_id not in kept for chunk_id in ranks),
+        dropped=sum(chunk_id not in kept for chunk_id in found.ranks),
     )
 
 
@@ -280,20 +299,41 @@ def cite_as(external_id: str, title: str | None, pages: PageSpan | None) -> str:
 # -- runs and passages ---------------------------------------------------------------------------
 
 
-def _ranks(hits: Sequence[SearchHit]) -> dict[uuid.UUID, int]:
-    """Each distinct hit's position in `hits`; a repeated chunk keeps its first (best) one."""
+@dataclass(frozen=True, slots=True)
+class _Found:
+    """The distinct hits: each one's rank (its first, best position in the hits) and the score
+    a hit needs to be cited beside the best hit of its passage (`floor`)."""
+
+    ranks: dict[uuid.UUID, int]
+    floor: float
+
+    def __contains__(self, chunk_id: object) -> bool:
+        return chunk_id in self.ranks
+
+    def __getitem__(self, chunk_id: uuid.UUID) -> int:
+        return self.ranks[chunk_id]
+
+
+def _found(hits: Sequence[SearchHit]) -> _Found:
+    """The hits' ranks (a repeated chunk keeps its first, best one), and the score a hit
+    needs to be strong: within `_STRONG` of the best score's height above zero (above the
+    weakest score, where scores go below zero, as a reranker's do)."""
     ranks: dict[uuid.UUID, int] = {}
     for rank, hit in enumerate(hits):
         ranks.setdefault(hit.chunk_id, rank)
-    return ranks
+    scores = [hits[rank].score for rank in ranks.values()]
+    if not scores:
+        return _Found(ranks, 0.0)
+    best, low = max(scores), min(0.0, *scores)
+    return _Found(ranks, best - (best - low) * _STRONG)
 
 
-def _unique(hits: Sequence[SearchHit], ranks: Mapping[uuid.UUID, int]) -> list[SearchHit]:
-    return [hits[rank] for rank in ranks.values()]
+def _unique(hits: Sequence[SearchHit], found: _Found) -> list[SearchHit]:
+    return [hits[rank] for rank in found.ranks.values()]
 
 
-def _best_rank(run: _Run, ranks: Mapping[uuid.UUID, int]) -> int:
-    return min(ranks[chunk.chunk_id] for chunk in run if chunk.chunk_id in ranks)
+def _best_rank(run: _Run, found: _Found) -> int:
+    return min(found[chunk.chunk_id] for chunk in run if chunk.chunk_id in found)
 
 
 def _runs(chunks: Iterable[SearchHit]) -> list[_Run]:
@@ -355,11 +395,9 @@ def _pieces(run: _Run) -> tuple[str, list[_Piece]]:
     return "".join(parts), pieces
 
 
-def _passage(
-    run: _Run, ranks: Mapping[uuid.UUID, int], text: str | None = None, end: int | None = None
-) -> Passage:
+def _passage(run: _Run, found: _Found, text: str | None = None, end: int | None = None) -> Passage:
     """The passage of a run; `text` and `end` when it was cut short."""
-    hits = [chunk for chunk in run if chunk.chunk_id in ranks]
+    hits = [chunk for chunk in run if chunk.chunk_id in found]
     first = run[0]
     return Passage(
         document_id=first.document_id,
@@ -372,41 +410,47 @@ def _passage(
         end_char=max(chunk.end_char for chunk in run) if end is None else end,
         text=_pieces(run)[0] if text is None else text,
         score=max(hit.score for hit in hits),
-        rank=min(ranks[hit.chunk_id] for hit in hits),
+        rank=min(found[hit.chunk_id] for hit in hits),
         flagged=any(chunk.injection for chunk in run),
-        pages=PageSpan.covering(chunk.pages for chunk in run),
+        pages=PageSpan.covering(hit.pages for hit in _cited(hits, found)),
     )
 
 
-def _passages(chunks: Iterable[SearchHit], ranks: Mapping[uuid.UUID, int]) -> list[Passage]:
-    return sorted((_passage(run, ranks) for run in _runs(chunks)), key=lambda p: p.rank)
+def _cited(hits: list[SearchHit], found: _Found) -> list[SearchHit]:
+    """The hits a passage is cited by: its best, and every other strong one (`_Found.floor`);
+    a weak hit that came along because it is next to a strong one is context, as a neighbour
+    is."""
+    best = min(hits, key=lambda hit: found[hit.chunk_id])
+    return [hit for hit in hits if hit is best or hit.score >= found.floor]
+
+
+def _passages(chunks: Iterable[SearchHit], found: _Found) -> list[Passage]:
+    return sorted((_passage(run, found) for run in _runs(chunks)), key=lambda p: p.rank)
 
 
 # -- selection -----------------------------------------------------------------------------------
 
 
-def _select(
-    core: list[_Run], ranks: Mapping[uuid.UUID, int], budget: _Budget
-) -> tuple[list[Passage], list[_Run]]:
+def _select(core: list[_Run], found: _Found, budget: _Budget) -> tuple[list[Passage], list[_Run]]:
     """The passages that fit, best first, and the runs taken whole (all but a cut one)."""
     passages: list[Passage] = []
     whole: list[_Run] = []
     for run in core:
-        passage = _passage(run, ranks)
+        passage = _passage(run, found)
         if budget.fits([*passages, passage]):
             passages.append(passage)
             whole.append(run)
-        elif not passages and (cut := _truncate(run, ranks, budget)) is not None:
+        elif not passages and (cut := _truncate(run, found, budget)) is not None:
             passages.append(cut)
     return passages, whole
 
 
-def _truncate(run: _Run, ranks: Mapping[uuid.UUID, int], budget: _Budget) -> Passage | None:
+def _truncate(run: _Run, found: _Found, budget: _Budget) -> Passage | None:
     """The run from its best hit on, cut to the longest prefix that fits alone, or None.
 
     Cut after a word; within the first word only when not even that fits.
     """
-    best = min(range(len(run)), key=lambda i: ranks[run[i].chunk_id])
+    best = min(range(len(run)), key=lambda i: found[run[i].chunk_id])
     run = run[best:]
     text, pieces = _pieces(run)
     word_ends = [match.end() for match in _WORD.finditer(text)]
@@ -416,7 +460,7 @@ def _truncate(run: _Run, ranks: Mapping[uuid.UUID, int], budget: _Budget) -> Pas
     def cut(length: int) -> Passage:
         end = _document_position(pieces, length)
         kept = [chunk for chunk in run if chunk.start_char < end] or run[:1]
-        return _passage(kept, ranks, text[:length], end)
+        return _passage(kept, found, text[:length], end)
 
     def fits(length: int) -> bool:
         return budget.fits([cut(length)])
@@ -474,19 +518,19 @@ class _Growth:
         self,
         runs: list[_Run],
         neighbours: Sequence[SearchHit],
-        ranks: Mapping[uuid.UUID, int],
+        found: _Found,
         budget: _Budget,
     ) -> None:
-        self._ranks = ranks
+        self._found = found
         self._budget = budget
         self._chunks = [chunk for run in runs for chunk in run]
         self._taken = {chunk.chunk_id for chunk in self._chunks}
-        self._passages = _passages(self._chunks, ranks)
+        self._passages = _passages(self._chunks, found)
         # A hit is never a neighbour: a dropped hit stays dropped, and growth stops at it.
         self._spare = {
             (chunk.document_id, chunk.ordinal): chunk
             for chunk in neighbours
-            if chunk.chunk_id not in ranks
+            if chunk.chunk_id not in found
         }
         self._edges = [
             edge
@@ -508,7 +552,7 @@ class _Growth:
         if chunk is None:
             return False
         if chunk.chunk_id not in self._taken:  # else another run grew into it already
-            trial = _passages([*self._chunks, chunk], self._ranks)
+            trial = _passages([*self._chunks, chunk], self._found)
             if not self._budget.fits(trial):
                 return False
             self._chunks.append(chunk)

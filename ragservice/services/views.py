@@ -27,6 +27,17 @@ Pages = Annotated[
 ]
 
 
+SourcePages = Annotated[
+    list[int] | None,
+    Field(
+        description="the pages (1-based; a deck's slides, a workbook's sheets) where the "
+        "source's hits lie: those of its best chunk and of any other about as strong, every "
+        "one from the first to the last, e.g. [3]; not those of the context around them "
+        "that `text` also holds; null for a document without pages"
+    ),
+]
+
+
 def pages_out(span: PageSpan | None) -> list[int] | None:
     return None if span is None else span.numbers
 
@@ -122,7 +133,7 @@ class CitationOut(BaseModel):
     chunk_ids: list[uuid.UUID]
     start_char: int
     end_char: int
-    pages: Pages = None
+    pages: SourcePages = None
     cited_as: str = Field(
         description="the source named for a reader: `Title (report.pdf, p. 12)`, or "
         "`report.pdf, pp. 12\u201313` without a title; `deck.pptx, slide 4`, "
@@ -142,7 +153,7 @@ class SourceOut(BaseModel):
     chunk_ids: list[uuid.UUID]
     start_char: int
     end_char: int
-    pages: Pages = None
+    pages: SourcePages = None
     cited_as: str = Field(description="the source named for a reader, as in a citation")
 
 

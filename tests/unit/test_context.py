@@ -397,6 +397,85 @@ def test_a_neighbour_joins_two_hits_into_one_passage() -> None:
     assert second.external_id == "other"
 
 
+# --------------------------------------------------------------------------- citations of the hits
+
+
+def placed(doc: Doc, ordinal: int, span: PageSpan, score: float = 0.0) -> SearchHit:
+    return replace(doc.hit(ordinal, score), pages=span)
+
+
+def test_a_citation_names_the_hits_slide_not_its_neighbours() -> None:
+    deck = make_doc(80, external_id="deck.pptx", title=None)
+    slides = [placed(deck, o, PageSpan(o, o, "slide")) for o in range(1, 6)]
+
+    context = assemble([slides[2]], neighbours=[slides[1], slides[3]])  # slide 3, 2 and 4
+
+    [source] = context.sources
+    assert source.chunk_ids == tuple(deck.id_of(o) for o in (2, 3, 4))  # the context is kept
+    assert source.text == deck.text[deck.spans[2][0] : deck.spans[4][1]]
+    assert (source.pages, source.cited_as) == (PageSpan(3, 3, "slide"), "deck.pptx, slide 3")
+    assert context.text.startswith("[1] deck.pptx, slide 3\n")
+    assert source_to_json(source)["pages"] == [3]
+
+
+def test_hits_joined_by_a_neighbour_are_cited_from_the_first_to_the_last() -> None:
+    report = make_doc(80, external_id="report.pdf", title="Report")
+    pages = [placed(report, o, PageSpan(o + 1, o + 1)) for o in range(6)]
+
+    context = assemble(
+        [pages[2], pages[4]], neighbours=[pages[1], pages[3], pages[5]]
+    )  # hits on pages 3 and 5; neighbours on 2, 4 and 6
+
+    [source] = context.sources
+    assert source.chunk_ids == tuple(report.id_of(o) for o in range(1, 6))
+    assert source.cited_as == "Report (report.pdf, pp. 3\u20135)"
+
+
+def test_a_sheets_citation_names_the_hits_rows() -> None:
+    book = make_doc(60, external_id="book.xlsx", title=None)
+    rows = [(2, 11), (12, 20), (21, 40)]
+    chunks = [placed(book, o, PageSpan(2, 2, "sheet", "Q3", rows[o])) for o in range(3)]
+
+    context = assemble([chunks[1]], neighbours=[chunks[0], chunks[2]])
+
+    [source] = context.sources
+    assert source.cited_as == 'book.xlsx, sheet "Q3", rows 12\u201320'
+    assert source_from_json(source_to_json(source)) == source  # as the prompt cache keeps it
+
+
+def test_weak_hits_next_to_strong_ones_are_context_not_citations() -> None:
+    # The 8 best chunks of a small deck are all of its slides: the weak ones join the strong
+    # ones' passage, and add their text, not their slides.
+    deck = make_doc(60, external_id="deck.pptx", title=None)
+    report = make_doc(40, external_id="report.pdf", title=None)
+    scores = {2: 0.9, 3: 0.8, 1: 0.2, 4: 0.1}
+    hits = [placed(deck, o - 1, PageSpan(o, o, "slide"), s) for o, s in scores.items()]
+    hits.append(placed(report, 1, PageSpan(7, 7), 0.15))  # a weak hit, and its passage's best
+
+    context = assemble(sorted(hits, key=lambda hit: -hit.score))
+
+    first, second = context.sources
+    assert first.chunk_ids == tuple(deck.id_of(o) for o in range(4))  # every slide's text
+    assert (first.cited_as, second.cited_as) == ("deck.pptx, slides 2\u20133", "report.pdf, p. 7")
+
+
+def test_hits_about_as_strong_are_all_cited() -> None:
+    report = make_doc(60, external_id="report.pdf", title=None)
+    hits = [placed(report, o, PageSpan(o + 1, o + 1), 0.5) for o in (2, 3, 4)]
+
+    [source] = assemble(hits).sources
+
+    assert source.cited_as == "report.pdf, pp. 3\u20135"
+
+
+def test_a_hit_without_pages_is_cited_without_its_neighbours_pages() -> None:
+    report = make_doc(60, external_id="report.pdf", title=None)
+    context = assemble([report.hit(2)], neighbours=[placed(report, 1, PageSpan(1, 1))])
+
+    [source] = context.sources
+    assert len(source.chunk_ids) == 2 and (source.pages, source.cited_as) == (None, "report.pdf")
+
+
 def test_a_neighbour_repeating_a_hit_is_the_hit() -> None:
     doc = make_doc(60)
 
