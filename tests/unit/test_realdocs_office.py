@@ -13,7 +13,14 @@ import pytest
 
 from ingest.loaders import DocumentLimits, load_file
 from ragservice.types import LoadedDocument
-from tests.realdocs.fidelity.office import Loaded, OfficeFidelity, load, measure
+from tests.realdocs.fidelity.office import (
+    Loaded,
+    OfficeFidelity,
+    load,
+    measure,
+    measure_all,
+    reference_text,
+)
 from tests.realdocs.sources import ROOT, sources
 
 OFFICE = [source.name for source in sources(("office",))]
@@ -134,3 +141,19 @@ def test_each_question_names_a_corpus_file_and_a_place_it_has() -> None:
             assert f"slide {question['slide']}" in places, question
         else:
             assert "slide" not in question and "page" not in question, question
+
+
+def test_another_reader_runs_through_the_same_measure() -> None:
+    """What a benchmark does with markitdown or unstructured: any `Path -> str` reader."""
+    paths = [ROOT / "office" / "la-dame.rtf", ROOT / "sheets" / "deaths.xlsx"]
+
+    def failing(path: Path) -> str:
+        raise ValueError("cannot read " + path.suffix)
+
+    per_file, overall = measure_all(reference_text, paths)
+    assert [item["recall"] for item in per_file] == [1.0, 1.0]
+    assert "place_recall" not in per_file[1]  # an alternative's text has no places
+    json.dumps([per_file, overall])
+    per_file, overall = measure_all(failing, paths)
+    assert overall["refused"] == ["office/la-dame.rtf", "sheets/deaths.xlsx"]
+    assert per_file[0]["refused"] == "ValueError: cannot read .rtf"
