@@ -33,7 +33,7 @@ from pypdf import PdfReader
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ingest.loaders.pdf_files import parse_pdf
+from ingest.loaders.pdf import parse_pdf
 from ragservice.limits.documents import DocumentLimits
 from tests import corpus_pdf
 

@@ -7,15 +7,14 @@ it is counted and listed, not lost without a word. Every text, title and string 
 value passes through `clean_text`: PostgreSQL rejects NUL bytes and invalid UTF-8, and one
 such value would fail a whole COPY batch.
 
-One module per format (`text_files`, `html_files`, `pdf_files`, `docx_files`, `pptx_files`,
-`xlsx_files`, `csv_files`, `odt_files`, `rtf_files`, `epub_files`, `email_files`, `mbox_files`,
-`image_files`, `jsonl_files`, `parquet_files`); `loading` picks the format by suffix, `walking`
-selects files under folders, `cleaning` makes text safe to store; `ragservice.limits.documents`
-bounds each document. Formats parse in a child process (`sandbox`), whose replies `replies`
-checks; zip-based formats pass `archives`' zip-bomb check first, and structured ones build
-their Markdown with `markdown_text`. PDF pages are read by `pdf_words` and laid out by
-`pdf_layout`; `tables` writes the Markdown tables of PDFs and DOCX; `ocr` reads scans and
-images with tesseract.
+One module per format (`text_files`, `html_files`, `docx_files`, `pptx_files`, `xlsx_files`,
+`csv_files`, `odt_files`, `rtf_files`, `epub_files`, `email_files`, `mbox_files`,
+`image_files`, `jsonl_files`, `parquet_files`) and a folder for PDF (`pdf`); `loading` picks
+the format by suffix, `walking` selects files under folders, `cleaning` makes text safe to
+store; `ragservice.limits.documents` bounds each document. Formats parse in a child process
+(`sandbox`), whose replies `replies` checks; zip-based formats pass `archives`' zip-bomb
+check first, and structured ones build their Markdown with `markdown_text`. `tables` writes
+the Markdown tables of PDFs and DOCX; `ocr` reads scans and images with tesseract.
 """
 
 from ingest.loaders.cleaning import clean_text, decode_bytes

@@ -14,7 +14,7 @@ from PIL import Image, ImageSequence, UnidentifiedImageError
 from ingest.loaders.cleaning import clean_text
 from ingest.loaders.ocr import ocr_enabled, ocr_image
 from ingest.loaders.parsing import Parsed, ParseError, bad_content
-from ingest.loaders.pdf_files import page_starts
+from ingest.loaders.pdf import page_starts
 from ragservice.limits.documents import DocumentLimits
 from ragservice.types import PAGE_SEPARATOR
 

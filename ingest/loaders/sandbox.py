@@ -56,7 +56,7 @@ from ingest.loaders.ocr import set_page_hook
 from ingest.loaders.odt_files import parse_odt
 from ingest.loaders.parquet_files import Frame, ParquetColumns, parquet_batches
 from ingest.loaders.parsing import Parsed, ParseError
-from ingest.loaders.pdf_files import parse_pdf
+from ingest.loaders.pdf import parse_pdf
 from ingest.loaders.pptx_files import parse_pptx
 from ingest.loaders.replies import decode_parsed, encode_parsed
 from ingest.loaders.rtf_files import parse_rtf

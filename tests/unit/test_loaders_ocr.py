@@ -15,7 +15,7 @@ from pypdf import PdfWriter
 from ingest.loaders import DocumentLimits, load_bytes
 from ingest.loaders.image_files import parse_image
 from ingest.loaders.parsing import ParseError
-from ingest.loaders.pdf_files import parse_pdf
+from ingest.loaders.pdf import parse_pdf
 from ragservice.config import IngestSettings
 from ragservice.types import LoadedDocument, LoadFailure
 from tests import corpus_pdf

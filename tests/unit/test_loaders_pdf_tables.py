@@ -14,9 +14,9 @@ from fpdf import FPDF
 from pypdf import PdfReader, PdfWriter
 
 from ingest.loaders import DocumentLimits, load_bytes
-from ingest.loaders.pdf_files import parse_pdf
-from ingest.loaders.pdf_layout import lay_out
-from ingest.loaders.pdf_words import pdfium_words
+from ingest.loaders.pdf import parse_pdf
+from ingest.loaders.pdf.layout import lay_out
+from ingest.loaders.pdf.words import pdfium_words
 from ingest.loaders.tables import markdown_table
 from ragservice.types import LoadedDocument
 from tests import corpus_pdf

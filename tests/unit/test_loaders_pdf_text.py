@@ -1,5 +1,5 @@
-"""PDF text as a document (pdf_text), the strokes a page draws (pdf_rules) and what pdfium's
-words leave out (pdf_words), on pieces and small generated PDFs."""
+"""PDF text as a document (pdf.text), the strokes a page draws (pdf.rules) and what pdfium's
+words leave out (pdf.words), on pieces and small generated PDFs."""
 
 from __future__ import annotations
 
@@ -7,10 +7,11 @@ import pypdfium2
 import pytest
 from fpdf import FPDF
 
-from ingest.loaders.pdf_layout import PageLayout, Piece, lay_out, margin_key
-from ingest.loaders.pdf_rules import page_rules, ruled_grids
-from ingest.loaders.pdf_text import compose, repeats
-from ingest.loaders.pdf_words import pdfium_words
+from ingest.loaders.pdf.blocks import margin_key
+from ingest.loaders.pdf.layout import PageLayout, Piece, lay_out
+from ingest.loaders.pdf.rules import page_rules, ruled_grids
+from ingest.loaders.pdf.text import compose, repeats
+from ingest.loaders.pdf.words import pdfium_words
 
 
 def page(*lines: str, header: str | None = None, footer: str | None = None) -> PageLayout:

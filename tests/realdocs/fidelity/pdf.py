@@ -211,8 +211,8 @@ Reader = Callable[[bytes], tuple[list[str], float]]
 
 
 def loader_reader(limits: Any = None) -> Reader:
-    """This project's loader (`ingest.loaders.pdf_files.parse_pdf`), OCR off."""
-    from ingest.loaders.pdf_files import parse_pdf
+    """This project's loader (`ingest.loaders.pdf.parse_pdf`), OCR off."""
+    from ingest.loaders.pdf import parse_pdf
     from ragservice.limits.documents import DocumentLimits
 
     bounds = limits or DocumentLimits(max_pages=2000, max_chars=50_000_000, ocr="off")

@@ -3,10 +3,10 @@ blocks, scanned pages OCR'd; running headers and footers left out, hyphenated wo
 
 pypdf opens the file first (cheap: the cross-reference table only) to fail early: no `%PDF-`
 header, encryption other than an empty user password, more pages than the limit; its title.
-pdfium then reads each page's words with their boxes and fonts (`pdf_words`) and the lines it
-draws (`pdf_rules`: ruled tables, booktabs rules), and `pdf_layout` puts them in reading order
+pdfium then reads each page's words with their boxes and fonts (`words`) and the lines it
+draws (`rules`: ruled tables, booktabs rules), and `layout` puts them in reading order
 as pieces; a page without any character but with an image is a scan, rendered by pdfium and
-OCR'd. `pdf_text` then reads the pieces as a document (running headers and footers,
+OCR'd. `text` then reads the pieces as a document (running headers and footers,
 hyphenation) into each page's text. The pages' texts are joined by a blank line, and where
 each page starts in the whole is kept (`Parsed.page_starts`), so chunks can name their pages.
 A PDF with a table or a code block is Markdown, so the chunker keeps its rows whole; others
@@ -27,10 +27,10 @@ from pypdf.errors import DependencyError
 from ingest.loaders.cleaning import clean_text, clean_title
 from ingest.loaders.ocr import ocr_enabled, ocr_image
 from ingest.loaders.parsing import Parsed, ParseError, bad_content, describe
-from ingest.loaders.pdf_layout import PageLayout, Piece, lay_out
-from ingest.loaders.pdf_rules import page_rules, ruled_grids
-from ingest.loaders.pdf_text import compose
-from ingest.loaders.pdf_words import has_image, pdfium_words
+from ingest.loaders.pdf.layout import PageLayout, Piece, lay_out
+from ingest.loaders.pdf.rules import page_rules, ruled_grids
+from ingest.loaders.pdf.text import compose
+from ingest.loaders.pdf.words import has_image, pdfium_words
 from ragservice.limits.documents import DocumentLimits
 from ragservice.types import PAGE_SEPARATOR, TextFormat
 

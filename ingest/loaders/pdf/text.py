@@ -1,4 +1,4 @@
-"""A PDF's pages as text, from their laid-out pieces (`pdf_layout`), seen as a whole document.
+"""A PDF's pages as text, from their laid-out pieces (`layout`), seen as a whole document.
 
 What one page cannot tell, the document can:
 
@@ -22,7 +22,7 @@ from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from ingest.loaders.pdf_layout import PageLayout, Piece
+from ingest.loaders.pdf.layout import PageLayout, Piece
 
 _WORD = re.compile(r"[^\W\d_]+(?:-[^\W\d_]+)*")
 _BROKEN = re.compile(r"([^\W\d_]+)-$")

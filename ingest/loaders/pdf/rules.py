@@ -5,7 +5,7 @@ shows) is a rule: a table's grid, a box around text, a footnote or booktabs rule
 points are in its own space, mapped to the page by its matrix (and by each enclosing form's).
 Ruled tables are found from the rules as pdfplumber's "lines" strategy finds them (its edge
 merging, intersections and cells, which need no more than the edges), without parsing the page
-a second time with pdfminer: the cells are then filled with pdfium's words (`pdf_layout`).
+a second time with pdfminer: the cells are then filled with pdfium's words (`tables`).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A PDF page's words and drawn lines, read by pdfium, for `pdf_layout` and `pdf_rules`.
+"""A PDF page's words and drawn lines, read by pdfium, for `layout` and `rules`.
 
 pdfium (C) reads a page's characters, their boxes and their fonts in a few milliseconds. Its
 character indexes are UTF-16 code units: a character outside the Basic Multilingual Plane (a
@@ -6,7 +6,7 @@ mathematical italic letter) takes two, so characters are read by index, never by
 the page's text string (which is shorter by one for each such pair, and would shift every box
 after it). pdfium also tells apart what the page only implies: the spaces and line ends it
 generates between words split them, and a hyphen it sees breaking a word at a line's end comes
-as U+0002, kept here as a hyphen that `pdf_text` may join across the line.
+as U+0002, kept here as a hyphen that `text` may join across the line.
 
 Boxes are top-down in points: `top = -y`, so larger is lower on the page.
 """
@@ -23,7 +23,7 @@ from typing import Any
 import pypdfium2
 import pypdfium2.raw as pdfium_c
 
-from ingest.loaders.pdf_layout import Word
+from ingest.loaders.pdf.blocks import Word
 
 _CHAR_GAP = 3.0  # points: characters further apart than this on a line are separate words
 _UPRIGHT = 0.1  # radians: a character turned further is rotated text (a watermark, a label)
