@@ -28,7 +28,7 @@ export HF_HUB_OFFLINE
 # Idle torch threads otherwise spin and steal CPU from PostgreSQL on small machines.
 export OMP_WAIT_POLICY := PASSIVE
 
-.PHONY: run test browser ocr bench-ocr bench-pdf bench-fidelity lint typecheck lock bench-ingest bench-ingest-compare bench-write bench-bm25 bench-search bench-query bench-tracing bench-cache bench-replicas bench-feedback bench-reranker bench-rls bench-permissions bench-hostile bench-injection bench-scale bench-soak clean
+.PHONY: run test browser ocr bench-ocr bench-pdf bench-fidelity bench-questions lint typecheck lock bench-ingest bench-ingest-compare bench-write bench-bm25 bench-search bench-query bench-tracing bench-cache bench-replicas bench-feedback bench-reranker bench-rls bench-permissions bench-hostile bench-injection bench-scale bench-soak clean
 
 # The locked packages without their dependencies (the lock holds them all), then the project.
 $(STAMP): pyproject.toml requirements.lock
@@ -138,6 +138,11 @@ bench-fidelity: $(DEV_STAMP) $(PEERS_STAMP)
 	$$SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q --no-install-recommends poppler-utils
 	$(BIN)/python benchmarks/fidelity.py --peers $(PEERS_VENV)/bin/python
 
+# The real-document corpus ingested (its own data directory) and every question of
+# tests/realdocs/*/questions.jsonl asked: is the first citation the right file and place?
+bench-questions: $(DEV_STAMP) $(BM25_STAMP)
+	$(BIN)/python benchmarks/realdocs_questions.py
+
 bench-scale: $(DEV_STAMP)
 	$(BIN)/python benchmarks/scale.py --chunks 1000000 --data ../shared/data/scifact
 
@@ -200,4 +205,4 @@ bench-soak: $(DEV_STAMP)
 	$(BIN)/python benchmarks/soak.py --collection $(SOAK_COLLECTION) $(SOAK_ARGS)
 
 clean:
-	rm -rf $(VENV) $(LOCK_VENV) $(PEERS_VENV) .ragservice .ragservice-injection .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(LOCK_VENV) $(PEERS_VENV) .ragservice .ragservice-injection .ragservice-realdocs .pytest_cache .mypy_cache .ruff_cache

@@ -89,7 +89,7 @@ def find_unruled(flow: Sequence[Item], rules: Sequence[Rule] | None) -> list[Ite
 
 def _table(run: Sequence[Line], bounded: bool) -> Table | None:
     rows = _rows(run) if bounded else [[part.text for part in segments(line)] for line in run]
-    if rows is None or not _short_cells(rows):
+    if rows is None or not _short_cells(rows) or _leaders(rows):
         return None
     markdown = markdown_table(rows)
     if not markdown:
@@ -101,6 +101,11 @@ def _table(run: Sequence[Line], bounded: bool) -> Table | None:
         run[0].top,
         run[-1].bottom,
     )
+
+
+def _leaders(rows: Sequence[Sequence[str]]) -> bool:
+    """Rows with a cell of dot leaders are a contents' or an index's entries, not a table."""
+    return any(cell.strip() and not cell.replace(".", "").strip() for row in rows for cell in row)
 
 
 def _ruled_run(flow: Sequence[Item], start: int, rules: Sequence[Rule]) -> int:

@@ -10,6 +10,9 @@ What one page cannot tell, the document can:
   ("submitted") when the next line goes on in lower case: without the hyphen when the
   document writes the word whole elsewhere or nowhere, with it when the document writes it
   with a hyphen elsewhere ("well-known"), and not at all before a capital or a digit.
+- **Tables of contents and indexes**: a line that runs to a page number through dot leaders
+  ("2.3 Simple parsing . . . . . 4") is the document's own navigation: it matches every
+  question about its headings and answers none, so it is left out.
 - **Markdown**: a document with a table or a code block is Markdown, so a line of prose that
   starts with `#` or a code fence is escaped: it must not become a heading or a fence.
 """
@@ -28,13 +31,16 @@ _WORD = re.compile(r"[^\W\d_]+(?:-[^\W\d_]+)*")
 _BROKEN = re.compile(r"([^\W\d_]+)-$")
 _STARTS_LOWER = re.compile(r"([^\W\d_]+)(\S*)")
 _MARKDOWN_START = re.compile(r"^(#|```|~~~)")
+# Dot leaders (". . . ." or "....") to a page number, arabic or roman, at the line's end.
+LEADERS = re.compile(r"(?:\.\s?){4,}\s*(?:\d+|[ivxlc]+)(?:,\s*\d+)*\s*$", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
 class DocumentText:
     pages: list[str]
     markdown: bool
-    dropped_margins: int
+    dropped: int
+    """Lines left out: running headers and footers, entries of a contents or an index."""
 
 
 def repeats(pages: int) -> int:
@@ -52,6 +58,7 @@ def compose(pages: Sequence[PageLayout]) -> DocumentText:
     dropped = 0
     for page in pages:
         kept = [p for p in page.pieces if p.margin is None or p.margin not in furniture]
+        kept = [p for p in kept if p.kind != "line" or not LEADERS.search(p.text)]
         dropped += len(page.pieces) - len(kept)
         texts.append(_page_text(_joined(kept, vocabulary), markdown))
     return DocumentText(texts, markdown, dropped)

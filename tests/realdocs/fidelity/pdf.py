@@ -5,7 +5,9 @@ page; glued words; reading order on two-column pages; hand-transcribed table cel
   kept in `pdf/reference/` (`sources.py references`), and against pypdfium2's own text of the
   page. Only text pages count (at least `TEXT_PAGE_WORDS` words in the reference).
 - Running headers and footers (a page's first or last line, its digits masked, repeated on
-  `repeats` pages or more) are taken out of the references: the loader drops them on purpose.
+  `repeats` pages or more) and the entries of a table of contents or an index (a line that
+  runs to a page number through dot leaders) are taken out of the references: the loader
+  leaves them out on purpose (the document's furniture and navigation, not its content).
 - Glued runs: `words.glued_runs` against pdftotext's words of the whole file.
 - Reading order: on the pages `truth.toml` names as two-column (all made by TeX, which writes
   a page's lines in reading order: a column's lines, then the next column's, floats where it
@@ -32,6 +34,7 @@ from typing import Any
 
 import pypdfium2
 
+from ingest.loaders.pdf.text import LEADERS
 from tests.realdocs.fidelity.words import (
     NO_WORDS,
     Order,
@@ -118,12 +121,15 @@ def margin_keys(pages: Sequence[str]) -> set[str]:
 
 
 def without_margins(page: str, keys: set[str]) -> str:
-    """The page less its first and last lines where they are running headers or footers."""
+    """The page less its first and last lines where they are running headers or footers, and
+    less the entries of a contents or an index (`LEADERS`)."""
     lines = page.splitlines()
     filled = [i for i, line in enumerate(lines) if line.strip()]
     edges = {filled[0], filled[-1]} if filled else set()
     return "\n".join(
-        line for i, line in enumerate(lines) if not (i in edges and _margin_key(line) in keys)
+        line
+        for i, line in enumerate(lines)
+        if not (i in edges and _margin_key(line) in keys) and not LEADERS.search(line)
     )
 
 
