@@ -1,6 +1,6 @@
 """Which PDF library reads tables and two-column pages best, and how fast: pypdf, pdfplumber
 and pypdfium2's text on the same generated files (tests/corpus_pdf.py), plus this project's
-loader (ingest.loaders.pdf_files, pdfplumber underneath) for reference.
+loader (ingest.loaders.pdf: pdfium's words and strokes) for reference.
 
 Scores, per library:
 - table_rows_in_order: the fraction of table rows (ruled and unruled tables) whose cells come

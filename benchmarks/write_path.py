@@ -41,7 +41,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from sqlalchemy import text  # noqa: E402
 
-from ingest.loaders import load_documents  # noqa: E402
+from ingest.loaders import LoadResult, load_documents  # noqa: E402
 from ingest.pipeline import IngestPipeline  # noqa: E402
 from ragservice import store  # noqa: E402
 from ragservice.config import Settings  # noqa: E402
@@ -49,7 +49,7 @@ from ragservice.db import tenancy  # noqa: E402
 from ragservice.embedding import indexing  # noqa: E402
 from ragservice.embedding.null import null_embedder  # noqa: E402
 from ragservice.runtime import Runtime, open_runtime  # noqa: E402
-from ragservice.types import LoadedDocument, LoadFailure  # noqa: E402
+from ragservice.types import LoadedDocument  # noqa: E402
 
 
 def main() -> None:
@@ -127,7 +127,7 @@ def _postings(runtime: Runtime, args: argparse.Namespace) -> str:
     return "c" if found is not None else "sql"
 
 
-def _repeated(corpus: Path, repeat: int) -> Iterator[LoadedDocument | LoadFailure]:
+def _repeated(corpus: Path, repeat: int) -> Iterator[LoadResult]:
     """The corpus `repeat` times, each copy under ids of its own (`ID~r`)."""
     for r in range(repeat):
         for doc in load_documents([corpus]):

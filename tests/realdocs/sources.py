@@ -38,11 +38,13 @@ import sys
 import tarfile
 import tempfile
 import tomllib
+import urllib.error
 import urllib.request
 import zipfile
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent
 FORMATS = ("pdf", "html", "epub", "mail", "office", "sheets")
@@ -161,16 +163,25 @@ def _download(source: Source, scratch: Path) -> Path:
         spec = f"{source.package}={source.version}"
         subprocess.run(["apt-get", "download", spec], cwd=folder, check=True)
         return next(folder.glob("*.deb"))
-    url = f"https://pypi.org/pypi/{source.package}/{source.version}/json"
-    with urllib.request.urlopen(url, timeout=60) as response:
-        release = json.load(response)
-    match = [f for f in release["urls"] if f["filename"] == source.artifact]
+    files = _release_files(source.package, source.version)
+    match = [f for f in files if f["filename"] == source.artifact]
     if not match:
         raise SystemExit(f"{source.relative}: {source.artifact} is not in the PyPI release")
     target = scratch / source.artifact
     with urllib.request.urlopen(match[0]["url"], timeout=120) as response:
         target.write_bytes(response.read())
     return target
+
+
+def _release_files(package: str, version: str) -> list[dict[str, Any]]:
+    """The files of a PyPI release: from the release's JSON, else from the project's (some
+    mirrors serve only the latter)."""
+    try:
+        with urllib.request.urlopen(f"https://pypi.org/pypi/{package}/{version}/json") as found:
+            return list(json.load(found)["urls"])
+    except urllib.error.HTTPError:
+        with urllib.request.urlopen(f"https://pypi.org/pypi/{package}/json", timeout=60) as found:
+            return list(json.load(found)["releases"].get(version, []))
 
 
 def _member(archive: Path, source: Source) -> bytes:
