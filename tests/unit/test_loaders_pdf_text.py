@@ -145,3 +145,65 @@ def test_text_off_the_page_and_a_rotated_stamp_are_left_out() -> None:
         document.close()
     assert "hidden" not in words and "DRAFT" not in words
     assert words[:3] == ["Line", "0", "of"]
+
+
+# -------------------------------------------------------------------------- headings
+
+
+def line(text: str, size: float = 10.0, *, bold: bool = False, apart: bool = True) -> Piece:
+    """A line piece as `layout` makes it, shaped as a heading where its text is."""
+    shaped = len(text.split()) <= 12 and text[-1:] not in ".,;:"
+    return Piece(text, "line", apart, None, size, shaped, bold, apart)
+
+
+BODY = "Text set at the size most of the document is set in, a sentence of it."
+
+
+def test_larger_and_bold_lines_become_headings_ranked_by_size() -> None:
+    layout = PageLayout(
+        [
+            line("A Manual", 20.0),
+            line("1 Introduction", 14.0),
+            line(BODY),
+            line("1.1 Scope", 10.0, bold=True),
+            line(BODY),
+            line(BODY, apart=False),
+        ]
+    )
+    (text,) = compose([layout]).pages
+    assert text.split("\n\n")[:4] == ["# A Manual", "## 1 Introduction", BODY, "### 1.1 Scope"]
+    assert compose([layout]).markdown
+
+
+def test_a_heading_wrapped_over_two_lines_is_one_heading() -> None:
+    first, second = "Multilingual Bibliographies: Using and", "extending the babelbib package"
+    pieces = [line(first, 14.0), line(second, 14.0, apart=False)]
+    (text,) = compose([PageLayout([*pieces, line(BODY)])]).pages
+    assert text.startswith(f"# {first} {second}\n\n")
+
+
+def test_larger_paragraphs_and_runs_of_labels_stay_text() -> None:
+    """Three lines of a larger size are a paragraph (an abstract, an address block); lines of
+    one size one after another are labels or names (a figure's, an author list)."""
+    block = [line("Simon Fear", 12.0), line("300A route", 12.0, apart=False)]
+    block += [line("Meyrin", 12.0, apart=False)]
+    labels = [line("City", 18.0), line("Pipe", 18.0), line("Steam", 18.0)]
+    (text,) = compose([PageLayout([*block, line(BODY), *labels, line(BODY)])]).pages
+    assert "#" not in text
+
+
+def test_a_sentence_or_a_long_line_is_no_heading() -> None:
+    pieces = [line("A sentence set large ends with a stop.", 16.0), line(BODY)]
+    pieces.append(
+        Piece(
+            "one two three four five six seven eight nine ten eleven twelve thirteen",
+            "line",
+            True,
+            None,
+            16.0,
+            False,
+            False,
+            True,
+        )
+    )
+    assert "#" not in compose([PageLayout([*pieces, line(BODY)])]).pages[0]

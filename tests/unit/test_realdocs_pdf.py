@@ -129,3 +129,15 @@ def test_every_pdf_question_is_answered_on_the_page_it_names() -> None:
         numbers = place if isinstance(place, list) else [place]
         found = [wanted - set(words(pages_of[name][n - 1])) for n in numbers]
         assert min(found, key=len) == set(), (question.id, found)
+
+
+def test_headings_are_markdown_headings_ranked_by_size() -> None:
+    read = fidelity.loader_reader()
+    pages, _seconds = read((fidelity.PDF_FOLDER / "cassbeam.pdf").read_bytes())
+    headings = [line for page in pages for line in page.splitlines() if line.startswith("#")]
+    assert headings[:4] == [
+        "# CASSBEAM",
+        "# 1 Introduction",
+        "## 1.1 Sample use case",
+        "## 1.2 Limitations",
+    ]

@@ -31,6 +31,9 @@ class Word:
     baseline: float | None = None
     """Top-down, as the box; None where the reader does not tell (a fifth of the box above
     its bottom is taken)."""
+    size: float = 0.0
+    """Its font's size in points (0: not told)."""
+    bold: bool = False
 
     @property
     def base(self) -> float:
@@ -70,6 +73,18 @@ class Line:
     @property
     def text(self) -> str:
         return " ".join(word.text for word in self.words)
+
+    @property
+    def size(self) -> float:
+        """The font size most of its characters are set in."""
+        sizes: dict[float, int] = {}
+        for word in self.words:
+            sizes[round(word.size, 1)] = sizes.get(round(word.size, 1), 0) + len(word.text)
+        return max(sizes, key=lambda size: sizes[size])
+
+    @property
+    def bold(self) -> bool:
+        return all(word.bold for word in self.words)
 
     @property
     def mono(self) -> bool:

@@ -11,6 +11,7 @@ a line is wider than a line's spacing.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
@@ -31,6 +32,8 @@ from ingest.loaders.pdf.rules import Grid, Rule
 from ingest.loaders.pdf.tables import filled, find_unruled, spanning_tables
 
 _MIN_CODE_LINES = 2
+_HEADING_WORDS = 12  # a heading is at most this many words
+_HEADING_TEXT = re.compile(r"[^\W\d_]{2}")  # a heading has a word in it
 
 
 PieceKind = Literal["line", "table", "code"]
@@ -46,6 +49,13 @@ class Piece:
     kind: PieceKind = "line"
     paragraph: bool = False
     margin: str | None = None
+    size: float = 0.0
+    """A line's font size (0 for a table or code), by which `text` tells headings."""
+    heading: bool = False
+    """A line shaped as a heading may be (`_heading_shaped`): `text` decides by its size."""
+    bold: bool = False
+    apart: bool = False
+    """A line that starts its paragraph or its flow."""
 
 
 @dataclass(frozen=True)
@@ -110,18 +120,37 @@ def _pieces(blocks: Sequence[Item], *, first: bool) -> list[Piece]:
     out: list[Piece] = []
     previous: Item | None = None
     for block in blocks:
-        kind: PieceKind = "line"
-        margin: str | None = None
-        if isinstance(block, Line):
-            text, margin = block.text, block.margin
-        else:
-            text, kind = block.markdown, "table" if isinstance(block, Table) else "code"
-        if not text:
-            continue
         paragraph = (not first) if previous is None else _breaks(previous, block)
-        out.append(Piece(text, kind, paragraph, margin))
-        previous = block
+        if isinstance(block, Line):
+            piece = Piece(
+                block.text,
+                "line",
+                paragraph,
+                block.margin,
+                block.size,
+                _heading_shaped(block),
+                block.bold,
+                paragraph or previous is None,
+            )
+        else:
+            kind: PieceKind = "table" if isinstance(block, Table) else "code"
+            piece = Piece(block.markdown, kind, paragraph)
+        if piece.text:
+            out.append(piece)
+            previous = block
     return out
+
+
+def _heading_shaped(line: Line) -> bool:
+    """A short line of words, in a proportional font, not ending as a sentence or a clause
+    does: a heading, if its size or weight says so (`text`)."""
+    text = line.text
+    return (
+        not line.mono
+        and _HEADING_TEXT.search(text) is not None
+        and len(text.split()) <= _HEADING_WORDS
+        and text.rstrip()[-1:] not in ".,;:"
+    )
 
 
 def _breaks(previous: Item, block: Item) -> bool:

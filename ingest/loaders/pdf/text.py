@@ -23,7 +23,7 @@ import math
 import re
 from collections import Counter
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ingest.loaders.pdf.layout import PageLayout, Piece
 
@@ -31,6 +31,10 @@ _WORD = re.compile(r"[^\W\d_]+(?:-[^\W\d_]+)*")
 _BROKEN = re.compile(r"([^\W\d_]+)-$")
 _STARTS_LOWER = re.compile(r"([^\W\d_]+)(\S*)")
 _MARKDOWN_START = re.compile(r"^(#|```|~~~)")
+_DEEPEST = 3
+_HEADING_LINES = 2  # a heading wraps over at most this many lines
+_LARGER = 1.15  # times the document's text size: a line set this large reads as a heading
+_BOLD_SIZE = 0.85  # a bold line set apart this large or more reads as one too
 # Dot leaders (". . . ." or "....") to a page number, arabic or roman, at the line's end.
 LEADERS = re.compile(r"(?:\.\s?){4,}\s*(?:\d+|[ivxlc]+)(?:,\s*\d+)*\s*$", re.IGNORECASE)
 
@@ -50,17 +54,20 @@ def repeats(pages: int) -> int:
 
 def compose(pages: Sequence[PageLayout]) -> DocumentText:
     """Each page's text: its pieces less running headers and footers, hyphenation joined,
-    prose escaped where the document is Markdown."""
+    headings marked, prose escaped where the document is Markdown."""
     furniture = _furniture(pages)
     vocabulary = _Vocabulary(pages)
-    markdown = any(page.tables or page.code for page in pages)
+    body = _body_size(pages)
+    settled = [_settled([_as_heading(p, body) for p in page.pieces]) for page in pages]
+    levels = _levels(settled, furniture)
+    markdown = bool(levels) or any(page.tables or page.code for page in pages)
     texts: list[str] = []
     dropped = 0
-    for page in pages:
-        kept = [p for p in page.pieces if p.margin is None or p.margin not in furniture]
+    for pieces in settled:
+        kept = [p for p in pieces if p.margin is None or p.margin not in furniture]
         kept = [p for p in kept if p.kind != "line" or not LEADERS.search(p.text)]
-        dropped += len(page.pieces) - len(kept)
-        texts.append(_page_text(_joined(kept, vocabulary), markdown))
+        dropped += len(pieces) - len(kept)
+        texts.append(_page_text(_joined(kept, vocabulary), markdown, levels))
     return DocumentText(texts, markdown, dropped)
 
 
@@ -110,25 +117,114 @@ def _joined(pieces: Sequence[Piece], vocabulary: _Vocabulary) -> list[Piece]:
             out.append(piece)
             continue
         head = previous.text[: broken.start()] + word + start.group(2)
-        out[-1] = Piece(head, previous.kind, previous.paragraph, previous.margin)
+        out[-1] = replace(previous, text=head)
         rest = piece.text[start.end() :].lstrip()
         if rest:
-            out.append(Piece(rest, piece.kind, False, piece.margin))
+            out.append(replace(piece, text=rest, paragraph=False))
     return out
 
 
-def _page_text(pieces: Sequence[Piece], markdown: bool) -> str:
-    return "".join(_parts(pieces, markdown))
+def _body_size(pages: Sequence[PageLayout]) -> float:
+    """The font size most of the document's text is set in."""
+    sizes: Counter[float] = Counter()
+    for page in pages:
+        for piece in page.pieces:
+            if piece.kind == "line" and piece.size > 0:
+                sizes[round(piece.size, 1)] += len(piece.text)
+    return max(sizes, key=lambda size: sizes[size], default=0.0)
 
 
-def _parts(pieces: Sequence[Piece], markdown: bool) -> Iterator[str]:
+def _as_heading(piece: Piece, body: float) -> Piece:
+    """The piece, its `heading` its size where it reads as a heading: shaped as one (`layout`)
+    and set larger than the document's text, or bold near its size and set apart."""
+    size = piece.size
+    larger = size >= _LARGER * body
+    strong = piece.bold and piece.apart and size >= _BOLD_SIZE * body
+    is_heading = piece.heading and body > 0 and (larger or strong)
+    return replace(piece, heading=is_heading)
+
+
+def _settled(pieces: Sequence[Piece]) -> list[Piece]:
+    """The page's pieces with its headings settled: the lines of a heading wrapped over two
+    lines joined into one; a run of three or more lines of a heading's size (a larger
+    paragraph: an abstract, a title block) and headings of one size one after another with
+    nothing between (figure labels, authors' names) read as text, not headings."""
+    runs = _heading_runs(pieces)
+    refused = {
+        index
+        for index, (start, end) in enumerate(runs)
+        if end - start > _HEADING_LINES
+        or (index + 1 < len(runs) and _same_heading(pieces, runs[index], runs[index + 1]))
+        or (index > 0 and _same_heading(pieces, runs[index - 1], runs[index]))
+    }
+    out: list[Piece] = []
+    at = 0
+    for index, (start, end) in enumerate(runs):
+        out.extend(pieces[at:start])
+        run = pieces[start:end]
+        if index in refused:
+            out.extend(replace(piece, heading=False) for piece in run)
+        else:
+            text = " ".join(piece.text for piece in run)
+            out.append(replace(run[0], text=text, paragraph=True))
+        at = end
+    return out + list(pieces[at:])
+
+
+def _heading_runs(pieces: Sequence[Piece]) -> list[tuple[int, int]]:
+    """Where each run of heading lines of one size, unbroken by a paragraph, starts and ends."""
+    runs: list[tuple[int, int]] = []
+    index = 0
+    while index < len(pieces):
+        if not pieces[index].heading:
+            index += 1
+            continue
+        end = index + 1
+        while (
+            end < len(pieces)
+            and pieces[end].heading
+            and round(pieces[end].size, 1) == round(pieces[index].size, 1)
+            and not pieces[end].paragraph
+        ):
+            end += 1
+        runs.append((index, end))
+        index = end
+    return runs
+
+
+def _same_heading(pieces: Sequence[Piece], first: tuple[int, int], then: tuple[int, int]) -> bool:
+    """Whether a heading run follows another of the same size with nothing between them."""
+    size = round(pieces[first[0]].size, 1)
+    return first[1] == then[0] and round(pieces[then[0]].size, 1) == size
+
+
+def _levels(pages: Sequence[Sequence[Piece]], furniture: set[str]) -> dict[float, int]:
+    """The heading level of each font size the document sets headings in: the largest 1, the
+    next 2, and so on, the smaller all `_DEEPEST`."""
+    sizes = {
+        round(piece.size, 1)
+        for pieces in pages
+        for piece in pieces
+        if piece.heading and piece.margin not in furniture
+    }
+    return {size: min(rank, _DEEPEST) for rank, size in enumerate(sorted(sizes, reverse=True), 1)}
+
+
+def _page_text(pieces: Sequence[Piece], markdown: bool, levels: dict[float, int]) -> str:
+    return "".join(_parts(pieces, markdown, levels))
+
+
+def _parts(pieces: Sequence[Piece], markdown: bool, levels: dict[float, int]) -> Iterator[str]:
     previous: Piece | None = None
     for piece in pieces:
+        level = levels.get(round(piece.size, 1), 0) if piece.heading else 0
         if previous is not None:
             apart = piece.paragraph or piece.kind != "line" or previous.kind != "line"
-            yield "\n\n" if apart else "\n"
+            yield "\n\n" if apart or level or previous.heading else "\n"
         text = piece.text
-        if markdown and piece.kind == "line" and _MARKDOWN_START.match(text):
+        if level:
+            text = "#" * level + " " + text
+        elif markdown and piece.kind == "line" and _MARKDOWN_START.match(text):
             text = "\\" + text
         yield text
         previous = piece

@@ -46,6 +46,8 @@ _LIGATURES = {
 # Consolas, Menlo, Inconsolata, TeX Gyre Cursor, Source Code Pro, Fira Code.
 _MONO_NAME = re.compile(r"mono|courier|typewriter|consol|menlo|inconsolata|cursor|code|tt\d")
 _FIXED_PITCH = 1  # the font descriptor's flag
+_BOLD = 600  # a font weight this heavy or more is bold
+_BOLD_NAME = re.compile(r"bold|black|heavy|demi|medi|-bd|bx\d")
 _FONT_NAME_BYTES = 128
 
 
@@ -96,17 +98,17 @@ def _words(
     for index, char in chars:
         if char is None:  # a space, a line end, a control character
             if current:
-                yield _word(current, _is_mono(text_page, first_index))
+                yield _word(current, _font(text_page, first_index))
                 current = []
             continue
         if current and not _near(current, char):
-            yield _word(current, _is_mono(text_page, first_index))
+            yield _word(current, _font(text_page, first_index))
             current = []
         if not current:
             first_index = index
         current.append(char)
     if current:
-        yield _word(current, _is_mono(text_page, first_index))
+        yield _word(current, _font(text_page, first_index))
 
 
 def _chars(text_page: pypdfium2.PdfTextPage) -> Iterator[tuple[int, _Char | None]]:
@@ -174,27 +176,40 @@ def _leading_mark(current: list[_Char], char: _Char) -> bool:
     return raised and smaller
 
 
-def _word(chars: list[_Char], mono: bool) -> Word:
+def _word(chars: list[_Char], font: _Font) -> Word:
     return Word(
         "".join(char.text for char in chars),
         min(char.left for char in chars),
         max(char.right for char in chars),
         -max(char.top for char in chars),
         -min(char.bottom for char in chars),
-        mono,
+        font.mono,
         -chars[0].baseline,
+        font.size,
+        font.bold,
     )
 
 
-def _is_mono(text_page: pypdfium2.PdfTextPage, index: int) -> bool:
-    """Whether the font of the character at `index` is fixed-pitch: by its descriptor's flag,
-    else by its name."""
+@dataclass(frozen=True, slots=True)
+class _Font:
+    mono: bool
+    bold: bool
+    size: float
+
+
+def _font(text_page: pypdfium2.PdfTextPage, index: int) -> _Font:
+    """The font of the character at `index`: fixed-pitch by its descriptor's flag or its
+    name; bold by its weight or its name; its size in points."""
     buffer = ctypes.create_string_buffer(_FONT_NAME_BYTES)
     flags = ctypes.c_int(0)
+    raw = text_page.raw
     length = pdfium_c.FPDFText_GetFontInfo(
-        text_page.raw, index, buffer, _FONT_NAME_BYTES, ctypes.byref(flags)
+        raw, index, buffer, _FONT_NAME_BYTES, ctypes.byref(flags)
     )
-    if flags.value & _FIXED_PITCH:
-        return True
     name = buffer.raw[: max(0, min(length, _FONT_NAME_BYTES) - 1)].decode("latin-1").lower()
-    return _MONO_NAME.search(name.rpartition("+")[2]) is not None
+    name = name.rpartition("+")[2]
+    mono = bool(flags.value & _FIXED_PITCH) or _MONO_NAME.search(name) is not None
+    weight = pdfium_c.FPDFText_GetFontWeight(raw, index)
+    # TeX's Type 1 fonts report weights that mean nothing (SFBX1000: 250): the name tells.
+    bold = weight >= _BOLD or _BOLD_NAME.search(name) is not None
+    return _Font(mono, bold, float(pdfium_c.FPDFText_GetFontSize(raw, index)))
