@@ -19,7 +19,6 @@ full text as the EPUB library reads it.
 from __future__ import annotations
 
 import io
-import json
 import posixpath
 import time
 import urllib.parse
@@ -33,6 +32,7 @@ import ebooklib
 import lxml.etree
 from ebooklib import epub
 
+from tests.realdocs.fidelity import print_rows
 from tests.realdocs.fidelity.html import visible_text
 from tests.realdocs.fidelity.words import WordScore, total, word_score, words
 from tests.realdocs.sources import ROOT, sources
@@ -179,10 +179,7 @@ def fidelity(
 
 
 def main() -> None:
-    rows, summary = fidelity()
-    for row in rows:
-        print(json.dumps(row, ensure_ascii=False))
-    print(json.dumps({"summary": summary}))
+    print_rows(*fidelity())
 
 
 if __name__ == "__main__":

@@ -21,7 +21,6 @@ against the page's whole visible text; the boilerplate it keeps.
 
 from __future__ import annotations
 
-import json
 import re
 import time
 import unicodedata
@@ -34,6 +33,7 @@ import lxml.etree
 import lxml.html
 import trafilatura
 
+from tests.realdocs.fidelity import print_rows
 from tests.realdocs.fidelity.words import WordScore, total, word_score, words
 from tests.realdocs.sources import ROOT, sources
 
@@ -262,10 +262,7 @@ def fidelity(
 
 
 def main() -> None:
-    rows, summary = fidelity()
-    for row in rows:
-        print(json.dumps(row, ensure_ascii=False))
-    print(json.dumps({"summary": summary}))
+    print_rows(*fidelity())
 
 
 if __name__ == "__main__":

@@ -19,7 +19,6 @@ Python's `email` package gives of it, and whether each file is accepted.
 from __future__ import annotations
 
 import email
-import json
 import mailbox
 import time
 from collections.abc import Callable, Iterator
@@ -29,6 +28,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
 
+from tests.realdocs.fidelity import print_rows
 from tests.realdocs.fidelity.words import WordScore, total, word_score, words
 from tests.realdocs.sources import ROOT, sources
 
@@ -247,10 +247,7 @@ def fidelity(
 
 
 def main() -> None:
-    rows, summary = fidelity()
-    for row in rows:
-        print(json.dumps(row, ensure_ascii=False))
-    print(json.dumps({"summary": summary}))
+    print_rows(*fidelity())
 
 
 if __name__ == "__main__":
