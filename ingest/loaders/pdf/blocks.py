@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 import statistics
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -76,11 +77,8 @@ class Line:
 
     @property
     def size(self) -> float:
-        """The font size most of its characters are set in."""
-        sizes: dict[float, int] = {}
-        for word in self.words:
-            sizes[round(word.size, 1)] = sizes.get(round(word.size, 1), 0) + len(word.text)
-        return max(sizes, key=lambda size: sizes[size])
+        """The font size most of its characters are set in (to a tenth of a point)."""
+        return commonest_size((word.size, len(word.text)) for word in self.words)
 
     @property
     def bold(self) -> bool:
@@ -101,10 +99,6 @@ class Table:
     x1: float
     top: float
     bottom: float
-
-    @property
-    def height(self) -> float:
-        return self.bottom - self.top
 
     def holds(self, word: Word) -> bool:
         """Whether the middle of `word` is inside the table (its words are its cells)."""
@@ -133,15 +127,20 @@ class Code:
         return self.lines[-1].bottom
 
     @property
-    def height(self) -> float:
-        return self.lines[0].height
-
-    @property
     def markdown(self) -> str:
         return "```\n" + "\n".join(code_lines(self.lines)) + "\n```"
 
 
 Item = Line | Table | Code
+
+
+def commonest_size(sizes: Iterable[tuple[float, int]]) -> float:
+    """The font size (to a tenth of a point) with the most characters, of (size, characters)
+    pairs; 0 for none."""
+    counts: Counter[float] = Counter()
+    for size, characters in sizes:
+        counts[round(size, 1)] += characters
+    return max(counts, key=lambda size: counts[size], default=0.0)
 
 
 def margin_key(text: str) -> str:
@@ -193,7 +192,7 @@ def _gap(a: Line, b: Line) -> float:
     return max(b.top - a.bottom, a.top - b.bottom)
 
 
-def wide_gap(line: Line) -> float:
+def _wide_gap(line: Line) -> float:
     """A gap between words this wide separates table cells: a font size (prose spaces are a
     quarter to half of one)."""
     return max(line.height, 4.0)
@@ -202,7 +201,7 @@ def wide_gap(line: Line) -> float:
 def segments(line: Line) -> list[Line]:
     """The line cut at its wide gaps."""
     parts: list[list[Word]] = [[line.words[0]]]
-    gap = wide_gap(line)
+    gap = _wide_gap(line)
     for before, after in zip(line.words, line.words[1:], strict=False):
         if after.x0 - before.x1 >= gap:
             parts.append([after])

@@ -50,7 +50,8 @@ class Piece:
     paragraph: bool = False
     margin: str | None = None
     size: float = 0.0
-    """A line's font size (0 for a table or code), by which `text` tells headings."""
+    """A line's font size to a tenth of a point (0 for a table or code), by which `text`
+    tells headings."""
     heading: bool = False
     """A line shaped as a heading may be (`_heading_shaped`): `text` decides by its size."""
     bold: bool = False

@@ -61,8 +61,7 @@ def page_rules(page: pypdfium2.PdfPage) -> list[Rule]:
     rules: list[Rule] = []
     segments = 0
     for obj, matrix in _path_objects(page):
-        for rule in _object_rules(obj, matrix):
-            rules.append(rule)
+        rules.extend(_object_rules(obj, matrix))
         segments += pdfium_c.FPDFPath_CountSegments(obj)
         if segments > _MAX_SEGMENTS:
             return []
@@ -72,12 +71,12 @@ def page_rules(page: pypdfium2.PdfPage) -> list[Rule]:
 def _path_objects(page: pypdfium2.PdfPage) -> Iterator[tuple[Any, _Matrix]]:
     """Each path object with the matrix that takes its points to the page."""
     raw = page.raw
-    stack: list[tuple[Any, int, _Matrix, int]] = []
     count = pdfium_c.FPDFPage_CountObjects(raw)
     objects = [pdfium_c.FPDFPage_GetObject(raw, i) for i in range(count)]
-    stack = [(obj, 0, _IDENTITY, 0) for obj in reversed(objects)]
+    # (object, the matrix of the forms around it, how deep in forms it is)
+    stack: list[tuple[Any, _Matrix, int]] = [(obj, _IDENTITY, 0) for obj in reversed(objects)]
     while stack:
-        obj, _unused, outer, depth = stack.pop()
+        obj, outer, depth = stack.pop()
         kind = pdfium_c.FPDFPageObj_GetType(obj)
         if kind == pdfium_c.FPDF_PAGEOBJ_PATH:
             yield obj, _compose(_matrix(obj), outer)
@@ -87,7 +86,7 @@ def _path_objects(page: pypdfium2.PdfPage) -> Iterator[tuple[Any, _Matrix]]:
             for index in reversed(range(max(0, children))):
                 child = pdfium_c.FPDFFormObj_GetObject(obj, index)
                 if child:
-                    stack.append((child, 0, inner, depth + 1))
+                    stack.append((child, inner, depth + 1))
 
 
 def _matrix(obj: Any) -> _Matrix:

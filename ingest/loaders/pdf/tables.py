@@ -18,7 +18,7 @@ from ingest.loaders.pdf.blocks import Item, Line, Table, Word, group_lines, segm
 from ingest.loaders.pdf.rules import Grid, Rule
 from ingest.loaders.tables import markdown_table
 
-MIN_ROWS = 3
+_MIN_ROWS = 3
 _ALIGN_TOLERANCE = 2.5  # points: how far the edges of one column's parts may wander
 _MAX_WORDS_PER_CELL = 5  # on average, in an unruled table
 _LIST_MARKERS = frozenset("\u2022\u2023\u25e6\u25aa\u2013\u2014-*\u00b7")  # bullets, dashes
@@ -74,8 +74,8 @@ def find_unruled(flow: Sequence[Item], rules: Sequence[Rule] | None) -> list[Ite
         bounded = rules is not None
         end = _ruled_run(flow, index, rules) if rules is not None else _table_run(flow, index)
         run = [item for item in flow[index:end] if isinstance(item, Line)]
-        table = _table(run, bounded) if end - index >= MIN_ROWS else None
-        if table is None and end - index >= MIN_ROWS and not bounded:
+        table = _table(run, bounded) if end - index >= _MIN_ROWS else None
+        if table is None and end - index >= _MIN_ROWS and not bounded:
             out.extend(flow[index:end])  # aligned, but prose: all of it stays text
             index = end
         elif table is None:
@@ -128,7 +128,7 @@ def _ruled_run(flow: Sequence[Item], start: int, rules: Sequence[Rule]) -> int:
             break
         end += 1
     lines = [item for item in flow[start:end] if isinstance(item, Line)]
-    if len(lines) < MIN_ROWS or sum(len(segments(line)) >= 2 for line in lines) < 2:
+    if len(lines) < _MIN_ROWS or sum(len(segments(line)) >= 2 for line in lines) < 2:
         return start
     return end
 

@@ -25,6 +25,7 @@ from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 
+from ingest.loaders.pdf.blocks import commonest_size
 from ingest.loaders.pdf.layout import PageLayout, Piece
 
 _WORD = re.compile(r"[^\W\d_]+(?:-[^\W\d_]+)*")
@@ -43,8 +44,6 @@ LEADERS = re.compile(r"(?:\.\s?){4,}\s*(?:\d+|[ivxlc]+)(?:,\s*\d+)*\s*$", re.IGN
 class DocumentText:
     pages: list[str]
     markdown: bool
-    dropped: int
-    """Lines left out: running headers and footers, entries of a contents or an index."""
 
 
 def repeats(pages: int) -> int:
@@ -62,13 +61,11 @@ def compose(pages: Sequence[PageLayout]) -> DocumentText:
     levels = _levels(settled, furniture)
     markdown = bool(levels) or any(page.tables or page.code for page in pages)
     texts: list[str] = []
-    dropped = 0
     for pieces in settled:
         kept = [p for p in pieces if p.margin is None or p.margin not in furniture]
         kept = [p for p in kept if p.kind != "line" or not LEADERS.search(p.text)]
-        dropped += len(pieces) - len(kept)
         texts.append(_page_text(_joined(kept, vocabulary), markdown, levels))
-    return DocumentText(texts, markdown, dropped)
+    return DocumentText(texts, markdown)
 
 
 def _furniture(pages: Sequence[PageLayout]) -> set[str]:
@@ -126,12 +123,12 @@ def _joined(pieces: Sequence[Piece], vocabulary: _Vocabulary) -> list[Piece]:
 
 def _body_size(pages: Sequence[PageLayout]) -> float:
     """The font size most of the document's text is set in."""
-    sizes: Counter[float] = Counter()
-    for page in pages:
-        for piece in page.pieces:
-            if piece.kind == "line" and piece.size > 0:
-                sizes[round(piece.size, 1)] += len(piece.text)
-    return max(sizes, key=lambda size: sizes[size], default=0.0)
+    return commonest_size(
+        (piece.size, len(piece.text))
+        for page in pages
+        for piece in page.pieces
+        if piece.kind == "line" and piece.size > 0
+    )
 
 
 def _as_heading(piece: Piece, body: float) -> Piece:
@@ -183,7 +180,7 @@ def _heading_runs(pieces: Sequence[Piece]) -> list[tuple[int, int]]:
         while (
             end < len(pieces)
             and pieces[end].heading
-            and round(pieces[end].size, 1) == round(pieces[index].size, 1)
+            and pieces[end].size == pieces[index].size
             and not pieces[end].paragraph
         ):
             end += 1
@@ -194,15 +191,14 @@ def _heading_runs(pieces: Sequence[Piece]) -> list[tuple[int, int]]:
 
 def _same_heading(pieces: Sequence[Piece], first: tuple[int, int], then: tuple[int, int]) -> bool:
     """Whether a heading run follows another of the same size with nothing between them."""
-    size = round(pieces[first[0]].size, 1)
-    return first[1] == then[0] and round(pieces[then[0]].size, 1) == size
+    return first[1] == then[0] and pieces[then[0]].size == pieces[first[0]].size
 
 
 def _levels(pages: Sequence[Sequence[Piece]], furniture: set[str]) -> dict[float, int]:
     """The heading level of each font size the document sets headings in: the largest 1, the
     next 2, and so on, the smaller all `_DEEPEST`."""
     sizes = {
-        round(piece.size, 1)
+        piece.size
         for pieces in pages
         for piece in pieces
         if piece.heading and piece.margin not in furniture
@@ -217,7 +213,7 @@ def _page_text(pieces: Sequence[Piece], markdown: bool, levels: dict[float, int]
 def _parts(pieces: Sequence[Piece], markdown: bool, levels: dict[float, int]) -> Iterator[str]:
     previous: Piece | None = None
     for piece in pieces:
-        level = levels.get(round(piece.size, 1), 0) if piece.heading else 0
+        level = levels.get(piece.size, 0) if piece.heading else 0
         if previous is not None:
             apart = piece.paragraph or piece.kind != "line" or previous.kind != "line"
             yield "\n\n" if apart or level or previous.heading else "\n"

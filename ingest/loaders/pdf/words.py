@@ -16,6 +16,7 @@ from __future__ import annotations
 import ctypes
 import math
 import re
+import unicodedata
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -31,16 +32,9 @@ _UPRIGHT_SHARE = 0.5  # rotated text is dropped where upright characters are at 
 _MARK_SIZE = 0.85  # a mark set this much smaller than the text after it is no part of a word
 _OFF_PAGE = 2.0  # points: a word this far outside the page's crop box is not on the page
 _LINE_HYPHEN = 0x02  # pdfium's mark for a hyphen that breaks a word at the end of a line
-# Latin ligatures as one character: BM25 and the embedding want the letters.
-_LIGATURES = {
-    0xFB00: "ff",
-    0xFB01: "fi",
-    0xFB02: "fl",
-    0xFB03: "ffi",
-    0xFB04: "ffl",
-    0xFB05: "st",
-    0xFB06: "st",
-}
+# Latin ligatures (U+FB00 ff … U+FB06 st) as one character: BM25 and the embedding want the
+# letters, which their compatibility decomposition spells out.
+_LIGATURES = range(0xFB00, 0xFB07)
 # Fixed-pitch fonts by name, where the font descriptor does not say (TeX's fonts never do):
 # Computer/Latin Modern typewriter (CMTT10, LMMono10, SFTT1000, txtt), Courier, DejaVu Sans Mono,
 # Consolas, Menlo, Inconsolata, TeX Gyre Cursor, Source Code Pro, Fira Code.
@@ -68,7 +62,7 @@ def has_image(page: pypdfium2.PdfPage) -> bool:
 
 def pdfium_words(page: pypdfium2.PdfPage) -> list[Word]:
     """The page's words: runs of characters that are not spaces, on one line, close together,
-    each with its box and whether its font is fixed-pitch (code). Words off the
+    each with its box, baseline and font (fixed-pitch, bold, size). Words off the
     page (beamer parks hidden overlays thousands of points away) are left out, and so is
     rotated text on a page of upright text (a "Draft" stamp, a rotated margin note)."""
     text_page = page.get_textpage()
@@ -123,7 +117,9 @@ def _chars(text_page: pypdfium2.PdfTextPage) -> Iterator[tuple[int, _Char | None
             low = pdfium_c.FPDFText_GetUnicode(raw, index + 1)
             if 0xDC00 <= low < 0xE000:
                 code, width = 0x10000 + ((code - 0xD800) << 10) + (low - 0xDC00), 2
-        text = "-" if code == _LINE_HYPHEN else _LIGATURES.get(code) or _printable(code)
+        text = "-" if code == _LINE_HYPHEN else _printable(code)
+        if code in _LIGATURES:
+            text = unicodedata.normalize("NFKC", chr(code))
         if text is None:
             yield index, None
         else:
