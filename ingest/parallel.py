@@ -42,7 +42,7 @@ from ragservice.db import tenancy
 from ragservice.embedding.embedder import Embedder, available_cpus
 from ragservice.errors import NotFoundError, RagServiceError
 from ragservice.runtime import Runtime, open_runtime
-from ragservice.types import LoadedDocument, LoadFailure, SkippedFile
+from ragservice.types import LoadedDocument, LoadFailure, LoadResult, SkippedFile
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +91,7 @@ def worker_settings(runtime: Runtime) -> Settings:
 
 def run_parallel(
     runtime: Runtime,
-    items: Iterable[LoadedDocument | LoadFailure | SkippedFile],
+    items: Iterable[LoadResult],
     *,
     workers: int,
     model_id: int,
@@ -150,7 +150,7 @@ def run_parallel(
 
 
 def _documents(
-    items: Iterable[LoadedDocument | LoadFailure | SkippedFile],
+    items: Iterable[LoadResult],
     seen: set[str],
     report: IngestReport,
     progress: ProgressCallback,

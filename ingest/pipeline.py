@@ -41,6 +41,7 @@ from ragservice.types import (
     CHUNK_SEPARATOR,
     LoadedDocument,
     LoadFailure,
+    LoadResult,
     PrecomputedChunks,
     SkippedFile,
     TextChunk,
@@ -194,7 +195,7 @@ class IngestPipeline:
 
     def run(
         self,
-        items: Iterable[LoadedDocument | LoadFailure | SkippedFile],
+        items: Iterable[LoadResult],
         *,
         collection: str,
         dry_run: bool = False,
@@ -220,7 +221,7 @@ class IngestPipeline:
 
     def _run(
         self,
-        items: Iterable[LoadedDocument | LoadFailure | SkippedFile],
+        items: Iterable[LoadResult],
         collection: str,
         dry_run: bool,
         prune: bool,
@@ -276,7 +277,7 @@ class IngestPipeline:
 
     def _prepared(
         self,
-        items: Iterable[LoadedDocument | LoadFailure | SkippedFile],
+        items: Iterable[LoadResult],
         collection_id: uuid.UUID | None,
         seen: set[str],
     ) -> Iterator[_Prepared]:
@@ -311,7 +312,7 @@ class IngestPipeline:
 
     def _documents(
         self,
-        items: Iterable[LoadedDocument | LoadFailure | SkippedFile],
+        items: Iterable[LoadResult],
         seen: set[str],
         loaded: _Prepared,
     ) -> Iterator[LoadedDocument]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, TypeAlias
 
 import numpy as np
 import numpy.typing as npt
@@ -212,6 +212,10 @@ class SkippedFile:
 
     source: str
     reason: str
+
+
+LoadResult: TypeAlias = LoadedDocument | LoadFailure | SkippedFile
+"""What loading gives per document, per file that failed, and per file skipped on purpose."""
 
 
 @dataclass(frozen=True, slots=True)

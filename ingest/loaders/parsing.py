@@ -5,13 +5,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, TypeAlias
+from typing import Any
 
 from ingest.loaders.cleaning import clean_text
-from ragservice.types import LoadedDocument, LoadFailure, PageUnit, SkippedFile, TextFormat
+from ragservice.types import LoadResult, PageUnit, TextFormat
 
-LoadResult: TypeAlias = LoadedDocument | LoadFailure | SkippedFile
-"""What loading gives per document, per file that failed, and per file skipped on purpose."""
+__all__ = ["Child", "LoadResult", "ParseError", "Parsed", "bad_content", "describe"]
 
 
 @dataclass(frozen=True)

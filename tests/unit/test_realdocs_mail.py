@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from ingest.loaders import load_file
-from ragservice.types import LoadedDocument, LoadFailure, SkippedFile
+from ragservice.types import LoadedDocument, LoadResult, SkippedFile
 from tests.realdocs.fidelity import mail
 from tests.realdocs.fidelity.words import words
 
@@ -26,7 +26,7 @@ def measured() -> tuple[list[dict[str, Any]], dict[str, Any]]:
 
 
 @pytest.fixture(scope="module")
-def loaded() -> dict[str, list[LoadedDocument | LoadFailure | SkippedFile]]:
+def loaded() -> dict[str, list[LoadResult]]:
     return {
         name: list(load_file(mail.MAIL_FOLDER / name, f"mail/{name}")) for name in mail.mail_names()
     }
@@ -60,7 +60,7 @@ def test_the_loaders_find_the_words_of_pythons_email_package(
 
 
 def test_every_message_starts_with_its_header_block(
-    loaded: dict[str, list[LoadedDocument | LoadFailure | SkippedFile]],
+    loaded: dict[str, list[LoadResult]],
 ) -> None:
     messages = [
         doc
@@ -78,7 +78,7 @@ def test_every_message_starts_with_its_header_block(
 
 
 def test_a_message_is_found_by_its_subject_sender_and_date(
-    loaded: dict[str, list[LoadedDocument | LoadFailure | SkippedFile]],
+    loaded: dict[str, list[LoadResult]],
 ) -> None:
     by_id = {
         doc.external_id: doc
@@ -100,7 +100,7 @@ def test_a_message_is_found_by_its_subject_sender_and_date(
 
 
 def test_a_gif_attachment_is_skipped_and_named_by_its_message(
-    loaded: dict[str, list[LoadedDocument | LoadFailure | SkippedFile]],
+    loaded: dict[str, list[LoadResult]],
 ) -> None:
     parent, skipped = loaded["cpython-msg07-dingus-fish.eml"]
     assert isinstance(parent, LoadedDocument)
@@ -114,7 +114,7 @@ def test_a_gif_attachment_is_skipped_and_named_by_its_message(
 
 
 def test_every_question_names_a_document_the_loaders_make(
-    loaded: dict[str, list[LoadedDocument | LoadFailure | SkippedFile]],
+    loaded: dict[str, list[LoadResult]],
 ) -> None:
     ids = {r.external_id for rs in loaded.values() for r in rs if isinstance(r, LoadedDocument)}
     lines = Path(mail.MAIL_FOLDER / "questions.jsonl").read_text(encoding="utf-8").splitlines()
