@@ -199,6 +199,9 @@ class IngestJob(Base):
     # its asker and those who read every document see it (migration 0026).
     asker: Mapped[str | None] = mapped_column(Text)
     restricted: Mapped[bool] = mapped_column(Boolean, server_default="false")
+    # Whose documents it may replace: the principal set of its queuer (migration 0028; `{}`:
+    # the unrestricted documents only; NULL: every document of the tenant).
+    writes_as: Mapped[list[str] | None] = mapped_column(ARRAY(Text))
     # The source a run job syncs (migration 0027); at most one queued or running per source.
     source_id: Mapped[uuid.UUID | None] = mapped_column(
         ForeignKey("sources.id", ondelete="SET NULL")
@@ -224,6 +227,8 @@ class Source(Base):
     location: Mapped[str] = mapped_column(Text)
     options: Mapped[dict[str, Any]] = mapped_column(server_default="{}")
     readers: Mapped[list[str] | None] = mapped_column(ARRAY(Text))
+    # Whose documents its runs may replace: the principal set of who added it (migration 0028).
+    writes_as: Mapped[list[str] | None] = mapped_column(ARRAY(Text))
     every_seconds: Mapped[int | None] = mapped_column(Integer)
     prune: Mapped[bool] = mapped_column(Boolean, server_default="true")
     next_run_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
