@@ -3,9 +3,11 @@
 A web source's pages (and every redirect) and an S3 endpoint are fetched from the service's
 own machines, which may see cloud metadata (169.254.169.254), the database, or other private
 services. The guard resolves a host to all its addresses and refuses the host when any of them
-is not a public one: private, loopback, link-local, multicast, reserved, unspecified, shared
-(CGNAT, 100.64/10), or an IPv6 address that embeds one of those (IPv4-mapped, 6to4, Teredo,
-NAT64). `RAGSERVICE_SOURCES_ALLOW_PRIVATE` (an operator's choice) lets such addresses through.
+is not a public one: private, loopback, link-local, site-local (IPv6's deprecated fec0::/10),
+multicast, reserved, unspecified, shared (CGNAT, 100.64/10), documentation, benchmarking and
+the other special-purpose ranges (Python's `ipaddress` tables, with the few they miss), or an
+IPv6 address that embeds one of those (IPv4-mapped, 6to4, Teredo, NAT64).
+`RAGSERVICE_SOURCES_ALLOW_PRIVATE` (an operator's choice) lets such addresses through.
 
 For HTTP the check is made at connect time, in the network backend of the client
 (`guarded_transport`): every connection, the first and each redirect's, is opened to the very
@@ -35,6 +37,11 @@ Resolver: TypeAlias = Callable[[str, int], Sequence[str]]
 SCHEMES = ("http", "https")
 _CGNAT = ipaddress.ip_network("100.64.0.0/10")
 _NAT64 = ipaddress.ip_network("64:ff9b::/96")
+_SPECIAL: tuple[tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, str], ...] = (
+    (ipaddress.ip_network("192.88.99.0/24"), "deprecated (6to4 relay anycast)"),
+    (ipaddress.ip_network("3fff::/20"), "documentation"),
+)
+"""Special-purpose ranges that `ipaddress` (as of Python 3.11) does not count as non-global."""
 _ALLOW_HINT = "RAGSERVICE_SOURCES_ALLOW_PRIVATE allows it"
 
 
@@ -71,13 +78,17 @@ def refusal(address: IPAddress) -> str | None:
         (address.is_unspecified, "unspecified"),
         (address.is_loopback, "loopback"),
         (address.is_link_local, "link-local"),
+        (isinstance(address, ipaddress.IPv6Address) and address.is_site_local, "site-local"),
         (address.is_multicast, "multicast"),
         (address in _CGNAT, "shared (CGNAT)"),
         (address.is_private, "private"),
         (address.is_reserved, "reserved"),
         (not address.is_global, "non-public"),
     )
-    return next((reason for failed, reason in checks if failed), None)
+    reason = next((reason for failed, reason in checks if failed), None)
+    if reason is None:
+        reason = next((why for network, why in _SPECIAL if address in network), None)
+    return reason
 
 
 def _embedded_ipv4(address: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
