@@ -22,12 +22,13 @@ MAX_NAME_CHARS = 128
 MAX_READERS = 256
 """Principals one document may list (a larger audience is a group)."""
 
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@+\-_]{0,127}$")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@+\-_]{0,127}")
+"""Matched whole (`fullmatch`): `$` would let a trailing newline through."""
 
 
 def check_name(name: str, what: str = "name") -> str:
     """A user or group name: letters, digits and `._@+-_`, at most 128 characters."""
-    if not _NAME.match(name):
+    if not _NAME.fullmatch(name):
         raise InvalidInputError(
             f"{what} {name[:40]!r}: use 1-{MAX_NAME_CHARS} letters, digits and ._@+-_ "
             "(starting with a letter or digit)"

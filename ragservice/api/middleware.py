@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 access_log = logging.getLogger(logs.ACCESS_LOGGER)
 
 REQUEST_ID_HEADER = "x-request-id"
-_SAFE_REQUEST_ID = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+_SAFE_REQUEST_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")  # whole: fullmatch
 
 
 class RequestContextMiddleware:
@@ -223,7 +223,7 @@ def _request_id(scope: Scope) -> str:
     for name, value in scope.get("headers", []):
         if name == REQUEST_ID_HEADER.encode():
             candidate = bytes(value).decode("latin-1")
-            if _SAFE_REQUEST_ID.match(candidate):
+            if _SAFE_REQUEST_ID.fullmatch(candidate):
                 return candidate
     return uuid.uuid4().hex
 

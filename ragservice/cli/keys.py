@@ -19,13 +19,13 @@ from ragservice.readers import check_name
 
 app = typer.Typer(help="API keys.", no_args_is_help=True)
 
-_DURATION = re.compile(r"^(\d+)([smhd])$")
+_DURATION = re.compile(r"(\d+)([smhd])")
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
 def parse_duration(value: str) -> timedelta:
     """`90s`, `15m`, `12h`, `30d` → a timedelta; BadParameter for anything else."""
-    match = _DURATION.match(value.strip())
+    match = _DURATION.fullmatch(value.strip())
     if match is None or int(match.group(1)) == 0:
         raise typer.BadParameter(
             f"{value!r} is not a duration such as 90s, 15m, 12h or 30d", param_hint="--expires-in"

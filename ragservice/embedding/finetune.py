@@ -45,7 +45,7 @@ Triplet = Mapping[str, str]
 """`{"anchor": question, "positive": relevant text, "negative": irrelevant text}`."""
 
 _FIELDS = ("anchor", "positive", "negative")
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")  # whole: fullmatch
 _K = 10
 
 
@@ -379,7 +379,7 @@ def _registered_path(db: Database, path: str) -> int | None:
 
 def check_name(name: str) -> str:
     """A model name is part of a folder name and of `NAME:VERSION` references."""
-    if not _NAME.match(name):
+    if not _NAME.fullmatch(name):
         raise InvalidInputError(
             f"model name {name!r}: use letters, digits, '.', '_' and '-' (up to 100 characters)"
         )
