@@ -2,7 +2,8 @@
 
 The crawl asks each known page with `If-None-Match`/`If-Modified-Since` (a `304` is
 unchanged, and its links, kept from the last run, lead the crawl on), obeys robots.txt for its
-user agent (disallowed pages are skipped, `Crawl-delay` slows it), paces its requests per host,
+user agent (disallowed pages and sitemaps are not fetched, a disallowed start page stops the
+run before any page is, `Crawl-delay` slows it), paces its requests per host,
 and goes through the SSRF guard at every connection. It stays on the start URL's host and
 below its folder. Fetching only: what the bodies say is the loaders' business.
 """
@@ -12,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from typing import Any
@@ -30,6 +31,7 @@ from ingest.sources.base import (
     SourceError,
     Unchanged,
 )
+from ingest.sources.credentials import Credentials, same_origin
 from ingest.sources.guard import AddressRefused, Guard, guarded_client
 from ingest.sources.weblinks import (
     Site,
@@ -131,6 +133,7 @@ class WebReader:
         max_bytes: int = 32 * 2**20,
         guard: Guard | None = None,
         sleep: Callable[[float], None] = time.sleep,
+        credentials: Credentials | None = None,
     ) -> None:
         if rate <= 0 or max_pages < 1 or depth < 0 or max_bytes < 1:
             raise ValueError("rate, max_pages and max_bytes must be positive, depth not negative")
@@ -145,6 +148,9 @@ class WebReader:
         self.max_bytes = max_bytes
         self.guard = guard or Guard(allow_private=allow_private)
         self.sleep = sleep
+        self.auth = None if credentials is None else httpx.BasicAuth(*credentials.as_pair())
+        """HTTP Basic credentials, sent to the start URL's origin only (never on a redirect
+        or to a sitemap elsewhere: `ingest.sources.credentials`)."""
         self.complete = False
         self.stats = CrawlStats()
 
@@ -185,6 +191,11 @@ class _Crawl:
     def run(self) -> Iterator[ScanEvent]:
         start = self.reader.site.start
         self.robots = self._robots()
+        if not self._allowed(start):
+            raise SourceError(
+                f"robots.txt disallows the start page {start} to {self.reader.user_agent}; "
+                "nothing is fetched"
+            )
         delay = self.robots.crawl_delay(self.reader.user_agent)
         if delay:
             self.pacer.slow_to(float(delay))
@@ -202,7 +213,7 @@ class _Crawl:
             if fetched >= self.reader.max_pages:
                 return  # capped with pages left: not complete
             url, level = queue.popleft()
-            if url != start and not self.robots.can_fetch(url, self.reader.user_agent):
+            if not self._allowed(url):
                 self.stats.disallowed += 1
                 continue
             fetched += 1
@@ -244,14 +255,33 @@ class _Crawl:
             )
         return visit
 
+    def _allowed(self, url: str) -> bool:
+        return bool(self.robots.can_fetch(url, self.reader.user_agent))
+
     def _sitemap_pages(self) -> list[str]:
+        """The wanted pages of the sitemaps robots.txt names, `/sitemap.xml` and the sitemaps
+        their indexes list, breadth first: each sitemap once, MAX_SITEMAPS at most (those
+        robots.txt disallows, not fetched, among them). Linear in what the sitemaps list."""
         root = self.reader.site.root
-        pending = deque(dict.fromkeys([*self.robots.sitemaps, root + "/sitemap.xml"]))
+        pending: deque[str] = deque()
+        queued: set[str] = set()  # every sitemap ever queued: none is read twice
+
+        def queue(urls: Iterable[str]) -> None:
+            for url in urls:
+                if len(queued) >= MAX_SITEMAPS:
+                    return  # the sitemaps queued already are all that will be read
+                if url in queued:
+                    continue
+                queued.add(url)
+                if self._allowed(url):
+                    pending.append(url)
+                else:
+                    self.stats.disallowed += 1
+
+        queue([*self.robots.sitemaps, root + "/sitemap.xml"])
         pages: list[str] = []
-        read = 0
-        while pending and read < MAX_SITEMAPS:
+        while pending:
             url = pending.popleft()
-            read += 1
             try:
                 answer = self._get(url, {})
             except FetchFailed:
@@ -262,7 +292,7 @@ class _Crawl:
                 children, locations = sitemap_locations(answer.body, self.reader.max_bytes)
             except ValueError:
                 continue
-            pending.extend(c for c in children if c not in pending)
+            queue(children)
             pages.extend(loc for loc in locations if self.reader.wanted(loc))
         return list(dict.fromkeys(pages))
 
@@ -327,7 +357,8 @@ class _Crawl:
         self.pacer.wait(url)
         self.stats.requests += 1
         try:
-            with self.http.stream("GET", url, headers=dict(headers)) as response:
+            auth = self.reader.auth if same_origin(url, self.reader.site.root) else None
+            with self.http.stream("GET", url, headers=dict(headers), auth=auth) as response:
                 body = b""
                 if response.status_code == 200:
                     body = _read_bounded(response, self.reader.max_bytes)
