@@ -23,6 +23,11 @@ from PIL import Image
 from ingest.loaders.parsing import ParseError
 from ragservice.limits.documents import DocumentLimits
 
+MAX_IMAGE_PIXELS = 89_000_000
+"""The most pixels an image may have to be decoded for OCR (a frame of an image file, an image
+on a scanned PDF page): a 26 x 38 inch scan at 300 dpi, about where Pillow warns of a
+decompression bomb. A larger one is refused by the size its header declares, before any pixel is
+decoded: a file of a few kilobytes can declare gigapixels."""
 _MAX_PIXELS = 60_000_000  # about a 22 x 30 inch page at 300 dpi; more is scaled down
 _INSTALL = "install Debian's tesseract-ocr, or set RAGSERVICE_OCR=off"
 
@@ -52,6 +57,16 @@ def require_engine(what: str) -> Any:
     if shutil.which(command) is None:
         raise ParseError(f"{what} needs OCR, but tesseract is not installed ({_INSTALL})")
     return pytesseract
+
+
+def check_image_size(width: int, height: int, where: str = "") -> None:
+    """ParseError unless a `width` x `height` image is within `MAX_IMAGE_PIXELS`; `where`
+    (`frame 2: `, `page 3: `) names it in a file of several."""
+    if width * height > MAX_IMAGE_PIXELS:
+        raise ParseError(
+            f"image too large ({where}{width} x {height} pixels, at most {MAX_IMAGE_PIXELS:,}): "
+            "refused before decoding"
+        )
 
 
 def ocr_image(image: Image.Image, limits: DocumentLimits, what: str) -> str:

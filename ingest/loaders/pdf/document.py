@@ -21,11 +21,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pypdfium2
+import pypdfium2.raw as pdfium_c
 from pypdf import PasswordType, PdfReader
 from pypdf.errors import DependencyError
 
 from ingest.loaders.cleaning import clean_text, clean_title
-from ingest.loaders.ocr import ocr_enabled, ocr_image
+from ingest.loaders.ocr import check_image_size, ocr_enabled, ocr_image
 from ingest.loaders.parsing import Parsed, ParseError, bad_content, describe
 from ingest.loaders.pdf.layout import PageLayout, Piece, lay_out
 from ingest.loaders.pdf.rules import page_rules, ruled_grids
@@ -117,10 +118,19 @@ def _page_layout(
     words = pdfium_words(page)
     if not words and has_image(page) and ocr_enabled(limits):
         reading.ocr_pages.append(index + 1)
+        _check_images(page, index + 1)
         text = clean_text(ocr_image(_render(page), limits, f"page {index + 1}").strip())
         return PageLayout([Piece(text)] if text else [])
     rules = page_rules(page) if words else []
     return lay_out(words, ruled_grids(rules), rules)
+
+
+def _check_images(page: pypdfium2.PdfPage, number: int) -> None:
+    """ParseError for an image on the page over `MAX_IMAGE_PIXELS`, by the size its dictionary
+    declares: rendering would decode it whole, however small the page is rendered."""
+    for image in page.get_objects(filter=[pdfium_c.FPDF_PAGEOBJ_IMAGE]):
+        width, height = image.get_px_size()
+        check_image_size(width, height, f"page {number}: ")
 
 
 def _render(page: pypdfium2.PdfPage) -> Any:
