@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import re
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -23,7 +25,7 @@ import jwt
 from jwt import PyJWK, PyJWKClient, PyJWKSet
 
 from ragservice.auth.keys import KEY_PREFIX, Role
-from ragservice.config import SecuritySettings, is_loopback
+from ragservice.config import DEFAULT_TENANT_NAME, SecuritySettings, is_loopback
 from ragservice.errors import AuthenticationError, ConfigurationError
 
 log = logging.getLogger(__name__)
@@ -41,12 +43,11 @@ MAX_TOKEN_CHARS = 16_384
 _JWT_SHAPE = re.compile(r"[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]*")
 
 # The library's errors, most specific first (subclasses before their bases), to the reason.
+# The times (`exp`, `nbf`, `iat`) are checked here, not by the library, which takes a string
+# of digits for a number.
 _REASONS: tuple[tuple[type[jwt.PyJWTError], str], ...] = (
-    (jwt.ExpiredSignatureError, "token expired"),
-    (jwt.ImmatureSignatureError, "token not yet valid"),
     (jwt.InvalidIssuerError, "wrong issuer"),
     (jwt.InvalidAudienceError, "wrong audience"),
-    (jwt.InvalidIssuedAtError, "invalid claim: iat"),
     (jwt.exceptions.InvalidSubjectError, "invalid claim: sub"),
     (jwt.exceptions.InvalidJTIError, "invalid claim: jti"),
     (jwt.InvalidSignatureError, "bad signature"),
@@ -100,6 +101,8 @@ class TokenVerifier:
         self._audience = security.jwt_audience
         self._algorithms = frozenset(security.jwt_algorithm_names())
         self._leeway = security.jwt_leeway_seconds
+        self._key_tenants = security.jwt_key_tenant_names()
+        self._admin = security.jwt_admin
         self._claim_names = _ClaimNames(
             tenant=security.jwt_tenant_claim,
             user=security.jwt_user_claim,
@@ -138,7 +141,24 @@ class TokenVerifier:
         key = self._keys.key(kid)
         if key.algorithm_name != algorithm:
             raise AuthenticationError("algorithm does not match the key")
-        return self._identity(self._decode(token, key))
+        claims = self._decode(token, key)
+        _check_times(claims, self._leeway)
+        identity = self._identity(claims)
+        self._check_trust(kid, identity)
+        return identity
+
+    def _check_trust(self, kid: str, identity: TokenIdentity) -> None:
+        """The key may sign for the tenant (`RAGSERVICE_JWT_KEY_TENANTS`), and the token may
+        carry `admin` for it (`RAGSERVICE_JWT_ADMIN`). The reasons name neither."""
+        if self._key_tenants is not None:
+            allowed = self._key_tenants.get(kid, frozenset())
+            if allowed is not None and identity.tenant not in allowed:
+                raise AuthenticationError("key not allowed for this tenant")
+        if identity.role is Role.ADMIN and (
+            self._admin == "none"
+            or (self._admin == "tenants" and identity.tenant == DEFAULT_TENANT_NAME)
+        ):
+            raise AuthenticationError("role not allowed: admin")
 
     def _decode(self, token: str, key: PyJWK) -> dict[str, Any]:
         try:
@@ -148,8 +168,14 @@ class TokenVerifier:
                 algorithms=[key.algorithm_name],
                 audience=self._audience,
                 issuer=self._issuer,
-                leeway=self._leeway,
-                options={"require": ["exp", "iss", "aud"], "enforce_minimum_key_length": True},
+                options={
+                    "require": ["exp", "iss", "aud"],
+                    "enforce_minimum_key_length": True,
+                    # `_check_times`: the library would read "9999999999" as a number
+                    "verify_exp": False,
+                    "verify_nbf": False,
+                    "verify_iat": False,
+                },
             )
         except jwt.MissingRequiredClaimError as missing:
             # The claim's name is one of ours (`require` above), never the token's text.
@@ -173,6 +199,20 @@ def _header(token: str) -> dict[str, Any]:
         return jwt.get_unverified_header(token)
     except jwt.PyJWTError:
         raise AuthenticationError("malformed token") from None
+
+
+def _check_times(claims: dict[str, Any], leeway: float) -> None:
+    """`exp` (required: `_decode`) not past, `nbf` and `iat` (when present) not in the future,
+    with `leeway` of skew; each a JSON number (RFC 7519's NumericDate), never a string."""
+    for name in ("exp", "nbf", "iat"):
+        value = claims.get(name, 0)
+        if type(value) not in (int, float) or not math.isfinite(value):
+            raise AuthenticationError(f"invalid claim: {name}")
+    now = time.time()
+    if claims["exp"] <= now - leeway:
+        raise AuthenticationError("token expired")
+    if max(claims.get("nbf", 0), claims.get("iat", 0)) > now + leeway:
+        raise AuthenticationError("token not yet valid")
 
 
 def _reason(error: jwt.PyJWTError) -> str:

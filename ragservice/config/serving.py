@@ -16,6 +16,7 @@ SIGNING_ALGORITHMS = (
 holds public keys and no secret a token could be forged with (never `none` nor `HS*`)."""
 
 GroupsFrom = Literal["token", "store", "both"]
+JwtAdmin = Literal["tenants", "all", "none"]
 
 
 class LimitSettings(SettingsGroup):
@@ -225,11 +226,37 @@ class SecuritySettings(SettingsGroup):
             "the service stores for the user, or both"
         ),
     )
+    jwt_key_tenants: str | None = Field(
+        default=None,
+        description=(
+            "which tenants each key of the JWKS may sign tokens for: comma-separated "
+            "`kid=tenant` pairs, several tenants joined by `|`, `*` for all "
+            "(`gw-acme=acme,gw-ops=acme|globex,gw-admin=*`); a key not named signs for "
+            "none. Unset or empty: every key signs for every tenant"
+        ),
+    )
+    jwt_admin: JwtAdmin = Field(
+        default="tenants",
+        description=(
+            "whose `admin` role a token may carry: `tenants`, any tenant's but the default "
+            "tenant's (whose admins change what all tenants share, the embedding model); "
+            "`all`, the default tenant's too; `none`, no token is an admin (API keys only)"
+        ),
+    )
 
     @field_validator("jwt_jwks", mode="before")
     @classmethod
     def _blank_jwks_is_unset(cls, value: Any) -> Any:
         return None if isinstance(value, str) and not value.strip() else value
+
+    @field_validator("jwt_key_tenants", mode="before")
+    @classmethod
+    def _key_tenants_parse(cls, value: Any) -> Any:
+        if isinstance(value, str) and not value.strip():
+            return None
+        if isinstance(value, str):
+            key_tenants(value)  # ValueError naming what is wrong
+        return value
 
     @field_validator("jwt_algorithms", mode="before")
     @classmethod
@@ -258,6 +285,30 @@ class SecuritySettings(SettingsGroup):
     def jwt_algorithm_names(self) -> tuple[str, ...]:
         """`RAGSERVICE_JWT_ALGORITHMS` as a tuple of algorithm names, e.g. ("RS256", "ES256")."""
         return tuple(name for name in self.jwt_algorithms.split(",") if name)
+
+    def jwt_key_tenant_names(self) -> dict[str, frozenset[str] | None] | None:
+        """`RAGSERVICE_JWT_KEY_TENANTS` by key id: its tenants' names, None for all (`*`);
+        None when unset (every key signs for every tenant)."""
+        return None if self.jwt_key_tenants is None else key_tenants(self.jwt_key_tenants)
+
+
+def key_tenants(value: str) -> dict[str, frozenset[str] | None]:
+    """`kid=acme|globex,kid2=*` by key id (None: every tenant), or ValueError."""
+    found: dict[str, frozenset[str] | None] = {}
+    for item in value.split(","):
+        if not item.strip():
+            continue
+        kid, sep, names = (part.strip() for part in item.partition("="))
+        tenants = [name.strip() for name in names.split("|")]
+        if not (sep and kid and all(tenants)) or any(" " in name for name in tenants):
+            raise ValueError(
+                f"RAGSERVICE_JWT_KEY_TENANTS: {item.strip()[:80]!r} is not "
+                "`kid=tenant`, `kid=tenant|tenant` or `kid=*`"
+            )
+        if kid in found:
+            raise ValueError(f"RAGSERVICE_JWT_KEY_TENANTS names key {kid[:80]!r} twice")
+        found[kid] = None if tenants == ["*"] else frozenset(tenants)
+    return found
 
 
 def signing_algorithm(name: str) -> str:
