@@ -158,8 +158,7 @@ seq_hash(int64 seq)
 /*
  * The chunks' partial scores: a direct-mapped array over the seq range of the blocks when it is
  * dense enough (postings of one block sit next to each other, and nothing is hashed), else a
- * hash. The array is calloc'd (fresh pages are zero without being written) and freed with the
- * memory context that holds the accumulator.
+ * hash. Both live in the memory context of the call's pruning (sized against work_mem).
  */
 typedef struct Accumulator
 {
@@ -184,72 +183,60 @@ typedef struct AccumIterator
 #define DENSE_SLOTS_PER_POSTING 4
 
 /*
- * A backend keeps one zeroed buffer of up to 32 MB between calls: a fresh one per call costs a
- * page fault per 4 KB, more than clearing the part in use.
+ * One call's memory: work_mem. The pruning's partial scores and block lists, the exhaustive
+ * scan's arrays and the results are allocated in memory contexts of the call and sized against
+ * it; what would not fit goes the windowed scan (score_in_windows), which fits by construction.
  */
-#define KEPT_BYTES_MAX ((size_t) 32 << 20)
-
-static void *kept_buffer = NULL;
-static size_t kept_capacity = 0;
-static bool kept_in_use = false;
-
-static void
-free_buffer(void *arg)
+static inline size_t
+call_budget(void)
 {
-	free(arg);
+	return (size_t) work_mem * 1024;
 }
 
-static void
-release_kept_buffer(void *arg)
+/* A bounds row's memory, about: its block, its place in a batch, SPI's copy of the row. */
+#define BOUNDS_ROW_BYTES 192
+
+/* A block's postings at most (the writers cut blocks of 128). */
+#define MAX_BLOCK_POSTINGS 128
+
+/* last - first as an unsigned width (the number of seqs in [first, last] less one). */
+static inline uint64
+seq_span(int64 first_seq, int64 last_seq)
 {
-	kept_in_use = false;
+	return (uint64) last_seq - (uint64) first_seq;
 }
 
-/*
- * `bytes` of zeroes, freed (or handed back) with the current memory context; NULL when the
- * memory is not there.
- */
+/* `bytes` of zeroes in the current memory context; NULL when the memory is not there. */
 static void *
 allocate_zeroed(size_t bytes)
 {
-	MemoryContextCallback *cb = palloc(sizeof(MemoryContextCallback));
+	return palloc_extended(bytes, MCXT_ALLOC_HUGE | MCXT_ALLOC_ZERO | MCXT_ALLOC_NO_OOM);
+}
 
-	if (bytes <= KEPT_BYTES_MAX && !kept_in_use)
-	{
-		if (kept_capacity < bytes)
-		{
-			free(kept_buffer);
-			kept_capacity = 0;
-			kept_buffer = malloc(bytes);
-			if (kept_buffer == NULL)
-				return NULL;
-			kept_capacity = bytes;
-		}
-		memset(kept_buffer, 0, bytes);
-		kept_in_use = true;
-		cb->func = release_kept_buffer;
-		cb->arg = NULL;
-		MemoryContextRegisterResetCallback(CurrentMemoryContext, cb);
-		return kept_buffer;
-	}
-	cb->arg = calloc(bytes, 1);
-	if (cb->arg == NULL)
-		return NULL;
-	cb->func = free_buffer;
-	MemoryContextRegisterResetCallback(CurrentMemoryContext, cb);
-	return cb->arg;
+static void
+posting_out_of_range(int64 seq, int64 first_seq, int64 last_seq)
+{
+	ereport(ERROR,
+			(errcode(ERRCODE_DATA_CORRUPTED),
+			 errmsg("ragservice_bm25: a posting (seq %lld) outside the seq range [%lld, %lld] "
+					"of its terms' blocks", (long long) seq, (long long) first_seq,
+					(long long) last_seq)));
 }
 
 static Accumulator *
-accum_create(int64 first_seq, int64 last_seq, int64 postings)
+accum_create(int64 first_seq, int64 last_seq, int64 postings, size_t budget)
 {
 	Accumulator *a = palloc0(sizeof(Accumulator));
-	int64		range = last_seq - first_seq + 1;
+	uint64		span = seq_span(first_seq, last_seq);
+	int64		range = span < (uint64) PG_INT64_MAX ? (int64) span + 1 : PG_INT64_MAX;
+	int64		entries;
 
 	a->base = first_seq;
 	a->range = range;
 
-	if (postings > 0 && range > 0 && range <= DENSE_MAX_RANGE
+	/* the array and its members' list, 32 bytes a seq at most */
+	if (postings > 0 && range <= DENSE_MAX_RANGE
+		&& (size_t) range * (sizeof(Accum) + sizeof(Accum *)) <= budget
 		&& accumulator_choice != ACCUMULATOR_HASH
 		&& (accumulator_choice == ACCUMULATOR_ARRAY || range <= DENSE_SLOTS_PER_POSTING * postings))
 		a->slots = allocate_zeroed(sizeof(Accum) * (size_t) range);
@@ -261,11 +248,13 @@ accum_create(int64 first_seq, int64 last_seq, int64 postings)
 	}
 
 	/*
-	 * Sized for half the postings up front (at most 1M chunks): a query that reads most of them
-	 * rehashes once at most as it fills, one that prunes does not zero much it never uses.
+	 * Sized for half the postings up front (at most 1M chunks, and a quarter of the budget): a
+	 * query that reads most of them rehashes once at most as it fills, one that prunes does not
+	 * zero much it never uses.
 	 */
-	a->hash = acc_create(CurrentMemoryContext,
-						 (uint32) Min(Max(postings / 2, 1024), INT64CONST(1) << 20), NULL);
+	entries = Min(Max(postings / 2, 1024), INT64CONST(1) << 20);
+	entries = Min(entries, (int64) (budget / 4 / sizeof(Accum)));
+	a->hash = acc_create(CurrentMemoryContext, (uint32) Max(entries, 16), NULL);
 	return a;
 }
 
@@ -290,7 +279,11 @@ accum_upsert(Accumulator *a, int64 seq)
 	}
 	else
 	{
-		e = &a->slots[seq - a->base];
+		uint64		off = (uint64) seq - (uint64) a->base;
+
+		if (off >= (uint64) a->range)
+			posting_out_of_range(seq, a->base, a->base + (a->range - 1));
+		e = &a->slots[off];
 		if (e->status != 0)
 			return e;
 		e->status = 1;
@@ -316,9 +309,9 @@ accum_find(Accumulator *a, int64 seq)
 
 	if (a->hash != NULL)
 		return acc_lookup(a->hash, seq);
-	if (seq < a->base || seq - a->base >= a->range)
+	if ((uint64) seq - (uint64) a->base >= (uint64) a->range)
 		return NULL;
-	e = &a->slots[seq - a->base];
+	e = &a->slots[(uint64) seq - (uint64) a->base];
 	return e->status != 0 ? e : NULL;
 }
 
@@ -358,7 +351,7 @@ bit_walk_next(BitWalk *w, int64 *off)
 static inline bool
 live_bit(const Accumulator *a, int64 seq)
 {
-	uint64		off = (uint64) (seq - a->base);
+	uint64		off = (uint64) seq - (uint64) a->base;
 
 	return off < (uint64) a->range
 		&& (a->live_bits[off >> 6] & (UINT64CONST(1) << (off & 63))) != 0;
@@ -367,9 +360,11 @@ live_bit(const Accumulator *a, int64 seq)
 static inline void
 set_live_bit(Accumulator *a, int64 seq, bool live)
 {
-	uint64		off = (uint64) (seq - a->base);
+	uint64		off = (uint64) seq - (uint64) a->base;
 	uint64		mask = UINT64CONST(1) << (off & 63);
 
+	if (off >= (uint64) a->range)
+		posting_out_of_range(seq, a->base, a->base + (a->range - 1));
 	if (live)
 		a->live_bits[off >> 6] |= mask;
 	else
@@ -472,7 +467,8 @@ typedef struct ScoredSeq
 #define LOOKUP_BLOCKS_MAX 256
 
 static const char *BLOCKS_BY_LOOKUP =
-	"SELECT p.collection_id, p.lexeme, p.tier, p.first_seq, p.seqs, p.tfs, p.lengths "
+	"SELECT p.collection_id, p.lexeme, p.tier, p.first_seq, p.last_seq, p.n, p.seqs, p.tfs, "
+	"       p.lengths "
 	"FROM unnest($1::uuid[], $2::text[], $3::int2[], $4::int8[]) "
 	"     AS k(collection_id, lexeme, tier, first_seq) "
 	"CROSS JOIN LATERAL (SELECT p.* FROM public.chunk_postings p "
@@ -480,15 +476,27 @@ static const char *BLOCKS_BY_LOOKUP =
 	"                      AND p.tier = k.tier AND p.first_seq = k.first_seq OFFSET 0) AS p";
 
 static const char *BLOCKS_BY_SCAN =
-	"SELECT p.collection_id, p.lexeme, p.tier, p.first_seq, p.seqs, p.tfs, p.lengths "
+	"SELECT p.collection_id, p.lexeme, p.tier, p.first_seq, p.last_seq, p.n, p.seqs, p.tfs, "
+	"       p.lengths "
 	"FROM public.chunk_postings p "
 	"WHERE p.collection_id = ANY($1) AND p.lexeme = ANY($2) AND p.tier = ANY($3) "
 	"  AND p.first_seq = ANY($4)";
 
-/* Every block of the terms, in the primary key's order (the exhaustive path). */
-static const char *BLOCKS_OF_TERMS =
-	"SELECT p.collection_id, p.lexeme, p.tier, p.first_seq, p.seqs, p.tfs, p.lengths "
-	"FROM public.chunk_postings p WHERE p.collection_id = ANY($1) AND p.lexeme = ANY($2)";
+/* Every block of the terms that holds seqs in [$3, $4] (the exhaustive path, by windows). */
+static const char *BLOCKS_IN_WINDOW =
+	"SELECT p.collection_id, p.lexeme, p.tier, p.first_seq, p.last_seq, p.n, p.seqs, p.tfs, "
+	"       p.lengths "
+	"FROM public.chunk_postings p WHERE p.collection_id = ANY($1) AND p.lexeme = ANY($2) "
+	"  AND p.first_seq <= $4 AND p.last_seq >= $3";
+
+/* The terms' document frequencies and seq range, when their blocks are too many to list. */
+static const char *TERM_TOTALS =
+	"SELECT p.lexeme, coalesce(sum(p.n), 0)::float8, min(p.first_seq), max(p.last_seq), "
+	"       count(*), count(*) FILTER (WHERE p.first_seq IS NULL OR p.last_seq IS NULL "
+	"           OR p.n IS NULL OR p.max_tf IS NULL OR p.min_len IS NULL OR p.n < 0 "
+	"           OR p.n > 128 OR p.first_seq > p.last_seq) "
+	"FROM public.chunk_postings p WHERE p.collection_id = ANY($1) AND p.lexeme = ANY($2) "
+	"GROUP BY p.lexeme";
 
 /*
  * The exhaustive path keeps a score (8 bytes) and a bit a slot over the seq range: worth it up
@@ -623,15 +631,21 @@ round_theta(Accumulator *acc, Leaders *leaders, int k)
 	for (i = 0; i < leaders->ntouched; i++)
 	{
 		Accum	   *e = accum_find(acc, leaders->touched[i]);
-		ScoredSeq	v = {e->score, e->seq};
+		ScoredSeq	v;
 
+		if (e == NULL)
+			elog(ERROR, "ragservice_bm25: a chunk lost from the partial scores");
+		v = (ScoredSeq) {e->score, e->seq};
 		heap_offer_scored(heap, &size, k, v);
 	}
 	for (i = 0; i < leaders->ntop; i++)
 	{
 		Accum	   *e = accum_find(acc, leaders->top[i]);
-		ScoredSeq	v = {e->score, e->seq};
+		ScoredSeq	v;
 
+		if (e == NULL)
+			elog(ERROR, "ragservice_bm25: a chunk lost from the partial scores");
+		v = (ScoredSeq) {e->score, e->seq};
 		if (e->round != leaders->round)
 			heap_offer_scored(heap, &size, k, v);
 	}
@@ -717,16 +731,47 @@ typedef struct BlockRow
 	const pg_uuid_t *collection;
 	int16		tier;
 	int64		first_seq;
+	int64		last_seq;
 	int			n;
 	const int64 *seqs;
 	const int16 *tfs;
 	const int32 *lengths;
 } BlockRow;
 
-/* Adds a block's postings to the chunks' scores; see read_blocks. */
-static void
+/* The memory a part of the call may take: what its context holds, against a limit. */
+typedef struct Budget
+{
+	MemoryContext context;
+	size_t		limit;
+	bool		exceeded;
+} Budget;
+
+static inline size_t
+budget_used(const Budget *budget)
+{
+	return MemoryContextMemAllocated(budget->context, true);
+}
+
+/*
+ * Whether `more` bytes fit beside what the budget's context holds; false (and the budget marked
+ * exceeded) when they do not.
+ */
+static bool
+budget_allows(Budget *budget, size_t more)
+{
+	if (budget_used(budget) + more <= budget->limit)
+		return true;
+	budget->exceeded = true;
+	return false;
+}
+
+/*
+ * Adds a block's postings to the chunks' scores; see read_blocks. False, having added nothing,
+ * when new chunks' entries could take the pruning over its budget.
+ */
+static bool
 add_block_postings(const BlockRow *row, const Term *terms, const Scoring *scoring,
-				   Accumulator *acc, Leaders *leaders)
+				   Accumulator *acc, Leaders *leaders, Budget *budget)
 {
 	const Term *term = &terms[row->term];
 	int			n = row->n;
@@ -736,6 +781,20 @@ add_block_postings(const BlockRow *row, const Term *terms, const Scoring *scorin
 	uint32		bit = SEEN_BIT(row->term);
 	int			j;
 
+	if (leaders != NULL)
+	{
+		/* what the row's new chunks may make grow: the hash (doubling), the lists (doubling) */
+		size_t		growth = 0;
+
+		if (acc->hash != NULL && acc->hash->members + (uint64) n >= acc->hash->grow_threshold)
+			growth += sizeof(Accum) * acc->hash->size * 2;
+		if (acc->hash == NULL && acc->nmembers + (uint64) n > acc->capacity)
+			growth += sizeof(Accum *) * (size_t) acc->capacity * 2;
+		if (leaders->ntouched + n > leaders->capacity)
+			growth += sizeof(int64) * (size_t) leaders->capacity * 2;
+		if (growth > 0 && !budget_allows(budget, growth))
+			return false;
+	}
 	for (j = 0; j < n; j++)
 	{
 		double		part = term->idf_weight * term_part(scoring, tf[j], len[j]);
@@ -768,6 +827,7 @@ add_block_postings(const BlockRow *row, const Term *terms, const Scoring *scorin
 		e->seen |= bit;
 	}
 	last_stats.postings_read += n;
+	return true;
 }
 
 static int	find_term(const Term *terms, int nterms, text *lexeme, int hint);
@@ -822,7 +882,54 @@ batch_block(PostingsBlock **batch, int count, const BlockRow *row)
  * The rows of a blocks query (collection_id, lexeme, tier, first_seq, seqs, tfs, lengths),
  * handed one by one to `handle` where they are, in the scan's buffer: no copy of a block.
  */
-typedef void (*BlockRowHandler) (const BlockRow *row, void *arg);
+typedef bool (*BlockRowHandler) (const BlockRow *row, void *arg);
+
+/* The columns of the blocks queries, by their place. */
+static const char *const BLOCK_COLUMN_NAMES[] = {
+	"collection_id", "lexeme", "tier", "first_seq", "last_seq", "n", "seqs", "tfs", "lengths"
+};
+
+#define BLOCK_QUERY_COLUMNS 9
+
+static void
+null_bound(const char *column)
+{
+	ereport(ERROR,
+			(errcode(ERRCODE_DATA_CORRUPTED),
+			 errmsg("ragservice_bm25: a postings block with a null %s", column)));
+}
+
+/* A block's n and seq range as the blocks' bounds must hold them. */
+static void
+check_block_bounds(int64 first_seq, int64 last_seq, int32 n)
+{
+	if (n < 0 || n > MAX_BLOCK_POSTINGS)
+		ereport(ERROR,
+				(errcode(ERRCODE_DATA_CORRUPTED),
+				 errmsg("ragservice_bm25: a postings block of n = %d (at most %d postings)",
+						n, MAX_BLOCK_POSTINGS)));
+	if (first_seq > last_seq)
+		ereport(ERROR,
+				(errcode(ERRCODE_DATA_CORRUPTED),
+				 errmsg("ragservice_bm25: a postings block whose seq range [%lld, %lld] is "
+						"empty", (long long) first_seq, (long long) last_seq)));
+}
+
+/* One of a block's arrays: one-dimensional, of `type`, no null element; its length. */
+static int
+block_array_length(ArrayType *array, Oid type, const char *column)
+{
+	if (ARR_ELEMTYPE(array) != type || ARR_NDIM(array) > 1)
+		ereport(ERROR,
+				(errcode(ERRCODE_DATA_CORRUPTED),
+				 errmsg("ragservice_bm25: a postings block whose %s is not a one-dimensional "
+						"array of %s", column, format_type_be(type))));
+	if (ARR_HASNULL(array))
+		ereport(ERROR,
+				(errcode(ERRCODE_DATA_CORRUPTED),
+				 errmsg("ragservice_bm25: a postings block with a null element in %s", column)));
+	return ArrayGetNItems(ARR_NDIM(array), ARR_DIMS(array));
+}
 
 typedef struct BlockReceiver
 {
@@ -844,13 +951,17 @@ receive_block(TupleTableSlot *slot, DestReceiver *self)
 	ArrayType  *tfs;
 	ArrayType  *lengths;
 	BlockRow	row;
+	int32		n;
+	int			ntfs;
+	int			nlengths;
+	bool		more;
 	int			i;
 
 	CHECK_FOR_INTERRUPTS();
-	slot_getsomeattrs(slot, 7);
-	for (i = 0; i < 7; i++)
+	slot_getsomeattrs(slot, BLOCK_QUERY_COLUMNS);
+	for (i = 0; i < BLOCK_QUERY_COLUMNS; i++)
 		if (slot->tts_isnull[i])
-			elog(ERROR, "ragservice_bm25: malformed postings block");
+			null_bound(BLOCK_COLUMN_NAMES[i]);
 	row.term = find_term(r->terms, r->nterms, DatumGetTextPP(slot->tts_values[1]), r->hint);
 	if (row.term < 0)
 		return true;
@@ -859,23 +970,40 @@ receive_block(TupleTableSlot *slot, DestReceiver *self)
 	row.collection = DatumGetUUIDP(slot->tts_values[0]);
 	row.tier = DatumGetInt16(slot->tts_values[2]);
 	row.first_seq = DatumGetInt64(slot->tts_values[3]);
-	seqs = DatumGetArrayTypeP(slot->tts_values[4]);
-	tfs = DatumGetArrayTypeP(slot->tts_values[5]);
-	lengths = DatumGetArrayTypeP(slot->tts_values[6]);
-	row.n = ArrayGetNItems(ARR_NDIM(seqs), ARR_DIMS(seqs));
-	if (ARR_HASNULL(seqs) || ARR_HASNULL(tfs) || ARR_HASNULL(lengths)
-		|| ARR_ELEMTYPE(seqs) != INT8OID || ARR_ELEMTYPE(tfs) != INT2OID
-		|| ARR_ELEMTYPE(lengths) != INT4OID
-		|| ArrayGetNItems(ARR_NDIM(tfs), ARR_DIMS(tfs)) != row.n
-		|| ArrayGetNItems(ARR_NDIM(lengths), ARR_DIMS(lengths)) != row.n)
-		elog(ERROR, "ragservice_bm25: malformed postings block");
+	row.last_seq = DatumGetInt64(slot->tts_values[4]);
+	n = DatumGetInt32(slot->tts_values[5]);
+	check_block_bounds(row.first_seq, row.last_seq, n);
+	seqs = DatumGetArrayTypeP(slot->tts_values[6]);
+	tfs = DatumGetArrayTypeP(slot->tts_values[7]);
+	lengths = DatumGetArrayTypeP(slot->tts_values[8]);
+	row.n = block_array_length(seqs, INT8OID, "seqs");
+	ntfs = block_array_length(tfs, INT2OID, "tfs");
+	nlengths = block_array_length(lengths, INT4OID, "lengths");
+	if (ntfs != row.n || nlengths != row.n)
+		ereport(ERROR,
+				(errcode(ERRCODE_DATA_CORRUPTED),
+				 errmsg("ragservice_bm25: a postings block whose seqs, tfs and lengths differ in "
+						"length (%d, %d, %d)", row.n, ntfs, nlengths)));
+	if (row.n != n)
+		ereport(ERROR,
+				(errcode(ERRCODE_DATA_CORRUPTED),
+				 errmsg("ragservice_bm25: a postings block of n = %d holding %d postings",
+						n, row.n)));
 	row.seqs = (const int64 *) ARR_DATA_PTR(seqs);
 	row.tfs = (const int16 *) ARR_DATA_PTR(tfs);
 	row.lengths = (const int32 *) ARR_DATA_PTR(lengths);
-	r->handle(&row, r->arg);
+	for (i = 0; i < row.n; i++)
+		if (row.seqs[i] < row.first_seq || row.seqs[i] > row.last_seq)
+			ereport(ERROR,
+					(errcode(ERRCODE_DATA_CORRUPTED),
+					 errmsg("ragservice_bm25: a posting (seq %lld) outside its block's seq range "
+							"[%lld, %lld]", (long long) row.seqs[i], (long long) row.first_seq,
+							(long long) row.last_seq)));
+	more = r->handle(&row, r->arg);
 	MemoryContextSwitchTo(old);
 	MemoryContextReset(r->row_context);
-	return true;
+	/* false: the handler is done (out of its memory), the scan stops */
+	return more;
 }
 
 static void
@@ -896,6 +1024,7 @@ run_blocks_query(SPIPlanPtr plan, int nargs, const Datum *values, const Oid *typ
 	ParamListInfo params = makeParamList(nargs);
 	SPIExecuteOptions options;
 	BlockReceiver receiver;
+	MemoryContext caller = CurrentMemoryContext;
 	int			rc;
 	int			i;
 
@@ -924,6 +1053,7 @@ run_blocks_query(SPIPlanPtr plan, int nargs, const Datum *values, const Oid *typ
 	options.read_only = true;
 	options.dest = &receiver.pub;
 	rc = SPI_execute_plan_extended(plan, &options);
+	MemoryContextSwitchTo(caller);	/* SPI leaves its procedure's context current */
 	/* a SELECT whose rows went to a receiver of its own is reported as a utility statement */
 	if (rc != SPI_OK_SELECT && rc != SPI_OK_UTILITY)
 		elog(ERROR, "ragservice_bm25: reading postings blocks failed: %s",
@@ -989,26 +1119,31 @@ typedef struct BatchTarget
 	const Scoring *scoring;
 	Accumulator *acc;
 	Leaders    *leaders;
+	Budget	   *budget;
 } BatchTarget;
 
-static void
+static bool
 add_batch_row(const BlockRow *row, void *arg)
 {
 	BatchTarget *target = (BatchTarget *) arg;
 
 	/* a key of the scan's cross product that is not in the batch is left alone */
-	if (batch_block(target->batch, target->count, row) != NULL)
-		add_block_postings(row, target->terms, target->scoring, target->acc, target->leaders);
+	if (batch_block(target->batch, target->count, row) == NULL)
+		return true;
+	return add_block_postings(row, target->terms, target->scoring, target->acc, target->leaders,
+							  target->budget);
 }
 
 /*
  * Reads the given blocks and adds their postings to the chunks' scores: to every chunk (new
  * ones entered, each noted in `leaders`) in phase 2, else (NULL) only to the live chunks
- * already there. Sorts the batch by key.
+ * already there. Sorts the batch by key. False when the pruning's budget ran out on the way
+ * (the scores are then incomplete: the caller gives up the pruning).
  */
-static void
+static bool
 read_blocks(const BlockReader *reader, PostingsBlock **batch, int count, const Term *terms,
-			int nterms, const Scoring *scoring, Accumulator *acc, Leaders *leaders)
+			int nterms, const Scoring *scoring, Accumulator *acc, Leaders *leaders,
+			Budget *budget)
 {
 	Datum	   *collections = palloc(sizeof(Datum) * count);
 	Datum	   *lexemes = palloc(sizeof(Datum) * count);
@@ -1021,7 +1156,7 @@ read_blocks(const BlockReader *reader, PostingsBlock **batch, int count, const T
 	bool		by_scan = count > LOOKUP_BLOCKS_MAX;
 	Datum		args[4];
 	Oid			types[4] = {UUIDARRAYOID, TEXTARRAYOID, INT2ARRAYOID, INT8ARRAYOID};
-	BatchTarget target = {batch, count, terms, scoring, acc, leaders};
+	BatchTarget target = {batch, count, terms, scoring, acc, leaders, budget};
 	int			i;
 
 	qsort(batch, count, sizeof(PostingsBlock *), compare_block_pointer_key);
@@ -1049,6 +1184,7 @@ read_blocks(const BlockReader *reader, PostingsBlock **batch, int count, const T
 	run_blocks_query(by_scan ? reader->by_scan : reader->by_lookup, 4, args, types, terms, nterms,
 					 add_batch_row, &target);
 	last_stats.blocks_read += count;
+	return !budget->exceeded;
 }
 
 /* The query's terms, each once (a repeated term's weights add up, as the SQL path's join does). */
@@ -1132,12 +1268,14 @@ read_totals(Datum collections, double *n, double *avgdl)
 	bool		isnull;
 	double		chunks;
 	double		tokens;
+	MemoryContext caller = CurrentMemoryContext;
 	int			rc;
 
 	rc = SPI_execute_with_args(
 		"SELECT coalesce(sum(chunk_count), 0)::float8, coalesce(sum(token_count), 0)::float8 "
 		"FROM public.collection_text_stats WHERE collection_id = ANY($1)",
 		1, types, args, NULL, true, 1);
+	MemoryContextSwitchTo(caller);
 	if (rc != SPI_OK_SELECT || SPI_processed != 1)
 		elog(ERROR, "ragservice_bm25: reading the collections' totals failed");
 	chunks = DatumGetFloat8(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
@@ -1147,10 +1285,37 @@ read_totals(Datum collections, double *n, double *avgdl)
 	*avgdl = tokens / Max(chunks, 1.0);
 }
 
-/* Every block of the terms in the collections, with its bound; the terms' df and idf. */
+/* Each term's weight times idf, from N and its df. */
+static void
+set_idf(Term *terms, int nterms, double n)
+{
+	int			i;
+
+	for (i = 0; i < nterms; i++)
+		terms[i].idf_weight = terms[i].weight
+			* log(1 + (n - terms[i].df + 0.5) / (terms[i].df + 0.5));
+}
+
+/* A column of a bounds row, refused when null. */
+static Datum
+bound_column(HeapTuple tuple, TupleDesc desc, int column, const char *name)
+{
+	bool		isnull;
+	Datum		value = SPI_getbinval(tuple, desc, column, &isnull);
+
+	if (isnull)
+		null_bound(name);
+	return value;
+}
+
+/*
+ * Every block of the terms in the collections, with its bound; the terms' df and idf. -1 (and
+ * nothing read) when the terms have more than `max_blocks` blocks: their list would not fit in
+ * the call's memory.
+ */
 static int
 read_block_bounds(Datum collections, Datum terms_datum, Term *terms, int nterms,
-				  const Scoring *scoring, double n, PostingsBlock **out)
+				  const Scoring *scoring, double n, int64 max_blocks, PostingsBlock **out)
 {
 	Oid			types[2] = {UUIDARRAYOID, TEXTARRAYOID};
 	Datum		args[2] = {collections, terms_datum};
@@ -1158,6 +1323,7 @@ read_block_bounds(Datum collections, Datum terms_datum, Term *terms, int nterms,
 	int			nblocks = 0;
 	int			hint = -1;
 	uint64		row;
+	MemoryContext caller = CurrentMemoryContext;
 	int			rc;
 	int			i;
 
@@ -1165,45 +1331,99 @@ read_block_bounds(Datum collections, Datum terms_datum, Term *terms, int nterms,
 		"SELECT p.collection_id, p.lexeme, p.tier, p.first_seq, p.last_seq, p.n, p.max_tf, "
 		"p.min_len FROM public.chunk_postings p "
 		"WHERE p.collection_id = ANY($1) AND p.lexeme = ANY($2)",
-		2, types, args, NULL, true, 0);
+		2, types, args, NULL, true, Min(max_blocks, INT_MAX - 1) + 1);
+	MemoryContextSwitchTo(caller);
 	if (rc != SPI_OK_SELECT)
 		elog(ERROR, "ragservice_bm25: reading postings bounds failed");
+	if ((int64) SPI_processed > max_blocks)
+	{
+		SPI_freetuptable(SPI_tuptable);
+		*out = NULL;
+		return -1;
+	}
 	blocks = palloc(sizeof(PostingsBlock) * Max(SPI_processed, 1));
 	for (row = 0; row < SPI_processed; row++)
 	{
 		HeapTuple	tuple = SPI_tuptable->vals[row];
 		TupleDesc	desc = SPI_tuptable->tupdesc;
-		bool		isnull;
 		PostingsBlock	   *block = &blocks[nblocks];
-		int			t = find_term(terms, nterms,
-								  DatumGetTextPP(SPI_getbinval(tuple, desc, 2, &isnull)), hint);
+		int			t;
 
+		CHECK_FOR_INTERRUPTS();
+		t = find_term(terms, nterms,
+					  DatumGetTextPP(bound_column(tuple, desc, 2, "lexeme")), hint);
 		if (t < 0)
 			continue;
 		hint = t;
-		memcpy(&block->collection, DatumGetUUIDP(SPI_getbinval(tuple, desc, 1, &isnull)),
-			   sizeof(pg_uuid_t));
+		memcpy(&block->collection,
+			   DatumGetUUIDP(bound_column(tuple, desc, 1, "collection_id")), sizeof(pg_uuid_t));
 		block->term = t;
-		block->tier = DatumGetInt16(SPI_getbinval(tuple, desc, 3, &isnull));
-		block->first_seq = DatumGetInt64(SPI_getbinval(tuple, desc, 4, &isnull));
-		block->last_seq = DatumGetInt64(SPI_getbinval(tuple, desc, 5, &isnull));
-		block->n = DatumGetInt32(SPI_getbinval(tuple, desc, 6, &isnull));
-		block->max_tf = DatumGetInt16(SPI_getbinval(tuple, desc, 7, &isnull));
-		block->min_len = DatumGetInt32(SPI_getbinval(tuple, desc, 8, &isnull));
+		block->tier = DatumGetInt16(bound_column(tuple, desc, 3, "tier"));
+		block->first_seq = DatumGetInt64(bound_column(tuple, desc, 4, "first_seq"));
+		block->last_seq = DatumGetInt64(bound_column(tuple, desc, 5, "last_seq"));
+		block->n = DatumGetInt32(bound_column(tuple, desc, 6, "n"));
+		block->max_tf = DatumGetInt16(bound_column(tuple, desc, 7, "max_tf"));
+		block->min_len = DatumGetInt32(bound_column(tuple, desc, 8, "min_len"));
+		check_block_bounds(block->first_seq, block->last_seq, block->n);
 		block->read = false;
 		terms[t].df += block->n;
 		nblocks++;
 	}
 	SPI_freetuptable(SPI_tuptable);
 
-	for (i = 0; i < nterms; i++)
-		terms[i].idf_weight = terms[i].weight
-			* log(1 + (n - terms[i].df + 0.5) / (terms[i].df + 0.5));
+	set_idf(terms, nterms, n);
 	for (i = 0; i < nblocks; i++)
 		blocks[i].bound = terms[blocks[i].term].idf_weight
 			* term_part(scoring, blocks[i].max_tf, blocks[i].min_len);
 	*out = blocks;
 	return nblocks;
+}
+
+/*
+ * The terms' df and idf, their blocks' count, postings and seq range, summed by the server:
+ * for terms with too many blocks to list. A block with a null or impossible bound is refused
+ * here (the window scan reads the blocks by their seq range).
+ */
+static void
+read_term_totals(Datum collections, Datum terms_datum, Term *terms, int nterms, double n,
+				 int64 *nblocks, int64 *postings, int64 *first_seq, int64 *last_seq)
+{
+	Oid			types[2] = {UUIDARRAYOID, TEXTARRAYOID};
+	Datum		args[2] = {collections, terms_datum};
+	uint64		row;
+	MemoryContext caller = CurrentMemoryContext;
+	int			rc;
+
+	rc = SPI_execute_with_args(TERM_TOTALS, 2, types, args, NULL, true, 0);
+	MemoryContextSwitchTo(caller);
+	if (rc != SPI_OK_SELECT)
+		elog(ERROR, "ragservice_bm25: reading the terms' totals failed");
+	*nblocks = 0;
+	*postings = 0;
+	for (row = 0; row < SPI_processed; row++)
+	{
+		HeapTuple	tuple = SPI_tuptable->vals[row];
+		TupleDesc	desc = SPI_tuptable->tupdesc;
+		text	   *lexeme = DatumGetTextPP(bound_column(tuple, desc, 1, "lexeme"));
+		int			t = find_term(terms, nterms, lexeme, -1);
+		int64		bad = DatumGetInt64(bound_column(tuple, desc, 6, "count"));
+
+		if (bad > 0)
+			ereport(ERROR,
+					(errcode(ERRCODE_DATA_CORRUPTED),
+					 errmsg("ragservice_bm25: %lld postings blocks of \"%s\" with a null or "
+							"impossible bound (n, seq range, max_tf or min_len)",
+							(long long) bad, text_to_cstring(lexeme))));
+		if (t < 0)
+			continue;
+		terms[t].df = DatumGetFloat8(bound_column(tuple, desc, 2, "n"));
+		*first_seq = Min(*first_seq, DatumGetInt64(bound_column(tuple, desc, 3, "first_seq")));
+		*last_seq = Max(*last_seq, DatumGetInt64(bound_column(tuple, desc, 4, "last_seq")));
+		*nblocks += DatumGetInt64(bound_column(tuple, desc, 5, "count"));
+		*postings += (int64) terms[t].df;
+	}
+	SPI_freetuptable(SPI_tuptable);
+	set_idf(terms, nterms, n);
 }
 
 static bool
@@ -1258,15 +1478,19 @@ unseen_bound(const Accum *e, const Term *terms, int nterms)
  * chunk not yet seen in t; a block that holds none is settled unread (no live chunk has a
  * posting there, and live chunks only ever get fewer), which lowers its term's unread bound.
  * Each round raises theta and lowers the bounds, so fewer chunks stay live.
+ *
+ * False when it gives up: the exhaustive scan is cheaper (may_give_up), or its lists of the
+ * live chunks would take the pruning over its budget.
  */
 static bool
 complete_live_chunks(const BlockReader *reader, Accumulator *acc, Term *terms, int nterms,
 					 PostingsBlock *blocks, int nblocks, int64 postings, int k,
-					 const Scoring *scoring, PostingsBlock **batch, bool may_give_up)
+					 const Scoring *scoring, PostingsBlock **batch, bool may_give_up,
+					 Budget *budget)
 {
-	Accum	  **live = palloc_extended(sizeof(Accum *) * Max(accum_count(acc), 1), MCXT_ALLOC_HUGE);
-	int64	  **wanted = palloc(sizeof(int64 *) * nterms);
-	int		   *nwanted = palloc0(sizeof(int) * nterms);
+	Accum	  **live;
+	int64	  **wanted;
+	int		   *nwanted;
 	int			nlive = 0;
 	int			round_size = FIRST_ROUND;
 	double		theta;
@@ -1280,6 +1504,14 @@ complete_live_chunks(const BlockReader *reader, Accumulator *acc, Term *terms, i
 	 * the array, read off the bitmap of live chunks, else sorted. Most postings read from here on
 	 * belong to no live chunk: the bitmap says so from cache.
 	 */
+	/* the live list, each term's wanted list (at most one entry a live chunk), the bitmap */
+	if (!budget_allows(budget, (sizeof(Accum *) + sizeof(int64) * nterms)
+					   * (size_t) Max(accum_count(acc), 1)
+					   + (acc->range <= LIVE_BITS_MAX_RANGE ? (size_t) acc->range / 8 + 8 : 0)))
+		return false;
+	live = palloc_extended(sizeof(Accum *) * Max(accum_count(acc), 1), MCXT_ALLOC_HUGE);
+	wanted = palloc(sizeof(int64 *) * nterms);
+	nwanted = palloc0(sizeof(int) * nterms);
 	theta = kth_largest(acc, k, false);
 	unread_bounds(terms, nterms, blocks, nblocks);
 	if (acc->range <= LIVE_BITS_MAX_RANGE)
@@ -1306,7 +1538,7 @@ complete_live_chunks(const BlockReader *reader, Accumulator *acc, Term *terms, i
 	else
 		sort_live(live, nlive);
 	for (t = 0; t < nterms; t++)
-		wanted[t] = palloc(sizeof(int64) * Max(nlive, 1));
+		wanted[t] = palloc_extended(sizeof(int64) * Max(nlive, 1), MCXT_ALLOC_HUGE);
 
 	for (;;)
 	{
@@ -1337,6 +1569,7 @@ complete_live_chunks(const BlockReader *reader, Accumulator *acc, Term *terms, i
 					wanted[t][nwanted[t]++] = e->seq;
 		}
 		nlive = kept;
+		CHECK_FOR_INTERRUPTS();
 		for (i = 0; i < nblocks; i++)
 		{
 			if (blocks[i].read)
@@ -1359,9 +1592,10 @@ complete_live_chunks(const BlockReader *reader, Accumulator *acc, Term *terms, i
 		 */
 		all = wanted_postings * 4 >= postings;
 		if (all && may_give_up)
-			return false;		/* cheaper exhaustive: see score_exhaustively */
-		read_blocks(reader, batch, all ? count : Min(count, round_size), terms, nterms, scoring,
-					acc, NULL);
+			return false;		/* cheaper exhaustive: see score_in_windows */
+		if (!read_blocks(reader, batch, all ? count : Min(count, round_size), terms, nterms,
+						 scoring, acc, NULL, budget))
+			return false;
 		last_stats.rounds++;
 		round_size *= 2;
 		if (all)
@@ -1370,110 +1604,289 @@ complete_live_chunks(const BlockReader *reader, Accumulator *acc, Term *terms, i
 	return true;
 }
 
-/* The chunks at or above the k-th best score, with their scores. */
-typedef struct Results
-{
-	int64	   *seqs;
-	double	   *scores;
-	int			count;
-} Results;
-
 /* Whether the exhaustive path's dense array suits the seq range. */
 static bool
 exhaustive_fits(int64 first_seq, int64 last_seq, int64 postings)
 {
-	int64		range = last_seq - first_seq + 1;
+	uint64		span = seq_span(first_seq, last_seq);
 
-	return postings > 0 && range > 0 && range <= EXHAUSTIVE_MAX_RANGE
-		&& range <= EXHAUSTIVE_SLOTS_PER_POSTING * postings;
+	return postings > 0 && first_seq <= last_seq && span < (uint64) EXHAUSTIVE_MAX_RANGE
+		&& span < (uint64) (EXHAUSTIVE_SLOTS_PER_POSTING * postings);
 }
 
-/* The exhaustive path's scores: a slot per seq from base, and a bit per seen chunk. */
-typedef struct DenseScores
+/* A window's partial score in a hash (ranges too sparse for an array). */
+typedef struct WindowScore
+{
+	int64		seq;
+	double		score;
+	char		status;
+} WindowScore;
+
+#define SH_PREFIX wsc
+#define SH_ELEMENT_TYPE WindowScore
+#define SH_KEY_TYPE int64
+#define SH_KEY seq
+#define SH_HASH_KEY(tb, key) seq_hash(key)
+#define SH_EQUAL(tb, a, b) ((a) == (b))
+#define SH_SCOPE static inline
+#define SH_DECLARE
+#define SH_DEFINE
+#include "lib/simplehash.h"
+
+/*
+ * The exhaustive scan's results: the k best scores so far and those tying with the k-th;
+ * `floor` (the k-th best once k are in) only rises.
+ */
+typedef struct Candidates
+{
+	ScoredSeq  *items;
+	int			count;
+	int			capacity;
+	int			k;
+	double		floor;
+	Budget	   *budget;
+} Candidates;
+
+static int
+compare_scored_desc(const void *a, const void *b)
+{
+	double		x = ((const ScoredSeq *) a)->score;
+	double		y = ((const ScoredSeq *) b)->score;
+
+	return (x < y) - (x > y);
+}
+
+static void
+work_mem_too_small(const char *what, long long count)
+{
+	ereport(ERROR,
+			(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+			 errmsg("ragservice_bm25: %s (%lld) needs more memory than work_mem (%d kB) allows",
+					what, count, work_mem),
+			 errhint("Raise work_mem for the statement, or ask for fewer chunks.")));
+}
+
+/* Keeps the k best and their ties, raising the floor to the k-th best. */
+static void
+candidates_compact(Candidates *c)
+{
+	int			kept;
+
+	if (c->count < c->k)
+		return;
+	qsort(c->items, c->count, sizeof(ScoredSeq), compare_scored_desc);
+	c->floor = c->items[c->k - 1].score;
+	for (kept = c->k; kept < c->count && c->items[kept].score >= c->floor; kept++)
+		;
+	c->count = kept;
+}
+
+static inline void
+candidates_offer(Candidates *c, double score, int64 seq)
+{
+	if (!(score >= c->floor))
+		return;
+	if (c->count == c->capacity)
+	{
+		candidates_compact(c);
+		if (c->count == c->capacity)
+		{
+			/* ties at the k-th score fill it: room for more of them, within the budget */
+			size_t		bytes = sizeof(ScoredSeq) * (size_t) c->capacity;
+
+			if (c->capacity > INT_MAX / 2 || !budget_allows(c->budget, bytes))
+				work_mem_too_small("the chunks tying at the k-th score", c->count);
+			c->items = repalloc_huge(c->items, bytes * 2);
+			c->capacity *= 2;
+		}
+		if (!(score >= c->floor))
+			return;
+	}
+	c->items[c->count++] = (ScoredSeq) {score, seq};
+}
+
+/* One window's scores: an array over [lo, hi] (and a bit a seen seq), or a bounded hash. */
+typedef struct Window
 {
 	const Term *terms;
 	const Scoring *scoring;
+	int64		lo;
+	int64		hi;
 	double	   *scores;
 	uint64	   *seen;
-	int64		base;
-	int64		range;
-} DenseScores;
+	wsc_hash   *hash;
+	bool		overflow;		/* the hash is full: the window is to be halved */
+} Window;
 
-/* Adds a row of BLOCKS_OF_TERMS to the dense scores and marks its chunks seen. */
-static void
-add_dense_row(const BlockRow *row, void *arg)
+/* Adds a row of BLOCKS_IN_WINDOW's postings in the window to its scores. */
+static bool
+add_window_row(const BlockRow *row, void *arg)
 {
-	DenseScores *d = (DenseScores *) arg;
-	double		idf_weight = d->terms[row->term].idf_weight;
-	double	   *scores = d->scores;
-	uint64	   *seen = d->seen;
+	Window	   *w = (Window *) arg;
+	double		idf_weight = w->terms[row->term].idf_weight;
+	uint64		width = seq_span(w->lo, w->hi);
 	int			j;
 
 	for (j = 0; j < row->n; j++)
 	{
-		uint64		off = (uint64) (row->seqs[j] - d->base);
+		int64		seq = row->seqs[j];
+		double		part;
 
-		/* the blocks' bounds were read in the same snapshot: every seq is in the range */
-		if (off >= (uint64) d->range)
-			elog(ERROR, "ragservice_bm25: a posting outside its blocks' seq range");
-		scores[off] += idf_weight * term_part(d->scoring, row->tfs[j], row->lengths[j]);
-		seen[off >> 6] |= UINT64CONST(1) << (off & 63);
+		if (seq < w->lo || seq > w->hi)
+			continue;			/* another window's */
+		part = idf_weight * term_part(w->scoring, row->tfs[j], row->lengths[j]);
+		if (w->scores != NULL)
+		{
+			uint64		off = (uint64) seq - (uint64) w->lo;
+
+			if (off > width)
+				posting_out_of_range(seq, w->lo, w->hi);
+			w->scores[off] += part;
+			w->seen[off >> 6] |= UINT64CONST(1) << (off & 63);
+		}
+		else
+		{
+			WindowScore *e = wsc_lookup(w->hash, seq);
+			bool		found;
+
+			if (e == NULL)
+			{
+				if (w->hash->members + 1 >= w->hash->grow_threshold)
+				{
+					w->overflow = true;
+					return false;
+				}
+				e = wsc_insert(w->hash, seq, &found);
+				e->score = 0;
+			}
+			e->score += part;
+		}
 	}
 	last_stats.postings_read += row->n;
 	last_stats.blocks_read++;
+	return true;
 }
 
 /*
- * Exhaustive BM25 when the bounds do not pay: every block of the terms in one scan of the
- * primary key (a third of the cost a block of reading them by key, and none of the pruning's
- * bookkeeping), each posting added to a dense array of scores over the seq range; then the
- * seen chunks at or above the k-th best score.
+ * Exhaustive BM25 within the call's budget: every block of the terms read by windows of the
+ * seq range, each posting added to the window's scores, the window's chunks offered to the
+ * results (the k best and their ties). A window is an array (8 bytes and a bit a seq) when
+ * that fits and the range is dense enough, else a hash of what fits; a window whose chunks
+ * overflow the hash is halved and read again. With room for an array over the whole range,
+ * one window and one scan of the primary key (a third of the cost a block of reading them by
+ * key, and none of the pruning's bookkeeping).
  */
 static void
-score_exhaustively(SPIPlanPtr plan, Datum collections, Datum terms_datum, const Term *terms,
-				   int nterms, const Scoring *scoring, int64 base, int64 range, int k,
-				   Results *out)
+score_in_windows(SPIPlanPtr plan, Datum collections, Datum terms_datum, const Term *terms,
+				 int nterms, const Scoring *scoring, int64 first_seq, int64 last_seq,
+				 int64 postings, int k, Budget *budget, ReturnSetInfo *rsinfo)
 {
-	DenseScores d = {terms, scoring, NULL, NULL, base, range};
-	Datum		args[2] = {collections, terms_datum};
-	Oid			types[2] = {UUIDARRAYOID, TEXTARRAYOID};
-	ScoredSeq  *heap = palloc(sizeof(ScoredSeq) * k);
-	int			size = 0;
-	double		cut;
-	BitWalk		walk;
-	int64		off;
+	Window		w = {terms, scoring};
+	Oid			types[4] = {UUIDARRAYOID, TEXTARRAYOID, INT8OID, INT8OID};
+	Datum		args[4] = {collections, terms_datum};
+	Candidates	c = {NULL, 0, 0, k, -INFINITY, budget};
+	int64		los[160];
+	int64		his[160];
+	int			depth = 0;
+	size_t		used;
+	size_t		avail;
+	uint64		dense_max;
+	uint64		hash_size = 256;
+	int			i;
 
-	d.scores = allocate_zeroed(sizeof(double) * (size_t) range);
-	if (d.scores == NULL)
-		ereport(ERROR,
-				(errcode(ERRCODE_OUT_OF_MEMORY),
-				 errmsg("ragservice_bm25: out of memory for %lld scores", (long long) range)));
-	d.seen = palloc0(sizeof(uint64) * ((range + 63) / 64));
-	run_blocks_query(plan, 2, args, types, terms, nterms, add_dense_row, &d);
-	last_stats.rounds++;
+	if (postings <= 0 || first_seq > last_seq)
+		return;
+	c.capacity = Max(2 * k, 64);
+	if (!budget_allows(budget, sizeof(ScoredSeq) * (size_t) c.capacity))
+		work_mem_too_small("k", k);
+	c.items = palloc_extended(sizeof(ScoredSeq) * (size_t) c.capacity, MCXT_ALLOC_HUGE);
 
-	walk = bit_walk(d.seen, range);
-	while (bit_walk_next(&walk, &off))
-		if (size < k || d.scores[off] > heap[0].score)
-			heap_offer_scored(heap, &size, k, (ScoredSeq) {d.scores[off], base + off});
-	cut = size < k ? -INFINITY : heap[0].score;
-	out->count = 0;
-	walk = bit_walk(d.seen, range);
-	while (bit_walk_next(&walk, &off))
-		out->count += d.scores[off] >= cut;
-	out->seqs = SPI_palloc(sizeof(int64) * (size_t) Max(out->count, 1));
-	out->scores = SPI_palloc(sizeof(double) * (size_t) Max(out->count, 1));
-	out->count = 0;
-	walk = bit_walk(d.seen, range);
-	while (bit_walk_next(&walk, &off))
+	/* what is left for a window: an array of 8 bytes and a bit a seq, or a hash */
+	used = budget_used(budget);
+	avail = budget->limit > used ? budget->limit - used : 0;
+	dense_max = (uint64) avail * 8 / 65;
+	while (hash_size * 2 * sizeof(WindowScore) <= avail && hash_size < (UINT64CONST(1) << 30))
+		hash_size *= 2;
+
+	los[0] = first_seq;
+	his[0] = last_seq;
+	depth = 1;
+	while (depth > 0)
 	{
-		if (d.scores[off] < cut)
-			continue;
-		out->seqs[out->count] = base + off;
-		out->scores[out->count] = d.scores[off];
-		out->count++;
+		MemoryContext window_context;
+		MemoryContext old;
+		uint64		span;
+
+		CHECK_FOR_INTERRUPTS();
+		depth--;
+		w.lo = los[depth];
+		w.hi = his[depth];
+		span = seq_span(w.lo, w.hi);
+		window_context = AllocSetContextCreate(budget->context, "ragservice_bm25 window",
+											   ALLOCSET_DEFAULT_SIZES);
+		old = MemoryContextSwitchTo(window_context);
+		w.scores = NULL;
+		w.seen = NULL;
+		w.hash = NULL;
+		w.overflow = false;
+		if (span < dense_max && span < (uint64) (EXHAUSTIVE_SLOTS_PER_POSTING * postings))
+		{
+			w.scores = allocate_zeroed(sizeof(double) * (size_t) (span + 1));
+			w.seen = allocate_zeroed(sizeof(uint64) * (size_t) (span / 64 + 1));
+			if (w.scores == NULL || w.seen == NULL)
+				work_mem_too_small("the seq range", (long long) span);
+		}
+		else
+			/* SH_CREATE rounds the size to the power of two above nelements / 0.9 */
+			w.hash = wsc_create(window_context,
+								(uint32) Min((double) hash_size * 0.89, (double) postings + 16),
+								NULL);
+		args[2] = Int64GetDatum(w.lo);
+		args[3] = Int64GetDatum(w.hi);
+		run_blocks_query(plan, 4, args, types, terms, nterms, add_window_row, &w);
+		last_stats.rounds++;
+		MemoryContextSwitchTo(old);
+		if (w.overflow)
+		{
+			/* halved: the lower half read first (the stack's top), then the upper */
+			int64		mid = (int64) ((uint64) w.lo + span / 2);
+
+			if (depth + 2 > lengthof(los))
+				elog(ERROR, "ragservice_bm25: too many windows");
+			los[depth] = mid + 1;
+			his[depth] = w.hi;
+			los[depth + 1] = w.lo;
+			his[depth + 1] = mid;
+			depth += 2;
+		}
+		else if (w.scores != NULL)
+		{
+			BitWalk		walk = bit_walk(w.seen, (int64) span + 1);
+			int64		off;
+
+			while (bit_walk_next(&walk, &off))
+				candidates_offer(&c, w.scores[off], w.lo + off);
+		}
+		else
+		{
+			wsc_iterator it;
+			WindowScore *e;
+
+			wsc_start_iterate(w.hash, &it);
+			while ((e = wsc_iterate(w.hash, &it)) != NULL)
+				candidates_offer(&c, e->score, e->seq);
+		}
+		MemoryContextDelete(window_context);
 	}
-	pfree(heap);
+
+	candidates_compact(&c);
+	for (i = 0; i < c.count; i++)
+	{
+		Datum		values[2] = {Int64GetDatum(c.items[i].seq), Float8GetDatum(c.items[i].score)};
+		bool		nulls[2] = {false, false};
+
+		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+	}
 }
 
 /*
@@ -1483,8 +1896,10 @@ score_exhaustively(SPIPlanPtr plan, Datum collections, Datum terms_datum, const 
 static SPIPlanPtr
 prepare_generic(const char *query, int nargs, Oid *types)
 {
+	MemoryContext caller = CurrentMemoryContext;
 	SPIPlanPtr	plan = SPI_prepare_cursor(query, nargs, types, CURSOR_OPT_GENERIC_PLAN);
 
+	MemoryContextSwitchTo(caller);
 	if (plan == NULL)
 		elog(ERROR, "ragservice_bm25: preparing a blocks query failed: %s",
 			 SPI_result_code_string(SPI_result));
@@ -1502,22 +1917,23 @@ ragservice_bm25_topk(PG_FUNCTION_ARGS)
 	int			k;
 	Scoring		scoring;
 	double		n;
-	PostingsBlock	   *blocks;
+	PostingsBlock	   *blocks = NULL;
 	PostingsBlock	  **batch;
 	int			nblocks;
 	int			round_size = FIRST_ROUND;
 	int64		postings = 0;
+	int64		max_blocks;
 	Leaders		leaders;
-	bool		prune;
+	bool		prune = false;
 	bool		live_only = false;
 	double		cut;
 	BlockReader reader;
 	Accumulator *acc;
-	Results		results;
 	bool		dense;
 	bool		may_give_up;
-	bool		exhaustive;
-	MemoryContext outer;
+	bool		exhaustive = false;
+	Budget		budget;
+	MemoryContext call;
 	MemoryContext pruning;
 	AccumIterator it;
 	Accum	   *e;
@@ -1525,7 +1941,7 @@ ragservice_bm25_topk(PG_FUNCTION_ARGS)
 	int64		last_seq = PG_INT64_MIN;
 	int			i;
 	Oid			block_types[4] = {UUIDARRAYOID, TEXTARRAYOID, INT2ARRAYOID, INT8ARRAYOID};
-	Oid			term_types[2] = {UUIDARRAYOID, TEXTARRAYOID};
+	Oid			window_types[4] = {UUIDARRAYOID, TEXTARRAYOID, INT8OID, INT8OID};
 
 	InitMaterializedSRF(fcinfo, 0);
 	memset(&last_stats, 0, sizeof(last_stats));
@@ -1549,61 +1965,104 @@ ragservice_bm25_topk(PG_FUNCTION_ARGS)
 
 	if (SPI_connect() != SPI_OK_CONNECT)
 		elog(ERROR, "ragservice_bm25: SPI_connect failed");
+
+	/*
+	 * The call's memory, in a context of its own below SPI's procedure context (gone with
+	 * SPI_finish, or with the transaction on an error), sized against work_mem: a quarter for
+	 * the blocks' list, the rest for the pruning's partial scores or the exhaustive scan's
+	 * windows. (SPI keeps its plans and the rows of the bounds query, at most as many as the
+	 * blocks' list takes, in its own.)
+	 */
+	call = AllocSetContextCreate(CurrentMemoryContext, "ragservice_bm25", ALLOCSET_DEFAULT_SIZES);
+	MemoryContextSwitchTo(call);
+	budget.context = call;
+	budget.limit = call_budget();
+	budget.exceeded = false;
 	read_totals(collections, &n, &scoring.avgdl);
 	set_length_norm(&scoring);
-	nblocks = read_block_bounds(collections, terms_datum, terms, nterms, &scoring, n, &blocks);
-	last_stats.blocks = nblocks;
-	for (i = 0; i < nblocks; i++)
-		postings += blocks[i].n;
-	prune = bounds_hold(terms, nterms, &scoring);
-	if (prune)
-		qsort(blocks, nblocks, sizeof(PostingsBlock), compare_bound_desc);
-
-	reader.by_lookup = prepare_generic(BLOCKS_BY_LOOKUP, 4, block_types);
-	reader.by_scan = prepare_generic(BLOCKS_BY_SCAN, 4, block_types);
-	for (i = 0; i < nblocks; i++)
+	max_blocks = (int64) (budget.limit / 4 / BOUNDS_ROW_BYTES);
+	nblocks = read_block_bounds(collections, terms_datum, terms, nterms, &scoring, n, max_blocks,
+								&blocks);
+	if (nblocks < 0)
 	{
-		first_seq = Min(first_seq, blocks[i].first_seq);
-		last_seq = Max(last_seq, blocks[i].last_seq);
+		/* too many blocks to list: the windows, from the terms' totals */
+		read_term_totals(collections, terms_datum, terms, nterms, n, &last_stats.blocks,
+						 &postings, &first_seq, &last_seq);
+		nblocks = 0;
+		exhaustive = true;
 	}
+	else
+	{
+		last_stats.blocks = nblocks;
+		for (i = 0; i < nblocks; i++)
+		{
+			postings += blocks[i].n;
+			first_seq = Min(first_seq, blocks[i].first_seq);
+			last_seq = Max(last_seq, blocks[i].last_seq);
+		}
+		prune = bounds_hold(terms, nterms, &scoring);
+		if (prune)
+			qsort(blocks, nblocks, sizeof(PostingsBlock), compare_bound_desc);
+	}
+
 	dense = accumulator_choice != ACCUMULATOR_HASH
 		&& (accumulator_choice == ACCUMULATOR_ARRAY
-			? postings > 0 && last_seq - first_seq < EXHAUSTIVE_MAX_RANGE
+			? postings > 0 && first_seq <= last_seq
+			&& seq_span(first_seq, last_seq) < (uint64) EXHAUSTIVE_MAX_RANGE
 			: exhaustive_fits(first_seq, last_seq, postings));
-	exhaustive = !prune && dense;
+	exhaustive = exhaustive || (!prune && dense);
 	may_give_up = dense && postings >= exhaustive_min_postings;
 
 	/* the pruning's memory, given back at once if it gives up (the exhaustive path reuses it) */
-	outer = CurrentMemoryContext;
-	pruning = AllocSetContextCreate(outer, "ragservice_bm25 pruning", ALLOCSET_DEFAULT_SIZES);
+	if (!exhaustive)
+	{
+		reader.by_lookup = prepare_generic(BLOCKS_BY_LOOKUP, 4, block_types);
+		reader.by_scan = prepare_generic(BLOCKS_BY_SCAN, 4, block_types);
+	}
+	pruning = AllocSetContextCreate(call, "ragservice_bm25 pruning", ALLOCSET_DEFAULT_SIZES);
 	MemoryContextSwitchTo(pruning);
-	acc = accum_create(first_seq, last_seq, postings);
-	batch = palloc(sizeof(PostingsBlock *) * Max(nblocks, 1));
-	leaders.capacity = 1024;
-	leaders.touched = palloc(sizeof(int64) * leaders.capacity);
-	leaders.ntouched = 0;
-	leaders.top = palloc(sizeof(int64) * k);
-	leaders.ntop = 0;
-	leaders.round = 1;
+	if (!exhaustive
+		&& !budget_allows(&budget, sizeof(PostingsBlock *) * (size_t) Max(nblocks, 1)
+						  + (sizeof(int64) + 2 * sizeof(ScoredSeq)) * (size_t) k + 8192))
+		exhaustive = true;
+	if (!exhaustive)
+	{
+		size_t		used = budget_used(&budget);
+
+		acc = accum_create(first_seq, last_seq, postings,
+						   budget.limit > used ? budget.limit - used : 0);
+		batch = palloc(sizeof(PostingsBlock *) * Max(nblocks, 1));
+		leaders.capacity = 1024;
+		leaders.touched = palloc(sizeof(int64) * leaders.capacity);
+		leaders.ntouched = 0;
+		leaders.top = palloc(sizeof(int64) * k);
+		leaders.ntop = 0;
+		leaders.round = 1;
+		for (i = 0; i < nterms; i++)
+			terms[i].essential = true;
+	}
 
 	/*
 	 * Phase 2: the blocks with the highest bounds first, in rounds, from the essential terms only
 	 * (MaxScore: a chunk found only in the non-essential terms, whose highest unread bounds add
 	 * up to less than theta, cannot enter the top k), until no essential term is left.
 	 */
-	for (i = 0; i < nterms; i++)
-		terms[i].essential = true;
 	while (!exhaustive)
 	{
 		int			count = 0;
 		double		theta;
 
+		CHECK_FOR_INTERRUPTS();
 		for (i = 0; i < nblocks && (!prune || count < round_size); i++)
 			if (!blocks[i].read && terms[blocks[i].term].essential)
 				batch[count++] = &blocks[i];
 		if (count == 0)
 			break;
-		read_blocks(&reader, batch, count, terms, nterms, &scoring, acc, &leaders);
+		if (!read_blocks(&reader, batch, count, terms, nterms, &scoring, acc, &leaders, &budget))
+		{
+			exhaustive = true;	/* over the budget: the windows */
+			break;
+		}
 		last_stats.rounds++;
 		round_size *= 2;
 		if (!prune)
@@ -1625,8 +2084,10 @@ ragservice_bm25_topk(PG_FUNCTION_ARGS)
 			for (i = 0; i < nblocks; i++)
 				if (!blocks[i].read)
 					batch[count++] = &blocks[i];
-			if (count > 0)
-				read_blocks(&reader, batch, count, terms, nterms, &scoring, acc, &leaders);
+			if (count > 0
+				&& !read_blocks(&reader, batch, count, terms, nterms, &scoring, acc, &leaders,
+								&budget))
+				exhaustive = true;
 			last_stats.rounds++;
 			break;
 		}
@@ -1640,47 +2101,36 @@ ragservice_bm25_topk(PG_FUNCTION_ARGS)
 	if (!exhaustive && prune && last_stats.blocks_read < nblocks)
 	{
 		exhaustive = !complete_live_chunks(&reader, acc, terms, nterms, blocks, nblocks, postings,
-										   k, &scoring, batch, may_give_up);
+										   k, &scoring, batch, may_give_up, &budget);
 		live_only = true;
 	}
 
 	if (exhaustive)
 	{
-		MemoryContextSwitchTo(outer);
+		MemoryContextSwitchTo(call);
 		MemoryContextDelete(pruning);
-		score_exhaustively(prepare_generic(BLOCKS_OF_TERMS, 2, term_types), collections,
-						   terms_datum, terms, nterms, &scoring, first_seq,
-						   last_seq - first_seq + 1, k, &results);
+		score_in_windows(prepare_generic(BLOCKS_IN_WINDOW, 4, window_types), collections,
+						 terms_datum, terms, nterms, &scoring, first_seq, last_seq, postings, k,
+						 &budget, rsinfo);
 	}
 	else
 	{
 		/* Phase 4: the chunks at or above the k-th best score. */
 		cut = kth_largest(acc, k, live_only);
-		results.seqs = SPI_palloc(sizeof(int64) * Max(accum_count(acc), 1));
-		results.scores = SPI_palloc(sizeof(double) * Max(accum_count(acc), 1));
-		results.count = 0;
 		accum_start(acc, &it);
 		while ((e = accum_next(acc, &it)) != NULL)
 		{
+			Datum		values[2];
+			bool		nulls[2] = {false, false};
+
 			if ((live_only && !e->live) || e->score < cut)
 				continue;
-			results.seqs[results.count] = e->seq;
-			results.scores[results.count] = e->score;
-			results.count++;
+			values[0] = Int64GetDatum(e->seq);
+			values[1] = Float8GetDatum(e->score);
+			tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
 		}
-		MemoryContextSwitchTo(outer);
 	}
 	SPI_finish();
-
-	for (i = 0; i < results.count; i++)
-	{
-		Datum		values[2];
-		bool		nulls[2] = {false, false};
-
-		values[0] = Int64GetDatum(results.seqs[i]);
-		values[1] = Float8GetDatum(results.scores[i]);
-		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
-	}
 	return (Datum) 0;
 }
 

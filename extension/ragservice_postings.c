@@ -23,6 +23,7 @@
 #include "catalog/pg_type.h"
 #include "fmgr.h"
 #include "funcapi.h"
+#include "miscadmin.h"
 #include "tsearch/ts_type.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
@@ -144,6 +145,7 @@ read_chunks(ArrayType *seqs_array, ArrayType *tsvs_array, int *count)
 	chunks = palloc(sizeof(Chunk) * Max(nseqs, 1));
 	for (int i = 0; i < nseqs; i++)
 	{
+		CHECK_FOR_INTERRUPTS();
 		if (seq_nulls[i] || tsv_nulls[i])
 			ereport(ERROR, (errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
 							errmsg("ragservice_bm25_blocks: a seq or tsvector is null")));
@@ -173,8 +175,10 @@ collect_postings(const Chunk *chunks, int nchunks, int64 *count)
 	{
 		TSVector	tsv = chunks[c].tsv;
 		WordEntry  *entries = ARRPTR(tsv);
-		int64		len = tsv_length(tsv);
+		int64		len;
 
+		CHECK_FOR_INTERRUPTS();
+		len = tsv_length(tsv);
 		if (len > PG_INT32_MAX)
 			ereport(ERROR, (errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
 							errmsg("ragservice_bm25_blocks: a chunk is too long")));
@@ -254,6 +258,7 @@ ragservice_bm25_blocks(PG_FUNCTION_ARGS)
 	{
 		int64		end = start + 1;
 
+		CHECK_FOR_INTERRUPTS();
 		while (end < npostings && same_key(&postings[start], &postings[end]))
 			end++;
 		for (int64 lo = start; lo < end; lo += BLOCK_SIZE)
