@@ -20,11 +20,24 @@ from typing import Any, TypeVar
 from ingest.sources.base import SourceReader
 from ragservice.config import SourceSettings, get_settings
 
-FOLDER_OPTIONS = frozenset({"include", "exclude", "max_bytes"})
+FOLDER_OPTIONS = frozenset({"include", "exclude", "max_bytes", "run_seconds"})
 WEB_OPTIONS = frozenset(
-    {"include", "exclude", "max_bytes", "depth", "max_pages", "rate", "timeout", "user_agent"}
+    {
+        "include",
+        "exclude",
+        "max_bytes",
+        "run_seconds",
+        "depth",
+        "max_pages",
+        "rate",
+        "timeout",
+        "response_seconds",
+        "user_agent",
+    }
 )
-S3_OPTIONS = frozenset({"include", "exclude", "max_bytes", "profile", "endpoint_url", "region"})
+S3_OPTIONS = frozenset(
+    {"include", "exclude", "max_bytes", "run_seconds", "profile", "endpoint_url", "region"}
+)
 
 N = TypeVar("N", int, float)
 
@@ -60,6 +73,7 @@ def reader_for(
     include = _globs(given, "include")
     exclude = _globs(given, "exclude")
     max_bytes = _number(given, "max_bytes", int, config.source_max_bytes, low=1)
+    run = run_seconds(given, config)
     if kind == "web":
         from ingest.sources.web import WebReader
 
@@ -69,6 +83,10 @@ def reader_for(
             max_pages=_number(given, "max_pages", int, config.crawl_max_pages, low=1),
             rate=_number(given, "rate", float, config.crawl_rate, low=0.001),
             timeout=_number(given, "timeout", float, config.crawl_timeout_seconds, low=0.1),
+            response_seconds=_number(
+                given, "response_seconds", float, config.crawl_response_seconds, low=0.1
+            ),
+            run_seconds=run,
             user_agent=_text(given, "user_agent") or config.crawl_user_agent,
             allow_private=config.sources_allow_private,
             include=include,
@@ -91,6 +109,12 @@ def reader_for(
     from ingest.sources.folder import FolderReader
 
     return FolderReader(location, include, exclude, max_bytes=max_bytes)
+
+
+def run_seconds(options: Mapping[str, Any], settings: SourceSettings) -> float:
+    """How long a run of a source with `options` may take: its `run_seconds`, up to
+    `RAGSERVICE_SOURCE_RUN_SECONDS` (its default). ValueError for a bad value."""
+    return _number(options, "run_seconds", float, settings.source_run_seconds, low=0.1)
 
 
 def _globs(given: Mapping[str, Any], name: str) -> tuple[str, ...]:

@@ -29,6 +29,7 @@ import httpcore
 import httpx
 
 from ingest.sources.base import SourceError
+from ingest.sources.deadline import Deadline, DeadlineStream
 
 IPAddress: TypeAlias = ipaddress.IPv4Address | ipaddress.IPv6Address
 Resolver: TypeAlias = Callable[[str, int], Sequence[str]]
@@ -168,10 +169,12 @@ def _literal(host: str) -> str | None:
 
 
 class _GuardedBackend(httpcore.SyncBackend):
-    """httpcore's network backend, connecting only to addresses the guard checked."""
+    """httpcore's network backend, connecting only to addresses the guard checked, with
+    streams whose waits end at `deadline` (when given)."""
 
-    def __init__(self, guard: Guard) -> None:
+    def __init__(self, guard: Guard, deadline: Deadline | None = None) -> None:
         self.guard = guard
+        self.deadline = deadline
 
     def connect_tcp(
         self,
@@ -185,7 +188,13 @@ class _GuardedBackend(httpcore.SyncBackend):
         error: Exception | None = None
         for address in addresses:  # the checked addresses themselves: no second lookup
             try:
-                return super().connect_tcp(address, port, timeout, local_address, socket_options)
+                if self.deadline is None:
+                    return super().connect_tcp(
+                        address, port, timeout, local_address, socket_options
+                    )
+                capped = self.deadline.cap(timeout, httpcore.ConnectTimeout)
+                stream = super().connect_tcp(address, port, capped, local_address, socket_options)
+                return DeadlineStream(stream, self.deadline)
             except (httpcore.ConnectError, httpcore.ConnectTimeout) as exc:
                 error = exc
         assert error is not None
@@ -195,7 +204,9 @@ class _GuardedBackend(httpcore.SyncBackend):
 class GuardedTransport(httpx.HTTPTransport):
     """An httpx transport whose every connection goes through the guard (see the module)."""
 
-    def __init__(self, guard: Guard, *, verify: bool = True) -> None:
+    def __init__(
+        self, guard: Guard, *, verify: bool = True, deadline: Deadline | None = None
+    ) -> None:
         super().__init__(verify=verify, trust_env=False)
         ssl_context = httpx.create_ssl_context(verify=verify, trust_env=False)
         # httpx builds its pool without a way to pass a network backend; this is its pool
@@ -205,15 +216,19 @@ class GuardedTransport(httpx.HTTPTransport):
             max_connections=100,
             max_keepalive_connections=20,
             keepalive_expiry=5.0,
-            network_backend=_GuardedBackend(guard),
+            network_backend=_GuardedBackend(guard, deadline),
         )
 
 
-def guarded_client(guard: Guard, *, timeout: float, user_agent: str) -> httpx.Client:
+def guarded_client(
+    guard: Guard, *, timeout: float, user_agent: str, deadline: Deadline | None = None
+) -> httpx.Client:
     """A sync httpx client for a source: guarded connections, no environment proxies, and
-    redirects left to the caller (each redirect is a new, checked, connection)."""
+    redirects left to the caller (each redirect is a new, checked, connection). `timeout`
+    bounds a connect and each read; `deadline`, set by the caller before a request, bounds
+    the whole request, however slowly its answer comes (`ingest.sources.deadline`)."""
     return httpx.Client(
-        transport=GuardedTransport(guard),
+        transport=GuardedTransport(guard, deadline=deadline),
         timeout=httpx.Timeout(timeout),
         headers={"User-Agent": user_agent},
         follow_redirects=False,

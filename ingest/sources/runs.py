@@ -9,6 +9,7 @@ from typing import Any
 import ingest.sources as sources
 from ingest.pipeline import IngestReport
 from ingest.sources.base import SourceError, SourceReader
+from ingest.sources.deadline import RunDeadline
 from ingest.sources.sync import SyncProgress, SyncReport, SyncTarget, sync_source
 from ragservice import store
 from ragservice.config import Settings
@@ -25,12 +26,14 @@ class SourceGone(RagServiceError):
 
 def open_reader(settings: Settings, location: str, options: dict[str, Any]) -> SourceReader:
     """The reader for a source at `location` with its `options` (`ingest.sources.reader_for`,
-    which checks them: ValueError for one it does not know or a bad value)."""
+    which checks them: ValueError for one it does not know or a bad value), its scan bounded
+    by the run's deadline (`run_seconds`)."""
     reader_for = getattr(sources, "reader_for", None)
     if reader_for is None:  # the readers are not installed in this build
         raise ConfigurationError("this build has no source readers")
     reader: SourceReader = reader_for(location, options, settings=settings.sources)
-    return reader
+    # A run ends by its deadline (`ingest.sources.deadline`), whatever reads it.
+    return RunDeadline(reader, sources.run_seconds(options, settings.sources))
 
 
 def source_target(runtime: Runtime, source: Source) -> SyncTarget:

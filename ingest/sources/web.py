@@ -32,6 +32,7 @@ from ingest.sources.base import (
     Unchanged,
 )
 from ingest.sources.credentials import Credentials, same_origin
+from ingest.sources.deadline import Deadline, RunOverdue
 from ingest.sources.guard import AddressRefused, Guard, guarded_client
 from ingest.sources.weblinks import (
     Site,
@@ -130,13 +131,18 @@ class WebReader:
         include: Sequence[str] = (),
         exclude: Sequence[str] = (),
         timeout: float = 30.0,
+        response_seconds: float = 60.0,
+        run_seconds: float | None = None,
         max_bytes: int = 32 * 2**20,
         guard: Guard | None = None,
         sleep: Callable[[float], None] = time.sleep,
         credentials: Credentials | None = None,
     ) -> None:
-        if rate <= 0 or max_pages < 1 or depth < 0 or max_bytes < 1:
-            raise ValueError("rate, max_pages and max_bytes must be positive, depth not negative")
+        if rate <= 0 or max_pages < 1 or depth < 0 or max_bytes < 1 or response_seconds <= 0:
+            raise ValueError(
+                "rate, max_pages, max_bytes and response_seconds must be positive, "
+                "depth not negative"
+            )
         self.site = Site.of(start_url)
         self.depth = depth
         self.max_pages = max_pages
@@ -145,6 +151,10 @@ class WebReader:
         self.include = tuple(include)
         self.exclude = tuple(exclude)
         self.timeout = timeout
+        self.response_seconds = response_seconds
+        """An answer's deadline: from its request to its last byte (a redirect's anew)."""
+        self.run_seconds = run_seconds
+        """A scan's deadline (None: none): past it, the scan raises `RunOverdue`."""
         self.max_bytes = max_bytes
         self.guard = guard or Guard(allow_private=allow_private)
         self.sleep = sleep
@@ -159,8 +169,11 @@ class WebReader:
         fetched (refused by the guard, unresolvable, down, not found) or robots.txt fails."""
         self.complete = False
         self.stats = CrawlStats()
-        with guarded_client(self.guard, timeout=self.timeout, user_agent=self.user_agent) as http:
-            crawl = _Crawl(self, http, known)
+        deadline = Deadline()
+        with guarded_client(
+            self.guard, timeout=self.timeout, user_agent=self.user_agent, deadline=deadline
+        ) as http:
+            crawl = _Crawl(self, http, known, deadline)
             yield from crawl.run()
             self.complete = crawl.complete
 
@@ -178,9 +191,16 @@ class _Crawl:
     """One scan's state: the queue, what was seen, robots and the pacer."""
 
     def __init__(
-        self, reader: WebReader, http: httpx.Client, known: Mapping[str, ItemState]
+        self,
+        reader: WebReader,
+        http: httpx.Client,
+        known: Mapping[str, ItemState],
+        deadline: Deadline,
     ) -> None:
         self.reader = reader
+        self.deadline = deadline
+        run = reader.run_seconds
+        self.run_due = None if run is None else deadline.clock() + run
         self.stats = reader.stats
         self.http = http
         self.known = known
@@ -354,8 +374,29 @@ class _Crawl:
         raise FetchFailed(f"more than {MAX_REDIRECTS} redirects")
 
     def _request(self, url: str, headers: Mapping[str, str]) -> _Answer:
+        """One GET, over by the answer's deadline (or the run's, when sooner): raises
+        FetchFailed for that page, or RunOverdue when the run's time is up."""
         self.pacer.wait(url)
+        clock = self.deadline.clock
+        run_due = self.run_due
+        if run_due is not None and clock() >= run_due:
+            raise RunOverdue(self.reader.run_seconds or 0)
+        due = clock() + self.reader.response_seconds
+        self.deadline.at = due if run_due is None else min(due, run_due)
         self.stats.requests += 1
+        try:
+            return self._answer(url, headers)
+        except FetchFailed:
+            if run_due is not None and clock() >= run_due:
+                raise RunOverdue(self.reader.run_seconds or 0) from None
+            if clock() >= due:
+                seconds = self.reader.response_seconds
+                raise FetchFailed(f"no whole answer within {seconds:g} s") from None
+            raise
+        finally:
+            self.deadline.at = None
+
+    def _answer(self, url: str, headers: Mapping[str, str]) -> _Answer:
         try:
             auth = self.reader.auth if same_origin(url, self.reader.site.root) else None
             with self.http.stream("GET", url, headers=dict(headers), auth=auth) as response:

@@ -54,7 +54,29 @@ class SourceSettings(SettingsGroup):
         default=30.0,
         gt=0,
         le=3600,
-        description="seconds one request of a crawl (connect, each read) may take",
+        description=(
+            "seconds a crawl waits at most for a connection or for the next bytes of an answer "
+            "(each read on its own; `crawl_response_seconds` bounds the whole answer)"
+        ),
+    )
+    crawl_response_seconds: float = Field(
+        default=60.0,
+        gt=0,
+        le=3600,
+        description=(
+            "seconds one answer of a crawl may take in all, from the request to its last byte, "
+            "however slowly its bytes come; a page past it fails (that page only)"
+        ),
+    )
+    source_run_seconds: float = Field(
+        default=3600.0,
+        gt=0,
+        le=7 * 86400,
+        description=(
+            "seconds one run of a source may take; a run past it stops and fails, keeping what "
+            "it wrote (whole batches, their states saved) and deleting nothing; the next run "
+            "goes on from there"
+        ),
     )
     source_max_bytes: int = Field(
         default=32 * 2**20,

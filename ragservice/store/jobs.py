@@ -145,9 +145,14 @@ def claim_job(
     max_attempts: int,
     hold: Callable[[], int] | None = None,
 ) -> ClaimedJob | None:
-    """Claim the oldest job that is queued, or running but abandoned (its worker died): the
-    advisory lock its claim recorded is free, or it sent no heartbeat for
-    `stale_after_seconds`. Attempts goes up by one and `worker` owns it.
+    """Claim a job that is queued, or running but abandoned (its worker died): the advisory
+    lock its claim recorded is free, or it sent no heartbeat for `stale_after_seconds`.
+    Attempts goes up by one and `worker` owns it.
+
+    Tenants share the workers: the job claimed is one of the tenant with the fewest jobs
+    running, then the oldest. An abandoned job counts as running (its tenant's own), so
+    taking it over waits behind the queued jobs of tenants with fewer running, and one
+    tenant's long runs cannot keep another's uploads waiting while workers free up.
 
     `hold`, called once a job is found (its row still locked by this transaction), takes the
     advisory lock the new claim is tied to and returns its key (`db.locks.SessionLock`);
@@ -165,7 +170,7 @@ def claim_job(
             IngestJob.kind != CLI_JOB_KIND,
             or_(IngestJob.status == "queued", and_(abandoned, IngestJob.attempts < max_attempts)),
         )
-        .order_by(IngestJob.created_at)
+        .order_by(_running_of_tenant(), IngestJob.created_at)
         .limit(1)
         .with_for_update(skip_locked=True)
     )
@@ -215,6 +220,17 @@ def queue_depth(session: Session) -> tuple[int, int]:
 def _stale_jobs(stale_after_seconds: float) -> ColumnElement[bool]:
     cutoff = func.now() - timedelta(seconds=stale_after_seconds)
     return and_(IngestJob.status == "running", IngestJob.heartbeat_at < cutoff)
+
+
+def _running_of_tenant() -> ScalarSelect[Any]:
+    """The number of running jobs (abandoned ones included) of the job's tenant."""
+    running = aliased(IngestJob)
+    return (
+        select(func.count())
+        .select_from(running)
+        .where(running.tenant_id == IngestJob.tenant_id, running.status == "running")
+        .scalar_subquery()
+    )
 
 
 def _claim_gone() -> ColumnElement[bool]:
