@@ -9,8 +9,8 @@ grants apply as to the caller's own statements.
 
 A server without the extension's files (an external PostgreSQL, or a service installed without
 `make`) is left as it is: full-text search then uses the SQL statement with its per-term postings
-budget (`retrieval.statements.BM25`). The extension is trusted: a database owner who may create
-objects installs it without being a superuser.
+budget (`retrieval.statements.BM25`). The extension is not trusted: only a superuser creates it;
+a migrating user who is not one gets a warning and the SQL statement stays (docs/operators.md).
 
 Revision ID: 0023
 Revises: 0022
@@ -30,7 +30,11 @@ _CREATE_IF_AVAILABLE = """
 DO $$
 BEGIN
     IF EXISTS (SELECT 1 FROM pg_available_extensions WHERE name = 'ragservice_bm25') THEN
-        CREATE EXTENSION IF NOT EXISTS ragservice_bm25 SCHEMA public;
+        BEGIN
+            CREATE EXTENSION IF NOT EXISTS ragservice_bm25 SCHEMA public;
+        EXCEPTION WHEN insufficient_privilege THEN
+            RAISE WARNING 'ragservice_bm25 not created: % is no superuser', current_user;
+        END;
     END IF;
 END $$
 """

@@ -42,6 +42,9 @@ BEGIN
                    WHERE name = 'ragservice_bm25' AND version = '1.1') THEN
         ALTER EXTENSION ragservice_bm25 UPDATE TO '1.1';
     END IF;
+EXCEPTION WHEN insufficient_privilege THEN
+    -- the extension is not trusted: a superuser creates or updates it (docs/operators.md)
+    RAISE WARNING 'ragservice_bm25 not created or updated: % is no superuser', current_user;
 END $$
 """
 
