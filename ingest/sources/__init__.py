@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
 from ingest.sources.base import SourceReader
+from ingest.sources.credentials import Credentials
 from ragservice.config import SourceSettings, get_settings
 
 FOLDER_OPTIONS = frozenset({"include", "exclude", "max_bytes", "run_seconds"})
@@ -57,9 +58,11 @@ def reader_for(
     options: Mapping[str, Any] | None = None,
     *,
     settings: SourceSettings | None = None,
+    credentials: Credentials | None = None,
 ) -> SourceReader:
-    """The reader of `location` with `options` (see the module). Raises ValueError, with a
-    message for a person, for an unknown option or a bad value."""
+    """The reader of `location` with `options` (see the module), fetching with `credentials`
+    (`ingest.sources.credentials`; a folder takes none). Raises ValueError, with a message for
+    a person, for an unknown option or a bad value."""
     given = dict(options or {})
     config = settings or get_settings().sources
     kind = source_kind(location)
@@ -92,6 +95,7 @@ def reader_for(
             include=include,
             exclude=exclude,
             max_bytes=max_bytes,
+            credentials=credentials,
         )
     if kind == "s3":
         from ingest.sources.s3 import S3Reader
@@ -105,7 +109,10 @@ def reader_for(
             include=include,
             exclude=exclude,
             max_bytes=max_bytes,
+            credentials=credentials,
         )
+    if credentials is not None:
+        raise ValueError("a folder source takes no credentials")
     from ingest.sources.folder import FolderReader
 
     return FolderReader(location, include, exclude, max_bytes=max_bytes)

@@ -2,8 +2,10 @@
 
 An object whose ETag is what the last run saw is unchanged without being downloaded (the
 listing carries every ETag); any other is fetched, and one whose bytes hash as before is
-unchanged too. Credentials come the way boto3 finds them (the AWS_* variables, a named
-profile, an instance role); `endpoint_url` reaches S3-compatible stores (MinIO, R2, Ceph).
+unchanged too. Credentials are the source's own (an access key id and secret key, given in
+the location or apart: `ingest.sources.credentials`), or else come the way boto3 finds them
+(the AWS_* variables, a named profile, an instance role); `endpoint_url` reaches
+S3-compatible stores (MinIO, R2, Ceph).
 
 An endpoint given by a source is checked by the SSRF guard before each scan, so that a tenant
 cannot point it at an address inside the network. The check is made on the name's addresses at
@@ -31,6 +33,7 @@ from ingest.sources.base import (
     SourceError,
     Unchanged,
 )
+from ingest.sources.credentials import Credentials
 from ingest.sources.guard import Guard
 from ragservice.extras import missing_extra
 from ragservice.types import file_type
@@ -72,10 +75,15 @@ class S3Reader:
         exclude: Sequence[str] = (),
         max_bytes: int = 32 * 2**20,
         guard: Guard | None = None,
+        credentials: Credentials | None = None,
     ) -> None:
         parts = urlsplit(location)
         if parts.scheme.lower() != "s3" or not parts.netloc:
             raise ValueError(f"{location!r} is not an s3://bucket/prefix location")
+        if parts.username is not None or parts.password is not None:
+            raise ValueError("an S3 location's credentials are given apart from it")
+        if credentials is not None and profile is not None:
+            raise ValueError("an S3 source takes a profile or credentials, not both")
         self.bucket = parts.netloc
         self.prefix = parts.path.lstrip("/")
         self.profile = profile
@@ -85,6 +93,7 @@ class S3Reader:
         self.exclude = tuple(exclude)
         self.max_bytes = max_bytes
         self.guard = guard or Guard(allow_private=allow_private)
+        self.credentials = credentials
         self.complete = False
         self.stats = BucketStats()
 
@@ -110,7 +119,13 @@ class S3Reader:
         from botocore.exceptions import BotoCoreError
 
         try:
-            session = boto3.session.Session(profile_name=self.profile, region_name=self.region)
+            keys = self.credentials
+            session = boto3.session.Session(
+                aws_access_key_id=None if keys is None else keys.username,
+                aws_secret_access_key=None if keys is None else keys.password,
+                profile_name=self.profile,
+                region_name=self.region,
+            )
             return session.client(
                 "s3",
                 endpoint_url=self.endpoint_url,

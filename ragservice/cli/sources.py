@@ -263,6 +263,7 @@ def source_json(source: SourceView) -> dict[str, Any]:
         "readers": None if source.readers is None else list(source.readers),
         "every_seconds": source.every_seconds,
         "prune": source.prune,
+        "has_credentials": source.has_credentials,
         "next_run_at": None if source.next_run_at is None else source.next_run_at.isoformat(),
         "created_at": source.created_at.isoformat(),
         "last_run": None if run is None else _run_json(run),

@@ -229,6 +229,9 @@ class Source(Base):
     readers: Mapped[list[str] | None] = mapped_column(ARRAY(Text))
     # Whose documents its runs may replace: the principal set of who added it (migration 0028).
     writes_as: Mapped[list[str] | None] = mapped_column(ARRAY(Text))
+    # The user name and password (or S3 keys) it is read with, split off `location` when it was
+    # added (migration 0029; `ingest.sources.credentials`): used to fetch, never shown.
+    credentials: Mapped[dict[str, Any] | None] = mapped_column(JSONB(none_as_null=True))
     every_seconds: Mapped[int | None] = mapped_column(Integer)
     prune: Mapped[bool] = mapped_column(Boolean, server_default="true")
     next_run_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))

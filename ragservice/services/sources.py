@@ -25,6 +25,7 @@ from typing import Any, Literal
 
 from sqlalchemy.orm import Session
 
+from ingest.sources.credentials import Credentials, redact
 from ingest.sources.runs import run_source
 from ingest.sources.sync import SyncProgress, SyncReport
 from ragservice import store
@@ -58,6 +59,9 @@ class SourceSpec:
     """None: it runs only when asked."""
     prune: bool = True
     """A run deletes the documents gone from the source."""
+    credentials: Credentials | None = None
+    """What it is read with, given apart from `location` (else split off it, if it has
+    some); kept apart and never shown (`ingest.sources.credentials`)."""
 
 
 @dataclass(frozen=True)
@@ -85,6 +89,8 @@ class SourceView:
     next_run_at: datetime | None
     created_at: datetime
     last_run: SourceRun | None
+    has_credentials: bool = False
+    """It is read with credentials (which are never shown)."""
 
 
 # -- added, listed, shown, removed ---------------------------------------------------------
@@ -127,14 +133,16 @@ def add_source(
                 readers=checked.readers,
                 every_seconds=spec.every_seconds,
                 prune=spec.prune,
+                credentials=_stored(checked.credentials),
             ),
         )
+        details = {"source": str(source.id), "location": source.location, "kind": source.kind}
         audit(
             session,
             caller,
             "source.add",
             collection,
-            {"source": str(source.id), "location": source.location, "kind": source.kind},
+            {**details, "credentials": checked.credentials is not None},
         )
         return _view(session, source, collection)
 
@@ -149,13 +157,22 @@ def find_or_add_source(
     operator: bool = True,
 ) -> SourceView:
     """The collection's source at `spec.location` (as it is stored: `spec` does not change
-    it), or a new one added as `add_source` does (`ragservice ingest URL`, `sync PATH`)."""
+    it, except for credentials given anew, which replace its own), or a new one added as
+    `add_source` does (`ragservice ingest URL`, `sync PATH`)."""
     checked = checked_source(settings, spec, operator=operator)
     with db.read() as session:
         cid = store.collections.find_collection_id(session, caller.tenant_id, collection)
         found = None if cid is None else store.sources.find_source(session, cid, checked.location)
-        if found is not None:
+        if found is not None and not _new_credentials(found, checked.credentials):
             return _view(session, found, collection)
+    if found is not None:
+        with db.write() as session:
+            store.sources.set_credentials(session, found.id, _stored(checked.credentials))
+            details = {"source": str(found.id), "location": found.location}
+            audit(session, caller, "source.credentials", collection, details)
+            return _view(
+                session, _require(session, caller.tenant_id, collection, found.id), collection
+            )
     try:
         return add_source(db, settings, caller, collection, spec, operator=operator)
     except ConflictError:  # added meanwhile by another command
@@ -268,7 +285,9 @@ def _run_recorded(
     try:
         run_source(runtime, source, progress=beat, report=report)
     except BaseException as exc:
-        error = "stopped before its end" if isinstance(exc, KeyboardInterrupt) else str(exc)
+        credentials = Credentials.from_json(source.credentials)
+        stopped = isinstance(exc, KeyboardInterrupt)
+        error = "stopped before its end" if stopped else redact(str(exc), credentials)
         _finish(runtime.db, job_id, worker, "failed", report, error or type(exc).__name__)
         raise
     _finish(runtime.db, job_id, worker, "failed" if report.failure else "done", report)
@@ -342,6 +361,15 @@ def _running(session: Session, source: Source) -> ConflictError:
     return ConflictError(f"a run of source {source.id} is queued or running{which}")
 
 
+def _stored(credentials: Credentials | None) -> dict[str, str] | None:
+    return None if credentials is None else credentials.as_json()
+
+
+def _new_credentials(source: Source, given: Credentials | None) -> bool:
+    """Whether `given` are credentials other than the source's own."""
+    return given is not None and given != Credentials.from_json(source.credentials)
+
+
 def _view(session: Session, source: Source, collection: str) -> SourceView:
     runs = store.sources.last_runs(session, [source.id])
     return _as_view(source, collection, runs.get(source.id))
@@ -361,6 +389,7 @@ def _as_view(source: Source, collection: str, job: IngestJob | None) -> SourceVi
         next_run_at=source.next_run_at,
         created_at=source.created_at,
         last_run=None if job is None else _run_view(job),
+        has_credentials=source.credentials is not None,
     )
 
 

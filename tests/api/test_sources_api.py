@@ -3,7 +3,10 @@ readers read, other tenants see nothing, and what the API may not add is a 422."
 
 from __future__ import annotations
 
+import base64
 import http.server
+import logging
+import socket
 import threading
 from collections.abc import Iterator
 from functools import partial
@@ -182,3 +185,143 @@ def test_a_collection_has_one_source_per_location_and_at_most_the_limit(
     full = add(client, keys.writer, location=site.replace("index", "p0"), run=False)
     assert full.status_code == 409, full.text
     assert "RAGSERVICE_SOURCES_MAX_PER_COLLECTION" in full.json()["detail"]
+
+
+USER, SECRET = "reader-bot", "s3cr3t-Pa55"
+BASIC = "Basic " + base64.b64encode(f"{USER}:{SECRET}".encode()).decode()
+
+
+class _LockedHandler(_QuietHandler):
+    """Serves its folder to requests with the site's Basic credentials only (401 otherwise);
+    records the Authorization header of every request."""
+
+    seen: list[str | None]
+
+    def do_GET(self) -> None:
+        self.seen.append(self.headers.get("Authorization"))
+        if self.headers.get("Authorization") != BASIC:
+            self.send_response(401)
+            self.send_header("WWW-Authenticate", 'Basic realm="docs"')
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        super().do_GET()
+
+
+@pytest.fixture
+def locked_site(tmp_path: Path) -> Iterator[tuple[str, list[str | None]]]:
+    """A site on loopback behind Basic auth: its start URL (no credentials) and the
+    Authorization headers it was sent."""
+    (tmp_path / "index.html").write_text(
+        '<html><body><h1>Index</h1><a href="p0.html">page</a></body></html>'
+    )
+    (tmp_path / "p0.html").write_text("<html><body><p>Private notes.</p></body></html>")
+    seen: list[str | None] = []
+    handler = type("Handler", (_LockedHandler,), {"seen": seen})
+    server = http.server.ThreadingHTTPServer(
+        ("127.0.0.1", 0), partial(handler, directory=str(tmp_path))
+    )
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/index.html", seen
+    server.shutdown()
+    thread.join()
+
+
+def _with_userinfo(url: str) -> str:
+    return url.replace("http://", f"http://{USER}:{SECRET}@", 1)
+
+
+@pytest.mark.parametrize("given", ["in the location", "apart"])
+def test_credentials_are_used_to_fetch_and_never_shown(
+    client: TestClient,
+    keys: Keys,
+    locked_site: tuple[str, list[str | None]],
+    caplog: pytest.LogCaptureFixture,
+    given: str,
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    url, seen = locked_site
+    if given == "in the location":
+        response = add(client, keys.writer, location=_with_userinfo(url))
+    else:
+        credentials = {"username": USER, "password": SECRET}
+        response = add(client, keys.writer, location=url, credentials=credentials)
+    source = ok(response, 201)
+    assert source["location"] == url and source["has_credentials"] is True
+
+    run_jobs(client)
+
+    one = f"/v1/collections/docs/sources/{source['id']}"
+    shown = ok(client.get(one, headers=keys.reader))
+    assert shown["last_run"]["status"] == "done", shown["last_run"]
+    assert shown["last_run"]["counts"]["added"] == 2
+    assert BASIC in seen and None not in seen  # every request of the crawl was signed
+    bodies = [
+        response.text,
+        client.get(one, headers=keys.reader).text,
+        client.get("/v1/collections/docs/sources", headers=keys.reader).text,
+        client.get(f"/v1/jobs/{source['queued_job_id']}", headers=keys.admin).text,
+        client.get("/v1/audit", headers=keys.admin).text,
+    ]
+    for body in bodies:
+        assert SECRET not in body and USER not in body, body
+    assert client.get(one, headers=keys.other_tenant).status_code == 404
+    ok(client.delete(one, headers=keys.writer), 204)
+    audit = client.get("/v1/audit", headers=keys.admin).text
+    assert "source.remove" in audit and SECRET not in audit
+    assert SECRET not in caplog.text
+    assert all(SECRET not in str(record.args) for record in caplog.records)
+
+
+def test_a_failed_run_names_the_location_without_its_credentials(
+    client: TestClient, keys: Keys, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    with socket.socket() as closed:  # a port nothing listens on
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    source = ok(add(client, keys.writer, location=f"http://{USER}:{SECRET}@127.0.0.1:{port}/"), 201)
+    run_jobs(client)
+    job = client.get(f"/v1/jobs/{source['queued_job_id']}", headers=keys.admin)
+    assert ok(job)["status"] == "failed", job.text
+    assert f"127.0.0.1:{port}" in job.text and SECRET not in job.text
+    shown = client.get(f"/v1/collections/docs/sources/{source['id']}", headers=keys.reader)
+    assert ok(shown)["last_run"]["status"] == "failed" and SECRET not in shown.text
+    assert SECRET not in caplog.text
+
+
+@pytest.mark.parametrize("overrides", [{"sources_allow_private": False}])
+def test_a_refused_location_is_named_without_its_credentials(
+    client: TestClient, keys: Keys
+) -> None:
+    response = add(client, keys.writer, location=f"http://{USER}:{SECRET}@127.0.0.1/docs/")
+    assert response.status_code == 422, response.text
+    assert "RAGSERVICE_SOURCES_ALLOW_PRIVATE" in response.text and SECRET not in response.text
+
+
+@pytest.mark.parametrize(
+    ("body", "says"),
+    [
+        (
+            {
+                "location": f"http://{USER}:{SECRET}@127.0.0.1/",
+                "credentials": {"username": USER, "password": SECRET},
+            },
+            "credentials",
+        ),
+        (
+            {
+                "location": "s3://shared/x",
+                "options": {"endpoint_url": f"http://{USER}:{SECRET}@127.0.0.1:9000"},
+            },
+            "endpoint_url",
+        ),
+    ],
+)
+def test_credentials_given_twice_or_in_an_option_are_refused(
+    client: TestClient, keys: Keys, body: dict[str, Any], says: str
+) -> None:
+    response = add(client, keys.writer, **body)
+    assert response.status_code == 422, response.text
+    assert says in response.json()["detail"] and SECRET not in response.text

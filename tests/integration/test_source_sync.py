@@ -137,7 +137,9 @@ def fake_readers(monkeypatch: pytest.MonkeyPatch) -> dict[str, FakeSite]:
     """Readers the runs of jobs and of the CLI open, by location."""
     readers: dict[str, FakeSite] = {}
 
-    def open_reader(_settings: Any, location: str, _options: dict[str, Any]) -> SourceReader:
+    def open_reader(
+        _settings: Any, location: str, _options: dict[str, Any], **_given: Any
+    ) -> SourceReader:
         return readers[location]
 
     monkeypatch.setattr(runs, "open_reader", open_reader)

@@ -5,11 +5,14 @@ a folder once, and `sync --watch` following a folder as files are added, changed
 
 from __future__ import annotations
 
+import base64
 import functools
 import http.server
 import json
+import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -312,3 +315,94 @@ def test_ctrl_c_ends_sync_watch_with_130(database_url: str, tmp_path: Path) -> N
     assert "ran (first run): 2 added" in stderr and "stopped after 1 run(s)" in stderr
     assert "Traceback" not in stderr
     assert set(documents(database_url, "watched")) == {"leave.md", "policies/travel.md"}
+
+
+USER, SECRET = "crawler", "hunter2-Secret"
+BASIC = "Basic " + base64.b64encode(f"{USER}:{SECRET}".encode()).decode()
+
+
+class _LockedHandler(_QuietHandler):
+    """Serves to requests with the site's Basic credentials only; records every request's
+    Authorization header."""
+
+    seen: list[str | None]
+
+    def do_GET(self) -> None:
+        self.seen.append(self.headers.get("Authorization"))
+        if self.headers.get("Authorization") != BASIC:
+            self.send_response(401)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        super().do_GET()
+
+
+@pytest.fixture
+def locked_site(tmp_path: Path) -> Iterator[tuple[str, list[str | None]]]:
+    """A page behind Basic auth on localhost: its URL (no credentials) and the headers sent."""
+    root = tmp_path / "locked"
+    root.mkdir()
+    (root / "index.html").write_text("<html><body><h1>Private</h1><p>Pay day.</p></body></html>")
+    seen: list[str | None] = []
+    handler = type("Handler", (_LockedHandler,), {"seen": seen})
+    server = http.server.ThreadingHTTPServer(
+        ("127.0.0.1", 0), functools.partial(handler, directory=str(root))
+    )
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/index.html", seen
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_credentials_in_a_location_are_used_and_never_shown(
+    cli: CliRunner,
+    database_url: str,
+    locked_site: tuple[str, list[str | None]],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    url, seen = locked_site
+    with_userinfo = url.replace("http://", f"http://{USER}:{SECRET}@", 1)
+    collection = f"locked-{uuid.uuid4().hex[:8]}"
+    added = run(cli, "sources", "add", with_userinfo, "-c", collection, "--run", "--json")
+    report = json.loads(added.stdout)
+    assert report["ok"] and report["location"] == url and report["counts"]["added"] == 1
+    assert BASIC in seen and None not in seen
+    [listed] = json.loads(run(cli, "sources", "list", "-c", collection, "--json").stdout)
+    assert listed["location"] == url and listed["has_credentials"] is True
+    outputs = [
+        added.stdout + added.stderr,
+        run(cli, "sources", "list", "-c", collection).stdout,
+        run(cli, "sources", "list", "-c", collection, "--json").stdout,
+        run(cli, "sources", "run", listed["id"], "-c", collection).output,
+    ]
+    for output in outputs:
+        assert SECRET not in output, output
+    stored = [
+        rows(database_url, "SELECT location, options FROM sources"),
+        rows(database_url, "SELECT params, errors FROM ingest_jobs"),
+        rows(database_url, "SELECT target, details FROM audit_log"),
+        rows(database_url, "SELECT external_id, source, metadata FROM documents"),
+    ]
+    assert SECRET not in repr(stored)
+    assert SECRET not in caplog.text
+
+    with socket.socket() as closed:  # a port nothing listens on: the run fails
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    failed = run(
+        cli,
+        "sources",
+        "add",
+        f"http://{USER}:{SECRET}@127.0.0.1:{port}/",
+        "-c",
+        collection,
+        "--run",
+        code=1,
+    )
+    assert f"127.0.0.1:{port}" in failed.output and SECRET not in failed.output
+    assert SECRET not in repr(rows(database_url, "SELECT errors FROM ingest_jobs"))
+    assert SECRET not in caplog.text

@@ -32,10 +32,12 @@ def add_source(
     """Add a source to the collection (created if missing) and, with `run`, queue its first
     run. 422 for a location the service may not read (a folder, a private address unless
     RAGSERVICE_SOURCES_ALLOW_PRIVATE, a bucket not listed) or an option its reader does not
-    know; 409 when the collection has a source there already, or too many."""
+    know; 409 when the collection has a source there already, or too many. Credentials, in
+    the location or in `credentials`, are kept apart and never shown."""
     spec = SourceSpec(
         location=body.location,
         options=body.options,
+        credentials=None if body.credentials is None else body.credentials.value(),
         readers=None if body.readers is None else tuple(body.readers),
         every_seconds=body.every_seconds,
         prune=body.prune,
