@@ -82,6 +82,8 @@ function addForm(ctx, name, added) {
   const location = h("input", { type: "text", name: "location", required: true, maxlength: "2048", pattern: "(https?|s3)://.+", placeholder: "https://docs.example.com/", autocomplete: "off", spellcheck: "false" });
   const depth = h("input", { type: "number", name: "depth", min: "0", max: "100", inputmode: "numeric" });
   const maxPages = h("input", { type: "number", name: "max_pages", min: "1", inputmode: "numeric" });
+  const username = h("input", { type: "text", name: "username", maxlength: "1024", autocomplete: "off", spellcheck: "false" });
+  const password = h("input", { type: "password", name: "password", maxlength: "1024", autocomplete: "new-password" });
   const every = h("select", { name: "every" }, SCHEDULES.map(([value, label]) => h("option", { value }, label)));
   const keep = h("input", { type: "checkbox", name: "keep", id: uid("keep") });
   const runNow = h("input", { type: "checkbox", name: "run", id: uid("run"), checked: true });
@@ -92,6 +94,9 @@ function addForm(ctx, name, added) {
       field("Crawl depth", depth, "Web: links followed from the page (blank: the service's default)."),
       field("Pages at most", maxPages, "Web: per run (blank: the service's default)."),
       field("Schedule", every)),
+    h("div", { class: "row" },
+      field("User name", username, "If the site asks for one (S3: the access key id)."),
+      field("Password", password, "Kept by the service and never shown again (S3: the secret key).")),
     h("p", {}, h("label", { class: "inline", for: keep.id }, keep, " Keep documents that are gone from the source")),
     h("p", {}, h("label", { class: "inline", for: runNow.id }, runNow, " Run it now")),
     h("div", { class: "actions" }, h("button", { type: "submit", class: "primary" }, "Add source")));
@@ -108,6 +113,9 @@ function addForm(ctx, name, added) {
       prune: !keep.checked,
       run: runNow.checked,
     };
+    if (username.value !== "" || password.value !== "") {
+      body.credentials = { username: username.value, password: password.value };
+    }
     try {
       const source = await api("POST", sourcesPath(name), body, { signal: ctx.signal });
       announce(`Source ${source.location} added.`);
@@ -122,7 +130,7 @@ function addForm(ctx, name, added) {
 
 function sourcesTable(ctx, name, sources, runNow) {
   const columns = [
-    { label: "Location", value: (s) => h("span", {}, h("code", { title: s.id }, s.location), ` (${s.kind})`) },
+    { label: "Location", value: (s) => h("span", {}, h("code", { title: s.id }, s.location), ` (${s.kind}${s.has_credentials ? ", with credentials" : ""})`) },
     { label: "Schedule", value: (s) => (s.every_seconds ? `every ${fmtSeconds(s.every_seconds)}` : "when asked") },
     { label: "Next run", value: (s) => timeEl(s.next_run_at) },
     { label: "Last run", value: (s) => lastRun(s.last_run) },
