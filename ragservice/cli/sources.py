@@ -5,6 +5,7 @@ here or hand the run to the workers, remove one (and, if asked, its documents)."
 from __future__ import annotations
 
 import json
+import os
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -34,6 +35,7 @@ from ragservice.services.callers import Operator
 from ragservice.services.sources import SourceSpec
 
 if TYPE_CHECKING:
+    from ingest.sources.credentials import Credentials
     from ragservice.db import Database
     from ragservice.services.sources import SourceRun, SourceView
 
@@ -46,6 +48,7 @@ TenantOption = Annotated[
     str, typer.Option("--tenant", help="The tenant (by name) the collection is of.")
 ]
 SourceIdArgument = Annotated[uuid.UUID, typer.Argument(help="The source's id.", show_default=False)]
+PASSWORD_VARIABLE = "RAGSERVICE_SOURCE_PASSWORD"
 
 
 @app.command("add")
@@ -76,6 +79,14 @@ def sources_add(
         str | None, typer.Option("--endpoint-url", help="S3: an S3-compatible endpoint.")
     ] = None,
     region: Annotated[str | None, typer.Option("--region", help="S3: the bucket's region.")] = None,
+    username: Annotated[
+        str | None,
+        typer.Option(
+            "--username",
+            help="Read it as this user (S3: access key id); the password (secret key) comes "
+            f"from {PASSWORD_VARIABLE}, else is asked for. Never shown again.",
+        ),
+    ] = None,
     readers: Annotated[
         str | None,
         typer.Option("--readers", help="Who may read its documents, e.g. 'group:hr,user:ana'."),
@@ -101,6 +112,7 @@ def sources_add(
         readers=_readers(readers),
         every_seconds=parse_every(every),
         prune=not no_prune,
+        credentials=_credentials(username),
     )
     with exit_on_error():
         if run:
@@ -184,6 +196,20 @@ def sources_remove(
 
 
 # -- helpers ---------------------------------------------------------------------------------
+
+
+def _credentials(username: str | None) -> Credentials | None:
+    """`--username` with its password, from PASSWORD_VARIABLE or asked for without echo."""
+    from ingest.sources.credentials import Credentials
+
+    if username is None:
+        return None
+    password = os.environ.get(PASSWORD_VARIABLE)
+    if password is None:
+        password = typer.prompt(
+            "Password (empty: none)", default="", hide_input=True, show_default=False
+        )
+    return Credentials(username, password)
 
 
 def _readers(value: str | None) -> tuple[str, ...] | None:

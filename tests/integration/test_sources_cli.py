@@ -406,3 +406,30 @@ def test_credentials_in_a_location_are_used_and_never_shown(
     assert f"127.0.0.1:{port}" in failed.output and SECRET not in failed.output
     assert SECRET not in repr(rows(database_url, "SELECT errors FROM ingest_jobs"))
     assert SECRET not in caplog.text
+
+
+def test_username_flag_takes_the_password_from_the_environment(
+    cli: CliRunner,
+    monkeypatch: pytest.MonkeyPatch,
+    locked_site: tuple[str, list[str | None]],
+) -> None:
+    url, seen = locked_site
+    monkeypatch.setenv("RAGSERVICE_SOURCE_PASSWORD", SECRET)
+    collection = f"locked-{uuid.uuid4().hex[:8]}"
+    added = run(cli, "sources", "add", url, "-c", collection, "--username", USER, "--run")
+    assert BASIC in seen and None not in seen
+    assert SECRET not in added.output
+    [listed] = json.loads(run(cli, "sources", "list", "-c", collection, "--json").stdout)
+    assert listed["location"] == url and listed["has_credentials"] is True
+    twice = run(
+        cli,
+        "sources",
+        "add",
+        url.replace("http://", f"http://{USER}:x@"),
+        "-c",
+        collection,
+        "--username",
+        USER,
+        code=1,
+    )
+    assert "given both" in twice.output and SECRET not in twice.output

@@ -34,9 +34,11 @@ def test_the_readme_points_to_the_generated_list() -> None:
 
 
 # Variables named RAGSERVICE_ that are not settings of the service: the client's and the MCP
-# server's (client/, mcp_server/), the test suite's, and the patterns docs write for a family.
+# server's (client/, mcp_server/), `sources add --username`'s password, the test suite's, and
+# the patterns docs write for a family.
 NOT_SETTINGS = {
     "RAGSERVICE_API_KEY",
+    "RAGSERVICE_SOURCE_PASSWORD",
     "RAGSERVICE_URL",
     "RAGSERVICE_MCP_IDLE_TIMEOUT",
     "RAGSERVICE_MCP_KEY_CACHE_SECONDS",
