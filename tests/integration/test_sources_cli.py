@@ -433,3 +433,18 @@ def test_username_flag_takes_the_password_from_the_environment(
         code=1,
     )
     assert "given both" in twice.output and SECRET not in twice.output
+
+
+def test_ingest_url_with_credentials_gives_its_source_them(
+    cli: CliRunner, database_url: str, locked_site: tuple[str, list[str | None]]
+) -> None:
+    url, seen = locked_site
+    collection = f"locked-{uuid.uuid4().hex[:8]}"
+    run(cli, "ingest", url, "-c", collection, code=1)  # no credentials: 401
+    with_userinfo = url.replace("http://", f"http://{USER}:{SECRET}@", 1)
+    again = json.loads(run(cli, "ingest", with_userinfo, "-c", collection, "--json").stdout)
+    assert again["ok"] and again["runs"][0]["location"] == url
+    [listed] = json.loads(run(cli, "sources", "list", "-c", collection, "--json").stdout)
+    assert listed["has_credentials"] is True and BASIC in seen
+    audit = rows(database_url, "SELECT action, details FROM audit_log")
+    assert "source.credentials" in repr(audit) and SECRET not in repr(audit)
