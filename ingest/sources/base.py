@@ -45,13 +45,16 @@ class Changed:
 
     `key` is the document's external id (a URL, `s3://bucket/key`, a path relative to the
     folder) and stays the same across runs; `origin` is recorded in the document's metadata
-    (`origin`: where it came from and the validators it came with)."""
+    (`origin`: where it came from and the validators it came with). `readers`: who may read
+    it, as the source itself says (a folder's `.readers` sidecar); None: not said, so the
+    source's own readers apply."""
 
     key: str
     name: str
     data: bytes
     state: ItemState
     origin: dict[str, Any] = field(default_factory=dict)
+    readers: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)

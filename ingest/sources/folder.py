@@ -7,6 +7,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from ingest.loaders.readers import Sidecars
 from ingest.loaders.walking import Found, walk_files
 from ingest.sources.base import (
     Changed,
@@ -17,6 +18,7 @@ from ingest.sources.base import (
     SourceError,
     Unchanged,
 )
+from ragservice.errors import InvalidInputError
 
 
 @dataclass
@@ -37,7 +39,11 @@ class FolderReader:
 
     A file whose size and modification time (its `etag`, `size:mtime_ns`) are what `known`
     holds is unchanged without being read; one that was touched but holds the same bytes
-    (same SHA-256) is unchanged too, with its new etag, so touching files writes nothing."""
+    (same SHA-256) is unchanged too, with its new etag, so touching files writes nothing.
+
+    A file's readers come from the nearest `.readers` sidecar up to the root, as for `ingest
+    PATH` (`ingest.loaders.readers.Sidecars`); they are part of its etag and hash, so a file
+    whose sidecar changed is read again and its document re-permissioned."""
 
     def __init__(
         self,
@@ -53,12 +59,14 @@ class FolderReader:
         self.max_bytes = max_bytes
         self.complete = False
         self.stats = FolderStats()
+        self._sidecars = Sidecars()
 
     def scan(self, known: Mapping[str, ItemState]) -> Iterator[ScanEvent]:
         """One event per file selected; raises SourceError (before yielding) when the root is
         missing or unreadable, so a run over a vanished folder deletes nothing."""
         self.complete = False
         self.stats = FolderStats()
+        self._sidecars = Sidecars()
         files = self._files()
         return self._events(files, known)
 
@@ -88,10 +96,14 @@ class FolderReader:
 
     def _event(self, path: Path, key: str, prior: ItemState | None) -> ScanEvent:
         try:
+            readers = self._sidecars.readers_for(path, key)
+        except InvalidInputError as exc:
+            return Failed(key, str(exc))
+        try:
             status = path.stat()
         except OSError as exc:
             return Failed(key, f"cannot read {path}: {exc.strerror}")
-        etag = f"{status.st_size}:{status.st_mtime_ns}"
+        etag = f"{status.st_size}:{status.st_mtime_ns}{_readers_mark(readers)}"
         if prior is not None and prior.etag == etag:
             return Unchanged(key, prior)
         if self.max_bytes is not None and status.st_size > self.max_bytes:
@@ -102,7 +114,18 @@ class FolderReader:
         except OSError as exc:
             return Failed(key, f"cannot read {path}: {exc.strerror}")
         self.stats.read += 1
-        state = ItemState(etag=etag, content_hash=hashlib.sha256(data).hexdigest())
+        digest = hashlib.sha256(data).hexdigest() + _readers_mark(readers)
+        state = ItemState(etag=etag, content_hash=digest)
         if prior is not None and prior.content_hash == state.content_hash:
             return Unchanged(key, state)
-        return Changed(key, path.name, data, state, origin={"path": str(path)})
+        if readers is None and prior is not None and ":r" in (prior.content_hash or ""):
+            readers = ()  # its sidecar is gone: the readers it gave go with it
+        return Changed(key, path.name, data, state, origin={"path": str(path)}, readers=readers)
+
+
+def _readers_mark(readers: tuple[str, ...] | None) -> str:
+    """What a file's sidecar readers add to its etag and hash: nothing without a sidecar (so
+    the states of folders with none stay as they were), else a digest of the list."""
+    if readers is None:
+        return ""
+    return ":r" + hashlib.sha256("\n".join(readers).encode()).hexdigest()[:16]

@@ -212,3 +212,55 @@ def test_imported_vectors_get_their_readers(
         summary = ingest(cli, str(path), "-c", "vectors", "--readers", "group:it")
         assert summary["ok"] and summary["counts"]["chunks_embedded"] == 0
     assert readers(database_url) == {"v": ["group:hr"], "p": ["group:it"]}
+
+
+@pytest.mark.parametrize("command", ["sync", "sources"])
+def test_folder_sources_give_each_file_its_sidecars_readers(
+    cli: CliRunner, database_url: str, tmp_path: Path, command: str
+) -> None:
+    """`sync PATH` and `sources add PATH` read a folder as `ingest PATH` does: the nearest
+    `.readers` wins over the source's own readers; changing a sidecar re-permissions its files
+    (nothing is embedded again) and removing it gives them the source's readers back."""
+    folder = handbook(tmp_path / "handbook")
+    if command == "sync":
+        base = None
+        sync: tuple[str, ...] = ("sync", str(folder), "-c", "docs")
+    else:
+        base = ["group:staff"]
+        run(cli, "sources", "add", str(folder), "-c", "docs", "--readers", "group:staff")
+        [listed] = json.loads(run(cli, "sources", "list", "-c", "docs", "--json").stdout)
+        sync = ("sources", "run", listed["id"], "-c", "docs")
+    run(cli, *sync)
+    assert readers(database_url) == {
+        "leave.md": base,
+        "travel.md": base,
+        "finance/budget.md": SIDECAR_READERS,
+        "finance/plans/cuts.md": SIDECAR_READERS,
+    }
+    embedded = rows(database_url, "SELECT count(*) FROM chunk_embeddings")[0][0]
+
+    (folder / "finance" / "plans" / ".readers").write_text("group:board\n")
+    run(cli, *sync)
+    assert readers(database_url)["finance/plans/cuts.md"] == ["group:board"]
+    assert readers(database_url)["finance/budget.md"] == SIDECAR_READERS
+    assert rows(database_url, "SELECT count(*) FROM chunk_embeddings")[0][0] == embedded
+
+    (folder / "finance" / "plans" / ".readers").unlink()
+    (folder / "finance" / ".readers").unlink()
+    run(cli, *sync)
+    assert readers(database_url) == dict.fromkeys(
+        ["leave.md", "travel.md", "finance/budget.md", "finance/plans/cuts.md"], base
+    )
+
+
+def test_a_bad_sidecar_fails_its_folder_sources_files_only(
+    cli: CliRunner, database_url: str, tmp_path: Path
+) -> None:
+    folder = tmp_path / "mixed"
+    (folder / "locked").mkdir(parents=True)
+    (folder / "open.md").write_text("# Open\n\nEveryone may read this page.")
+    (folder / "locked" / "a.md").write_text("# A\n\nA page for some.")
+    (folder / "locked" / ".readers").write_text("group:hr, janitor\n")
+    failed = cli.invoke(app, ["sync", str(folder), "-c", "docs"])
+    assert "'janitor'" in failed.output and "Traceback" not in failed.output
+    assert readers(database_url) == {"open.md": None}  # the locked file is not stored open
