@@ -123,6 +123,16 @@ def document_hash(doc: LoadedDocument, model_id: int | None = None) -> str:
     return digest.hexdigest()
 
 
+NOT_YOURS = "this external id cannot be written by you (it is not free, and you may not read it)"
+"""Why an ingest refuses a stored document its asker may not read: the same words whatever the
+document holds, so that the refusal tells no more than that the id is taken."""
+
+
+def may_read(principals: frozenset[str] | None, readers: Sequence[str] | None) -> bool:
+    """Whether the principal set (None: every document) may read a document of `readers`."""
+    return principals is None or not readers or not principals.isdisjoint(readers)
+
+
 def text_hash(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
@@ -156,6 +166,7 @@ class IngestPipeline:
         self._lookup_batch = lookup_batch
         self._text_tools: tuple[Tokenizer, ChunkingOptions] | None = None
         self._dimension: int | None = None
+        self._writes_as: frozenset[str] | None = None  # of the current run
 
     @property
     def model_id(self) -> int:
@@ -203,6 +214,7 @@ class IngestPipeline:
         on_progress: ProgressCallback | None = None,
         report: IngestReport | None = None,
         pack: bool = True,
+        writes_as: frozenset[str] | None = None,
     ) -> IngestReport:
         """Ingest `items` into `collection`; `prune` deletes documents absent from `items`.
 
@@ -210,7 +222,11 @@ class IngestPipeline:
         Everything it reads and writes is the pipeline's tenant's, whatever the caller's scope.
         `pack`: once the batches are written, pack the postings blocks the large ones appended
         (`store.postings`); a caller that runs several pipelines packs once after them.
+        `writes_as`: the principal set of whoever asked for the ingest (a job's queuer, a
+        source's adder; None: every document). A stored document it may not read is not
+        replaced, re-permissioned or compared: it fails with `NOT_YOURS`, whatever it holds.
         """
+        self._writes_as = writes_as
         with tenancy.as_tenant(self._tenant_id):
             report = self._run(items, collection, dry_run, prune, on_progress, report)
             if pack and not dry_run and report.chunks_written >= store.postings.APPEND_MIN_CHUNKS:
@@ -237,7 +253,9 @@ class IngestPipeline:
         writer = (
             None
             if dry_run
-            else BatchWriter(self._db, self._tenant_id, collection_id, self._model_id)
+            else BatchWriter(
+                self._db, self._tenant_id, collection_id, self._model_id, self._writes_as
+            )
         )
         prepared = Prefetch(
             self._prepared(items, collection_id, seen),
@@ -334,10 +352,14 @@ class IngestPipeline:
     ) -> tuple[list[str], list[_Pending | LoadFailure]]:
         """The external ids of unchanged documents, and the others prepared (or failed)."""
         stored = self._stored(collection_id, [d.external_id for d in docs])
+        failed: list[_Pending | LoadFailure] = []
         unchanged: list[str] = []
         changed: list[tuple[LoadedDocument, str]] = []
         for doc in docs:
             before = stored.get(doc.external_id)
+            if before is not None and not may_read(self._writes_as, before.readers):
+                failed.append(LoadFailure(doc.source or doc.external_id, NOT_YOURS))
+                continue
             if doc.readers is None and before is not None and before.readers:
                 # Not named by this ingest: the document keeps who may read it, and is hashed
                 # so (an ingest that named them hashed them): unchanged stays unchanged.
@@ -347,7 +369,7 @@ class IngestPipeline:
                 unchanged.append(doc.external_id)
                 continue
             changed.append((doc, digest))
-        return unchanged, list(self._prepare(changed))
+        return unchanged, failed + list(self._prepare(changed))
 
     def _prepare(
         self, docs: Sequence[tuple[LoadedDocument, str]]
@@ -472,7 +494,8 @@ class IngestPipeline:
             return
         if collection_id is None or dry_run:
             return
-        with self._db.write() as session:
+        # Row-level security keeps the documents the asker may not read out of the delete.
+        with tenancy.as_tenant(self._tenant_id, self._writes_as), self._db.write() as session:
             report.deleted = store.documents.delete_documents_except(session, collection_id, seen)
 
 

@@ -110,9 +110,15 @@ class BatchWriter:
     """Commits batches on a thread of its own, one transaction each, at most one batch behind."""
 
     def __init__(
-        self, db: Database, tenant_id: uuid.UUID, collection_id: uuid.UUID | None, model_id: int
+        self,
+        db: Database,
+        tenant_id: uuid.UUID,
+        collection_id: uuid.UUID | None,
+        model_id: int,
+        writes_as: frozenset[str] | None = None,
     ) -> None:
         assert collection_id is not None
+        self._writes_as = writes_as
         self._db = db
         self._tenant_id = tenant_id
         self._collection_id = collection_id
@@ -177,6 +183,7 @@ class BatchWriter:
                         collection_id=self._collection_id,
                         model_id=self._model_id,
                         documents=writes,
+                        writes_as=self._writes_as,
                     )
             except BaseException as exc:  # handed to the main thread, which re-raises it
                 self._error = exc

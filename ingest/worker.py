@@ -277,7 +277,13 @@ class JobWorker:
         pipeline = self._pipeline(job)
         items = self._results(job, _formats(job), progress)
         with contextlib.closing(items):
-            pipeline.run(items, collection=job.collection, on_progress=progress, report=report)
+            pipeline.run(
+                items,
+                collection=job.collection,
+                on_progress=progress,
+                report=report,
+                writes_as=job.writes_as,
+            )
 
     def _sync(
         self, job: store.jobs.ClaimedJob, report: IngestReport, progress: _Progress

@@ -9,6 +9,7 @@ from typing import Any
 import ingest.sources as sources
 from ingest.pipeline import IngestReport
 from ingest.sources.base import SourceError, SourceReader
+from ingest.sources.credentials import Credentials, redact
 from ingest.sources.deadline import RunDeadline
 from ingest.sources.sync import SyncProgress, SyncReport, SyncTarget, sync_source
 from ragservice import store
@@ -24,14 +25,22 @@ class SourceGone(RagServiceError):
     status_code = 404
 
 
-def open_reader(settings: Settings, location: str, options: dict[str, Any]) -> SourceReader:
+def open_reader(
+    settings: Settings,
+    location: str,
+    options: dict[str, Any],
+    *,
+    credentials: Credentials | None = None,
+) -> SourceReader:
     """The reader for a source at `location` with its `options` (`ingest.sources.reader_for`,
-    which checks them: ValueError for one it does not know or a bad value), its scan bounded
-    by the run's deadline (`run_seconds`)."""
+    which checks them: ValueError for one it does not know or a bad value), fetching with
+    `credentials`, its scan bounded by the run's deadline (`run_seconds`)."""
     reader_for = getattr(sources, "reader_for", None)
     if reader_for is None:  # the readers are not installed in this build
         raise ConfigurationError("this build has no source readers")
-    reader: SourceReader = reader_for(location, options, settings=settings.sources)
+    reader: SourceReader = reader_for(
+        location, options, settings=settings.sources, credentials=credentials
+    )
     # A run ends by its deadline (`ingest.sources.deadline`), whatever reads it.
     return RunDeadline(reader, sources.run_seconds(options, settings.sources))
 
@@ -49,6 +58,7 @@ def source_target(runtime: Runtime, source: Source) -> SyncTarget:
         collection=collection,
         readers=None if source.readers is None else tuple(source.readers),
         prune=source.prune,
+        writes_as=None if source.writes_as is None else frozenset(source.writes_as),
     )
 
 
@@ -61,15 +71,34 @@ def run_source(
     ingest: IngestReport | None = None,
 ) -> SyncReport:
     """Sync `source` now in this thread. A source whose reader cannot even be opened (its
-    host refused by the guard since, say) fails the run: `report.failure` says why."""
+    host refused by the guard since, say) fails the run: `report.failure` says why. Its
+    credentials are in none of the report's messages, nor in the message of what it raises."""
     report = report or SyncReport()
     target = source_target(runtime, source)
+    credentials = Credentials.from_json(source.credentials)
     try:
-        reader = open_reader(runtime.settings, source.location, dict(source.options))
-    except SourceError as exc:
-        report.failure = str(exc)
-        return report
-    return sync_source(runtime, target, reader, progress=progress, report=report, ingest=ingest)
+        options = dict(source.options)
+        try:
+            reader = open_reader(
+                runtime.settings, source.location, options, credentials=credentials
+            )
+        except SourceError as exc:
+            report.failure = str(exc)
+            return report
+        return sync_source(runtime, target, reader, progress=progress, report=report, ingest=ingest)
+    except Exception as exc:
+        if credentials is not None and redact(str(exc), credentials) != str(exc):
+            raise SourceError(redact(str(exc), credentials)) from None
+        raise
+    finally:
+        _redact_report(report, credentials)
+
+
+def _redact_report(report: SyncReport, credentials: Credentials | None) -> None:
+    if report.failure is not None:
+        report.failure = redact(report.failure, credentials)
+    report.errors = [(key, redact(reason, credentials)) for key, reason in report.errors]
+    report.skips = [(key, redact(reason, credentials)) for key, reason in report.skips]
 
 
 def claimed_source(runtime: Runtime, job: store.jobs.ClaimedJob) -> Source:

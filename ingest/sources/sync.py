@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 
 from ingest.loaders import DocumentLimits, LoadResult
@@ -126,6 +127,8 @@ class SyncTarget:
     collection: str
     readers: tuple[str, ...] | None = None
     prune: bool = True
+    writes_as: frozenset[str] | None = None
+    """Whose documents its runs may replace or delete: its adder's principal set (None: all)."""
 
 
 def sync_source(
@@ -243,6 +246,7 @@ class _Run:
             collection=self._target.collection,
             on_progress=lambda _docs, _chunks: self._progress(self.report),
             pack=False,
+            writes_as=self._target.writes_as,
         )
         self._ingest.add(ingested)
         self._ingest.seconds += ingested.seconds  # one after another: they add up
@@ -279,7 +283,8 @@ class _Run:
                 metadata={"origin": change.origin},
                 limits=self._limits,
             )
-            for result in with_readers(results, self._target.readers):
+            readers = _readers(change.readers, self._target.readers)
+            for result in with_readers(results, readers):
                 if isinstance(result, LoadedDocument):
                     produced[result.external_id] = change.key
                 yield result
@@ -305,7 +310,7 @@ class _Run:
         if not states:
             return
         target = self._target
-        with self._runtime.db.write() as session:
+        with self._deleting(), self._runtime.db.write() as session:
             store.sources.save_items(
                 session,
                 tenant_id=target.tenant_id,
@@ -327,10 +332,15 @@ class _Run:
                 len(gone),
             )
             return
-        with self._runtime.db.write() as session:
+        with self._deleting(), self._runtime.db.write() as session:
             store.sources.delete_source_documents(session, self._target.collection_id, gone)
             store.sources.delete_items(session, self._target.source_id, gone)
         self.report.removed += len(gone)
+
+    def _deleting(self) -> AbstractContextManager[None]:
+        """Transactions that delete the source's documents see only those its adder may read
+        (row-level security): a run never deletes a document hidden from who added it."""
+        return tenancy.as_tenant(self._target.tenant_id, readers=self._target.writes_as)
 
     def _reader_counts(self, reader: SourceReader) -> None:
         """The requests and `304 Not Modified` answers the reader counts (its `stats`), if it
@@ -339,6 +349,15 @@ class _Run:
         self.report.requests = int(getattr(stats, "requests", 0) or 0)
         not_modified = getattr(stats, "not_modified", None)
         self.report.not_modified = self._not_modified if not_modified is None else int(not_modified)
+
+
+def _readers(own: tuple[str, ...] | None, source: tuple[str, ...] | None) -> tuple[str, ...] | None:
+    """Who may read a fetched document (after its own rows' readers): what the source says of
+    it (a sidecar), else the source's readers; `()` from the source (a sidecar gone) with no
+    source readers opens it to the whole tenant."""
+    if own:
+        return own
+    return source if source is not None else own
 
 
 def _key_of(source: str, keys: set[str], produced: dict[str, str]) -> str:

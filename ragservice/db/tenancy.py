@@ -124,6 +124,13 @@ def apply(connection: Connection, tenancy: Tenancy | None = None, *, switch_role
         connection.exec_driver_sql(_AS_SYSTEM)
 
 
+def asker_principals() -> list[str] | None:
+    """The principal set of the asker a transaction starting now reads as, sorted (what jobs
+    and sources record as whose documents they may replace); None: every document."""
+    now = current()
+    return None if now.system or now.readers is None else sorted(now.readers)
+
+
 def readers_setting(readers: frozenset[str] | None) -> str:
     """`ragservice.readers` for a principal set (None: every document)."""
     return ALL_DOCUMENTS if readers is None else array_literal(readers)

@@ -82,7 +82,8 @@ def set_readers(
             "changed": changed,
         }
         audit(session, caller, "document.readers", external_id, details)
-        session.refresh(doc)  # the readers and the time of the change, as stored
+        session.expunge(doc)  # shown as changed, though the caller may no longer read it
+    doc.readers = list(readers) if readers else None
     return doc
 
 

@@ -15,6 +15,7 @@ from sqlalchemy import delete, func, select
 from sqlalchemy import text as sql_text
 from sqlalchemy.orm import Session
 
+from ragservice.db import tenancy
 from ragservice.db.engine import driver_connection
 from ragservice.db.models import Chunk, Document
 from ragservice.store import bulk, indexes, postings
@@ -69,15 +70,21 @@ SET title = EXCLUDED.title, source = EXCLUDED.source, metadata = EXCLUDED.metada
     char_count = EXCLUDED.char_count, readers = EXCLUDED.readers, version = d.version + 1,
     updated_at = now()
 WHERE d.content_hash IS DISTINCT FROM EXCLUDED.content_hash
+  AND (%(writes_all)s OR d.readers IS NULL OR cardinality(d.readers) = 0
+       OR d.readers && %(writes_as)s::text[])
 RETURNING d.id, d.external_id, d.version, d.readers
 """
 
 # A document's readers changed (PATCH). Its chunks follow and the cached answers built on it go,
-# by the documents' trigger (migration 0026), whatever path the change takes.
+# by the documents' trigger (migration 0026), whatever path the change takes. It runs reading
+# every document of the tenant (the caller found the document first), so that new readers may
+# leave the caller out; the caller's principal set is put back after it.
 _SET_READERS = """
 UPDATE documents SET readers = %(readers)s::text[], updated_at = now()
 WHERE id = %(document_id)s AND readers IS DISTINCT FROM %(readers)s::text[]
 """
+_READERS_NOW = "SELECT current_setting('ragservice.readers', true)"
+_READ_AS = "SELECT set_config('ragservice.readers', %s, true)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,9 +139,16 @@ def stored_documents(
 
 def set_readers(session: Session, document_id: uuid.UUID, readers: Sequence[str] | None) -> bool:
     """Give a document (and its chunks) new readers, None or empty: the whole tenant; whether
-    they changed. Nothing is re-embedded; the cached answers built on it are deleted."""
+    they changed. Nothing is re-embedded; the cached answers built on it are deleted. The
+    caller must have found the document (it may read it): the new readers may leave it out."""
     params = {"document_id": document_id, "readers": list(readers) if readers else None}
-    return bool(driver_connection(session).execute(_SET_READERS, params).rowcount)
+    conn = driver_connection(session)
+    saved = conn.execute(_READERS_NOW).fetchone()
+    conn.execute(_READ_AS, (tenancy.ALL_DOCUMENTS,))
+    try:
+        return bool(conn.execute(_SET_READERS, params).rowcount)
+    finally:
+        conn.execute(_READ_AS, (saved[0] if saved and saved[0] is not None else "",))
 
 
 def delete_documents(
@@ -170,6 +184,7 @@ def write_documents(
     model_id: int,
     documents: Sequence[DocumentWrite],
     append: bool | None = None,
+    writes_as: frozenset[str] | None = None,
 ) -> BatchWriteResult:
     """Insert new documents and replace changed ones with their chunks and embeddings.
 
@@ -177,14 +192,16 @@ def write_documents(
     alone. Old chunks of a changed document are deleted (their embeddings cascade) and the
     document's version goes up by one. `append` (default: for a batch of at least
     `postings.APPEND_MIN_CHUNKS` chunks) writes the postings in append mode, for a load that
-    ends with `postings.pack_postings`.
+    ends with `postings.pack_postings`. `writes_as`: a stored document that this principal set
+    may not read is left alone, like an unchanged one (None: every document may be replaced);
+    the ingest refuses those before it gets here, this holds when one turns hidden meanwhile.
     """
     if append is None:
         append = sum(len(d.chunks) for d in documents) >= postings.APPEND_MIN_CHUNKS
     if append:
         postings.append_postings(session)
     conn = driver_connection(session)
-    written = _upsert_documents(conn, tenant_id, collection_id, documents)
+    written = _upsert_documents(conn, tenant_id, collection_id, documents, writes_as)
     result = BatchWriteResult(written=written)
     by_external = {doc.external_id: doc for doc in documents}
     result.unchanged = sorted(set(by_external) - {w.external_id for w in written})
@@ -200,8 +217,11 @@ def _upsert_documents(
     tenant_id: uuid.UUID,
     collection_id: uuid.UUID,
     documents: Sequence[DocumentWrite],
+    writes_as: frozenset[str] | None,
 ) -> list[WrittenDocument]:
     params = {
+        "writes_all": writes_as is None,
+        "writes_as": sorted(writes_as or ()),
         "tenant_id": tenant_id,
         "collection_id": collection_id,
         "external_ids": [d.external_id for d in documents],

@@ -24,7 +24,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Session, aliased
 
-from ragservice.db import locks
+from ragservice.db import locks, tenancy
 from ragservice.db.engine import driver_connection
 from ragservice.db.models import Collection, IngestJob, IngestJobItem, Tenant
 from ragservice.db.scope import current_asker
@@ -70,6 +70,8 @@ class ClaimedJob:
     params: dict[str, Any]
     attempts: int
     worker: str
+    writes_as: frozenset[str] | None = None
+    """Whose documents it may replace: its queuer's principal set (None: every document)."""
 
 
 def start_job(
@@ -120,7 +122,8 @@ def enqueue_job(
         status="queued",
         params=params,
         asker=current_asker(),
-        restricted=any(item.readers for item in items),
+        restricted=any(item.readers or _rows_name_readers(item) for item in items),
+        writes_as=tenancy.asker_principals(),
     )
     session.add(job)
     session.flush()
@@ -129,6 +132,15 @@ def enqueue_job(
         driver_connection(session), "ingest_job_items", _ITEM_COLUMNS, _ITEM_TYPES, rows
     )
     return job.id
+
+
+_ROW_FILES = (".jsonl", ".parquet")
+
+
+def _rows_name_readers(item: JobItem) -> bool:
+    """A file whose rows may name their own readers: its job is shown as a restricted one from
+    the start (its rows' readers are known only once it runs, and only if they are written)."""
+    return item.kind == "file" and item.name.lower().endswith(_ROW_FILES)
 
 
 def _item_row(job_id: uuid.UUID, ordinal: int, item: JobItem) -> tuple[Any, ...]:
@@ -278,6 +290,7 @@ def _claimed(session: Session, job: IngestJob) -> ClaimedJob:
         params=job.params,
         attempts=job.attempts,
         worker=job.worker,
+        writes_as=None if job.writes_as is None else frozenset(job.writes_as),
     )
 
 

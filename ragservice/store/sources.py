@@ -36,7 +36,7 @@ from sqlalchemy.dialects.postgresql import distinct_on
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.orm import Session
 
-from ragservice.db import locks
+from ragservice.db import locks, tenancy
 from ragservice.db.models import Collection, Document, IngestJob, Source, SourceItem
 from ragservice.db.scope import current_asker
 from ragservice.errors import ConflictError
@@ -60,11 +60,14 @@ class NewSource:
     readers: Sequence[str] | None
     every_seconds: int | None
     prune: bool
+    credentials: dict[str, str] | None = None
+    """What it is read with (`ingest.sources.credentials`); never shown."""
 
 
 def add_source(session: Session, new: NewSource) -> Source:
     """Record a source; its first scheduled run is one interval from now (a run wanted at
-    once is queued by the caller). ConflictError when the collection has one at `location`."""
+    once is queued by the caller). ConflictError when the collection has one at `location`.
+    Its runs replace only the documents its adder (the asker now) may read (`writes_as`)."""
     if find_source(session, new.collection_id, new.location) is not None:
         raise ConflictError(f"the collection already has a source at {new.location!r}")
     source = Source(
@@ -74,8 +77,10 @@ def add_source(session: Session, new: NewSource) -> Source:
         location=new.location,
         options=new.options,
         readers=None if new.readers is None else list(new.readers),
+        writes_as=tenancy.asker_principals(),
         every_seconds=new.every_seconds,
         prune=new.prune,
+        credentials=new.credentials,
     )
     session.add(source)
     session.flush()
@@ -93,6 +98,13 @@ def find_source(session: Session, collection_id: uuid.UUID, location: str) -> So
     """The collection's source at `location`; None when it has none."""
     stmt = select(Source).where(Source.collection_id == collection_id, Source.location == location)
     return session.scalar(stmt)
+
+
+def set_credentials(
+    session: Session, source_id: uuid.UUID, credentials: dict[str, str] | None
+) -> None:
+    """Replace what the source is read with (None: nothing, the reader's defaults)."""
+    session.execute(update(Source).where(Source.id == source_id).values(credentials=credentials))
 
 
 def get_source(session: Session, collection_id: uuid.UUID, source_id: uuid.UUID) -> Source | None:

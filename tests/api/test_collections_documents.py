@@ -125,7 +125,7 @@ def test_a_job_that_cannot_run_fails_with_a_reason(client: TestClient, keys: Key
         ),
         202,
     )
-    finished = wait_for_job(client, job["id"], keys.reader)
+    finished = wait_for_job(client, job["id"], keys.writer)  # rows may name readers: its own
     assert finished["status"] == "failed"
     assert finished["errors"][0]["source"] is None
     assert "colour" in finished["errors"][0]["error"]
