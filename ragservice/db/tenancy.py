@@ -29,6 +29,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
+from typing import Any
 
 from sqlalchemy import Connection
 
@@ -122,6 +123,23 @@ def apply(connection: Connection, tenancy: Tenancy | None = None, *, switch_role
     connection.exec_driver_sql(_SET_TENANT, (tenant, readers_setting(tenancy.readers)))
     if tenancy.system and switch_role:
         connection.exec_driver_sql(_AS_SYSTEM)
+
+
+@contextmanager
+def reading_every_document(connection: Any) -> Iterator[None]:
+    """Within the transaction open on `connection` (a driver connection), statements read every
+    document of its tenant; the asker's principal set is put back after. For the writes that
+    the caller was checked to be allowed first, and for counts of what the asker cannot see."""
+    saved = connection.execute(_READERS_NOW).fetchone()
+    connection.execute(_READ_AS, (ALL_DOCUMENTS,))
+    try:
+        yield
+    finally:
+        connection.execute(_READ_AS, (saved[0] if saved and saved[0] is not None else "",))
+
+
+_READERS_NOW = "SELECT current_setting('ragservice.readers', true)"
+_READ_AS = "SELECT set_config('ragservice.readers', %s, true)"
 
 
 def asker_principals() -> list[str] | None:

@@ -10,6 +10,7 @@ from typing import Any
 
 from ragservice import store
 from ragservice.db import Database
+from ragservice.errors import PermissionDeniedError
 from ragservice.services.callers import Caller, audit
 from ragservice.store.collections import CollectionInfo
 from ragservice.store.prompt_cache import CacheEntryInfo
@@ -104,8 +105,15 @@ def update_collection(
 
 
 def delete_collection(db: Database, caller: Caller, name: str) -> None:
-    """Delete the collection with all its documents, chunks, embeddings and jobs."""
+    """Delete the collection with all its documents, chunks, embeddings and jobs.
+    PermissionDeniedError when it holds documents the caller may not read (an admin key of a
+    user): those are deleted only by one who may read them all."""
     with db.write() as session:
+        if store.collections.holds_hidden_documents(session, caller.tenant_id, name):
+            raise PermissionDeniedError(
+                f"collection {name!r} holds documents you may not read; it can be deleted "
+                "by an admin who may read every document (a key of no user)"
+            )
         if not store.collections.delete_collection(session, caller.tenant_id, name):
             raise store.collections.collection_not_found(name)
         audit(session, caller, "collection.delete", name)

@@ -13,6 +13,7 @@ from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
 from ragservice.db import tenancy
+from ragservice.db.engine import driver_connection
 from ragservice.db.models import Collection, CollectionTextStats, Document
 from ragservice.errors import ConflictError, NotFoundError
 
@@ -139,6 +140,22 @@ def set_collection_flagged_chunks(
         .values(flagged_chunks=policy, updated_at=func.now())
     )
     return bool(session.execute(stmt).rowcount)  # type: ignore[attr-defined]
+
+
+def holds_hidden_documents(session: Session, tenant_id: uuid.UUID, name: str) -> bool:
+    """Whether the collection holds documents the transaction's asker may not read."""
+    if not tenancy.current().restricted:
+        return False
+    count = (
+        select(func.count())
+        .select_from(Document)
+        .join(Collection, Collection.id == Document.collection_id)
+        .where(Collection.tenant_id == tenant_id, Collection.name == name)
+    )
+    visible = session.scalar(count) or 0
+    with tenancy.reading_every_document(driver_connection(session)):
+        every = session.scalar(count) or 0
+    return every > visible
 
 
 def delete_collection(session: Session, tenant_id: uuid.UUID, name: str) -> bool:

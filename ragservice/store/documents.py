@@ -83,8 +83,6 @@ _SET_READERS = """
 UPDATE documents SET readers = %(readers)s::text[], updated_at = now()
 WHERE id = %(document_id)s AND readers IS DISTINCT FROM %(readers)s::text[]
 """
-_READERS_NOW = "SELECT current_setting('ragservice.readers', true)"
-_READ_AS = "SELECT set_config('ragservice.readers', %s, true)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,12 +141,8 @@ def set_readers(session: Session, document_id: uuid.UUID, readers: Sequence[str]
     caller must have found the document (it may read it): the new readers may leave it out."""
     params = {"document_id": document_id, "readers": list(readers) if readers else None}
     conn = driver_connection(session)
-    saved = conn.execute(_READERS_NOW).fetchone()
-    conn.execute(_READ_AS, (tenancy.ALL_DOCUMENTS,))
-    try:
+    with tenancy.reading_every_document(conn):
         return bool(conn.execute(_SET_READERS, params).rowcount)
-    finally:
-        conn.execute(_READ_AS, (saved[0] if saved and saved[0] is not None else "",))
 
 
 def delete_documents(

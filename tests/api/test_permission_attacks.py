@@ -370,3 +370,18 @@ def test_a_source_cannot_replace_or_delete_a_document_its_adder_may_not_read(
     )
     assert removed.status_code in (200, 204), removed.text
     assert stored(client, site)[:2] == (SECRET_TEXT, ["group:hr"])
+
+
+def test_an_admin_of_a_user_cannot_delete_a_collection_holding_what_it_may_not_read(
+    client: TestClient, cast: Cast, hidden: None
+) -> None:
+    db = client.app.state.runtime.db  # type: ignore[attr-defined]
+    with tenancy.as_system(), db.write() as session:
+        tenant_id = store.tenants.ensure_tenant(session, "acme")
+        bob_admin = {"Authorization": f"Bearer {make_key(session, tenant_id, 'admin', 'bob')}"}
+        ana_admin = {"Authorization": f"Bearer {make_key(session, tenant_id, 'admin', 'ana')}"}
+    refused = client.delete("/v1/collections/policies", headers=bob_admin)
+    assert refused.status_code == 403 and "may not read" in refused.json()["detail"]
+    assert stored(client, SECRET)[0] == SECRET_TEXT
+    # ana reads both restricted documents: she may.
+    assert client.delete("/v1/collections/policies", headers=ana_admin).status_code == 204
