@@ -42,7 +42,7 @@ from ingest.loaders import (
 )
 from ingest.loaders.readers import with_readers
 from ingest.pipeline import IngestPipeline, IngestReport
-from ingest.sources.runs import claimed_source, run_source
+from ingest.sources.runs import SourceGone, claimed_source, run_source
 from ingest.sources.schedule import SourceScheduler
 from ingest.sources.sync import SyncReport
 from ingest.targets import ingest_pipeline, resolve_model
@@ -293,15 +293,38 @@ class JobWorker:
         synced = SyncReport()
         progress.counts_of = synced.counts
         run_source(
-            self._runtime, source, progress=lambda _s: progress.tick(), report=synced, ingest=report
+            self._runtime,
+            source,
+            progress=lambda _s: progress.tick(),
+            report=synced,
+            ingest=report,
+            others_waiting=lambda: self._others_waiting(job.tenant_id),
         )
         return synced
 
+    def _others_waiting(self, tenant_id: uuid.UUID) -> bool:
+        with tenancy.as_system(), self._runtime.db.read() as session:
+            return store.jobs.others_waiting(session, tenant_id)
+
     def _finish_sync(self, job: store.jobs.ClaimedJob, synced: SyncReport) -> str:
         status = "failed" if synced.failure else "done"
-        return self._record_end(
+        ended = self._record_end(
             job, status, synced.counts(), synced.job_errors(), synced.restricted
         )
+        if synced.yielded and ended == "done":
+            self._queue_next_run(job)
+        return ended
+
+    def _queue_next_run(self, job: store.jobs.ClaimedJob) -> None:
+        """A run that gave its thread up goes on in a run queued now, behind the jobs that
+        waited (the claims take the tenants with fewer running jobs, then the oldest)."""
+        try:
+            source = claimed_source(self._runtime, job)
+        except SourceGone:
+            return  # removed meanwhile: nothing goes on
+        with tenancy.as_tenant(job.tenant_id), self._runtime.db.write() as session:
+            queued = store.sources.queue_run(session, source)
+        log.info("job %s: its source's run goes on in job %s", job.id, queued)
 
     def _results(
         self,

@@ -1,5 +1,6 @@
 """A loopback site whose pages may trickle: `/slow…` paths send their body one byte every
-two seconds (a read never times out, the answer never ends in time); others answer at once."""
+two seconds (a read never times out, the answer never ends in time); `/pause…` paths answer
+after `PAUSE_SECONDS`; others answer at once."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 DRIP_SECONDS = 2.0
+PAUSE_SECONDS = 0.2
 
 
 @dataclass
@@ -29,6 +31,8 @@ class _Handler(BaseHTTPRequestHandler):
         if self.path.startswith("/slow"):
             self._drip(site)
             return
+        if self.path.startswith("/pause"):
+            site.stop.wait(PAUSE_SECONDS)
         body = site.pages.get(self.path)
         self.send_response(404 if body is None else 200)
         body = body or b"not found"

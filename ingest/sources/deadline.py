@@ -33,6 +33,23 @@ class RunOverdue(SourceError):
         self.seconds = seconds
 
 
+class RunYielded(SourceError):
+    """The run took its turn while another tenant's job waited: it stops here, done for now,
+    keeping what it wrote; its next run goes on from there."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__(
+            f"the run gave its job thread up after {seconds:g} s while another tenant's job "
+            "waited (RAGSERVICE_SOURCE_TURN_SECONDS); what it wrote is kept, nothing was "
+            "deleted, and its next run is queued to go on from there"
+        )
+        self.seconds = seconds
+
+
+WAITING_CHECK_SECONDS = 1.0
+"""How often, at most, a run past its turn asks whether another tenant's job waits."""
+
+
 class Deadline:
     """When the requests of one client must be over (`clock()` time; None: no deadline).
     Set before each request; the guarded client's streams read it at every connect, write
@@ -89,21 +106,43 @@ class DeadlineStream(httpcore.NetworkStream):
 class RunDeadline:
     """`reader`, whose scan raises `RunOverdue` once `seconds` have passed since it began
     (checked after each document; a reader that waits on the network bounds its own waits
-    by the same deadline, as the web reader does). Its other attributes are the reader's."""
+    by the same deadline, as the web reader does). Its other attributes are the reader's.
 
-    def __init__(self, reader: SourceReader, seconds: float, clock: Clock = time.monotonic) -> None:
+    With `others_waiting` (a worker's run), the scan also raises `RunYielded` once `turn`
+    seconds have passed and `others_waiting()` says another tenant's job waits for a thread
+    (asked at most every `WAITING_CHECK_SECONDS`)."""
+
+    def __init__(
+        self,
+        reader: SourceReader,
+        seconds: float,
+        clock: Clock = time.monotonic,
+        *,
+        turn: float | None = None,
+        others_waiting: Callable[[], bool] | None = None,
+    ) -> None:
         self.reader = reader
         self.seconds = seconds
         self.clock = clock
+        self.turn = turn
+        self.others_waiting = others_waiting
 
     def scan(self, known: Mapping[str, ItemState]) -> Iterator[ScanEvent]:
-        due = self.clock() + self.seconds
+        began = self.clock()
+        due = began + self.seconds
+        ask_at = None if self.turn is None or self.others_waiting is None else began + self.turn
         events = self.reader.scan(known)
         try:
             for event in events:
                 yield event
-                if self.clock() >= due:
+                now = self.clock()
+                if now >= due:
                     raise RunOverdue(self.seconds)
+                if ask_at is not None and now >= ask_at:
+                    assert self.others_waiting is not None
+                    if self.others_waiting():
+                        raise RunYielded(round(now - began, 1))
+                    ask_at = now + WAITING_CHECK_SECONDS
         finally:
             close = getattr(events, "close", None)
             if close is not None:

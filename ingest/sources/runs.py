@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import ingest.sources as sources
@@ -31,10 +32,12 @@ def open_reader(
     options: dict[str, Any],
     *,
     credentials: Credentials | None = None,
+    others_waiting: Callable[[], bool] | None = None,
 ) -> SourceReader:
     """The reader for a source at `location` with its `options` (`ingest.sources.reader_for`,
     which checks them: ValueError for one it does not know or a bad value), fetching with
-    `credentials`, its scan bounded by the run's deadline (`run_seconds`)."""
+    `credentials`, its scan bounded by the run's deadline (`run_seconds`) and, given
+    `others_waiting` (a worker's run), by its turn (`RAGSERVICE_SOURCE_TURN_SECONDS`)."""
     reader_for = getattr(sources, "reader_for", None)
     if reader_for is None:  # the readers are not installed in this build
         raise ConfigurationError("this build has no source readers")
@@ -42,7 +45,12 @@ def open_reader(
         location, options, settings=settings.sources, credentials=credentials
     )
     # A run ends by its deadline (`ingest.sources.deadline`), whatever reads it.
-    return RunDeadline(reader, sources.run_seconds(options, settings.sources))
+    return RunDeadline(
+        reader,
+        sources.run_seconds(options, settings.sources),
+        turn=settings.sources.source_turn_seconds,
+        others_waiting=others_waiting,
+    )
 
 
 def source_target(runtime: Runtime, source: Source) -> SyncTarget:
@@ -69,10 +77,13 @@ def run_source(
     progress: SyncProgress | None = None,
     report: SyncReport | None = None,
     ingest: IngestReport | None = None,
+    others_waiting: Callable[[], bool] | None = None,
 ) -> SyncReport:
     """Sync `source` now in this thread. A source whose reader cannot even be opened (its
     host refused by the guard since, say) fails the run: `report.failure` says why. Its
-    credentials are in none of the report's messages, nor in the message of what it raises."""
+    credentials are in none of the report's messages, nor in the message of what it raises.
+    `others_waiting`: whether another tenant's job waits for a thread (a worker's run gives
+    its thread up then, once its turn is over: `report.yielded`)."""
     report = report or SyncReport()
     target = source_target(runtime, source)
     credentials = Credentials.from_json(source.credentials)
@@ -80,7 +91,11 @@ def run_source(
         options = dict(source.options)
         try:
             reader = open_reader(
-                runtime.settings, source.location, options, credentials=credentials
+                runtime.settings,
+                source.location,
+                options,
+                credentials=credentials,
+                others_waiting=others_waiting,
             )
         except SourceError as exc:
             report.failure = str(exc)

@@ -36,6 +36,7 @@ from ingest.sources.base import (
     SourceReader,
     Unchanged,
 )
+from ingest.sources.deadline import RunYielded
 from ingest.targets import ingest_pipeline
 from ragservice import store
 from ragservice.db import tenancy
@@ -77,6 +78,9 @@ class SyncReport:
     skips: list[tuple[str, str]] = field(default_factory=list)
     complete: bool = False
     failure: str | None = None
+    yielded: str | None = None
+    """Why the run stopped early, done for now (its turn was over while another tenant's job
+    waited: `deadline.RunYielded`); its next run goes on from there."""
     restricted: bool = False
     """A document it wrote has readers (its job is then shown to fewer askers)."""
 
@@ -91,6 +95,7 @@ class SyncReport:
             "skipped": self.skipped,
             "requests": self.requests,
             "not_modified": self.not_modified,
+            "yielded": int(self.yielded is not None),
         }
 
     def job_errors(self) -> list[dict[str, str]]:
@@ -174,12 +179,17 @@ class _Run:
         found: set[str] = set()
         try:
             self._scan(reader, pipeline, known, found)
+        except RunYielded as exc:
+            self.report.yielded = str(exc)
+            log.info("source %s: %s", self._target.source_id, self.report.yielded)
         except SourceError as exc:
             self.report.failure = str(exc) or type(exc).__name__
             log.warning("source %s: %s", self._target.source_id, self.report.failure)
         self._reader_counts(reader)
-        self.report.complete = self.report.failure is None and bool(
-            getattr(reader, "complete", True)
+        self.report.complete = (
+            self.report.failure is None
+            and self.report.yielded is None
+            and bool(getattr(reader, "complete", True))
         )
         self._save({})
         if self._target.prune:

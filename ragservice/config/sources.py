@@ -78,6 +78,16 @@ class SourceSettings(SettingsGroup):
             "goes on from there"
         ),
     )
+    source_turn_seconds: float = Field(
+        default=60.0,
+        gt=0,
+        le=86400,
+        description=(
+            "seconds a worker's source run keeps its job thread while another tenant's job "
+            "waits: then it stops between two documents, done for now (whole batches kept, "
+            "nothing deleted), and its next run is queued behind the waiting jobs"
+        ),
+    )
     source_max_bytes: int = Field(
         default=32 * 2**20,
         ge=1,

@@ -204,6 +204,17 @@ def claim_job(
     return _claimed(session, job)
 
 
+def others_waiting(session: Session, tenant_id: uuid.UUID) -> bool:
+    """Whether a job of another tenant than `tenant_id` is queued for the workers (for a
+    session that sees every tenant's jobs)."""
+    waiting = select(IngestJob.id).where(
+        IngestJob.status == "queued",
+        IngestJob.kind != CLI_JOB_KIND,
+        IngestJob.tenant_id != tenant_id,
+    )
+    return bool(session.scalar(select(waiting.exists())))
+
+
 QUEUE_COUNT_TIMEOUT_MS = 2000
 """`queue_depth` gives up after this long (a scrape must not hang on a busy database)."""
 

@@ -8,6 +8,8 @@ import dataclasses
 import time
 import uuid
 
+from sqlalchemy import select
+
 from ingest.worker import JobWorker
 from ragservice import store
 from ragservice.db.models import IngestJob
@@ -75,3 +77,64 @@ def test_a_trickling_site_ends_by_the_run_deadline_and_another_tenants_upload_ru
         f"run ended after {ran:.1f} s (deadline {RUN_SECONDS:g} s; {run_ended:.1f} s after the "
         f"worker started); the other tenant's upload was done {upload_ended:.1f} s after"
     )
+
+
+PAGES = 30
+
+
+def runs_of(runtime: Runtime, source_id: uuid.UUID) -> list[IngestJob]:
+    with runtime.db.read() as session:
+        found = session.scalars(
+            select(IngestJob).where(IngestJob.source_id == source_id).order_by(IngestJob.created_at)
+        )
+        return list(found)
+
+
+def test_a_long_run_takes_turns_with_another_tenants_upload(runtime: Runtime) -> None:
+    """One job thread, a crawl of 31 pages of 0.2 s each (over 6 s) and a turn of 1 s: once
+    another tenant's upload waits, the run stops between two pages, done for now, the upload
+    runs, and the source's next run (queued behind it) finishes the crawl."""
+    local = dataclasses.replace(
+        runtime,
+        settings=runtime.settings.model_copy(
+            update={
+                "sources_allow_private": True,
+                "job_poll_seconds": 0.2,
+                "crawl_rate": 1000.0,
+                "source_turn_seconds": 1.0,
+            }
+        ),
+    )
+    links = "".join(f'<a href="/pause-{i}.html">page {i}</a> ' for i in range(PAGES))
+    pages = {f"/pause-{i}.html": f"<p>Pause page {i}.</p>".encode() for i in range(PAGES)}
+    pages["/index.html"] = f"<html><body><p>Index.</p>{links}</body></html>".encode()
+    with slow_site(pages) as (site, base):
+        spec = SourceSpec(location=f"{base}/index.html", options={"depth": 1})
+        caller = Operator(tenant_id=local.default_tenant_id, actor="cli:test")
+        source = service.add_source(local.db, local.settings, caller, "site", spec)
+        first = service.queue_run(local.db, local.default_tenant_id, "site", source.id)
+        worker = JobWorker(local, threads=1)
+        worker.start()
+        try:
+            wait_for(lambda: len(site.asked) >= 3, timeout=60)  # the crawl is under way
+            upload = enqueue_for(local, tenant(local, "other"))
+            wait_for(lambda: ended(local, upload) is not None, timeout=120)
+            crawled_then = len({path for path in site.asked if path.startswith("/pause")})
+            wait_for(
+                lambda: (
+                    all(ended(local, r.id) for r in runs_of(local, source.id))
+                    and len(runs_of(local, source.id)) >= 2
+                ),
+                timeout=120,
+            )
+        finally:
+            worker.stop()
+
+    assert crawled_then < PAGES  # the upload did not wait for the whole crawl
+    done = ended(local, upload)
+    assert done is not None and done.status == "done", done and done.errors
+    runs = runs_of(local, source.id)
+    assert runs[0].id == first and runs[0].status == "done" and runs[0].counts["yielded"] == 1
+    assert runs[-1].status == "done" and runs[-1].counts["yielded"] == 0
+    assert sum(r.counts["added"] for r in runs) == PAGES + 1  # every page, once
+    assert runs[1].created_at > done.created_at  # the next run queued behind the upload
