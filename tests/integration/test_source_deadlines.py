@@ -138,3 +138,36 @@ def test_a_long_run_takes_turns_with_another_tenants_upload(runtime: Runtime) ->
     assert runs[-1].status == "done" and runs[-1].counts["yielded"] == 0
     assert sum(r.counts["added"] for r in runs) == PAGES + 1  # every page, once
     assert runs[1].created_at > done.created_at  # the next run queued behind the upload
+
+
+def test_with_two_threads_another_tenants_upload_runs_while_a_trickling_run_goes_on(
+    runtime: Runtime,
+) -> None:
+    """The same trickling site with two job threads: the run holds one until its deadline
+    (here, the per-answer one: 6 s); the other tenant's upload, queued after it, is done on the
+    other thread before the run ends."""
+    local = dataclasses.replace(
+        runtime,
+        settings=runtime.settings.model_copy(
+            update={"sources_allow_private": True, "job_poll_seconds": 0.2}
+        ),
+    )
+    with slow_site({}) as (_site, base):
+        spec = SourceSpec(location=f"{base}/slow-start.html", options={"response_seconds": 6})
+        caller = Operator(tenant_id=local.default_tenant_id, actor="cli:test")
+        source = service.add_source(local.db, local.settings, caller, "site", spec)
+        run = service.queue_run(local.db, local.default_tenant_id, "site", source.id)
+        worker = JobWorker(local, threads=2)
+        worker.start()
+        try:
+            upload = enqueue_for(local, tenant(local, "other"))
+            wait_for(lambda: ended(local, upload) is not None, timeout=120)
+            wait_for(lambda: ended(local, run) is not None, timeout=120)
+        finally:
+            worker.stop()
+    finished, done = ended(local, run), ended(local, upload)
+    assert finished is not None and done is not None and done.status == "done"
+    assert finished.finished_at and done.finished_at and done.finished_at < finished.finished_at
+    assert finished.started_at and finished.finished_at
+    ran = (finished.finished_at - finished.started_at).total_seconds()
+    assert 6.0 <= ran < 6.0 + 5.0, ran
