@@ -144,8 +144,22 @@ seq_hash(int64 seq)
 	return (uint32) h;
 }
 
+/*
+ * simplehash grows a table of its own accord, below its fill factor's threshold, when an
+ * insertion probes or shifts far (SH_GROW_MAX_DIB, SH_GROW_MAX_MOVE) once the table is a tenth
+ * full: growth no budget check sees, which at 0.9 full happens again and again (a window's
+ * table of 786 kB grew to 50 MB, with work_mem at 1 MB). The tables here grow only at their
+ * threshold, which their callers check against the budget before they insert: a long probe
+ * costs time, never memory. They are filled to 0.8 (not simplehash's 0.9), where robin hood's
+ * probes and shifts stay short.
+ */
+#define TABLE_GROWS_ONLY_WHEN_FULL 2.0
+#define TABLE_FILL 0.8
+
 #define SH_PREFIX acc
 #define SH_ELEMENT_TYPE Accum
+#define SH_GROW_MIN_FILLFACTOR TABLE_GROWS_ONLY_WHEN_FULL
+#define SH_FILLFACTOR TABLE_FILL
 #define SH_KEY_TYPE int64
 #define SH_KEY seq
 #define SH_HASH_KEY(tb, key) seq_hash(key)
@@ -432,6 +446,33 @@ typedef struct Stats
 } Stats;
 
 static Stats last_stats;
+
+/*
+ * With DEBUG1 messages wanted (client_min_messages or log_min_messages), a call reports how far
+ * the backend's memory in contexts (all of them: the call's, SPI's, the executor's, the caches')
+ * rose above its level at the call's start, at its highest: sampled at every row of every query
+ * the call runs, and wherever the call's own allocations peak. Otherwise nothing is sampled.
+ */
+typedef struct MemoryPeak
+{
+	bool		tracked;
+	Size		start;
+	Size		peak;
+} MemoryPeak;
+
+static MemoryPeak memory_peak;
+
+static inline void
+note_memory(void)
+{
+	if (memory_peak.tracked)
+	{
+		Size		now = MemoryContextMemAllocated(TopMemoryContext, true);
+
+		if (now > memory_peak.peak)
+			memory_peak.peak = now;
+	}
+}
 
 /*
  * Theta's candidates in phase 2: the chunks a round added to (each once) and the top k after
@@ -1000,6 +1041,7 @@ receive_block(TupleTableSlot *slot, DestReceiver *self)
 							"[%lld, %lld]", (long long) row.seqs[i], (long long) row.first_seq,
 							(long long) row.last_seq)));
 	more = r->handle(&row, r->arg);
+	note_memory();
 	MemoryContextSwitchTo(old);
 	MemoryContextReset(r->row_context);
 	/* false: the handler is done (out of its memory), the scan stops */
@@ -1280,6 +1322,7 @@ read_totals(Datum collections, double *n, double *avgdl)
 		elog(ERROR, "ragservice_bm25: reading the collections' totals failed");
 	chunks = DatumGetFloat8(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
 	tokens = DatumGetFloat8(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2, &isnull));
+	note_memory();
 	SPI_freetuptable(SPI_tuptable);
 	*n = chunks;
 	*avgdl = tokens / Max(chunks, 1.0);
@@ -1337,6 +1380,7 @@ read_block_bounds(Datum collections, Datum terms_datum, Term *terms, int nterms,
 		elog(ERROR, "ragservice_bm25: reading postings bounds failed");
 	if ((int64) SPI_processed > max_blocks)
 	{
+		note_memory();
 		SPI_freetuptable(SPI_tuptable);
 		*out = NULL;
 		return -1;
@@ -1369,6 +1413,7 @@ read_block_bounds(Datum collections, Datum terms_datum, Term *terms, int nterms,
 		terms[t].df += block->n;
 		nblocks++;
 	}
+	note_memory();
 	SPI_freetuptable(SPI_tuptable);
 
 	set_idf(terms, nterms, n);
@@ -1422,6 +1467,7 @@ read_term_totals(Datum collections, Datum terms_datum, Term *terms, int nterms, 
 		*nblocks += DatumGetInt64(bound_column(tuple, desc, 5, "count"));
 		*postings += (int64) terms[t].df;
 	}
+	note_memory();
 	SPI_freetuptable(SPI_tuptable);
 	set_idf(terms, nterms, n);
 }
@@ -1624,6 +1670,8 @@ typedef struct WindowScore
 
 #define SH_PREFIX wsc
 #define SH_ELEMENT_TYPE WindowScore
+#define SH_GROW_MIN_FILLFACTOR TABLE_GROWS_ONLY_WHEN_FULL
+#define SH_FILLFACTOR TABLE_FILL
 #define SH_KEY_TYPE int64
 #define SH_KEY seq
 #define SH_HASH_KEY(tb, key) seq_hash(key)
@@ -1837,9 +1885,10 @@ score_in_windows(SPIPlanPtr plan, Datum collections, Datum terms_datum, const Te
 				work_mem_too_small("the seq range", (long long) span);
 		}
 		else
-			/* SH_CREATE rounds the size to the power of two above nelements / 0.9 */
+			/* SH_CREATE rounds the size to the power of two above nelements / TABLE_FILL */
 			w.hash = wsc_create(window_context,
-								(uint32) Min((double) hash_size * 0.89, (double) postings + 16),
+								(uint32) Min((double) hash_size * (TABLE_FILL - 0.01),
+											 (double) postings + 16),
 								NULL);
 		args[2] = Int64GetDatum(w.lo);
 		args[3] = Int64GetDatum(w.hi);
@@ -1876,6 +1925,7 @@ score_in_windows(SPIPlanPtr plan, Datum collections, Datum terms_datum, const Te
 			while ((e = wsc_iterate(w.hash, &it)) != NULL)
 				candidates_offer(&c, e->score, e->seq);
 		}
+		note_memory();
 		MemoryContextDelete(window_context);
 	}
 
@@ -1945,6 +1995,9 @@ ragservice_bm25_topk(PG_FUNCTION_ARGS)
 
 	InitMaterializedSRF(fcinfo, 0);
 	memset(&last_stats, 0, sizeof(last_stats));
+	memory_peak.tracked = message_level_is_interesting(DEBUG1);
+	if (memory_peak.tracked)
+		memory_peak.start = memory_peak.peak = MemoryContextMemAllocated(TopMemoryContext, true);
 	if (PG_ARGISNULL(0) || PG_ARGISNULL(1) || PG_ARGISNULL(3) || PG_ARGISNULL(4) || PG_ARGISNULL(5))
 		return (Datum) 0;
 	collections = PG_GETARG_DATUM(0);
@@ -2107,6 +2160,7 @@ ragservice_bm25_topk(PG_FUNCTION_ARGS)
 
 	if (exhaustive)
 	{
+		note_memory();
 		MemoryContextSwitchTo(call);
 		MemoryContextDelete(pruning);
 		score_in_windows(prepare_generic(BLOCKS_IN_WINDOW, 4, window_types), collections,
@@ -2130,6 +2184,13 @@ ragservice_bm25_topk(PG_FUNCTION_ARGS)
 			tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
 		}
 	}
+	note_memory();
+	if (memory_peak.tracked)
+		ereport(DEBUG1,
+				(errmsg_internal("ragservice_bm25: memory peak %zu bytes above the call's start "
+								 "(work_mem %d kB)",
+								 memory_peak.peak - Min(memory_peak.start, memory_peak.peak),
+								 work_mem)));
 	SPI_finish();
 	return (Datum) 0;
 }
