@@ -28,7 +28,7 @@ export HF_HUB_OFFLINE
 # Idle torch threads otherwise spin and steal CPU from PostgreSQL on small machines.
 export OMP_WAIT_POLICY := PASSIVE
 
-.PHONY: run test browser ocr bench-ocr bench-pdf bench-fidelity bench-questions lint typecheck lock bench-ingest bench-ingest-compare bench-write bench-bm25 bench-search bench-query bench-tracing bench-cache bench-replicas bench-feedback bench-reranker bench-rls bench-permissions bench-hostile bench-injection bench-scale bench-soak clean
+.PHONY: run test browser ocr bench-ocr bench-pdf bench-fidelity bench-questions lint typecheck lock bench-ingest bench-ingest-compare bench-write bench-bm25 bench-bm25-memory bench-search bench-query bench-tracing bench-cache bench-replicas bench-feedback bench-reranker bench-rls bench-permissions bench-hostile bench-injection bench-scale bench-soak clean
 
 # The locked packages without their dependencies (the lock holds them all), then the project.
 $(STAMP): pyproject.toml requirements.lock
@@ -158,6 +158,9 @@ bench-write: $(DEV_STAMP)
 # Exact BM25 (the extension) against the SQL statement, on SciFact x 10 (kept in .ragservice-bm25).
 bench-bm25: $(DEV_STAMP) $(BM25_STAMP)
 	$(BIN)/python benchmarks/exact_bm25.py --corpus ../shared/data/scifact --repeat 10 --data-dir .ragservice-bm25
+
+bench-bm25-memory: $(DEV_STAMP) $(BM25_STAMP)
+	$(BIN)/python benchmarks/bm25_memory.py --chunks 1000000
 
 bench-search: $(DEV_STAMP)
 	$(BIN)/python benchmarks/eval_beir.py --data ../shared/data/scifact
