@@ -4,6 +4,7 @@ exact search over what the user may read.
 
     python benchmarks/permissions.py [--chunks 100000] [--groups 1000] [--rounds 2]
                                      [--data ../shared/data/scifact] [--data-dir DIR]
+                                     [--stats-only]
 
 1. The store: `benchmarks/scale.py`'s collection, built by its own functions (SciFact ingested
    the ordinary way, synthetic distractors shaped like SciFact to `--chunks` by the Parquet bulk
@@ -27,8 +28,22 @@ exact search over what the user may read.
    the service's `FusionSpec`. Dense-only recall isolates the HNSW iterative scan under the
    row-level security filter; full-text-only recall the budgeted BM25 of a restricted asker.
 
+5. BM25 statistics per asker (`per_asker_stats_ms`): what scoring over what the asker may read
+   would add to each full-text search. The service scores with the whole collection's N,
+   average length and df (`collection_text_stats` and the blocks' sizes: a few index reads,
+   `global`); over the user's visible chunks instead, in SQL under the user's
+   row-level security, per test query: N and total length of the visible chunks (`totals`;
+   `token_count` stands in for a per-chunk BM25 length column, which the schema does not
+   have), and each query lexeme's df counted over its postings whose chunk is visible, either
+   by hashing the visible chunks' seqs (`df_hash`) or by looking each posting's chunk up by
+   seq (`df_lookup`); `stats` is totals and df_hash in one statement, the whole per-asker
+   figure. The admin's N and df (every document) are checked to equal the collection's own.
+   A full run times `global` and `stats`; `--stats-only` times all five (and checks that both
+   df ways agree) on a store already built, with no server and no recall.
+
 Prints progress on stderr, the whole report as JSON on stderr, and a final JSON line:
-`{"chunks", "groups", "hybrid_p95_ratio", "recall@10", …}` (recall@10: the user's hybrid).
+`{"chunks", "groups", "hybrid_p95_ratio", "recall@10", …, "per_asker_stats_ms"}` (recall@10: the
+user's hybrid; per_asker_stats_ms: p50 / p95 of `stats` for the user).
 Search settings in the environment (`RAGSERVICE_BM25_POSTINGS_PER_TERM=20000`, …) apply to the
 server it starts and to the exact search's fusion alike.
 """
@@ -102,10 +117,13 @@ def main() -> None:
                 "admin": _key(runtime, Role.ADMIN, None),
                 "user": _key(runtime, Role.READER, args.user),
             }
-        report["http"], found = _http(args, keys, texts)
-        with tenancy.as_system():
-            report["recall@10"] = _recall(runtime, collection, principals, texts, found)
-        report["sql_ms"] = _sql(runtime, collection, principals, texts, args)
+        if not args.stats_only:
+            report["http"], found = _http(args, keys, texts)
+            with tenancy.as_system():
+                report["recall@10"] = _recall(runtime, collection, principals, texts, found)
+            report["sql_ms"] = _sql(runtime, collection, principals, texts, args)
+        names = list(_STATEMENTS) if args.stats_only else ["global", "stats"]
+        report["stats_ms"] = _stats(runtime, collection, principals, texts, names)
     finally:
         runtime.close()
     report["seconds"] = round(time.perf_counter() - started, 1)
@@ -130,6 +148,11 @@ def _parse_args() -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=16)
     parser.add_argument(
         "--explain", action="store_true", help="EXPLAIN ANALYZE the first query's statements"
+    )
+    parser.add_argument(
+        "--stats-only",
+        action="store_true",
+        help="measure per-asker BM25 statistics only (no server, no recall)",
     )
     # scale.py's build reads these too
     parser.add_argument("--check-sample", type=int, default=500)
@@ -395,6 +418,130 @@ def _statements(
     }
 
 
+# -- BM25 statistics per asker --------------------------------------------------------------
+
+_TERMS = "tsvector_to_array(to_tsvector('english'::regconfig, %(query)s))"
+
+# What the service reads now: the collections' totals, and df as the sum of the term's blocks'
+# sizes (the primary key's index alone).
+GLOBAL_STATS = f"""
+SELECT (SELECT sum(chunk_count) FROM collection_text_stats
+        WHERE collection_id = ANY(%(collections)s::uuid[])) AS n,
+       (SELECT sum(token_count) FROM collection_text_stats
+        WHERE collection_id = ANY(%(collections)s::uuid[])) AS tokens,
+       (SELECT array_agg(lexeme || '=' || df ORDER BY lexeme) FROM (
+            SELECT p.lexeme, sum(p.n) AS df FROM chunk_postings p
+            WHERE p.collection_id = ANY(%(collections)s::uuid[]) AND p.lexeme = ANY({_TERMS})
+            GROUP BY p.lexeme) AS d) AS dfs"""
+
+# Over what the transaction may read (row-level security hides the other chunks).
+TOTALS = """
+SELECT count(*) AS n, coalesce(sum(token_count), 0) AS tokens FROM chunks
+WHERE collection_id = ANY(%(collections)s::uuid[])"""
+
+DF_HASH = f"""
+WITH visible AS MATERIALIZED (
+    SELECT seq FROM chunks WHERE collection_id = ANY(%(collections)s::uuid[])
+)
+SELECT array_agg(lexeme || '=' || df ORDER BY lexeme) FROM (
+    SELECT p.lexeme, count(*) AS df
+    FROM chunk_postings p CROSS JOIN LATERAL unnest(p.seqs) AS u(seq)
+    WHERE p.collection_id = ANY(%(collections)s::uuid[]) AND p.lexeme = ANY({_TERMS})
+      AND u.seq IN (SELECT seq FROM visible)
+    GROUP BY p.lexeme) AS d"""
+
+DF_LOOKUP = f"""
+SELECT array_agg(lexeme || '=' || df ORDER BY lexeme) FROM (
+    SELECT p.lexeme, count(*) AS df
+    FROM chunk_postings p CROSS JOIN LATERAL unnest(p.seqs) AS u(seq)
+    WHERE p.collection_id = ANY(%(collections)s::uuid[]) AND p.lexeme = ANY({_TERMS})
+      AND EXISTS (SELECT 1 FROM chunks c WHERE c.seq = u.seq)
+    GROUP BY p.lexeme) AS d"""
+
+STATS = f"""
+WITH visible AS MATERIALIZED (
+    SELECT seq, token_count FROM chunks WHERE collection_id = ANY(%(collections)s::uuid[])
+)
+SELECT (SELECT count(*) FROM visible) AS n,
+       (SELECT coalesce(sum(token_count), 0) FROM visible) AS tokens,
+       (SELECT array_agg(lexeme || '=' || df ORDER BY lexeme) FROM (
+            SELECT p.lexeme, count(*) AS df
+            FROM chunk_postings p CROSS JOIN LATERAL unnest(p.seqs) AS u(seq)
+            WHERE p.collection_id = ANY(%(collections)s::uuid[]) AND p.lexeme = ANY({_TERMS})
+              AND u.seq IN (SELECT seq FROM visible)
+            GROUP BY p.lexeme) AS d) AS dfs"""
+
+_STATEMENTS = {
+    "global": GLOBAL_STATS,
+    "totals": TOTALS,
+    "df_hash": DF_HASH,
+    "df_lookup": DF_LOOKUP,
+    "stats": STATS,
+}
+
+
+def _stats(
+    runtime: Runtime,
+    collection: uuid.UUID,
+    principals: frozenset[str],
+    texts: list[str],
+    names: list[str],
+) -> dict[str, Any]:
+    """Per test query and side (admin: every document; user: its principal set), the
+    `_STATEMENTS` named in one transaction as the service role, the sides alternating query
+    by query; round 0 warms up. p50 / p95 per side and statement, the postings the queries'
+    terms hold, and the checks that fail (`mismatches`: the admin's N and df are the
+    collection's own; df_hash = df_lookup and stats = totals + df_hash where all are timed)."""
+    scale._log("BM25 statistics: the whole collection's, and per asker over what it may read")
+    readers = {"admin": None, "user": principals}
+    walls: dict[str, list[float]] = {f"{s}_{name}": [] for s in SIDES for name in names}
+    postings: list[int] = []
+    mismatches = 0
+    for round_ in range(2):
+        for i, text in enumerate(texts):
+            for side in SIDES if i % 2 == 0 else SIDES[::-1]:
+                params = {"collections": [collection], "query": text}
+                rows: dict[str, tuple[Any, ...]] = {}
+                with (
+                    tenancy.as_tenant(runtime.default_tenant_id, readers[side]),
+                    runtime.db.read() as session,
+                ):
+                    conn = driver_connection(session)
+                    for name in names:
+                        statement = _STATEMENTS[name]
+                        started = time.perf_counter()
+                        row = conn.execute(statement, params).fetchone()
+                        wall = (time.perf_counter() - started) * 1000
+                        rows[name] = tuple(row) if row else ()
+                        if round_:
+                            walls[f"{side}_{name}"].append(wall)
+                if round_:
+                    continue
+                stats, whole = rows["stats"], rows["global"]
+                # token_count is not BM25's length: N and df only
+                checks = [side == "user" or (int(stats[0]), stats[2]) == (int(whole[0]), whole[2])]
+                if "df_lookup" in rows:
+                    checks += [
+                        rows["df_hash"][0] == rows["df_lookup"][0],
+                        stats == (*rows["totals"], rows["df_hash"][0]),
+                    ]
+                mismatches += not all(checks)
+                if side == "admin":
+                    postings.append(sum(int(t.rsplit("=", 1)[1]) for t in rows["global"][2] or []))
+    figures: dict[str, Any] = {name: scale._summary(values) for name, values in walls.items()}
+    figures["query_postings"] = {
+        "p50": statistics.median(postings),
+        "p95": percentile([float(p) for p in postings], 0.95),
+        "max": max(postings),
+    }
+    figures["mismatches"] = mismatches
+    scale._log(
+        f"  user stats p50 {figures['user_stats']['p50']} p95 {figures['user_stats']['p95']} ms; "
+        f"global p95 {figures['user_global']['p95']} ms; mismatches {mismatches}"
+    )
+    return figures
+
+
 # -- recall against exact search -------------------------------------------------------------
 
 
@@ -501,6 +648,30 @@ def _overlap(found: Sequence[uuid.UUID], truth: Sequence[uuid.UUID]) -> float:
 
 def _print(args: argparse.Namespace, report: dict[str, Any]) -> None:
     print(json.dumps(report, indent=1, default=str), file=sys.stderr)
+    stats = report["stats_ms"]
+    per_asker = {
+        "per_asker_stats_ms": {k: stats["user_stats"][k] for k in ("p50", "p95")},
+        "stats_p95_ms": {
+            name.removeprefix("user_"): figures["p95"]
+            for name, figures in stats.items()
+            if name.startswith("user_")
+        },
+        "query_postings_p95": stats["query_postings"]["p95"],
+        "stats_mismatches": stats["mismatches"],
+    }
+    if args.stats_only:
+        print(
+            json.dumps(
+                {
+                    "chunks": report["chunks"],
+                    "groups": args.groups,
+                    "user_share": report["permissions"]["user_share"],
+                    **per_asker,
+                    "seconds": report["seconds"],
+                }
+            )
+        )
+        return
     http = report["http"]
     recall = report["recall@10"]
     summary: dict[str, Any] = {
@@ -516,6 +687,7 @@ def _print(args: argparse.Namespace, report: dict[str, Any]) -> None:
         },
         "admin_recall@10": recall["admin"],
         "sql_p95_ms": {name: figures["p95"] for name, figures in report["sql_ms"].items()},
+        **per_asker,
         "seconds": report["seconds"],
     }
     print(json.dumps(summary))
