@@ -63,7 +63,7 @@ def test_jsonl_and_parquet_with_vectors_are_imported(client: TestClient, keys: K
     data = {"model": f"{serving.name}:{serving.version}", "parquet_columns": "id=doc,embedding=vec"}
     files = [("v.jsonl", _jsonl()), ("c.parquet", _parquet())]
     job = ok(_upload(client, keys.writer, data, files), 202)
-    finished = wait_for_job(client, job["id"], keys.reader)
+    finished = wait_for_job(client, job["id"], keys.writer)  # rows may name readers: its own
     assert finished["status"] == "done", finished
     assert finished["counts"]["new"] == 3
     assert (finished["counts"]["chunks_imported"], finished["counts"]["chunks_embedded"]) == (4, 1)
@@ -84,7 +84,7 @@ def test_a_wrong_dimension_fails_its_document_and_an_unknown_model_is_refused(
 ) -> None:
     ok(client.post("/v1/collections", json={"name": "bulk"}, headers=keys.writer), 201)
     job = ok(_upload(client, keys.writer, {}, [("v.jsonl", _jsonl(dim=12))]), 202)
-    finished = wait_for_job(client, job["id"], keys.reader)
+    finished = wait_for_job(client, job["id"], keys.writer)
     assert finished["counts"]["new"] == 1  # the plain line
     [error] = finished["errors"]
     assert error["source"] == "v.jsonl:1"

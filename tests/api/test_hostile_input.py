@@ -58,7 +58,9 @@ def upload(client: TestClient, keys: Keys, *files: tuple[str, bytes, str]) -> di
         files=[("files", file) for file in files],
         headers=keys.writer,
     )
-    job = wait_for_job(client, ok(response, 202)["id"], keys.reader)
+    job = wait_for_job(
+        client, ok(response, 202)["id"], keys.writer
+    )  # rows may name readers: its own
     assert job["status"] == "done", job
     return job
 
