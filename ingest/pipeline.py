@@ -36,6 +36,7 @@ from ragservice.db import Database, tenancy
 from ragservice.embedding.embedder import Embedder, Vectors
 from ragservice.embedding.tokens import DocumentTokens, TokenIds
 from ragservice.errors import NotFoundError
+from ragservice.readers import may_read
 from ragservice.safety import injection
 from ragservice.types import (
     CHUNK_SEPARATOR,
@@ -126,11 +127,6 @@ def document_hash(doc: LoadedDocument, model_id: int | None = None) -> str:
 NOT_YOURS = "this external id cannot be written by you (it is not free, and you may not read it)"
 """Why an ingest refuses a stored document its asker may not read: the same words whatever the
 document holds, so that the refusal tells no more than that the id is taken."""
-
-
-def may_read(principals: frozenset[str] | None, readers: Sequence[str] | None) -> bool:
-    """Whether the principal set (None: every document) may read a document of `readers`."""
-    return principals is None or not readers or not principals.isdisjoint(readers)
 
 
 def text_hash(text: str) -> str:

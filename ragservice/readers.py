@@ -9,7 +9,7 @@ empty or shares a principal with the set. Pure functions; the database enforces 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from ragservice.errors import InvalidInputError
 
@@ -73,6 +73,12 @@ def principal_set(
     if key_prefix is not None:
         found.add(principal(KEY, key_prefix))
     return frozenset(found)
+
+
+def may_read(principals: frozenset[str] | None, readers: Sequence[str] | None) -> bool:
+    """Whether the principal set (None: every document) may read a document of `readers`
+    (None or empty: the whole tenant's), as the row-level security policies decide."""
+    return principals is None or not readers or not principals.isdisjoint(readers)
 
 
 def listable(principals: Iterable[str]) -> list[str]:

@@ -118,9 +118,13 @@ class FolderReader:
         state = ItemState(etag=etag, content_hash=digest)
         if prior is not None and prior.content_hash == state.content_hash:
             return Unchanged(key, state)
-        if readers is None and prior is not None and ":r" in (prior.content_hash or ""):
+        if readers is None and prior is not None and _MARK in (prior.content_hash or ""):
             readers = ()  # its sidecar is gone: the readers it gave go with it
         return Changed(key, path.name, data, state, origin={"path": str(path)}, readers=readers)
+
+
+_MARK = ":r"
+"""Starts what a sidecar adds to a file's etag and hash (a hex digest holds no colon)."""
 
 
 def _readers_mark(readers: tuple[str, ...] | None) -> str:
@@ -128,4 +132,4 @@ def _readers_mark(readers: tuple[str, ...] | None) -> str:
     the states of folders with none stay as they were), else a digest of the list."""
     if readers is None:
         return ""
-    return ":r" + hashlib.sha256("\n".join(readers).encode()).hexdigest()[:16]
+    return _MARK + hashlib.sha256("\n".join(readers).encode()).hexdigest()[:16]

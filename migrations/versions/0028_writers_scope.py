@@ -18,6 +18,10 @@ Create Date: 2027-06-01
 
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
+from typing import Any
+
 import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import postgresql
@@ -27,64 +31,48 @@ down_revision = "0027"
 branch_labels = None
 depends_on = None
 
-# The upkeep runs reading every document of the tenant (see 0026's `_ELEVATE`).
-_ELEVATE = (
-    "$$\nDECLARE\n    saved text := coalesce(current_setting('ragservice.readers', true), '');\n"
-    "BEGIN\n    PERFORM set_config('ragservice.readers', '*', true);\n"
-)
-_RESTORE = "    PERFORM set_config('ragservice.readers', saved, true);\n    RETURN NULL;"
-
 # A principal set `p.built_for` reads a document of readers `r` when `r` is empty or shared.
 _READ_BEFORE = "(o.readers IS NULL OR cardinality(o.readers) = 0 OR p.built_for && o.readers)"
 _READ_AFTER = "(n.readers IS NULL OR cardinality(n.readers) = 0 OR p.built_for && n.readers)"
 
-_READERS_CHANGED = f"""
-CREATE OR REPLACE FUNCTION ragservice_documents_readers_changed() RETURNS trigger
-LANGUAGE plpgsql AS {_ELEVATE}
-    WITH changed AS (
-        SELECT n.id, n.readers FROM new_documents n JOIN old_documents o USING (id)
-        WHERE n.readers IS DISTINCT FROM o.readers
-    ), chunks_changed AS (
-        UPDATE chunks c SET readers = changed.readers FROM changed
-        WHERE c.document_id = changed.id AND c.readers IS DISTINCT FROM changed.readers
-    )
-    DELETE FROM prompt_cache p USING prompt_cache_sources s, changed
-    WHERE s.entry_id = p.id AND s.document_id = changed.id;
-    DELETE FROM prompt_cache p
+# Added to 0026's readers trigger, before it restores the asker's set: the entries widened.
+_DROP_WIDENED = f"""    DELETE FROM prompt_cache p
     USING new_documents n JOIN old_documents o USING (id)
     WHERE n.readers IS DISTINCT FROM o.readers
       AND p.collection_ids @> ARRAY[n.collection_id]
       AND p.built_for <> '{{*}}'::text[]
       AND NOT {_READ_BEFORE} AND {_READ_AFTER};
-{_RESTORE}
-END $$
 """
 
-# 0026's definition, put back by a downgrade.
-_READERS_CHANGED_0026 = f"""
-CREATE OR REPLACE FUNCTION ragservice_documents_readers_changed() RETURNS trigger
-LANGUAGE plpgsql AS {_ELEVATE}
-    WITH changed AS (
-        SELECT n.id, n.readers FROM new_documents n JOIN old_documents o USING (id)
-        WHERE n.readers IS DISTINCT FROM o.readers
-    ), chunks_changed AS (
-        UPDATE chunks c SET readers = changed.readers FROM changed
-        WHERE c.document_id = changed.id AND c.readers IS DISTINCT FROM changed.readers
-    )
-    DELETE FROM prompt_cache p USING prompt_cache_sources s, changed
-    WHERE s.entry_id = p.id AND s.document_id = changed.id;
-{_RESTORE}
-END $$
-"""
+
+def _readers_changed(widened: bool) -> str:
+    """0026's definition of the readers trigger's function, replacing it; with `widened`, it
+    also drops the entries the change widens."""
+    earlier = _migration("0026_document_readers.py")
+    body: str = earlier._READERS_CHANGED.replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", 1)
+    if not widened:
+        return body
+    assert body.count(earlier._RESTORE) == 1, body
+    return body.replace(earlier._RESTORE, _DROP_WIDENED + earlier._RESTORE)
+
+
+def _migration(filename: str) -> Any:
+    """An earlier migration's module (its name starts with a digit: loaded by path)."""
+    path = Path(__file__).with_name(filename)
+    spec = importlib.util.spec_from_file_location(f"ragservice_migration_{path.stem}", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def upgrade() -> None:
     for table in ("ingest_jobs", "sources"):
         op.add_column(table, sa.Column("writes_as", postgresql.ARRAY(sa.Text()), nullable=True))
-    op.execute(_READERS_CHANGED)
+    op.execute(_readers_changed(widened=True))
 
 
 def downgrade() -> None:
-    op.execute(_READERS_CHANGED_0026)
+    op.execute(_readers_changed(widened=False))
     for table in ("ingest_jobs", "sources"):
         op.drop_column(table, "writes_as")

@@ -10,6 +10,7 @@ from ragservice.embedding import finetune
 from ragservice.errors import InvalidInputError
 from ragservice.readers import (
     check_name,
+    may_read,
     parse_principal,
     parse_readers,
     principal,
@@ -74,3 +75,13 @@ def test_a_request_id_with_a_trailing_newline_is_replaced() -> None:
 
     assert _request_id(scope(b"abc-1")) == "abc-1"  # type: ignore[arg-type]
     assert _request_id(scope(b"abc-1\n")) != "abc-1\n"  # type: ignore[arg-type]
+
+
+def test_may_read_follows_the_policies() -> None:
+    """Every document for None; an open document (no list, or an empty one) for any set; a
+    restricted one for a set sharing a principal with its list."""
+    assert may_read(None, ["group:hr"])
+    assert may_read(frozenset(), None) and may_read(frozenset(), [])
+    assert may_read(frozenset({"user:ana", "group:hr"}), ["group:hr"])
+    assert not may_read(frozenset({"user:bob"}), ["group:hr", "user:ana"])
+    assert not may_read(frozenset(), ["user:ana"])
