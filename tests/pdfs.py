@@ -27,6 +27,12 @@ def make_pdf(pages: Sequence[str | Sequence[str]], title: str | None = None) -> 
     if title is not None:
         objects.append(f"<< /Title ({title}) >>".encode("latin-1"))
         info = f" /Info {len(objects)} 0 R"
+    return assemble(objects, info)
+
+
+def assemble(objects: Sequence[bytes], info: str = "") -> bytes:
+    """A PDF of `objects` (numbered from 1, the first the catalog) with an exact xref table;
+    `info`: what the trailer adds (an `/Info` reference)."""
     out = bytearray(b"%PDF-1.4\n")
     offsets = []
     for number, body in enumerate(objects, start=1):

@@ -87,3 +87,46 @@ def wait_for_job(client: TestClient, job_id: str, headers: dict[str, str]) -> di
 def ok(response: httpx.Response, status: int = 200) -> Any:
     assert response.status_code == status, response.text
     return response.json() if response.content else None
+
+
+@dataclass(frozen=True)
+class People:
+    """Keys of one tenant (`acme`) for the permission tests: users ana (in group hr) and bob
+    (in none), and keys of no user."""
+
+    hr: dict[str, str]
+    """A reader key of user `ana`, in group `hr`."""
+    outsider: dict[str, str]
+    """A reader key of user `bob`, in no group."""
+    no_user: dict[str, str]
+    """A reader key of no user: unrestricted documents only."""
+    admin: dict[str, str]
+    """An admin key of no user: every document of the tenant."""
+    writer: dict[str, str]
+    outsider_writer: dict[str, str]
+    """A writer key of user `bob`."""
+    hr_writer: dict[str, str]
+    """A writer key of user `ana`, in group `hr`."""
+    tenant_id: uuid.UUID
+
+
+@pytest.fixture
+def people(client: TestClient, keys: Keys) -> People:
+    db = client.app.state.runtime.db  # type: ignore[attr-defined]
+    with tenancy.as_system(), db.write() as session:
+        tenant_id = store.tenants.ensure_tenant(session, "acme")
+        store.tenants.add_group_members(session, tenant_id, "hr", ["ana"])
+
+        def make(role: str, user: str | None) -> dict[str, str]:
+            return {"Authorization": f"Bearer {make_key(session, tenant_id, role, user)}"}
+
+        return People(
+            hr=make("reader", "ana"),
+            outsider=make("reader", "bob"),
+            no_user=keys.reader,
+            admin=keys.admin,
+            writer=keys.writer,
+            outsider_writer=make("writer", "bob"),
+            hr_writer=make("writer", "ana"),
+            tenant_id=tenant_id,
+        )

@@ -22,6 +22,11 @@ from tests.api.conftest import Keys, ok, wait_for_job
 HIDDEN_WORD = "kestrelwing"
 """A codename in hidden documents only."""
 MADE_UP_WORD = "quokkafern"
+PROBES = [
+    {"external_id": "probe-hidden", "text": HIDDEN_WORD},
+    {"external_id": "probe-made-up", "text": MADE_UP_WORD},
+]
+"""A writer's own one-word documents: a word of the hidden documents, and one of no document."""
 """A word in no document but the writer's own."""
 HIDDEN = 7
 
@@ -101,15 +106,7 @@ def test_a_restricted_writer_reads_hidden_document_frequencies_from_its_own_scor
     assert has_extension or not api_settings.bm25_exact, "the exact path needs the extension"
     ok(client.post("/v1/collections", json={"name": "plans"}, headers=keys.admin), 201)
     ingest(client, keys.admin, "plans", hidden_documents(HIDDEN))
-    ingest(
-        client,
-        keys.writer,
-        "plans",
-        [
-            {"external_id": "probe-hidden", "text": HIDDEN_WORD},
-            {"external_id": "probe-made-up", "text": MADE_UP_WORD},
-        ],
-    )
+    ingest(client, keys.writer, "plans", PROBES)
     probed = scores(client, keys.writer, HIDDEN_WORD, ["plans"])
     control = scores(client, keys.writer, MADE_UP_WORD, ["plans"])
     # The writer sees its own document only, never the hidden ones...
@@ -149,15 +146,7 @@ def test_statistics_are_per_collection_searched(client: TestClient, keys: Keys) 
     collection; a search that names both collections scores with both collections' totals."""
     for name in ("open-notes", "board-only"):
         ok(client.post("/v1/collections", json={"name": name}, headers=keys.admin), 201)
-    ingest(
-        client,
-        keys.writer,
-        "open-notes",
-        [
-            {"external_id": "probe-hidden", "text": HIDDEN_WORD},
-            {"external_id": "probe-made-up", "text": MADE_UP_WORD},
-        ],
-    )
+    ingest(client, keys.writer, "open-notes", PROBES)
     alone = scores(client, keys.writer, HIDDEN_WORD, ["open-notes"])
     ingest(client, keys.admin, "board-only", hidden_documents(HIDDEN, "b"))
     assert scores(client, keys.writer, HIDDEN_WORD, ["open-notes"]) == pytest.approx(alone)

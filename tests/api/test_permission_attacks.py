@@ -7,13 +7,8 @@ jobs that may name readers are hidden from others from the start."""
 
 from __future__ import annotations
 
-import http.server
 import json
-import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
-from functools import partial
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,33 +16,17 @@ from fastapi.testclient import TestClient
 from sqlalchemy import select
 
 from ingest.pipeline import NOT_YOURS
-from ingest.worker import JobWorker
 from ragservice import store
 from ragservice.config import Settings
 from ragservice.db import tenancy
 from ragservice.db.models import Document
-from tests.api.conftest import Keys, make_key, ok
+from tests.api.conftest import People, make_key, ok
+from tests.api.test_permissions import QUESTION, SECRET, SECRET_TEXT
+from tests.api.test_sources_api import run_jobs
+from tests.slow_site import slow_site
 
-SECRET = "salaries"
-SECRET_TEXT = "The board approved the salary bands: staff engineers earn ninety thousand euros."
 PRIVATE = "review-ana.txt"
 PRIVATE_TEXT = "Ana's performance review: exceeds expectations."
-QUESTION = "What do staff engineers earn in the salary bands?"
-
-
-@dataclass(frozen=True)
-class Cast:
-    admin: dict[str, str]
-    """An admin key of no user: every document."""
-    hr_writer: dict[str, str]
-    """A writer key of user `ana`, in group `hr`."""
-    hr_reader: dict[str, str]
-    bob_writer: dict[str, str]
-    """A writer key of user `bob`, in no group."""
-    bob_reader: dict[str, str]
-    writer: dict[str, str]
-    """A writer key of no user: the unrestricted documents only."""
-    reader: dict[str, str]
 
 
 @pytest.fixture
@@ -56,33 +35,6 @@ def api_settings(settings: Settings) -> Settings:
     return settings.model_copy(
         update={"workers": 0, "sources_allow_private": True, "crawl_rate": 100.0}
     )
-
-
-def run_jobs(client: TestClient) -> None:
-    worker = JobWorker(client.app.state.runtime, threads=0)  # type: ignore[attr-defined]
-    while worker.run_once():
-        pass
-
-
-@pytest.fixture
-def cast(client: TestClient, keys: Keys) -> Cast:
-    db = client.app.state.runtime.db  # type: ignore[attr-defined]
-    with tenancy.as_system(), db.write() as session:
-        tenant_id = store.tenants.ensure_tenant(session, "acme")
-        store.tenants.add_group_members(session, tenant_id, "hr", ["ana"])
-
-        def make(role: str, user: str) -> dict[str, str]:
-            return {"Authorization": f"Bearer {make_key(session, tenant_id, role, user)}"}
-
-        return Cast(
-            admin=keys.admin,
-            hr_writer=make("writer", "ana"),
-            hr_reader=make("reader", "ana"),
-            bob_writer=make("writer", "bob"),
-            bob_reader=make("reader", "bob"),
-            writer=keys.writer,
-            reader=keys.reader,
-        )
 
 
 def queue_texts(client: TestClient, headers: dict[str, str], docs: list[dict[str, Any]]) -> str:
@@ -103,28 +55,28 @@ def finished(client: TestClient, job_id: str, headers: dict[str, str]) -> dict[s
 
 
 @pytest.fixture
-def hidden(client: TestClient, cast: Cast) -> None:
+def hidden(client: TestClient, people: People) -> None:
     """`salaries` (group hr), `review-ana.txt` (user ana), and an open handbook."""
-    ok(client.post("/v1/collections", json={"name": "policies"}, headers=cast.admin), 201)
+    ok(client.post("/v1/collections", json={"name": "policies"}, headers=people.admin), 201)
     job = queue_texts(
         client,
-        cast.hr_writer,
+        people.hr_writer,
         [
             {"external_id": SECRET, "text": SECRET_TEXT, "readers": ["group:hr"]},
             {"external_id": "handbook", "text": "Staff engineers get a laptop; pay is monthly."},
         ],
     )
-    assert finished(client, job, cast.hr_writer)["counts"]["new"] == 2
+    assert finished(client, job, people.hr_writer)["counts"]["new"] == 2
     upload = ok(
         client.post(
             "/v1/collections/policies/documents/files",
             files=[("files", (PRIVATE, PRIVATE_TEXT.encode(), "text/plain"))],
             data={"readers": "user:ana"},
-            headers=cast.hr_writer,
+            headers=people.hr_writer,
         ),
         202,
     )
-    assert finished(client, upload["id"], cast.hr_writer)["counts"]["new"] == 1
+    assert finished(client, upload["id"], people.hr_writer)["counts"]["new"] == 1
 
 
 def stored(client: TestClient, external_id: str) -> tuple[str, list[str] | None, int]:
@@ -144,7 +96,7 @@ def refusal(job: dict[str, Any]) -> tuple[dict[str, int], list[str]]:
     return counts, [error["error"] for error in job["errors"]]
 
 
-OUTSIDERS = ["bob_writer", "writer"]
+OUTSIDERS = ["outsider_writer", "writer"]
 ATTACKS: dict[str, dict[str, Any]] = {
     "take-over": {"text": "Nothing to see.", "readers": ["user:bob"]},
     "overwrite": {"text": "Nothing to see."},
@@ -156,10 +108,10 @@ ATTACKS: dict[str, dict[str, Any]] = {
 @pytest.mark.parametrize("attack", list(ATTACKS))
 @pytest.mark.parametrize("who", OUTSIDERS)
 def test_json_ingest_cannot_replace_or_probe_a_document_its_writer_may_not_read(
-    client: TestClient, cast: Cast, hidden: None, who: str, attack: str
+    client: TestClient, people: People, hidden: None, who: str, attack: str
 ) -> None:
     before = stored(client, SECRET)
-    headers = getattr(cast, who)
+    headers = getattr(people, who)
     job = finished(
         client, queue_texts(client, headers, [{"external_id": SECRET, **ATTACKS[attack]}]), headers
     )
@@ -172,7 +124,7 @@ def test_json_ingest_cannot_replace_or_probe_a_document_its_writer_may_not_read(
         client.post(
             "/v1/search",
             json={"query": "salary bands", "collections": ["policies"], "mode": "fulltext"},
-            headers=cast.hr_reader,
+            headers=people.hr,
         )
     )
     assert SECRET in [hit["document"]["external_id"] for hit in found["results"]]
@@ -180,7 +132,7 @@ def test_json_ingest_cannot_replace_or_probe_a_document_its_writer_may_not_read(
 
 @pytest.mark.parametrize("form", [{"readers": ""}, {"readers": "user:bob"}, {}])
 def test_an_upload_cannot_replace_a_document_its_writer_may_not_read(
-    client: TestClient, cast: Cast, hidden: None, form: dict[str, str]
+    client: TestClient, people: People, hidden: None, form: dict[str, str]
 ) -> None:
     before = stored(client, PRIVATE)
     rows = json.dumps({"_id": SECRET, "text": "Rows can bear ids too."}).encode()
@@ -193,11 +145,11 @@ def test_an_upload_cannot_replace_a_document_its_writer_may_not_read(
                 ("files", ("mine.txt", b"A note of my own.", "text/plain")),
             ],
             data=form,
-            headers=cast.writer,
+            headers=people.writer,
         ),
         202,
     )
-    done = finished(client, job["id"], cast.writer)
+    done = finished(client, job["id"], people.writer)
     counts, errors = refusal(done)
     assert counts == {"new": 1, "updated": 0, "unchanged": 0, "failed": 2}
     assert errors == [NOT_YOURS, NOT_YOURS]
@@ -206,11 +158,11 @@ def test_an_upload_cannot_replace_a_document_its_writer_may_not_read(
 
 
 def test_those_who_may_read_a_document_still_rewrite_and_re_permission_it(
-    client: TestClient, cast: Cast, hidden: None
+    client: TestClient, people: People, hidden: None
 ) -> None:
     job = queue_texts(
         client,
-        cast.hr_writer,
+        people.hr_writer,
         [
             {
                 "external_id": SECRET,
@@ -219,22 +171,22 @@ def test_those_who_may_read_a_document_still_rewrite_and_re_permission_it(
             }
         ],
     )
-    assert refusal(finished(client, job, cast.hr_writer))[0]["updated"] == 1
-    opened = queue_texts(client, cast.admin, [{"external_id": PRIVATE, "text": "Open now."}])
-    counts = refusal(finished(client, opened, cast.admin))[0]
+    assert refusal(finished(client, job, people.hr_writer))[0]["updated"] == 1
+    opened = queue_texts(client, people.admin, [{"external_id": PRIVATE, "text": "Open now."}])
+    counts = refusal(finished(client, opened, people.admin))[0]
     assert counts["updated"] == 1 and stored(client, PRIVATE)[1] == ["user:ana"]  # kept
 
 
 def test_patch_delete_and_get_are_the_same_404_as_for_a_missing_document(
-    client: TestClient, cast: Cast, hidden: None
+    client: TestClient, people: People, hidden: None
 ) -> None:
     def attempts(external_id: str) -> list[tuple[int, str]]:
         path = f"/v1/collections/policies/documents/{external_id}"
         answers = [
-            client.patch(path, json={"readers": ["user:bob"]}, headers=cast.bob_writer),
-            client.patch(path, json={"readers": None}, headers=cast.writer),
-            client.delete(path, headers=cast.bob_writer),
-            client.get(path, headers=cast.bob_reader),
+            client.patch(path, json={"readers": ["user:bob"]}, headers=people.outsider_writer),
+            client.patch(path, json={"readers": None}, headers=people.writer),
+            client.delete(path, headers=people.outsider_writer),
+            client.get(path, headers=people.outsider),
         ]
         return [(a.status_code, a.json()["detail"].replace(external_id, "ID")) for a in answers]
 
@@ -244,53 +196,53 @@ def test_patch_delete_and_get_are_the_same_404_as_for_a_missing_document(
 
 
 def test_a_writer_may_give_away_a_document_it_reads(
-    client: TestClient, cast: Cast, hidden: None
+    client: TestClient, people: People, hidden: None
 ) -> None:
     """Readers that leave the calling writer out are set (an ingest may name such readers
     too); the writer no longer reads the document afterwards."""
     path = f"/v1/collections/policies/documents/{SECRET}"
-    changed = ok(client.patch(path, json={"readers": ["group:board"]}, headers=cast.hr_writer))
+    changed = ok(client.patch(path, json={"readers": ["group:board"]}, headers=people.hr_writer))
     assert changed["readers"] == ["group:board"]
     assert stored(client, SECRET)[1] == ["group:board"]
-    assert client.get(path, headers=cast.hr_writer).status_code == 404
-    assert ok(client.get(path, headers=cast.admin))["readers"] == ["group:board"]
+    assert client.get(path, headers=people.hr_writer).status_code == 404
+    assert ok(client.get(path, headers=people.admin))["readers"] == ["group:board"]
 
 
 def test_widening_readers_drops_the_cached_answers_built_without_the_document(
-    client: TestClient, cast: Cast, hidden: None
+    client: TestClient, people: People, hidden: None
 ) -> None:
     ask = {"question": QUESTION, "collections": ["policies"], "k": 5}
-    narrow = ok(client.post("/v1/query", json=ask, headers=cast.bob_reader))
+    narrow = ok(client.post("/v1/query", json=ask, headers=people.outsider))
     assert SECRET not in json.dumps(narrow["sources"])
-    assert ok(client.post("/v1/query", json=ask, headers=cast.bob_reader))["cache"]["hit"]
+    assert ok(client.post("/v1/query", json=ask, headers=people.outsider))["cache"]["hit"]
     # ana's answer (built with the salary bands) and the admin's stay apart from this change.
     ok(
         client.patch(
             f"/v1/collections/policies/documents/{SECRET}",
             json={"readers": ["group:hr", "user:bob"]},
-            headers=cast.admin,
+            headers=people.admin,
         )
     )
-    widened = ok(client.post("/v1/query", json=ask, headers=cast.bob_reader))
+    widened = ok(client.post("/v1/query", json=ask, headers=people.outsider))
     assert widened["cache"]["hit"] is False
     assert SECRET in [s["document"]["external_id"] for s in widened["sources"]]
     # An unrelated asker's narrow answer survives a change that shows it nothing new.
-    other = ok(client.post("/v1/query", json=ask, headers=cast.reader))
+    other = ok(client.post("/v1/query", json=ask, headers=people.no_user))
     ok(
         client.patch(
             f"/v1/collections/policies/documents/{SECRET}",
             json={"readers": ["group:hr", "user:bob", "group:board"]},
-            headers=cast.admin,
+            headers=people.admin,
         )
     )
-    again = ok(client.post("/v1/query", json=ask, headers=cast.reader))
+    again = ok(client.post("/v1/query", json=ask, headers=people.no_user))
     assert again["cache"]["hit"] is True and again["answer"] == other["answer"]
 
 
 def test_an_upload_whose_rows_may_name_readers_is_hidden_from_others_from_the_start(
-    client: TestClient, cast: Cast
+    client: TestClient, people: People
 ) -> None:
-    ok(client.post("/v1/collections", json={"name": "policies"}, headers=cast.admin), 201)
+    ok(client.post("/v1/collections", json={"name": "policies"}, headers=people.admin), 201)
     rows = "\n".join(
         json.dumps({"_id": f"pay-{i}", "text": "", "readers": ["group:hr"]}) for i in range(3)
     )
@@ -298,88 +250,74 @@ def test_an_upload_whose_rows_may_name_readers_is_hidden_from_others_from_the_st
         client.post(
             "/v1/collections/policies/documents/files",
             files=[("files", ("payroll-2027.jsonl", rows.encode(), "application/jsonl"))],
-            headers=cast.writer,
+            headers=people.writer,
         ),
         202,
     )
 
     def seen_by_others() -> bool:
-        listed = json.dumps(ok(client.get("/v1/jobs", headers=cast.bob_reader)))
-        one = client.get(f"/v1/jobs/{job['id']}", headers=cast.reader)
+        listed = json.dumps(ok(client.get("/v1/jobs", headers=people.outsider)))
+        one = client.get(f"/v1/jobs/{job['id']}", headers=people.no_user)
         return job["id"] in listed or "payroll-2027" in listed or one.status_code != 404
 
     assert not seen_by_others()  # queued
-    done = finished(client, job["id"], cast.writer)  # every restricted row fails
+    done = finished(client, job["id"], people.writer)  # every restricted row fails
     assert done["counts"]["failed"] == 3 and done["counts"]["new"] == 0
     assert not seen_by_others()
-    assert ok(client.get(f"/v1/jobs/{job['id']}", headers=cast.admin))["id"] == job["id"]
-
-
-class _Quiet(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
+    assert ok(client.get(f"/v1/jobs/{job['id']}", headers=people.admin))["id"] == job["id"]
 
 
 @pytest.fixture
-def site(tmp_path: Path) -> Iterator[str]:
-    (tmp_path / "page.html").write_text(
-        "<html><head><title>Bands</title></head><body><p>The bands are public now.</p></body>"
-        "</html>"
-    )
-    server = http.server.ThreadingHTTPServer(
-        ("127.0.0.1", 0), partial(_Quiet, directory=str(tmp_path))
-    )
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/page.html"
-    server.shutdown()
-    thread.join()
+def site() -> Iterator[str]:
+    page = b"<html><head><title>Bands</title></head><body><p>The bands are public now.</p></body>"
+    with slow_site({"/page.html": page + b"</html>"}) as (_site, base):
+        yield f"{base}/page.html"
 
 
 def test_a_source_cannot_replace_or_delete_a_document_its_adder_may_not_read(
-    client: TestClient, cast: Cast, site: str
+    client: TestClient, people: People, site: str
 ) -> None:
     """hr stored a page under its URL; bob's source fetching that URL is refused the document
     and, once the page is gone, deletes nothing of hr's."""
-    ok(client.post("/v1/collections", json={"name": "policies"}, headers=cast.admin), 201)
+    ok(client.post("/v1/collections", json={"name": "policies"}, headers=people.admin), 201)
     job = queue_texts(
         client,
-        cast.hr_writer,
+        people.hr_writer,
         [{"external_id": site, "text": SECRET_TEXT, "readers": ["group:hr"]}],
     )
-    assert refusal(finished(client, job, cast.hr_writer))[0]["new"] == 1
+    assert refusal(finished(client, job, people.hr_writer))[0]["new"] == 1
     source = ok(
         client.post(
             "/v1/collections/policies/sources",
             json={"location": site, "options": {"depth": 0}},
-            headers=cast.bob_writer,
+            headers=people.outsider_writer,
         ),
         201,
     )
     run_jobs(client)
-    shown = ok(
-        client.get(f"/v1/collections/policies/sources/{source['id']}", headers=cast.bob_writer)
-    )
+    path = f"/v1/collections/policies/sources/{source['id']}"
+    shown = ok(client.get(path, headers=people.outsider_writer))
     assert shown["last_run"]["counts"]["added"] == 0
     assert NOT_YOURS in json.dumps(shown["last_run"])
     assert stored(client, site)[:2] == (SECRET_TEXT, ["group:hr"])
     removed = client.delete(
-        f"/v1/collections/policies/sources/{source['id']}",
+        path,
         params={"delete_documents": "true"},
-        headers=cast.bob_writer,
+        headers=people.outsider_writer,
     )
     assert removed.status_code in (200, 204), removed.text
     assert stored(client, site)[:2] == (SECRET_TEXT, ["group:hr"])
 
 
 def test_an_admin_of_a_user_cannot_delete_a_collection_holding_what_it_may_not_read(
-    client: TestClient, cast: Cast, hidden: None
+    client: TestClient, people: People, hidden: None
 ) -> None:
     db = client.app.state.runtime.db  # type: ignore[attr-defined]
     with tenancy.as_system(), db.write() as session:
-        tenant_id = store.tenants.ensure_tenant(session, "acme")
-        bob_admin = {"Authorization": f"Bearer {make_key(session, tenant_id, 'admin', 'bob')}"}
-        ana_admin = {"Authorization": f"Bearer {make_key(session, tenant_id, 'admin', 'ana')}"}
+        bob_admin, ana_admin = (
+            {"Authorization": f"Bearer {make_key(session, people.tenant_id, 'admin', user)}"}
+            for user in ("bob", "ana")
+        )
     refused = client.delete("/v1/collections/policies", headers=bob_admin)
     assert refused.status_code == 403 and "may not read" in refused.json()["detail"]
     assert stored(client, SECRET)[0] == SECRET_TEXT

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import uuid
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -17,50 +16,13 @@ from sqlalchemy import func, select
 from ragservice import store
 from ragservice.db import tenancy
 from ragservice.db.models import Chunk, Document, PromptCacheEntry, QueryLog
-from tests.api.conftest import Keys, make_key, ok, wait_for_job
+from tests.api.conftest import Keys, People, ok, wait_for_job
 
 SECRET = "salaries"
 SECRET_TITLE = "Salary bands"
 SECRET_TEXT = "The board approved the salary bands: staff engineers earn ninety thousand euros."
 SECRET_WORDS = ("ninety thousand", "salary bands", SECRET_TITLE)
 QUESTION = "What do staff engineers earn in the salary bands?"
-
-
-@dataclass(frozen=True)
-class People:
-    hr: dict[str, str]
-    """A reader key of user `ana`, in group `hr`."""
-    outsider: dict[str, str]
-    """A reader key of user `bob`, in no group."""
-    no_user: dict[str, str]
-    """A reader key of no user: unrestricted documents only."""
-    admin: dict[str, str]
-    """An admin key of no user: every document of the tenant."""
-    writer: dict[str, str]
-    outsider_writer: dict[str, str]
-    """A writer key of user `bob`."""
-    tenant_id: uuid.UUID
-
-
-@pytest.fixture
-def people(client: TestClient, keys: Keys) -> People:
-    db = client.app.state.runtime.db  # type: ignore[attr-defined]
-    with tenancy.as_system(), db.write() as session:
-        tenant_id = store.tenants.ensure_tenant(session, "acme")
-        store.tenants.add_group_members(session, tenant_id, "hr", ["ana"])
-
-        def make(role: str, user: str | None) -> dict[str, str]:
-            return {"Authorization": f"Bearer {make_key(session, tenant_id, role, user)}"}
-
-        return People(
-            hr=make("reader", "ana"),
-            outsider=make("reader", "bob"),
-            no_user=keys.reader,
-            admin=keys.admin,
-            writer=keys.writer,
-            outsider_writer=make("writer", "bob"),
-            tenant_id=tenant_id,
-        )
 
 
 def ingest(client: TestClient, headers: dict[str, str], documents: list[dict[str, Any]]) -> None:

@@ -3,7 +3,6 @@ readers read, other tenants see nothing, and what the API may not add is a 422."
 
 from __future__ import annotations
 
-import base64
 import http.server
 import logging
 import socket
@@ -19,6 +18,8 @@ from fastapi.testclient import TestClient
 from ingest.worker import JobWorker
 from ragservice.config import Settings
 from tests.api.conftest import Keys, ok
+from tests.locked_site import basic
+from tests.locked_site import locked_site as serve_locked
 
 PAGES = 3
 
@@ -188,24 +189,7 @@ def test_a_collection_has_one_source_per_location_and_at_most_the_limit(
 
 
 USER, SECRET = "reader-bot", "s3cr3t-Pa55"
-BASIC = "Basic " + base64.b64encode(f"{USER}:{SECRET}".encode()).decode()
-
-
-class _LockedHandler(_QuietHandler):
-    """Serves its folder to requests with the site's Basic credentials only (401 otherwise);
-    records the Authorization header of every request."""
-
-    seen: list[str | None]
-
-    def do_GET(self) -> None:
-        self.seen.append(self.headers.get("Authorization"))
-        if self.headers.get("Authorization") != BASIC:
-            self.send_response(401)
-            self.send_header("WWW-Authenticate", 'Basic realm="docs"')
-            self.send_header("Content-Length", "0")
-            self.end_headers()
-            return
-        super().do_GET()
+BASIC = basic(USER, SECRET)
 
 
 @pytest.fixture
@@ -216,16 +200,8 @@ def locked_site(tmp_path: Path) -> Iterator[tuple[str, list[str | None]]]:
         '<html><body><h1>Index</h1><a href="p0.html">page</a></body></html>'
     )
     (tmp_path / "p0.html").write_text("<html><body><p>Private notes.</p></body></html>")
-    seen: list[str | None] = []
-    handler = type("Handler", (_LockedHandler,), {"seen": seen})
-    server = http.server.ThreadingHTTPServer(
-        ("127.0.0.1", 0), partial(handler, directory=str(tmp_path))
-    )
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/index.html", seen
-    server.shutdown()
-    thread.join()
+    with serve_locked(tmp_path, USER, SECRET) as served:
+        yield served
 
 
 def _with_userinfo(url: str) -> str:

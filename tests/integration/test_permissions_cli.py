@@ -143,14 +143,19 @@ def test_ingest_readers_from_the_option_and_a_sidecar_kept_and_changed_on_re_ing
     assert "user:<name> or group:<name>" in refused.stderr
 
 
-def test_a_bad_sidecar_fails_its_files_only_naming_it(
-    cli: CliRunner, database_url: str, tmp_path: Path
-) -> None:
-    folder = tmp_path / "mixed"
+def badly_locked(folder: Path) -> Path:
+    """A folder with an open page and, in `locked/`, one whose sidecar names a bad reader."""
     (folder / "locked").mkdir(parents=True)
     (folder / "open.md").write_text("# Open\n\nEveryone may read this page.")
     (folder / "locked" / "a.md").write_text("# A\n\nA page for some.")
     (folder / "locked" / ".readers").write_text("group:hr, janitor\n")
+    return folder
+
+
+def test_a_bad_sidecar_fails_its_files_only_naming_it(
+    cli: CliRunner, database_url: str, tmp_path: Path
+) -> None:
+    folder = badly_locked(tmp_path / "mixed")
     summary = ingest(cli, str(folder), "-c", "docs", "--readers", "group:staff", code=1)
     assert summary["counts"]["new"] == 1 and summary["counts"]["failed"] == 1
     [failure] = summary["failures"]
@@ -256,11 +261,7 @@ def test_folder_sources_give_each_file_its_sidecars_readers(
 def test_a_bad_sidecar_fails_its_folder_sources_files_only(
     cli: CliRunner, database_url: str, tmp_path: Path
 ) -> None:
-    folder = tmp_path / "mixed"
-    (folder / "locked").mkdir(parents=True)
-    (folder / "open.md").write_text("# Open\n\nEveryone may read this page.")
-    (folder / "locked" / "a.md").write_text("# A\n\nA page for some.")
-    (folder / "locked" / ".readers").write_text("group:hr, janitor\n")
+    folder = badly_locked(tmp_path / "mixed")
     failed = cli.invoke(app, ["sync", str(folder), "-c", "docs"])
     assert "'janitor'" in failed.output and "Traceback" not in failed.output
     assert readers(database_url) == {"open.md": None}  # the locked file is not stored open

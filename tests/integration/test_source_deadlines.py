@@ -1,6 +1,6 @@
-"""A source whose site trickles (a byte every two seconds: no read ever times out) run by a
-job worker with one thread: the run ends by its deadline, failed with a clear error, and
-another tenant's upload queued behind it is done meanwhile."""
+"""Source runs beside another tenant's upload, on a loopback site: a trickling page (a byte
+every two seconds: no read ever times out) ends by the run's or the answer's deadline, and a
+long crawl takes turns with the upload on one job thread."""
 
 from __future__ import annotations
 
@@ -24,6 +24,20 @@ from tests.slow_site import slow_site
 RUN_SECONDS = 4.0
 
 
+def with_sources(runtime: Runtime, **settings: object) -> Runtime:
+    """`runtime` allowed to crawl loopback, its idle workers polling often, and `settings`."""
+    update = {"sources_allow_private": True, "job_poll_seconds": 0.2, **settings}
+    return dataclasses.replace(runtime, settings=runtime.settings.model_copy(update=update))
+
+
+def queue_source_run(runtime: Runtime, spec: SourceSpec) -> tuple[uuid.UUID, uuid.UUID]:
+    """A source of `spec` added to the default tenant's collection `site`, and its run queued:
+    the source's and the run's ids."""
+    caller = Operator(tenant_id=runtime.default_tenant_id, actor="cli:test")
+    source = service.add_source(runtime.db, runtime.settings, caller, "site", spec)
+    return source.id, service.queue_run(runtime.db, runtime.default_tenant_id, "site", source.id)
+
+
 def ended(runtime: Runtime, job_id: uuid.UUID) -> IngestJob | None:
     with runtime.db.read() as session:
         job = store.jobs.get_job(session, None, job_id)
@@ -34,17 +48,10 @@ def ended(runtime: Runtime, job_id: uuid.UUID) -> IngestJob | None:
 def test_a_trickling_site_ends_by_the_run_deadline_and_another_tenants_upload_runs(
     runtime: Runtime,
 ) -> None:
-    local = dataclasses.replace(
-        runtime,
-        settings=runtime.settings.model_copy(
-            update={"sources_allow_private": True, "job_poll_seconds": 0.2}
-        ),
-    )
+    local = with_sources(runtime)
     with slow_site({}) as (site, base):
         spec = SourceSpec(location=f"{base}/slow-start.html", options={"run_seconds": RUN_SECONDS})
-        caller = Operator(tenant_id=local.default_tenant_id, actor="cli:test")
-        source = service.add_source(local.db, local.settings, caller, "site", spec)
-        run = service.queue_run(local.db, local.default_tenant_id, "site", source.id)
+        _source, run = queue_source_run(local, spec)
         upload = enqueue_for(local, tenant(local, "other"))  # queued behind the run
 
         worker = JobWorker(local, threads=1)
@@ -94,25 +101,13 @@ def test_a_long_run_takes_turns_with_another_tenants_upload(runtime: Runtime) ->
     """One job thread, a crawl of 31 pages of 0.2 s each (over 6 s) and a turn of 1 s: once
     another tenant's upload waits, the run stops between two pages, done for now, the upload
     runs, and the source's next run (queued behind it) finishes the crawl."""
-    local = dataclasses.replace(
-        runtime,
-        settings=runtime.settings.model_copy(
-            update={
-                "sources_allow_private": True,
-                "job_poll_seconds": 0.2,
-                "crawl_rate": 1000.0,
-                "source_turn_seconds": 1.0,
-            }
-        ),
-    )
+    local = with_sources(runtime, crawl_rate=1000.0, source_turn_seconds=1.0)
     links = "".join(f'<a href="/pause-{i}.html">page {i}</a> ' for i in range(PAGES))
     pages = {f"/pause-{i}.html": f"<p>Pause page {i}.</p>".encode() for i in range(PAGES)}
     pages["/index.html"] = f"<html><body><p>Index.</p>{links}</body></html>".encode()
     with slow_site(pages) as (site, base):
         spec = SourceSpec(location=f"{base}/index.html", options={"depth": 1})
-        caller = Operator(tenant_id=local.default_tenant_id, actor="cli:test")
-        source = service.add_source(local.db, local.settings, caller, "site", spec)
-        first = service.queue_run(local.db, local.default_tenant_id, "site", source.id)
+        source_id, first = queue_source_run(local, spec)
         worker = JobWorker(local, threads=1)
         worker.start()
         try:
@@ -122,8 +117,8 @@ def test_a_long_run_takes_turns_with_another_tenants_upload(runtime: Runtime) ->
             crawled_then = len({path for path in site.asked if path.startswith("/pause")})
             wait_for(
                 lambda: (
-                    all(ended(local, r.id) for r in runs_of(local, source.id))
-                    and len(runs_of(local, source.id)) >= 2
+                    all(ended(local, r.id) for r in runs_of(local, source_id))
+                    and len(runs_of(local, source_id)) >= 2
                 ),
                 timeout=120,
             )
@@ -133,7 +128,7 @@ def test_a_long_run_takes_turns_with_another_tenants_upload(runtime: Runtime) ->
     assert crawled_then < PAGES  # the upload did not wait for the whole crawl
     done = ended(local, upload)
     assert done is not None and done.status == "done", done and done.errors
-    runs = runs_of(local, source.id)
+    runs = runs_of(local, source_id)
     assert runs[0].id == first and runs[0].status == "done" and runs[0].counts["yielded"] == 1
     assert runs[-1].status == "done" and runs[-1].counts["yielded"] == 0
     assert sum(r.counts["added"] for r in runs) == PAGES + 1  # every page, once
@@ -146,17 +141,10 @@ def test_with_two_threads_another_tenants_upload_runs_while_a_trickling_run_goes
     """The same trickling site with two job threads: the run holds one until its deadline
     (here, the per-answer one: 6 s); the other tenant's upload, queued after it, is done on the
     other thread before the run ends."""
-    local = dataclasses.replace(
-        runtime,
-        settings=runtime.settings.model_copy(
-            update={"sources_allow_private": True, "job_poll_seconds": 0.2}
-        ),
-    )
+    local = with_sources(runtime)
     with slow_site({}) as (_site, base):
         spec = SourceSpec(location=f"{base}/slow-start.html", options={"response_seconds": 6})
-        caller = Operator(tenant_id=local.default_tenant_id, actor="cli:test")
-        source = service.add_source(local.db, local.settings, caller, "site", spec)
-        run = service.queue_run(local.db, local.default_tenant_id, "site", source.id)
+        _source, run = queue_source_run(local, spec)
         worker = JobWorker(local, threads=2)
         worker.start()
         try:

@@ -5,7 +5,6 @@ a folder once, and `sync --watch` following a folder as files are added, changed
 
 from __future__ import annotations
 
-import base64
 import functools
 import http.server
 import json
@@ -28,6 +27,8 @@ from typer.testing import CliRunner, Result
 
 from ragservice.cli import app
 from ragservice.config import get_settings
+from tests.locked_site import basic
+from tests.locked_site import locked_site as serve_locked
 
 pytestmark = pytest.mark.default_tenancy  # the commands say whose rows they work on
 
@@ -318,23 +319,7 @@ def test_ctrl_c_ends_sync_watch_with_130(database_url: str, tmp_path: Path) -> N
 
 
 USER, SECRET = "crawler", "hunter2-Secret"
-BASIC = "Basic " + base64.b64encode(f"{USER}:{SECRET}".encode()).decode()
-
-
-class _LockedHandler(_QuietHandler):
-    """Serves to requests with the site's Basic credentials only; records every request's
-    Authorization header."""
-
-    seen: list[str | None]
-
-    def do_GET(self) -> None:
-        self.seen.append(self.headers.get("Authorization"))
-        if self.headers.get("Authorization") != BASIC:
-            self.send_response(401)
-            self.send_header("Content-Length", "0")
-            self.end_headers()
-            return
-        super().do_GET()
+BASIC = basic(USER, SECRET)
 
 
 @pytest.fixture
@@ -343,18 +328,8 @@ def locked_site(tmp_path: Path) -> Iterator[tuple[str, list[str | None]]]:
     root = tmp_path / "locked"
     root.mkdir()
     (root / "index.html").write_text("<html><body><h1>Private</h1><p>Pay day.</p></body></html>")
-    seen: list[str | None] = []
-    handler = type("Handler", (_LockedHandler,), {"seen": seen})
-    server = http.server.ThreadingHTTPServer(
-        ("127.0.0.1", 0), functools.partial(handler, directory=str(root))
-    )
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/index.html", seen
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serve_locked(root, USER, SECRET) as served:
+        yield served
 
 
 def test_credentials_in_a_location_are_used_and_never_shown(

@@ -18,6 +18,7 @@ from ingest.loaders.parsing import ParseError
 from ingest.loaders.pdf import parse_pdf
 from ragservice.limits.documents import DocumentLimits
 from tests.integration.test_image_bomb import bomb_png
+from tests.pdfs import assemble
 
 LIMITS = DocumentLimits(max_pages=20, max_chars=1_000_000)
 
@@ -113,19 +114,7 @@ def pdf_with_image(width: int, height: int) -> bytes:
         % (width, height, len(pixels), pixels),
         b"<< /Length %d >>\nstream\n%s\nendstream" % (len(content), content),
     ]
-    out = bytearray(b"%PDF-1.4\n")
-    offsets = []
-    for number, body in enumerate(objects, start=1):
-        offsets.append(len(out))
-        out += b"%d 0 obj\n%s\nendobj\n" % (number, body)
-    xref = len(out)
-    out += b"xref\n0 %d\n0000000000 65535 f \n" % (len(objects) + 1)
-    out += b"".join(b"%010d 00000 n \n" % offset for offset in offsets)
-    out += b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (
-        len(objects) + 1,
-        xref,
-    )
-    return bytes(out)
+    return assemble(objects)
 
 
 def test_an_image_on_a_scanned_pdf_page_over_the_limit_is_refused() -> None:

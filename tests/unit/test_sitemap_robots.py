@@ -4,58 +4,20 @@ page and the sitemaps as for every other page."""
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
 from ingest.sources.base import Changed, SourceError
 from ingest.sources.web import MAX_SITEMAPS, WebReader
-
-
-@dataclass
-class Site:
-    """What the server answers (path → body and type; anything else is a 404) and the paths
-    it was asked for, in order."""
-
-    files: dict[str, tuple[bytes, str]] = field(default_factory=dict)
-    asked: list[str] = field(default_factory=list)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    disable_nagle_algorithm = True
-
-    def do_GET(self) -> None:
-        site: Site = self.server.site  # type: ignore[attr-defined]
-        with site.lock:
-            site.asked.append(self.path)
-        body, kind = site.files.get(self.path, (b"not found", "text/plain"))
-        self.send_response(200 if self.path in site.files else 404)
-        self.send_header("Content-Type", kind)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, format: str, *args: object) -> None:
-        pass
+from tests.slow_site import SlowSite, slow_site
 
 
 @pytest.fixture
-def site() -> Iterator[tuple[Site, str]]:
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
-    served = Site()
-    httpd.site = served  # type: ignore[attr-defined]
-    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05})
-    thread.start()
-    yield served, f"http://127.0.0.1:{httpd.server_address[1]}"
-    httpd.shutdown()
-    httpd.server_close()
-    thread.join()
+def site() -> Iterator[tuple[SlowSite, str]]:
+    with slow_site() as served:
+        yield served
 
 
 def _reader(base: str) -> WebReader:
@@ -73,11 +35,11 @@ def _xml(kind: str, urls: list[str]) -> tuple[bytes, str]:
 
 
 def test_a_sitemap_index_of_100k_sitemaps_is_merged_in_linear_time(
-    site: tuple[Site, str],
+    site: tuple[SlowSite, str],
 ) -> None:
     served, base = site
     children = [f"{base}/maps/{i}.xml" for i in range(100_000)]
-    served.files = {
+    served.pages = {
         "/": _html("start"),
         "/sitemap.xml": _xml("sitemapindex", children),
         **{f"/maps/{i}.xml": _xml("urlset", [f"{base}/p{i}.html"]) for i in range(10)},
@@ -99,10 +61,10 @@ def test_a_sitemap_index_of_100k_sitemaps_is_merged_in_linear_time(
     }
 
 
-def test_a_sitemap_listed_twice_or_in_a_loop_is_read_once(site: tuple[Site, str]) -> None:
+def test_a_sitemap_listed_twice_or_in_a_loop_is_read_once(site: tuple[SlowSite, str]) -> None:
     served, base = site
     index = _xml("sitemapindex", [f"{base}/a.xml", f"{base}/sitemap.xml", f"{base}/a.xml"])
-    served.files = {
+    served.pages = {
         "/": _html("start"),
         "/sitemap.xml": index,
         "/a.xml": _xml("sitemapindex", [f"{base}/sitemap.xml", f"{base}/b.xml"]),
@@ -114,10 +76,10 @@ def test_a_sitemap_listed_twice_or_in_a_loop_is_read_once(site: tuple[Site, str]
 
 
 def test_robots_disallowing_everything_stops_the_crawl_before_the_start_page(
-    site: tuple[Site, str],
+    site: tuple[SlowSite, str],
 ) -> None:
     served, base = site
-    served.files = {
+    served.pages = {
         "/robots.txt": (b"User-agent: *\nDisallow: /\n", "text/plain"),
         "/": _html("start"),
         "/sitemap.xml": _xml("urlset", [f"{base}/p.html"]),
@@ -128,9 +90,9 @@ def test_robots_disallowing_everything_stops_the_crawl_before_the_start_page(
     assert served.asked == ["/robots.txt"]
 
 
-def test_a_sitemap_robots_disallows_is_not_fetched(site: tuple[Site, str]) -> None:
+def test_a_sitemap_robots_disallows_is_not_fetched(site: tuple[SlowSite, str]) -> None:
     served, base = site
-    served.files = {
+    served.pages = {
         "/robots.txt": (b"User-agent: *\nDisallow: /sitemap.xml\n", "text/plain"),
         "/": _html('start <a href="/p.html">p</a>'),
         "/sitemap.xml": _xml("urlset", [f"{base}/q.html"]),

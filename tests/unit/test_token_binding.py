@@ -15,8 +15,8 @@ from pydantic import ValidationError
 from ragservice.auth.keys import Role
 from ragservice.auth.tokens import TokenVerifier
 from ragservice.config import DEFAULT_TENANT_NAME, SecuritySettings, Settings
-from ragservice.errors import AuthenticationError
 from tests.jwt_keys import EC_KID, RSA_KID, RSA_PSS_KID, TokenKeys
+from tests.unit.test_jwt_tokens import refusal, verifier_of
 
 
 @pytest.fixture(scope="module")
@@ -24,16 +24,8 @@ def keys(tmp_path_factory: pytest.TempPathFactory) -> TokenKeys:
     return TokenKeys.generate(tmp_path_factory.mktemp("jwks"))
 
 
-def verifier_of(keys: TokenKeys, **settings: Any) -> TokenVerifier:
-    made = TokenVerifier.from_settings(keys.settings(**settings))
-    assert made is not None
-    return made
-
-
-def refusal(verifier: TokenVerifier, token: str) -> str:
-    with pytest.raises(AuthenticationError) as refused:
-        verifier.verify(token)
-    return str(refused.value)
+def verifier_with(keys: TokenKeys, **settings: Any) -> TokenVerifier:
+    return verifier_of(keys.settings(**settings))
 
 
 # -- the times -------------------------------------------------------------------------------
@@ -62,12 +54,12 @@ def test_times_that_are_not_numbers_are_refused(keys: TokenKeys, case: str) -> N
     token = jwt.encode(
         keys.claims() | claims, keys.rsa, algorithm="RS256", headers={"kid": RSA_KID}
     )
-    assert refusal(verifier_of(keys), token) == reason
+    assert refusal(verifier_with(keys), token) == reason
 
 
 def test_numeric_times_still_work(keys: TokenKeys) -> None:
     now = time.time()
-    verifier = verifier_of(keys)
+    verifier = verifier_with(keys)
     assert verifier.verify(keys.sign(exp=now + 300.5, nbf=now - 1.5, iat=now)).user == "alice"
     assert verifier.verify(keys.sign(iat=None)).user == "alice"
     assert refusal(verifier, keys.sign(exp=int(now) - 120)) == "token expired"
@@ -82,21 +74,21 @@ def test_a_bad_signature_is_told_before_a_bad_time(keys: TokenKeys) -> None:
     token = keys.sign(exp="9999999999")
     header, claims, signature = token.split(".")
     forged = f"{header}.{claims}.{signature[:-4]}AAAA"
-    assert refusal(verifier_of(keys), forged) == "bad signature"
+    assert refusal(verifier_with(keys), forged) == "bad signature"
 
 
 # -- keys bound to tenants ---------------------------------------------------------------------
 
 
 def test_unbound_keys_sign_for_any_tenant(keys: TokenKeys) -> None:
-    verifier = verifier_of(keys)
+    verifier = verifier_with(keys)
     for alg in ("RS256", "ES256"):
         assert verifier.verify(keys.sign(alg=alg, tenant="acme")).tenant == "acme"
         assert verifier.verify(keys.sign(alg=alg, tenant="globex")).tenant == "globex"
 
 
 def test_a_bound_key_signs_only_for_its_tenants(keys: TokenKeys) -> None:
-    verifier = verifier_of(
+    verifier = verifier_with(
         keys,
         jwt_key_tenants=f"{RSA_KID}=acme|initech, {EC_KID}=*",
         jwt_algorithms="RS256,ES256,PS256",
@@ -116,7 +108,7 @@ def test_a_bound_key_signs_only_for_its_tenants(keys: TokenKeys) -> None:
 
 
 def test_the_refusal_never_names_the_key_or_the_tenant(keys: TokenKeys) -> None:
-    verifier = verifier_of(keys, jwt_key_tenants=f"{EC_KID}=acme")
+    verifier = verifier_with(keys, jwt_key_tenants=f"{EC_KID}=acme")
     reason = refusal(verifier, keys.sign(tenant="secret-tenant"))
     assert RSA_KID not in reason and "secret-tenant" not in reason
 
@@ -149,7 +141,7 @@ def test_the_binding_is_read_from_the_environment(monkeypatch: pytest.MonkeyPatc
 def test_by_default_a_token_is_an_admin_of_any_tenant_but_the_default_one(
     keys: TokenKeys,
 ) -> None:
-    verifier = verifier_of(keys)
+    verifier = verifier_with(keys)
     assert verifier.verify(keys.sign(tenant="acme", role="admin")).role is Role.ADMIN
     default_admin = keys.sign(tenant=DEFAULT_TENANT_NAME, role="admin")
     assert refusal(verifier, default_admin) == "role not allowed: admin"
@@ -158,12 +150,12 @@ def test_by_default_a_token_is_an_admin_of_any_tenant_but_the_default_one(
 
 
 def test_admin_all_lets_a_token_be_the_default_tenants_admin(keys: TokenKeys) -> None:
-    verifier = verifier_of(keys, jwt_admin="all")
+    verifier = verifier_with(keys, jwt_admin="all")
     token = keys.sign(tenant=DEFAULT_TENANT_NAME, role="ADMIN")
     assert verifier.verify(token).role is Role.ADMIN
 
 
 def test_admin_none_refuses_every_admin_token(keys: TokenKeys) -> None:
-    verifier = verifier_of(keys, jwt_admin="none")
+    verifier = verifier_with(keys, jwt_admin="none")
     assert refusal(verifier, keys.sign(tenant="acme", role="admin")) == "role not allowed: admin"
     assert verifier.verify(keys.sign(tenant="acme", role="writer")).role is Role.WRITER
