@@ -1,6 +1,6 @@
 """docker-compose.yml's wiring: a primary with replication, a replica copied from it, the app
-pointed at both, the GPU and inference profiles, pinned images, loopback ports and no password
-in the file. No Docker engine needed: the file is read, not run."""
+pointed at both, the GPU, inference and Citus profiles, pinned images, loopback ports and no
+password in the file. No Docker engine needed: the file is read, not run."""
 
 from __future__ import annotations
 
@@ -102,10 +102,23 @@ def _pinned(image: str) -> bool:
     return "/" not in tag and bool(re.search(r"\d+\.\d+\.\d+|(^|-)b\d+$", tag))
 
 
+CITUS_NODES = ("citus-coordinator", "citus-worker1", "citus-worker2")
+CITUS_WORKERS = CITUS_NODES[1:]
+CITUS_SERVICES = {*CITUS_NODES, "citus-setup", "citus-migrate", "app-citus"}
+
+
 def test_services_and_profiles(services: dict[str, Any]) -> None:
     """The databases and the migration always run; exactly one app per profile (cpu, gpu);
-    the inference server only when asked for."""
-    assert set(services) == {"primary", "replica", "migrate", "app", "app-gpu", "inference"}
+    the inference server and the Citus cluster only when asked for."""
+    assert set(services) == {
+        "primary",
+        "replica",
+        "migrate",
+        "app",
+        "app-gpu",
+        "inference",
+        *CITUS_SERVICES,
+    }
     always = {name for name, service in services.items() if not _profiles(service)}
     assert always == {"primary", "replica", "migrate"}
     assert _profiles(services["app"]) == {"cpu"}
@@ -157,10 +170,11 @@ def test_every_image_is_pinned_and_postgres_is_18_as_embedded(
     compose: dict[str, Any], services: dict[str, Any]
 ) -> None:
     images = {name: service["image"] for name, service in services.items() if "image" in service}
-    assert set(images) == {"primary", "replica", "inference"}
+    assert set(images) == {"primary", "replica", "inference", "citus-setup"}
     assert all(_pinned(image) for image in images.values()), images
     postgres = images["primary"]
     assert images["replica"] == postgres
+    assert images["citus-setup"] == postgres  # for its psql
     assert re.fullmatch(r"pgvector/pgvector:0\.8\.\d+-pg18(-[a-z]+)?", postgres)
     # The tests' container (when Docker answers) is the same image.
     assert f'"{postgres}"' in (ROOT / "tests/conftest.py").read_text()
@@ -358,3 +372,177 @@ def test_the_owner_migrates_and_the_app_logs_in_as_a_plain_role(services: dict[s
 def owner_password_in(value: str, services: dict[str, Any]) -> bool:
     password = _environment(services["primary"])["POSTGRES_PASSWORD"]
     return urlsplit(value).password == password if "://" in value else False
+
+
+# --- the `citus` profile ---------------------------------------------------------------------
+
+
+def _node_image(service: dict[str, Any]) -> str:
+    """The image a service runs: `image:`, or the FROM of the Dockerfile it is built from."""
+    if "image" in service:
+        return str(service["image"])
+    return _base_image(_dockerfile(service))
+
+
+def _dockerfile(service: dict[str, Any]) -> Path:
+    build = service["build"]
+    if isinstance(build, str):
+        build = {"context": build}
+    return ROOT / build["context"] / build.get("dockerfile", "Dockerfile")
+
+
+def _base_image(dockerfile: Path) -> str:
+    """The last stage's base image (ARG defaults filled in)."""
+    args: dict[str, str] = {}
+    base = None
+    for line in dockerfile.read_text().splitlines():
+        words = line.split()
+        if words[:1] == ["ARG"] and "=" in words[1]:
+            name, _, value = words[1].partition("=")
+            args[name] = value
+        elif words[:1] == ["FROM"]:
+            base = re.sub(r"\$\{?(\w+)\}?", lambda m: args.get(m.group(1), m.group(0)), words[1])
+    assert base is not None, dockerfile
+    return base
+
+
+def _citus_on_postgres_18(image: str) -> bool:
+    """citusdata/citus at a release of the PostgreSQL 18 line: Citus 14's unsuffixed tags are
+    built on PostgreSQL 18 (its -pg16 and -pg17 tags on the older servers), or a -pg18 tag."""
+    return bool(re.fullmatch(r"citusdata/citus:14\.\d+\.\d+(-pg18)?", image))
+
+
+@pytest.mark.parametrize(
+    ("image", "pg18"),
+    [
+        ("citusdata/citus:14.1.0", True),
+        ("citusdata/citus:14.0.0-pg18", True),
+        ("citusdata/citus:14.1.0-pg17", False),
+        ("citusdata/citus:13.2.0", False),  # PostgreSQL 17
+        ("citusdata/citus:14.1", False),  # not a release: moves with every 14.1.x
+        ("citusdata/citus:latest", False),
+        ("pgvector/pgvector:0.8.5-pg18-trixie", False),
+    ],
+)
+def test_citus_on_postgres_18_tells_the_tags(image: str, pg18: bool) -> None:
+    assert _citus_on_postgres_18(image) is pg18
+
+
+def test_the_citus_profile_holds_the_cluster_the_setup_and_the_app(
+    services: dict[str, Any],
+) -> None:
+    """Every Citus service carries `profiles: [citus]` (a service without profiles would start
+    with a plain `docker compose up`), and nothing else is in that profile."""
+    in_profile = {name for name, service in services.items() if "citus" in _profiles(service)}
+    assert in_profile == CITUS_SERVICES
+    for name in CITUS_SERVICES:
+        assert _profiles(services[name]) == {"citus"}, name
+    # No service outside the profile talks to a Citus node.
+    for name, service in services.items():
+        if name not in CITUS_SERVICES:
+            text = str(service)
+            assert not any(node in text for node in CITUS_NODES), name
+
+
+def test_citus_nodes_run_citus_on_postgres_18_with_pgvector(services: dict[str, Any]) -> None:
+    images = {name: _node_image(services[name]) for name in CITUS_NODES}
+    assert len(set(images.values())) == 1, images
+    (image,) = set(images.values())
+    assert _citus_on_postgres_18(image) and _pinned(image), image
+    # The official image has no pgvector: the nodes' Dockerfile installs it, for PostgreSQL 18.
+    for name in CITUS_NODES:
+        dockerfile = _dockerfile(services[name]).read_text()
+        assert re.search(r"apt-get install .*postgresql-18-pgvector", dockerfile), name
+
+
+def test_citus_nodes_are_checked_stored_and_logged_into_like_the_primary(
+    services: dict[str, Any],
+) -> None:
+    primary = _environment(services["primary"])
+    volumes: list[str] = []
+    for name in CITUS_NODES:
+        node = services[name]
+        test = " ".join(_as_list(node["healthcheck"]["test"]))
+        assert "pg_isready -h 127.0.0.1 -p 5432" in test, name
+        assert node.get("restart") == "unless-stopped", name
+        env = _environment(node)
+        for key in ("POSTGRES_USER", "POSTGRES_PASSWORD", "POSTGRES_DB"):
+            assert env[key] == primary[key], (name, key)
+        data = [str(v).split(":")[0] for v in node["volumes"] if ":/var/lib/postgresql" in str(v)]
+        assert len(data) == 1, name
+        volumes += data
+    # A volume of its own for each node, none shared with the primary or the replica.
+    others = {str(v).split(":")[0] for n in ("primary", "replica") for v in services[n]["volumes"]}
+    assert len(set(volumes)) == len(CITUS_NODES) and not set(volumes) & others
+    # The coordinator makes the service's login, like the primary (workers receive it).
+    coordinator = services["citus-coordinator"]
+    mounts = {str(volume).split(":")[1] for volume in coordinator["volumes"]}
+    assert "/docker-entrypoint-initdb.d/20-service-login.sh" in mounts
+    assert _environment(coordinator)["SERVICE_USER"] == primary["SERVICE_USER"]
+
+
+def _setup_sql(services: dict[str, Any]) -> str:
+    return _script(services["citus-setup"])
+
+
+def test_citus_setup_registers_the_workers_once_the_nodes_are_healthy(
+    services: dict[str, Any],
+) -> None:
+    setup = services["citus-setup"]
+    assert setup.get("restart") == "no"  # one-shot
+    for name in CITUS_NODES:
+        assert _depends_healthy(setup, name), name
+    env = _environment(setup)
+    assert env["PGHOST"] == "citus-coordinator"
+    assert _invocation(_setup_sql(services), "psql")[:2] == ["-v", "ON_ERROR_STOP=1"]
+    sql = _setup_sql(services)
+    assert re.search(r"citus_set_coordinator_host\('citus-coordinator',\s*5432\)", sql)
+    added = re.findall(r"citus_add_node\('([^']+)',\s*(\d+)\)", sql)
+    assert sorted(added) == [(name, "5432") for name in CITUS_WORKERS]
+    # The workers ask for passwords: the coordinator has them for the owner and the login.
+    assert "pg_dist_authinfo" in sql
+    assert "$" not in sql.replace("$$", "")  # compose would substitute a lone `$`
+
+
+def test_citus_setup_lets_set_local_reach_the_workers(services: dict[str, Any]) -> None:
+    """The service's row-level security reads SET LOCAL settings (tenant, readers) on the
+    workers: without citus.propagate_set_commands = 'local' they see none and fail closed."""
+    sql = _setup_sql(services)
+    altered = re.search(r"ALTER SYSTEM SET citus\.propagate_set_commands\s*=\s*'local'", sql)
+    assert altered is not None
+    reload = sql.find("pg_reload_conf()", altered.end())
+    assert reload > 0
+
+
+def test_the_citus_app_is_the_app_pointed_at_the_coordinator(services: dict[str, Any]) -> None:
+    app, citus = services["app"], services["app-citus"]
+    assert citus["build"] == app["build"]
+    assert citus["healthcheck"] == app["healthcheck"]
+    assert citus["restart"] == app["restart"]
+    env, base = _environment(citus), _environment(app)
+    url = urlsplit(env["RAGSERVICE_DATABASE_URL"])
+    assert (url.hostname, url.port, url.path) == ("citus-coordinator", 5432, "/ragservice")
+    assert url.username == urlsplit(base["RAGSERVICE_DATABASE_URL"]).username  # not the owner
+    assert "RAGSERVICE_OWNER_DATABASE_URL" not in env
+    assert env["RAGSERVICE_REPLICAS"] == ""  # the replica routing is not wired to Citus nodes
+    different = {key for key in base.keys() | env.keys() if base.get(key) != env.get(key)}
+    assert different == {"RAGSERVICE_DATABASE_URL", "RAGSERVICE_REPLICAS"}
+    depends = citus["depends_on"]
+    assert "primary" not in depends and "migrate" not in depends
+    for step in ("citus-setup", "citus-migrate"):
+        assert depends[step]["condition"] == "service_completed_successfully", step
+    assert _depends_healthy(citus, "citus-coordinator")
+    # Its own data volume and port, so that it runs beside `app`.
+    assert "app-citus-data:/data" in citus["volumes"]
+    assert [_with_defaults(port) for port in citus["ports"]] == ["127.0.0.1:8001:8000"]
+
+
+def test_the_owner_migrates_the_coordinator_after_the_setup(services: dict[str, Any]) -> None:
+    migrate = services["citus-migrate"]
+    assert migrate.get("restart") == "no"
+    assert migrate["build"] == services["migrate"]["build"]
+    assert _as_list(migrate["command"]) == _as_list(services["migrate"]["command"])
+    assert migrate["depends_on"]["citus-setup"]["condition"] == "service_completed_successfully"
+    url = urlsplit(_environment(migrate)["RAGSERVICE_DATABASE_URL"])
+    owner = _environment(services["primary"])["POSTGRES_USER"]
+    assert (url.hostname, url.username) == ("citus-coordinator", owner)
