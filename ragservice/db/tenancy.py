@@ -1,7 +1,7 @@
 """Whose rows a transaction may see: the row-level security of migration 0007.
 
 Every transaction the service opens starts by telling PostgreSQL either one tenant (the
-setting `ragservice.tenant_id`, `SET LOCAL` through `set_config(..., true)`) or "all tenants"
+setting `ragservice.tenant_id`, `SET LOCAL`) or "all tenants"
 (`SET LOCAL ROLE ragservice_system`, a role only the service's login may take: migration 0010);
 the policies show nothing else:
 - within an HTTP request, the request's tenant (`RequestScope.tenant_id`, set once the API key
@@ -31,6 +31,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
+from psycopg import sql
 from sqlalchemy import Connection
 
 from ragservice.db.scope import current_scope
@@ -60,11 +61,11 @@ SYSTEM_ROLE = "ragservice_system"
 
 _override: ContextVar[Tenancy | None] = ContextVar("ragservice_tenancy", default=None)
 
-# Sent as is (no SQLAlchemy compilation): they run at the start of every transaction.
-_SET_TENANT = (
-    "SELECT set_config('ragservice.tenant_id', %s, true), "
-    "set_config('ragservice.readers', %s, true)"
-)
+# Sent as is (no SQLAlchemy compilation): they run at the start of every transaction. SET
+# LOCAL rather than set_config(): a Citus coordinator sends a transaction's SET LOCAL commands
+# on to the workers (citus.propagate_set_commands = 'local'), never a function call, so the
+# workers' policies see the same tenant and readers (docs/scaling.md).
+_SET_TENANT = "SET LOCAL ragservice.tenant_id = {}; SET LOCAL ragservice.readers = {}"
 ALL_DOCUMENTS = "*"
 """`ragservice.readers` of a transaction that reads every document of its tenant."""
 _AS_SYSTEM = f"SET LOCAL ROLE {SYSTEM_ROLE}"
@@ -120,7 +121,8 @@ def apply(connection: Connection, tenancy: Tenancy | None = None, *, switch_role
     means taking `SYSTEM_ROLE` (without row-level security nothing needs switching)."""
     tenancy = tenancy or current()
     tenant = "" if tenancy.tenant_id is None else str(tenancy.tenant_id)
-    connection.exec_driver_sql(_SET_TENANT, (tenant, readers_setting(tenancy.readers)))
+    readers = readers_setting(tenancy.readers)
+    connection.exec_driver_sql(_SET_TENANT.format(sql.quote(tenant), sql.quote(readers)))
     if tenancy.system and switch_role:
         connection.exec_driver_sql(_AS_SYSTEM)
 
@@ -131,15 +133,18 @@ def reading_every_document(connection: Any) -> Iterator[None]:
     document of its tenant; the asker's principal set is put back after. For the writes that
     the caller was checked to be allowed first, and for counts of what the asker cannot see."""
     saved = connection.execute(_READERS_NOW).fetchone()
-    connection.execute(_READ_AS, (ALL_DOCUMENTS,))
+    connection.execute(_read_as(ALL_DOCUMENTS))
     try:
         yield
     finally:
-        connection.execute(_READ_AS, (saved[0] if saved and saved[0] is not None else "",))
+        connection.execute(_read_as(saved[0] if saved and saved[0] is not None else ""))
 
 
 _READERS_NOW = "SELECT current_setting('ragservice.readers', true)"
-_READ_AS = "SELECT set_config('ragservice.readers', %s, true)"
+
+
+def _read_as(readers: str) -> sql.Composed:
+    return sql.SQL("SET LOCAL ragservice.readers = {}").format(sql.Literal(readers))
 
 
 def asker_principals() -> list[str] | None:
