@@ -218,3 +218,57 @@ def db_optimize() -> None:
     runs it by itself) or out of hours."""
     with database() as db, exit_on_error(), db.owner_engine() as engine:
         run_optimize_steps(engine)
+
+
+@app.command("distribute")
+def db_distribute(
+    check: Annotated[
+        bool, typer.Option("--check", help="Only list what stands in the way; change nothing.")
+    ] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print a JSON object.")] = False,
+) -> None:
+    """Spread the store over a Citus cluster (the owner's login on its coordinator): the small
+    global tables become reference tables, the tenants' tables are distributed by tenant and
+    co-located (docs/scaling.md#distributing-on-citus). The schema is checked first: while
+    anything in it stands in the way, nothing is changed and the blockers are listed (exit 1).
+    Tables already converted are skipped, so running it again finishes an interrupted run."""
+    from ragservice.db import distribution
+
+    with database():
+        pass  # brings the schema up to date before it is checked
+    with exit_on_error(), _owner_connection(get_settings().database) as conn:
+        version = distribution.require_coordinator(conn)
+        blockers = distribution.blockers(conn)
+        if check or blockers:
+            _report_blockers(version, blockers, as_json=as_json)
+            if blockers:
+                raise typer.Exit(1)
+            return
+
+        def step_done(step: distribution.Step, number: int, total: int) -> None:
+            state = "already" if step.done_before else "now"
+            if not as_json:
+                console.print(f"[{number}/{total}] {step.table}: {state} {step.placement}")
+
+        report = distribution.distribute(conn, progress=step_done)
+    if as_json:
+        steps = [dataclasses.asdict(step) for step in report.steps]
+        typer.echo(json.dumps({"citus": version, "blockers": [], "steps": steps}))
+        return
+    console.print(f"distributed: {len(report.converted)} tables converted now")
+
+
+def _report_blockers(version: str, blockers: list[Any], *, as_json: bool) -> None:
+    if as_json:
+        rows = [dataclasses.asdict(blocker) for blocker in blockers]
+        typer.echo(json.dumps({"citus": version, "blockers": rows, "steps": []}))
+        return
+    if not blockers:
+        console.print(f"citus {version}: the schema can be distributed")
+        return
+    console.print(
+        f"citus {version}: {len(blockers)} things in the schema stand in the way; "
+        "nothing was changed"
+    )
+    for blocker in blockers:
+        typer.echo(f"  {blocker.describe()}")

@@ -1,9 +1,11 @@
 """`ragservice replicas status` (the read replicas' health and lag) and `ragservice
-dev-cluster` (streaming standbys of the embedded server, for development)."""
+dev-cluster` (streaming standbys of the embedded server, or a Citus cluster of it, for
+development)."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -72,7 +74,18 @@ def dev_cluster(
     regions: Annotated[
         str, typer.Option(help="Comma-separated region names, given to the standbys in turn.")
     ] = "local",
-    first_port: Annotated[int, typer.Option(help="Port of the first standby.")] = 5433,
+    first_port: Annotated[
+        int, typer.Option(help="Port of the first standby (with --citus: the coordinator's).")
+    ] = 5433,
+    citus: Annotated[
+        bool,
+        typer.Option(
+            "--citus",
+            help="Run a Citus cluster instead: a coordinator and --workers workers on loopback "
+            "(Citus installed into the embedded PostgreSQL; docs/scaling.md#a-local-cluster).",
+        ),
+    ] = False,
+    workers: Annotated[int, typer.Option(min=1, max=8, help="Citus workers (--citus).")] = 2,
 ) -> None:
     """Run the embedded primary with streaming standbys (pg_basebackup -R) until Ctrl-C, and
     print the settings that point a server at them. At exit the standbys are stopped and
@@ -83,6 +96,9 @@ def dev_cluster(
     from ragservice.dev.cluster import DevCluster
 
     settings = get_settings()
+    if citus:
+        _run_citus_cluster(settings.data_dir, workers=workers, first_port=first_port)
+        return
     if settings.database_url:
         raise fail(
             "dev-cluster runs standbys of the embedded server; unset RAGSERVICE_DATABASE_URL", 2
@@ -107,3 +123,34 @@ def dev_cluster(
     finally:
         cluster.destroy()
         console.print("standbys stopped and removed")
+
+
+def _run_citus_cluster(data_dir: Path, *, workers: int, first_port: int) -> None:
+    """A Citus coordinator and `workers` workers until Ctrl-C: migrated, with the service's
+    login, and the settings that point a server at it printed."""
+    import signal
+    import threading
+
+    from ragservice.dev.citus import CitusCluster
+
+    cluster = CitusCluster(data_dir, workers=workers, first_port=first_port)
+    with exit_on_error():
+        cluster.start()
+        service_url = cluster.prepare_store()
+    stop = threading.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: stop.set())
+    try:
+        for node in cluster.nodes:
+            console.print(f"citus {node.name} on {node.port} ({node.data_dir})")
+        console.print(
+            "serve from the coordinator with (then `ragservice db distribute`; Ctrl-C stops "
+            "the nodes, their data stays):"
+        )
+        typer.echo(f"RAGSERVICE_DATABASE_URL={service_url}")
+        typer.echo(f"RAGSERVICE_OWNER_DATABASE_URL={cluster.url}")
+        while not stop.wait(1.0):
+            pass
+    finally:
+        cluster.stop()
+        console.print("citus nodes stopped")
