@@ -238,7 +238,7 @@ def db_distribute(
         pass  # brings the schema up to date before it is checked
     with exit_on_error(), _owner_connection(get_settings().database) as conn:
         version = distribution.require_coordinator(conn)
-        blockers = distribution.blockers(conn)
+        blockers = distribution.check(conn)
         if check or blockers:
             _report_blockers(version, blockers, as_json=as_json)
             if blockers:

@@ -36,6 +36,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from ragservice.db import citus_schema
 from ragservice.errors import ConfigurationError, ConflictError
 
 log = logging.getLogger(__name__)
@@ -207,7 +208,8 @@ WHERE c.relnamespace = %s::regnamespace AND c.relname = ANY(%s)
        OR coalesce(p.polwithcheck::text, '') LIKE '%%{SUBLINK%%')
 ORDER BY 1, 2"""
 _TRANSITION_TRIGGERS = """
-SELECT c.relname, t.tgname FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid
+SELECT c.relname, t.tgname, pg_get_functiondef(t.tgfoid)
+FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid
 WHERE NOT t.tgisinternal AND c.relnamespace = %s::regnamespace AND c.relname = ANY(%s)
   AND (t.tgnewtable IS NOT NULL OR t.tgoldtable IS NOT NULL)
 ORDER BY 1, 2"""
@@ -268,7 +270,10 @@ def blockers(conn: psycopg.Connection[Any], plan: DistributionPlan = STORE_PLAN)
     found.extend(_foreign_key_blockers(conn, plan))
     for table, policy in conn.execute(_POLICIES_WITH_SUBQUERIES, (schema, list(plan.tables))):
         found.append(Blocker(table, BlockerKind.POLICY_SUBQUERY, policy, "use no subquery"))
-    for table, trigger in conn.execute(_TRANSITION_TRIGGERS, (schema, distributed)).fetchall():
+    triggers = conn.execute(_TRANSITION_TRIGGERS, (schema, distributed)).fetchall()
+    for table, trigger, definition in triggers:
+        if citus_schema.writes_shards_only(definition, plan):
+            continue
         found.append(
             Blocker(table, BlockerKind.TRANSITION_TABLE_TRIGGER, trigger, "read no new/old table")
         )
@@ -310,23 +315,30 @@ def distribute(
 ) -> DistributionReport:
     """Convert the store's tables as `plan` says, on a Citus coordinator (`conn` as the tables'
     owner, autocommit). NotCitusError or DistributionBlockedError before any change; tables
-    already converted are skipped, so running it again finishes an interrupted run."""
+    already converted are skipped, so running it again finishes an interrupted run.
+
+    Everything happens in one transaction: the schema made ready for Citus (`citus_schema`),
+    checked, and the tables converted; an interrupted run leaves the schema as it was."""
     require_coordinator(conn)
-    found = blockers(conn, plan)
-    if found:
-        raise DistributionBlockedError(found)
     done = converted_tables(conn, plan)
     ordered = [(t, Placement.REFERENCE) for t in plan.reference] + [
         (t, Placement.DISTRIBUTED) for t in plan.distributed
     ]
     report = DistributionReport()
     anchor = plan.distributed[0] if plan.distributed else None
-    # Citus refuses a distributed table that a table not yet converted references, so the
-    # foreign keys between the plan's tables are set aside and made again at the end, all in
-    # one transaction: an interrupted run leaves the schema as it was.
     with conn.transaction():
         conn.execute("SET LOCAL citus.multi_shard_modify_mode = 'sequential'")
-        keys = _set_aside_foreign_keys(conn, plan, [t for t, _ in ordered if t not in done])
+        _make_ready(conn, plan)
+        found = blockers(conn, plan)
+        if found:
+            raise DistributionBlockedError(found)
+        # Citus refuses a distributed table that a table not yet converted references: the
+        # foreign keys between the plan's tables are set aside and made again at the end.
+        pending = [t for t, _ in ordered if t not in done]
+        keys = _set_aside_foreign_keys(conn, plan, pending)
+        # Citus copies each table's rows into its shards: its triggers must not fire for them
+        # (the rows were counted when first written).
+        _set_triggers(conn, plan, pending, enabled=False)
         for number, (table, placement) in enumerate(ordered, start=1):
             step = Step(table, placement, done_before=table in done)
             if not step.done_before:
@@ -334,6 +346,7 @@ def distribute(
             report.steps.append(step)
             if progress is not None:
                 progress(step, number, len(ordered))
+        _set_triggers(conn, plan, pending, enabled=True)
         for table, name, definition in keys:
             conn.execute(
                 sql.SQL("ALTER TABLE {} ADD CONSTRAINT {} {}").format(
@@ -341,6 +354,38 @@ def distribute(
                 )
             )
     return report
+
+
+def _set_triggers(
+    conn: psycopg.Connection[Any], plan: DistributionPlan, tables: Sequence[str], *, enabled: bool
+) -> None:
+    action = sql.SQL("ENABLE" if enabled else "DISABLE")
+    for table in tables:
+        conn.execute(
+            sql.SQL("ALTER TABLE {} {} TRIGGER USER").format(
+                sql.Identifier(plan.schema, table), action
+            )
+        )
+
+
+def check(conn: psycopg.Connection[Any], plan: DistributionPlan = STORE_PLAN) -> list[Blocker]:
+    """What would stop `distribute` now, once the schema is made ready for Citus (that is
+    tried and rolled back: nothing changes). NotCitusError on a server without Citus."""
+    require_coordinator(conn)
+    found: list[Blocker] = []
+    with conn.transaction(force_rollback=True):
+        _make_ready(conn, plan)
+        found = blockers(conn, plan)
+    return found
+
+
+def _make_ready(conn: psycopg.Connection[Any], plan: DistributionPlan) -> None:
+    # Citus copies a distributed table's triggers to its shards only when told to; the
+    # trigger functions are rewritten to write the co-located shards (`citus_schema`).
+    conn.execute("SET LOCAL citus.enable_unsafe_triggers = on")
+    citus_schema.rewrite_policies(conn, plan)
+    citus_schema.rewrite_trigger_functions(conn, plan)
+    citus_schema.allow_worker_logins(conn)
 
 
 _KEYS_OF = """

@@ -339,3 +339,39 @@ def test_dev_cluster_citus_serves_until_ctrl_c(citus_available: None) -> None:
     assert f"{SERVICE_LOGIN}@" in settings["RAGSERVICE_DATABASE_URL"]
     assert process.returncode == 0, rest
     assert "citus nodes stopped" in rest
+
+
+def test_distribute_rewrites_a_trigger_to_write_its_colocated_shard(
+    citus_cluster: CitusCluster, toy: str
+) -> None:
+    """The same trigger as above, converted by `distribute`: on each shard it writes the shard
+    of `counts` that holds the same tenants, also for rows of several tenants at once."""
+    with citus_cluster.coordinator_connection() as conn:
+        conn.execute(
+            f"CREATE TABLE {toy}.counts (tenant_id uuid NOT NULL, n bigint, PRIMARY KEY "
+            "(tenant_id))"
+        )
+        conn.execute(
+            f"CREATE FUNCTION {toy}.count_notes() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+            f"INSERT INTO counts AS c SELECT tenant_id, count(*) FROM fresh "
+            "GROUP BY tenant_id ON CONFLICT (tenant_id) DO UPDATE SET n = c.n + EXCLUDED.n; "
+            f"RETURN NULL; END $$ SET search_path = {toy}"
+        )
+        conn.execute(
+            f"CREATE TRIGGER count_notes AFTER INSERT ON {toy}.notes REFERENCING NEW TABLE "
+            f"AS fresh FOR EACH STATEMENT EXECUTE FUNCTION {toy}.count_notes()"
+        )
+        plan = _plan(toy, distributed=("notes", "marks", "counts"))
+        before = distribution.check(conn, plan)
+        ids = _seed(conn, toy, tenants=6)  # counted by the trigger on the plain table
+        distribution.distribute(conn, plan)
+        conn.execute(
+            f"INSERT INTO {toy}.notes SELECT t, 100 + g, 'more' "
+            "FROM unnest(%s::uuid[]) AS t, generate_series(1, 3) AS g",
+            (ids,),
+        )
+        counts = dict(conn.execute(f"SELECT tenant_id, n FROM {toy}.counts").fetchall())
+        kinds = distribution.converted_tables(conn, plan)
+    assert before == []
+    assert kinds["counts"] == "h"
+    assert counts == {tenant: 28 for tenant in ids}

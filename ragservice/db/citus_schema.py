@@ -1,0 +1,264 @@
+"""What `ragservice db distribute` changes in the schema so that Citus can run it, before the
+tables are converted (in the same transaction: nothing stays changed when a step fails).
+
+- **Policies without subqueries.** The row-level security policies read the transaction's
+  tenant and readers through `(SELECT ragservice_current_tenant())`-style subqueries, so that
+  plain PostgreSQL evaluates each setting once per statement (an init plan). Citus refuses any
+  subquery in a policy of a distributed or reference table; on Citus the policies call the same
+  functions directly (evaluated per row: a setting lookup).
+- **Logins on the workers.** A Citus coordinator connects to the workers as the current role.
+  The service works as `ragservice_service` and, across tenants, `ragservice_system` (`SET
+  ROLE`), both made NOLOGIN by the migrations; on Citus they must be able to log in, which Citus
+  carries over to every node. They have no password: a node lets them in only where its
+  pg_hba.conf trusts the coordinator or `pg_dist_authinfo` gives them one (docs/scaling.md).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import psycopg
+from psycopg import sql
+
+if TYPE_CHECKING:
+    from ragservice.db.distribution import DistributionPlan
+
+log = logging.getLogger(__name__)
+
+SWITCHED_ROLES = ("ragservice_service", "ragservice_system")
+"""The roles the service's login switches to (migrations 0007 and 0010)."""
+
+# `( SELECT ragservice_current_tenant() AS ragservice_current_tenant)`, as PostgreSQL prints a
+# scalar subquery calling one of the settings' functions; schema-qualified or not.
+_SETTING_SUBQUERY = re.compile(
+    r"\( SELECT (?P<schema>public\.)?(?P<function>ragservice_[a-z_]+)\(\) AS (?P=function)\)"
+)
+
+_POLICIES = """
+SELECT c.relname, p.polname, pg_get_expr(p.polqual, p.polrelid),
+       pg_get_expr(p.polwithcheck, p.polrelid)
+FROM pg_policy p JOIN pg_class c ON c.oid = p.polrelid
+WHERE c.relnamespace = %s::regnamespace AND c.relname = ANY(%s)
+ORDER BY 1, 2"""
+
+
+@dataclass(frozen=True)
+class RewrittenPolicy:
+    table: str
+    name: str
+    using: str | None
+    check: str | None
+
+
+def without_setting_subqueries(expression: str | None) -> str | None:
+    """`expression` with each settings subquery replaced by a direct call of its function."""
+    if expression is None:
+        return None
+    return _SETTING_SUBQUERY.sub(
+        lambda m: f"{m.group('schema') or ''}{m.group('function')}()", expression
+    )
+
+
+def rewrite_policies(
+    conn: psycopg.Connection[Any], plan: DistributionPlan
+) -> list[RewrittenPolicy]:
+    """Call the settings' functions directly in every policy of the plan's tables that wraps
+    them in a subquery; the policies changed. Other subqueries are left for `blockers()`."""
+    changed: list[RewrittenPolicy] = []
+    rows = conn.execute(_POLICIES, (plan.schema, list(plan.tables))).fetchall()
+    for table, name, using, check in rows:
+        new_using, new_check = without_setting_subqueries(using), without_setting_subqueries(check)
+        if (new_using, new_check) == (using, check):
+            continue
+        clauses = []
+        if new_using is not None:
+            clauses.append(sql.SQL("USING ({})").format(sql.SQL(new_using)))
+        if new_check is not None:
+            clauses.append(sql.SQL("WITH CHECK ({})").format(sql.SQL(new_check)))
+        conn.execute(
+            sql.SQL("ALTER POLICY {} ON {} {}").format(
+                sql.Identifier(name), sql.Identifier(plan.schema, table), sql.SQL(" ").join(clauses)
+            )
+        )
+        changed.append(RewrittenPolicy(table, name, new_using, new_check))
+    log.info("%d policies call the settings' functions directly", len(changed))
+    return changed
+
+
+def allow_worker_logins(
+    conn: psycopg.Connection[Any], roles: tuple[str, ...] = SWITCHED_ROLES
+) -> list[str]:
+    """Let the roles the service switches to log in (Citus connects to the workers as them);
+    the roles changed."""
+    changed = []
+    for role in roles:
+        row = conn.execute(
+            "SELECT rolcanlogin FROM pg_roles WHERE rolname = %s", (role,)
+        ).fetchone()
+        if row is None or row[0]:
+            continue
+        conn.execute(sql.SQL("ALTER ROLE {} LOGIN").format(sql.Identifier(role)))
+        changed.append(role)
+    return changed
+
+
+# --- triggers that write their co-located shards --------------------------------------------
+#
+# On Citus a distributed table's triggers fire on its shards, on the workers. A statement in
+# the trigger that names another distributed table is planned there as a distributed query,
+# which cannot see the trigger's transition tables ("executor could not find named
+# tuplestore") and may not run inside a shard's query anyway. So on Citus each such statement
+# names the co-located shards instead: the shard of the target table that holds the same
+# tenants as the shard the trigger fired on (Citus's advice for triggers on distributed tables).
+
+LOCAL_TABLE_FUNCTION = "ragservice_local_table"
+_LOCAL_TABLE = """
+CREATE OR REPLACE FUNCTION public.ragservice_local_table(firing name, schema name, target text)
+RETURNS text LANGUAGE plpgsql STABLE AS $body$
+DECLARE
+    shard bigint := substring(firing from '_([0-9]+)$')::bigint;
+    colocated bigint;
+BEGIN
+    IF shard IS NULL THEN  -- fired on the table itself, not on a shard
+        RETURN format('%I.%I', schema, target);
+    END IF;
+    SELECT t.shardid INTO colocated
+    FROM pg_dist_shard f
+    JOIN pg_dist_shard t ON t.logicalrelid = format('%I.%I', schema, target)::regclass
+     AND t.shardminvalue IS NOT DISTINCT FROM f.shardminvalue
+    WHERE f.shardid = shard;
+    IF colocated IS NULL THEN
+        RAISE EXCEPTION 'no shard of % is co-located with shard %', target, shard;
+    END IF;
+    RETURN format('%I.%I', schema, target || '_' || colocated);
+END $body$"""
+
+_TRIGGER_FUNCTIONS = """
+SELECT DISTINCT p.oid::regprocedure::text, pg_get_functiondef(p.oid)
+FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid JOIN pg_proc p ON p.oid = t.tgfoid
+WHERE NOT t.tgisinternal AND c.relnamespace = %s::regnamespace AND c.relname = ANY(%s)
+ORDER BY 1"""
+
+_CONTROL = re.compile(
+    r"\A(\s*(?:(?:IF|ELSIF)\b.*?\bTHEN\b|ELSE\b|END\s+IF\s*;|BEGIN\b))", re.DOTALL | re.IGNORECASE
+)
+_SQL_START = re.compile(r"\A\s*(WITH|INSERT|UPDATE|DELETE|SELECT)\b", re.IGNORECASE)
+_DOLLAR_BODY = re.compile(r"AS (\$[A-Za-z_]*\$)(.*)\1", re.DOTALL)
+_MARK = "$ragservice_shard$"
+
+
+class UnsupportedTriggerError(ValueError):
+    """A trigger function this module cannot rewrite for shards."""
+
+
+def shard_local_body(body: str, tables: tuple[str, ...], schema: str = "public") -> str:
+    """A PL/pgSQL trigger body whose SQL statements naming any of `tables` run through EXECUTE
+    with each such name replaced by `ragservice_local_table(TG_TABLE_NAME, TG_TABLE_SCHEMA,
+    name)`: the table
+    itself where the trigger fires on a table, the co-located shard where it fires on a
+    shard. Other statements stay as they are."""
+    names = re.compile(
+        rf"(?<![.\w])(?:{re.escape(schema)}\.)?(" + "|".join(map(re.escape, tables)) + r")(?!\w)"
+    )
+    head, begin, rest = _split_declarations(body)
+    variables = set(re.findall(r"^\s*(\w+)\s+\w", head.split("DECLARE", 1)[-1], re.MULTILINE))
+    out: list[str] = [head, begin]
+    for statement in _statements(rest):
+        prefix = ""
+        while (control := _CONTROL.match(statement)) is not None:
+            prefix += control.group(1)
+            statement = statement[control.end() :]
+        if _SQL_START.match(statement) and names.search(statement):
+            used = {w for w in re.findall(r"\w+", statement) if w in variables}
+            if used or _MARK in statement:
+                raise UnsupportedTriggerError(f"a statement uses variables {sorted(used)}")
+            statement = _executed(statement, names)
+        out.append(prefix + statement)
+    return "".join(out)
+
+
+def _split_declarations(body: str) -> tuple[str, str, str]:
+    match = re.search(r"\bBEGIN\b", body)
+    if match is None:
+        raise UnsupportedTriggerError("no BEGIN in the function's body")
+    return body[: match.start()], "BEGIN", body[match.end() :]
+
+
+def _statements(text: str) -> list[str]:
+    """`text` cut after each semicolon outside parentheses and quotes (the last piece, the
+    closing END, included as is)."""
+    pieces, depth, quote, start = [], 0, "", 0
+    for index, char in enumerate(text):
+        if quote:
+            if char == quote:
+                quote = ""
+        elif char in "'\"":
+            quote = char
+        elif char == "(":
+            depth += 1
+        elif char == ")":
+            depth -= 1
+        elif char == ";" and depth == 0:
+            pieces.append(text[start : index + 1])
+            start = index + 1
+    pieces.append(text[start:])
+    return pieces
+
+
+def _executed(statement: str, names: re.Pattern[str]) -> str:
+    found: list[str] = []
+
+    def placeholder(match: re.Match[str]) -> str:
+        if match.group(1) not in found:
+            found.append(match.group(1))
+        return f"%{found.index(match.group(1)) + 1}$s"
+
+    body = statement.rstrip().removesuffix(";")
+    leading = body[: len(body) - len(body.lstrip())]
+    text = names.sub(placeholder, body.strip().replace("%", "%%"))
+    arguments = ", ".join(
+        f"public.{LOCAL_TABLE_FUNCTION}(TG_TABLE_NAME, TG_TABLE_SCHEMA, '{name}')" for name in found
+    )
+    return f"{leading}EXECUTE format({_MARK}{text}{_MARK}, {arguments});"
+
+
+def writes_shards_only(definition: str, plan: DistributionPlan) -> bool:
+    """Whether a trigger function (`pg_get_functiondef`) names no other distributed table
+    outside `ragservice_local_table` (as written, or once rewritten)."""
+    match = _DOLLAR_BODY.search(definition)
+    if match is None:
+        return False
+    try:
+        body = match.group(2)
+        return shard_local_body(body, tuple(plan.distributed), plan.schema) == body
+    except UnsupportedTriggerError:
+        return False
+
+
+def rewrite_trigger_functions(conn: psycopg.Connection[Any], plan: DistributionPlan) -> list[str]:
+    """Make `ragservice_local_table` and redefine every trigger function of the plan's
+    distributed tables so that its statements write the co-located shards; the functions
+    changed. Idempotent: a function already rewritten is left alone."""
+    conn.execute(_LOCAL_TABLE)
+    changed = []
+    distributed = tuple(plan.distributed)
+    rows = conn.execute(_TRIGGER_FUNCTIONS, (plan.schema, list(distributed))).fetchall()
+    for signature, definition in rows:
+        match = _DOLLAR_BODY.search(definition)
+        if match is None:
+            continue
+        try:
+            body = shard_local_body(match.group(2), distributed, plan.schema)
+        except UnsupportedTriggerError as exc:
+            log.warning("trigger function %s is not rewritten: %s", signature, exc)
+            continue
+        if body == match.group(2):
+            continue
+        rewritten = definition[: match.start(2)] + body + definition[match.end(2) :]
+        conn.execute(rewritten)
+        changed.append(str(signature))
+    log.info("%d trigger functions write their co-located shards", len(changed))
+    return changed
