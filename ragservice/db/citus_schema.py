@@ -262,3 +262,91 @@ def rewrite_trigger_functions(conn: psycopg.Connection[Any], plan: DistributionP
         changed.append(str(signature))
     log.info("%d trigger functions write their co-located shards", len(changed))
     return changed
+
+
+# --- the readers' policies of the logs and the cache -----------------------------------------
+#
+# A logged question, a cache entry and a verdict are shown to an asker only when the asker may
+# read every document they came from: the policies (migration 0026) look the documents up in a
+# subquery, which Citus refuses. On Citus the same test is a function that reads the shard of
+# `documents` (or `query_log`) holding the row's tenant: co-located, so on the same worker.
+
+_READERS_FUNCTIONS = (
+    """
+CREATE OR REPLACE FUNCTION public.ragservice_tenant_shard(target text, tenant uuid)
+RETURNS text LANGUAGE sql STABLE AS $body$
+    SELECT format('public.%I', target || '_' ||
+                  get_shard_id_for_distribution_column(format('public.%I', target), tenant))
+$body$""",
+    """
+CREATE OR REPLACE FUNCTION public.ragservice_reads_documents(tenant uuid, ids uuid[])
+RETURNS boolean LANGUAGE plpgsql STABLE AS $body$
+DECLARE
+    visible boolean;
+BEGIN
+    IF coalesce(cardinality(ids), 0) = 0 THEN
+        RETURN true;
+    END IF;
+    EXECUTE format('SELECT NOT EXISTS (SELECT 1 FROM unnest($1) AS s(id) WHERE NOT EXISTS '
+                   '(SELECT 1 FROM %s d WHERE d.id = s.id AND d.tenant_id = $2))',
+                   public.ragservice_tenant_shard('documents', tenant))
+    INTO visible USING ids, tenant;
+    RETURN visible;
+END $body$""",
+    """
+CREATE OR REPLACE FUNCTION public.ragservice_retrieved_documents(retrieved jsonb)
+RETURNS uuid[] LANGUAGE plpgsql IMMUTABLE AS $body$
+BEGIN
+    RETURN ARRAY(
+        SELECT (r.hit ->> 'document_id')::uuid
+        FROM jsonb_array_elements(CASE WHEN jsonb_typeof(retrieved) = 'array'
+                                       THEN retrieved ELSE '[]'::jsonb END) AS r(hit));
+END $body$""",
+    """
+CREATE OR REPLACE FUNCTION public.ragservice_sees_query(tenant uuid, query uuid)
+RETURNS boolean LANGUAGE plpgsql STABLE AS $body$
+DECLARE
+    visible boolean;
+BEGIN
+    EXECUTE format('SELECT EXISTS (SELECT 1 FROM %s q WHERE q.id = $1 AND q.tenant_id = $2)',
+                   public.ragservice_tenant_shard('query_log', tenant))
+    INTO visible USING query, tenant;
+    RETURN visible;
+END $body$""",
+)
+
+READERS_POLICIES = {
+    "query_log": "public.ragservice_reads_all() OR public.ragservice_reads_documents(tenant_id, "
+    "source_document_ids || public.ragservice_retrieved_documents(retrieved))",
+    "prompt_cache": "public.ragservice_reads_all() OR "
+    "public.ragservice_reads_documents(tenant_id, source_documents)",
+    "feedback": "public.ragservice_reads_all() OR "
+    "public.ragservice_sees_query(tenant_id, query_id)",
+}
+"""The `document_readers` policy of each table, as Citus runs it."""
+
+_READERS_POLICY = """
+SELECT pg_get_expr(p.polqual, p.polrelid) FROM pg_policy p JOIN pg_class c ON c.oid = p.polrelid
+WHERE c.relnamespace = 'public'::regnamespace AND c.relname = %s
+  AND p.polname = 'document_readers'"""
+
+
+def rewrite_readers_policies(conn: psycopg.Connection[Any], plan: DistributionPlan) -> list[str]:
+    """Give the logs' and the cache's `document_readers` policies their Citus form (the store's
+    own tables in `public` only); the tables changed."""
+    if plan.schema != "public":
+        return []
+    for statement in _READERS_FUNCTIONS:
+        conn.execute(statement)
+    changed = []
+    for table, using in READERS_POLICIES.items():
+        row = conn.execute(_READERS_POLICY, (table,)).fetchone()
+        if table not in plan.distributed or row is None or row[0] is None or "SELECT" not in row[0]:
+            continue
+        conn.execute(
+            sql.SQL("ALTER POLICY document_readers ON {} USING ({})").format(
+                sql.Identifier("public", table), sql.SQL(using)
+            )
+        )
+        changed.append(table)
+    return changed

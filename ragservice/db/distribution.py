@@ -384,6 +384,7 @@ def _make_ready(conn: psycopg.Connection[Any], plan: DistributionPlan) -> None:
     # trigger functions are rewritten to write the co-located shards (`citus_schema`).
     conn.execute("SET LOCAL citus.enable_unsafe_triggers = on")
     citus_schema.rewrite_policies(conn, plan)
+    citus_schema.rewrite_readers_policies(conn, plan)
     citus_schema.rewrite_trigger_functions(conn, plan)
     citus_schema.allow_worker_logins(conn)
 
