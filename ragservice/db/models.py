@@ -1,4 +1,10 @@
-"""Typed SQLAlchemy models of the schema. Alembic migrations define the schema; these mirror it."""
+"""Typed SQLAlchemy models of the schema. Alembic migrations define the schema; these mirror it.
+
+Every primary key and unique key of a tenant-owned table includes `tenant_id` (appended last
+where it was missing), and a foreign key between two of them carries it on both sides
+(`_tenant_key`; migration 0030): the tables can then be distributed by tenant. Rows are
+identified by (id, tenant_id) accordingly.
+"""
 
 from __future__ import annotations
 
@@ -12,10 +18,12 @@ from sqlalchemy import (
     Boolean,
     DateTime,
     ForeignKey,
+    ForeignKeyConstraint,
     Identity,
     Index,
     Integer,
     LargeBinary,
+    PrimaryKeyConstraint,
     SmallInteger,
     Text,
     UniqueConstraint,
@@ -36,6 +44,25 @@ def _now() -> Mapped[datetime]:
     return mapped_column(DateTime(timezone=True), server_default=func.now(), nullable=False)
 
 
+def _tenant_key(
+    table: str, column: str, parent: str, on_delete: str = "CASCADE"
+) -> ForeignKeyConstraint:
+    """`table.column` → `parent.id`, within the row's tenant: (column, tenant_id) → (id,
+    tenant_id). SET NULL clears the reference only, never the tenant."""
+    return ForeignKeyConstraint(
+        [column, "tenant_id"],
+        [f"{parent}.id", f"{parent}.tenant_id"],
+        ondelete=f"SET NULL ({column})" if on_delete == "SET NULL" else on_delete,
+        name=f"{table}_{column}_fkey",
+    )
+
+
+def _tenant_column() -> Mapped[uuid.UUID]:
+    """The tenant of a row owned through its parent (no foreign key of its own: the key to
+    the parent includes it)."""
+    return mapped_column(UUID(as_uuid=True), nullable=False)
+
+
 class Tenant(Base):
     __tablename__ = "tenants"
 
@@ -46,9 +73,12 @@ class Tenant(Base):
 
 class Collection(Base):
     __tablename__ = "collections"
-    __table_args__ = (UniqueConstraint("tenant_id", "name"),)
+    __table_args__ = (
+        PrimaryKeyConstraint("id", "tenant_id", name="collections_pkey"),
+        UniqueConstraint("tenant_id", "name"),
+    )
 
-    id: Mapped[uuid.UUID] = mapped_column(primary_key=True, server_default=func.gen_random_uuid())
+    id: Mapped[uuid.UUID] = mapped_column(server_default=func.gen_random_uuid())
     tenant_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
     name: Mapped[str] = mapped_column(Text)
     description: Mapped[str | None] = mapped_column(Text)
@@ -62,13 +92,15 @@ class Collection(Base):
 
 class Document(Base):
     __tablename__ = "documents"
-    __table_args__ = (UniqueConstraint("collection_id", "external_id"),)
-
-    id: Mapped[uuid.UUID] = mapped_column(primary_key=True, server_default=func.gen_random_uuid())
-    tenant_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
-    collection_id: Mapped[uuid.UUID] = mapped_column(
-        ForeignKey("collections.id", ondelete="CASCADE")
+    __table_args__ = (
+        PrimaryKeyConstraint("id", "tenant_id", name="documents_pkey"),
+        UniqueConstraint("collection_id", "external_id", "tenant_id"),
+        _tenant_key("documents", "collection_id", "collections"),
     )
+
+    id: Mapped[uuid.UUID] = mapped_column(server_default=func.gen_random_uuid())
+    tenant_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
+    collection_id: Mapped[uuid.UUID]
     external_id: Mapped[str] = mapped_column(Text)
     title: Mapped[str | None] = mapped_column(Text)
     source: Mapped[str | None] = mapped_column(Text)
@@ -86,18 +118,19 @@ class Document(Base):
 class Chunk(Base):
     __tablename__ = "chunks"
     __table_args__ = (
-        UniqueConstraint("document_id", "ordinal"),
-        Index("chunks_seq_key", "seq", unique=True),
+        PrimaryKeyConstraint("id", "tenant_id", name="chunks_pkey"),
+        UniqueConstraint("document_id", "ordinal", "tenant_id"),
+        Index("chunks_seq_key", "seq", "tenant_id", unique=True),
+        _tenant_key("chunks", "collection_id", "collections"),
+        _tenant_key("chunks", "document_id", "documents"),
     )
 
-    id: Mapped[uuid.UUID] = mapped_column(primary_key=True)
+    id: Mapped[uuid.UUID]
     # The compact key the BM25 postings carry (8 bytes, not the uuid's 16).
     seq: Mapped[int] = mapped_column(BigInteger, Identity(always=False))
     tenant_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
-    collection_id: Mapped[uuid.UUID] = mapped_column(
-        ForeignKey("collections.id", ondelete="CASCADE")
-    )
-    document_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("documents.id", ondelete="CASCADE"))
+    collection_id: Mapped[uuid.UUID]
+    document_id: Mapped[uuid.UUID]
     ordinal: Mapped[int] = mapped_column(Integer)
     text: Mapped[str] = mapped_column(Text)
     token_count: Mapped[int] = mapped_column(Integer)
@@ -162,13 +195,13 @@ class ModelActivation(Base):
 
 class ChunkEmbedding(Base):
     __tablename__ = "chunk_embeddings"
+    __table_args__ = (
+        PrimaryKeyConstraint("chunk_id", "model_id", "tenant_id", name="chunk_embeddings_pkey"),
+        _tenant_key("chunk_embeddings", "chunk_id", "chunks"),
+    )
 
-    chunk_id: Mapped[uuid.UUID] = mapped_column(
-        ForeignKey("chunks.id", ondelete="CASCADE"), primary_key=True
-    )
-    model_id: Mapped[int] = mapped_column(
-        ForeignKey("embedding_models.id", ondelete="CASCADE"), primary_key=True
-    )
+    chunk_id: Mapped[uuid.UUID]
+    model_id: Mapped[int] = mapped_column(ForeignKey("embedding_models.id", ondelete="CASCADE"))
     tenant_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
     # No fixed dimension: models of different sizes live side by side, each with its own
     # partial HNSW index over `embedding::vector(dim)` (see migration 0001). A model stored as
@@ -179,12 +212,15 @@ class ChunkEmbedding(Base):
 
 class IngestJob(Base):
     __tablename__ = "ingest_jobs"
-
-    id: Mapped[uuid.UUID] = mapped_column(primary_key=True, server_default=func.gen_random_uuid())
-    tenant_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
-    collection_id: Mapped[uuid.UUID | None] = mapped_column(
-        ForeignKey("collections.id", ondelete="CASCADE")
+    __table_args__ = (
+        PrimaryKeyConstraint("id", "tenant_id", name="ingest_jobs_pkey"),
+        _tenant_key("ingest_jobs", "collection_id", "collections"),
+        _tenant_key("ingest_jobs", "source_id", "sources", on_delete="SET NULL"),
     )
+
+    id: Mapped[uuid.UUID] = mapped_column(server_default=func.gen_random_uuid())
+    tenant_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
+    collection_id: Mapped[uuid.UUID | None]
     kind: Mapped[str] = mapped_column(Text, server_default="cli")
     status: Mapped[str] = mapped_column(Text, server_default="queued")
     params: Mapped[dict[str, Any]] = mapped_column(server_default="{}")
@@ -203,9 +239,7 @@ class IngestJob(Base):
     # the unrestricted documents only; NULL: every document of the tenant).
     writes_as: Mapped[list[str] | None] = mapped_column(ARRAY(Text))
     # The source a run job syncs (migration 0027); at most one queued or running per source.
-    source_id: Mapped[uuid.UUID | None] = mapped_column(
-        ForeignKey("sources.id", ondelete="SET NULL")
-    )
+    source_id: Mapped[uuid.UUID | None]
     created_at: Mapped[datetime] = _now()
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
@@ -216,13 +250,15 @@ class Source(Base):
     (migration 0027; `ingest.sources`)."""
 
     __tablename__ = "sources"
-    __table_args__ = (UniqueConstraint("collection_id", "location"),)
-
-    id: Mapped[uuid.UUID] = mapped_column(primary_key=True, server_default=func.gen_random_uuid())
-    tenant_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
-    collection_id: Mapped[uuid.UUID] = mapped_column(
-        ForeignKey("collections.id", ondelete="CASCADE")
+    __table_args__ = (
+        PrimaryKeyConstraint("id", "tenant_id", name="sources_pkey"),
+        UniqueConstraint("collection_id", "location", "tenant_id"),
+        _tenant_key("sources", "collection_id", "collections"),
     )
+
+    id: Mapped[uuid.UUID] = mapped_column(server_default=func.gen_random_uuid())
+    tenant_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
+    collection_id: Mapped[uuid.UUID]
     kind: Mapped[str] = mapped_column(Text)
     location: Mapped[str] = mapped_column(Text)
     options: Mapped[dict[str, Any]] = mapped_column(server_default="{}")
@@ -242,11 +278,13 @@ class SourceItem(Base):
     """What a source knew of one document at its last run (`ItemState` as JSON)."""
 
     __tablename__ = "source_items"
-
-    source_id: Mapped[uuid.UUID] = mapped_column(
-        ForeignKey("sources.id", ondelete="CASCADE"), primary_key=True
+    __table_args__ = (
+        PrimaryKeyConstraint("source_id", "key", "tenant_id", name="source_items_pkey"),
+        _tenant_key("source_items", "source_id", "sources"),
     )
-    key: Mapped[str] = mapped_column(Text, primary_key=True)
+
+    source_id: Mapped[uuid.UUID]
+    key: Mapped[str] = mapped_column(Text)
     tenant_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
     state: Mapped[dict[str, Any]] = mapped_column(server_default="{}")
     external_id: Mapped[str | None] = mapped_column(Text)
@@ -259,13 +297,18 @@ class ChunkPosting(Base):
     (what bounds its best BM25 score). Triggers on `chunks` keep it current."""
 
     __tablename__ = "chunk_postings"
-
-    collection_id: Mapped[uuid.UUID] = mapped_column(
-        ForeignKey("collections.id", ondelete="CASCADE"), primary_key=True
+    __table_args__ = (
+        # INCLUDE (last_seq, n, max_tf, min_len): a term's blocks and bounds from the index alone.
+        PrimaryKeyConstraint(
+            "collection_id", "lexeme", "tier", "first_seq", "tenant_id", name="chunk_postings_pkey"
+        ),
+        _tenant_key("chunk_postings", "collection_id", "collections"),
     )
-    lexeme: Mapped[str] = mapped_column(Text(collation="C"), primary_key=True)
-    tier: Mapped[int] = mapped_column(SmallInteger, primary_key=True)
-    first_seq: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+
+    collection_id: Mapped[uuid.UUID]
+    lexeme: Mapped[str] = mapped_column(Text(collation="C"))
+    tier: Mapped[int] = mapped_column(SmallInteger)
+    first_seq: Mapped[int] = mapped_column(BigInteger)
     last_seq: Mapped[int] = mapped_column(BigInteger)
     n: Mapped[int] = mapped_column(Integer)
     seqs: Mapped[list[int]] = mapped_column(ARRAY(BigInteger))
@@ -273,20 +316,26 @@ class ChunkPosting(Base):
     lengths: Mapped[list[int]] = mapped_column(ARRAY(Integer))
     max_tf: Mapped[int] = mapped_column(SmallInteger)
     min_len: Mapped[int] = mapped_column(Integer)
+    tenant_id: Mapped[uuid.UUID] = _tenant_column()
 
 
 class CollectionTextStats(Base):
     """Chunk and token totals per collection (the sum of its rows), BM25's N and average length."""
 
     __tablename__ = "collection_text_stats"
-
-    collection_id: Mapped[uuid.UUID] = mapped_column(
-        ForeignKey("collections.id", ondelete="CASCADE"), primary_key=True
+    __table_args__ = (
+        PrimaryKeyConstraint(
+            "collection_id", "slot", "tenant_id", name="collection_text_stats_pkey"
+        ),
+        _tenant_key("collection_text_stats", "collection_id", "collections"),
     )
-    slot: Mapped[int] = mapped_column(Integer, primary_key=True, server_default="0")
+
+    collection_id: Mapped[uuid.UUID]
+    slot: Mapped[int] = mapped_column(Integer, server_default="0")
     """The writing backend's pid (0: totals folded by a pack); a collection's rows add up."""
     chunk_count: Mapped[int] = mapped_column(BigInteger)
     token_count: Mapped[int] = mapped_column(BigInteger)
+    tenant_id: Mapped[uuid.UUID] = _tenant_column()
 
 
 class ApiKey(Base):
@@ -310,11 +359,13 @@ class IngestJobItem(Base):
     """A file or a text an upload brought, waiting in PostgreSQL for a worker."""
 
     __tablename__ = "ingest_job_items"
-
-    job_id: Mapped[uuid.UUID] = mapped_column(
-        ForeignKey("ingest_jobs.id", ondelete="CASCADE"), primary_key=True
+    __table_args__ = (
+        PrimaryKeyConstraint("job_id", "ordinal", "tenant_id", name="ingest_job_items_pkey"),
+        _tenant_key("ingest_job_items", "job_id", "ingest_jobs"),
     )
-    ordinal: Mapped[int] = mapped_column(Integer, primary_key=True)
+
+    job_id: Mapped[uuid.UUID]
+    ordinal: Mapped[int] = mapped_column(Integer)
     kind: Mapped[str] = mapped_column(Text)
     name: Mapped[str] = mapped_column(Text)
     title: Mapped[str | None] = mapped_column(Text)
@@ -322,6 +373,7 @@ class IngestJobItem(Base):
     metadata_: Mapped[dict[str, Any]] = mapped_column("metadata", server_default="{}")
     # The readers the document is to get (None: as stored, or the whole tenant when new).
     readers: Mapped[list[str] | None] = mapped_column(ARRAY(Text), nullable=True)
+    tenant_id: Mapped[uuid.UUID] = _tenant_column()
 
 
 class GroupMember(Base):
@@ -341,8 +393,9 @@ class QueryLog(Base):
     """One answered question: what was retrieved, the answer, and where the time went."""
 
     __tablename__ = "query_log"
+    __table_args__ = (PrimaryKeyConstraint("id", "tenant_id", name="query_log_pkey"),)
 
-    id: Mapped[uuid.UUID] = mapped_column(primary_key=True, server_default=func.gen_random_uuid())
+    id: Mapped[uuid.UUID] = mapped_column(server_default=func.gen_random_uuid())
     tenant_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
     endpoint: Mapped[str] = mapped_column(Text)
     question: Mapped[str] = mapped_column(Text)
@@ -379,9 +432,13 @@ class Feedback(Base):
     the retrieved chunks were relevant or not."""
 
     __tablename__ = "feedback"
+    __table_args__ = (
+        PrimaryKeyConstraint("id", "tenant_id", name="feedback_pkey"),
+        _tenant_key("feedback", "query_id", "query_log"),
+    )
 
-    id: Mapped[uuid.UUID] = mapped_column(primary_key=True, server_default=func.gen_random_uuid())
-    query_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("query_log.id", ondelete="CASCADE"))
+    id: Mapped[uuid.UUID] = mapped_column(server_default=func.gen_random_uuid())
+    query_id: Mapped[uuid.UUID]
     tenant_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
     rating: Mapped[int | None] = mapped_column(SmallInteger)
     scale: Mapped[str] = mapped_column(Text, server_default="thumbs")  # "thumbs" | "stars"
@@ -402,9 +459,19 @@ class PromptCacheEntry(Base):
     """A cached answer, served only within its scope and only until `expires_at`."""
 
     __tablename__ = "prompt_cache"
-    __table_args__ = (UniqueConstraint("scope", "prompt_hash", "source_documents", "built_for"),)
+    __table_args__ = (
+        PrimaryKeyConstraint("id", "tenant_id", name="prompt_cache_pkey"),
+        UniqueConstraint(
+            "scope",
+            "prompt_hash",
+            "source_documents",
+            "built_for",
+            "tenant_id",
+            name="prompt_cache_scope_prompt_sources_key",
+        ),
+    )
 
-    id: Mapped[uuid.UUID] = mapped_column(primary_key=True, server_default=func.gen_random_uuid())
+    id: Mapped[uuid.UUID] = mapped_column(server_default=func.gen_random_uuid())
     tenant_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
     scope: Mapped[str] = mapped_column(Text)
     model_id: Mapped[int] = mapped_column(ForeignKey("embedding_models.id", ondelete="CASCADE"))
@@ -431,12 +498,17 @@ class PromptCacheSource(Base):
     """A document (at a version) a cache entry was built from; a newer version invalidates it."""
 
     __tablename__ = "prompt_cache_sources"
-
-    entry_id: Mapped[uuid.UUID] = mapped_column(
-        ForeignKey("prompt_cache.id", ondelete="CASCADE"), primary_key=True
+    __table_args__ = (
+        PrimaryKeyConstraint(
+            "entry_id", "document_id", "tenant_id", name="prompt_cache_sources_pkey"
+        ),
+        _tenant_key("prompt_cache_sources", "entry_id", "prompt_cache"),
     )
-    document_id: Mapped[uuid.UUID] = mapped_column(primary_key=True)
+
+    entry_id: Mapped[uuid.UUID]
+    document_id: Mapped[uuid.UUID]
     document_version: Mapped[int] = mapped_column(Integer)
+    tenant_id: Mapped[uuid.UUID] = _tenant_column()
 
 
 class AnalystTenant(Base):

@@ -64,7 +64,7 @@ FROM unnest(%(external_ids)s::text[], %(titles)s::text[], %(sources)s::text[],
             %(metadata)s::text[], %(hashes)s::text[], %(chunk_counts)s::int[],
             %(char_counts)s::int[], %(readers)s::text[])
      AS u(external_id, title, source, metadata, content_hash, chunk_count, char_count, readers)
-ON CONFLICT (collection_id, external_id) DO UPDATE
+ON CONFLICT (collection_id, external_id, tenant_id) DO UPDATE
 SET title = EXCLUDED.title, source = EXCLUDED.source, metadata = EXCLUDED.metadata,
     content_hash = EXCLUDED.content_hash, chunk_count = EXCLUDED.chunk_count,
     char_count = EXCLUDED.char_count, readers = EXCLUDED.readers, version = d.version + 1,

@@ -37,8 +37,18 @@ log = logging.getLogger(__name__)
 CLI_JOB_KIND = "cli"
 """Jobs the ingest CLI runs in-process; workers never claim them."""
 
-_ITEM_COLUMNS = ("job_id", "ordinal", "kind", "name", "title", "body", "metadata", "readers")
-_ITEM_TYPES = ("uuid", "int4", "text", "text", "text", "bytea", "jsonb", "text[]")
+_ITEM_COLUMNS = (
+    "job_id",
+    "tenant_id",
+    "ordinal",
+    "kind",
+    "name",
+    "title",
+    "body",
+    "metadata",
+    "readers",
+)
+_ITEM_TYPES = ("uuid", "uuid", "int4", "text", "text", "text", "bytea", "jsonb", "text[]")
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,7 +137,7 @@ def enqueue_job(
     )
     session.add(job)
     session.flush()
-    rows = [_item_row(job.id, ordinal, item) for ordinal, item in enumerate(items)]
+    rows = [_item_row(job.id, tenant_id, ordinal, item) for ordinal, item in enumerate(items)]
     bulk.insert_rows(
         driver_connection(session), "ingest_job_items", _ITEM_COLUMNS, _ITEM_TYPES, rows
     )
@@ -143,10 +153,22 @@ def _rows_name_readers(item: JobItem) -> bool:
     return item.kind == "file" and item.name.lower().endswith(_ROW_FILES)
 
 
-def _item_row(job_id: uuid.UUID, ordinal: int, item: JobItem) -> tuple[Any, ...]:
+def _item_row(
+    job_id: uuid.UUID, tenant_id: uuid.UUID, ordinal: int, item: JobItem
+) -> tuple[Any, ...]:
     metadata = psycopg.types.json.Jsonb(item.metadata)
     readers = None if item.readers is None else list(item.readers)
-    return (job_id, ordinal, item.kind, item.name, item.title, item.body, metadata, readers)
+    return (
+        job_id,
+        tenant_id,
+        ordinal,
+        item.kind,
+        item.name,
+        item.title,
+        item.body,
+        metadata,
+        readers,
+    )
 
 
 def claim_job(

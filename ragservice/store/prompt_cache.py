@@ -82,7 +82,7 @@ INSERT INTO prompt_cache AS p (tenant_id, scope, model_id, collection_ids, promp
 VALUES (%(tenant_id)s, %(scope)s, %(model_id)s, %(collection_ids)s, %(prompt_hash)s, %(prompt)s,
         %(embedding)s, %(answer)s, %(response)s, now() + make_interval(secs => %(ttl)s),
         %(sources)s::uuid[], %(built_for)s::text[])
-ON CONFLICT (scope, prompt_hash, source_documents, built_for) DO {conflict}
+ON CONFLICT (scope, prompt_hash, source_documents, built_for, tenant_id) DO {conflict}
 RETURNING id
 """
 
@@ -176,9 +176,9 @@ def cache_store(
     entry_id: uuid.UUID = row[0]
     conn.execute("DELETE FROM prompt_cache_sources WHERE entry_id = %s", (entry_id,))
     conn.execute(
-        "INSERT INTO prompt_cache_sources (entry_id, document_id, document_version) "
-        "SELECT %s, unnest(%s::uuid[]), unnest(%s::int[])",
-        (entry_id, list(entry.sources), list(entry.sources.values())),
+        "INSERT INTO prompt_cache_sources (entry_id, tenant_id, document_id, document_version) "
+        "SELECT %s, %s, unnest(%s::uuid[]), unnest(%s::int[])",
+        (entry_id, entry.tenant_id, list(entry.sources), list(entry.sources.values())),
     )
     return entry_id
 

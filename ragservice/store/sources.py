@@ -115,7 +115,7 @@ def get_source(session: Session, collection_id: uuid.UUID, source_id: uuid.UUID)
 
 def source_by_id(session: Session, source_id: uuid.UUID) -> Source | None:
     """Any source the transaction sees (a run job names its source by id only)."""
-    return session.get(Source, source_id)
+    return session.scalar(select(Source).where(Source.id == source_id))
 
 
 def list_sources(session: Session, collection_id: uuid.UUID) -> list[Source]:
@@ -172,7 +172,7 @@ def save_items(
     ]
     stmt = pg_insert(SourceItem).values(rows)
     stmt = stmt.on_conflict_do_update(
-        index_elements=[SourceItem.source_id, SourceItem.key],
+        index_elements=[SourceItem.source_id, SourceItem.key, SourceItem.tenant_id],
         set_={"state": stmt.excluded.state, "seen_at": func.now()},
     )
     session.execute(stmt)
@@ -284,7 +284,7 @@ def _insert_run(session: Session, source: Source, **values: Any) -> uuid.UUID | 
             **values,
         )
         .on_conflict_do_nothing(
-            index_elements=[IngestJob.source_id],
+            index_elements=[IngestJob.source_id, IngestJob.tenant_id],
             index_where=IngestJob.status.in_(_ACTIVE),
         )
         .returning(IngestJob.id)
@@ -352,7 +352,7 @@ _QUEUE_DUE = text(
     SELECT tenant_id, collection_id, id, :kind, 'queued',
            jsonb_build_object('source_id', id::text), coalesce(cardinality(readers), 0) > 0
     FROM due
-    ON CONFLICT (source_id) WHERE status IN ('queued', 'running') DO NOTHING
+    ON CONFLICT (source_id, tenant_id) WHERE status IN ('queued', 'running') DO NOTHING
     RETURNING id
     """
 )

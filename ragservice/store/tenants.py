@@ -195,9 +195,9 @@ def erase_tenant(
     session: Session, tenant_id: uuid.UUID, *, keep_tenant: bool = False
 ) -> dict[str, int]:
     """Delete every row of the tenant from every table that has a `tenant_id` column (rows
-    that reference others first), then the tenant itself unless `keep_tenant`. Rows owned
-    through a parent (BM25 postings, job items, cache sources, analyst bindings) go by
-    cascade. Returns the rows deleted per table, tables without any left out.
+    that reference others first), then the tenant itself unless `keep_tenant`. Every table
+    holding a tenant's rows has the column (BM25 postings, job items and cache sources since
+    migration 0030). Returns the rows deleted per table, tables without any left out.
 
     Run it as the whole database (`tenancy.as_system()`) in one transaction: the erase is
     all or nothing."""

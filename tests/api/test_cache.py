@@ -231,4 +231,7 @@ def test_a_failing_cache_store_does_not_fail_the_answer(
     runtime = client.app.state.runtime  # type: ignore[attr-defined]
     # the query log, written beside it, is kept
     with tenancy.as_system(), runtime.db.read() as session:
-        assert session.get(QueryLog, uuid.UUID(answer["query_id"])) is not None
+        assert (
+            session.scalar(select(QueryLog).where(QueryLog.id == uuid.UUID(answer["query_id"])))
+            is not None
+        )

@@ -14,6 +14,7 @@ import psycopg
 import pytest
 from fastapi.testclient import TestClient
 from psycopg import sql
+from sqlalchemy import select
 from sqlalchemy.engine import make_url
 
 from ragservice import store
@@ -69,7 +70,7 @@ def ask(client: TestClient, headers: dict[str, str], collection: str) -> dict[st
 def logged(client: TestClient, query_id: str) -> QueryLog:
     db = client.app.state.runtime.db  # type: ignore[attr-defined]
     with tenancy.as_system(), db.read() as session:
-        row = session.get(QueryLog, uuid.UUID(query_id))
+        row = session.scalar(select(QueryLog).where(QueryLog.id == uuid.UUID(query_id)))
     assert row is not None
     return row
 

@@ -36,7 +36,7 @@ def stored(client: TestClient) -> list[Feedback]:
 def retrieved(client: TestClient, query_id: str) -> list[str]:
     db = client.app.state.runtime.db  # type: ignore[attr-defined]
     with tenancy.as_system(), db.read() as session:
-        logged = session.get(QueryLog, uuid.UUID(query_id))
+        logged = session.scalar(select(QueryLog).where(QueryLog.id == uuid.UUID(query_id)))
     assert logged is not None
     return [item["chunk_id"] for item in logged.retrieved]
 

@@ -14,6 +14,7 @@ from urllib.parse import quote
 import pytest
 from fastapi.testclient import TestClient
 from psycopg import DataError as DriverDataError
+from sqlalchemy import select
 
 from ragservice import store
 from ragservice.config import Settings
@@ -453,7 +454,7 @@ def test_text_the_query_log_cannot_hold_is_stored_replaced(client: TestClient) -
     with tenancy.as_system(), runtime.db.write() as session:
         store.query_log.log_query(session, record)
     with tenancy.as_system(), runtime.db.read() as session:
-        row = session.get(QueryLog, record.id)
+        row = session.scalar(select(QueryLog).where(QueryLog.id == record.id))
         assert row is not None
         assert (row.question, row.answer) == ("q\ufffd\ufffd", "a\ufffd")
         assert row.messages == [{"role": "user", "content": "earlier \ufffd", "k\ufffd": "\ufffd"}]

@@ -18,6 +18,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 from pydantic import SecretStr
+from sqlalchemy import select
 
 from ragservice.api.app import create_app
 from ragservice.config import DEFAULT_TENANT_ID, Settings
@@ -74,7 +75,7 @@ def memory_provider() -> tuple[TracerProvider, InMemorySpanExporter]:
 def logged(client: TestClient, query_id: str) -> QueryLog:
     db = client.app.state.runtime.db  # type: ignore[attr-defined]
     with tenancy.as_system(), db.read() as session:
-        row = session.get(QueryLog, uuid.UUID(query_id))
+        row = session.scalar(select(QueryLog).where(QueryLog.id == uuid.UUID(query_id)))
         assert row is not None
         return row
 

@@ -400,7 +400,9 @@ def test_a_writer_who_may_not_read_every_source_still_cleans_up_after_a_deletion
     def state() -> tuple[int, Any]:
         with tenancy.as_system(), db.read() as session:
             entries = session.scalar(select(func.count()).select_from(PromptCacheEntry))
-            logged = session.get(QueryLog, uuid.UUID(answer["query_id"]))
+            logged = session.scalar(
+                select(QueryLog).where(QueryLog.id == uuid.UUID(answer["query_id"]))
+            )
             assert logged is not None
             return int(entries or 0), logged.redacted_at
 

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 from fastapi.testclient import TestClient
+from sqlalchemy import select
 
 from ragservice.api.app import create_app
 from ragservice.config import Settings
@@ -68,7 +69,9 @@ def test_extractive_answer_cites_the_right_chunks_and_is_logged(
     assert {"embed", "search", "context", "generate", "total"} <= set(answer["timings_ms"])
     db = client.app.state.runtime.db  # type: ignore[attr-defined]
     with tenancy.as_system(), db.read() as session:
-        logged = session.get(QueryLog, uuid.UUID(answer["query_id"]))
+        logged = session.scalar(
+            select(QueryLog).where(QueryLog.id == uuid.UUID(answer["query_id"]))
+        )
     assert logged is not None
     assert logged.question == body["question"]
     assert logged.status == "extractive"

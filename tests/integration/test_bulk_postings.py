@@ -246,8 +246,17 @@ def test_bulk_blocks_built_in_c_equal_those_built_in_sql(
     assert postings_mismatches(runtime) == []
 
 
-_READERS_COLUMNS = (
-    "ALTER TABLE documents {action} readers {type}; ALTER TABLE chunks {action} readers {type}"
+# Today's writes name the readers columns of 0026 and the documents' unique key of 0030 in their
+# ON CONFLICT: stand-ins while the schema is older.
+_STAND_INS = (
+    "ALTER TABLE documents ADD COLUMN readers text[]; "
+    "ALTER TABLE chunks ADD COLUMN readers text[]; "
+    "CREATE UNIQUE INDEX documents_key_stand_in "
+    "ON documents (collection_id, external_id, tenant_id)"
+)
+_STAND_INS_GONE = (
+    "DROP INDEX documents_key_stand_in; "
+    "ALTER TABLE documents DROP COLUMN readers; ALTER TABLE chunks DROP COLUMN readers"
 )
 
 
@@ -275,13 +284,12 @@ def test_the_migration_updates_the_extension_and_the_trigger_both_ways(
         _downgrade(engine, "0024")
         runtime.db.dispose()
         assert state() == ("1.0", False)
-        # Today's writes name the readers columns of 0026: stand-ins while the schema is older.
         with engine.begin() as owner:
-            owner.execute(text(_READERS_COLUMNS.format(action="ADD COLUMN", type="text[]")))
+            owner.execute(text(_STAND_INS))
         with runtime.db.write() as session:  # the SQL branch, as before 0025
             before = write_in(session, runtime, "before", [document("x", range(600))], append=True)
         with engine.begin() as owner:
-            owner.execute(text(_READERS_COLUMNS.format(action="DROP COLUMN", type="")))
+            owner.execute(text(_STAND_INS_GONE))
         migrate.upgrade(engine)
     finally:
         engine.dispose()
