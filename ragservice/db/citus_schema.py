@@ -331,11 +331,23 @@ WHERE c.relnamespace = 'public'::regnamespace AND c.relname = %s
   AND p.polname = 'document_readers'"""
 
 
+# The asker's readers without a cast that could fail on its own: Citus evaluates the parts of a
+# statement that read no column on the coordinator, each branch of a CASE included, and '*'
+# (every document) is no array.
+_CURRENT_READERS = """
+CREATE OR REPLACE FUNCTION public.ragservice_current_readers() RETURNS text[]
+LANGUAGE sql STABLE PARALLEL SAFE AS $body$
+    SELECT (CASE WHEN coalesce(current_setting('ragservice.readers', true), '') IN ('', '*')
+                 THEN '{}' ELSE current_setting('ragservice.readers', true) END)::text[]
+$body$"""
+
+
 def rewrite_readers_policies(conn: psycopg.Connection[Any], plan: DistributionPlan) -> list[str]:
     """Give the logs' and the cache's `document_readers` policies their Citus form (the store's
     own tables in `public` only); the tables changed."""
     if plan.schema != "public":
         return []
+    conn.execute(_CURRENT_READERS)
     for statement in _READERS_FUNCTIONS:
         conn.execute(statement)
     changed = []

@@ -7,7 +7,8 @@ The plan (`STORE_PLAN`) puts every table of the schema in one of three places:
 - distributed tables, split by `tenant_id` into co-located shards, so that all of one tenant's
   rows (collections, documents, chunks, vectors, postings, logs) live on one worker and a
   tenant's query runs there as one task;
-- tables kept on the coordinator: the operator's audit trail and Alembic's version.
+- tables kept on the coordinator: the job queue (claimed across tenants with row locks and
+  advisory locks, which stay local there), the operator's audit trail and Alembic's version.
 
 Citus asks more of a schema than PostgreSQL does, and `blockers()` reads the live catalog for
 each rule (all checked on a real cluster; see docs/scaling.md):
@@ -28,6 +29,7 @@ interrupted is simply run again), and reports each step as it goes.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -60,6 +62,9 @@ class DistributionPlan:
     coordinator: Sequence[str]
     column: str = DISTRIBUTION_COLUMN
     schema: str = "public"
+    released_keys: Sequence[str] = ()
+    """Foreign keys from coordinator tables to distributed ones (which Citus cannot keep) that
+    the conversion drops: the store does what their ON DELETE did itself."""
 
     def placement(self, table: str) -> Placement | None:
         if table in self.reference:
@@ -94,14 +99,17 @@ STORE_PLAN = DistributionPlan(
         "group_members",
         "sources",
         "source_items",
-        "ingest_jobs",
-        "ingest_job_items",
         "query_log",
         "feedback",
         "prompt_cache",
         "prompt_cache_sources",
     ),
-    coordinator=("audit_log", "alembic_version"),
+    # The job queue stays on the coordinator: workers claim across tenants with SELECT ... FOR
+    # UPDATE SKIP LOCKED and check their claims' advisory locks in pg_locks, both local.
+    coordinator=("ingest_jobs", "ingest_job_items", "audit_log", "alembic_version"),
+    # store.collections.delete_collection deletes a collection's jobs; store.sources.delete_source
+    # clears its jobs' source_id.
+    released_keys=("ingest_jobs_collection_id_fkey", "ingest_jobs_source_id_fkey"),
 )
 
 
@@ -139,6 +147,8 @@ class Step:
 @dataclass
 class DistributionReport:
     steps: list[Step] = field(default_factory=list)
+    released_keys: list[str] = field(default_factory=list)
+    """The plan's released foreign keys this run dropped."""
 
     @property
     def converted(self) -> list[str]:
@@ -288,6 +298,8 @@ def _foreign_key_blockers(conn: psycopg.Connection[Any], plan: DistributionPlan)
         if source is None or referenced is None:
             continue  # the table itself is reported as unplanned
         if referenced is Placement.DISTRIBUTED and source is not Placement.DISTRIBUTED:
+            if source is Placement.COORDINATOR and name in plan.released_keys:
+                continue
             why = f"a {source} table cannot reference distributed {target}: {definition}"
         elif source is Placement.DISTRIBUTED and referenced is Placement.DISTRIBUTED:
             if on_column:
@@ -348,12 +360,27 @@ def distribute(
                 progress(step, number, len(ordered))
         _set_triggers(conn, plan, pending, enabled=True)
         for table, name, definition in keys:
+            if name in plan.released_keys:
+                report.released_keys.append(name)
+                continue
             conn.execute(
                 sql.SQL("ALTER TABLE {} ADD CONSTRAINT {} {}").format(
-                    sql.Identifier(plan.schema, table), sql.Identifier(name), sql.SQL(definition)
+                    sql.Identifier(plan.schema, table),
+                    sql.Identifier(name),
+                    sql.SQL(citus_foreign_key(definition)),
                 )
             )
     return report
+
+
+_SET_ON_DELETE = re.compile(r"\s+ON DELETE SET (?:NULL|DEFAULT)(?:\s*\([^)]*\))?")
+
+
+def citus_foreign_key(definition: str) -> str:
+    """A foreign key's definition as Citus takes it: without ON DELETE SET NULL / SET DEFAULT,
+    which Citus refuses on a key that includes the distribution column (the store clears such
+    references itself before it deletes the row they point at)."""
+    return _SET_ON_DELETE.sub("", definition)
 
 
 def _set_triggers(

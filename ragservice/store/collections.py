@@ -8,13 +8,13 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Label, Row, Select, delete, func, select, update
+from sqlalchemy import Label, Row, Select, and_, delete, func, select, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
 from ragservice.db import tenancy
 from ragservice.db.engine import driver_connection
-from ragservice.db.models import Collection, CollectionTextStats, Document
+from ragservice.db.models import Collection, CollectionTextStats, Document, IngestJob
 from ragservice.errors import ConflictError, NotFoundError
 
 
@@ -149,7 +149,13 @@ def holds_hidden_documents(session: Session, tenant_id: uuid.UUID, name: str) ->
     count = (
         select(func.count())
         .select_from(Document)
-        .join(Collection, Collection.id == Document.collection_id)
+        .join(
+            Collection,
+            and_(
+                Collection.id == Document.collection_id,
+                Collection.tenant_id == Document.tenant_id,
+            ),
+        )
         .where(Collection.tenant_id == tenant_id, Collection.name == name)
     )
     visible = session.scalar(count) or 0
@@ -159,8 +165,22 @@ def holds_hidden_documents(session: Session, tenant_id: uuid.UUID, name: str) ->
 
 
 def delete_collection(session: Session, tenant_id: uuid.UUID, name: str) -> bool:
-    """Delete a collection with its documents, chunks, embeddings and jobs (cascades)."""
-    stmt = delete(Collection).where(Collection.tenant_id == tenant_id, Collection.name == name)
+    """Delete a collection with its documents, chunks and embeddings (cascades) and its jobs
+    (here: on a distributed store the jobs stay on the coordinator, where no foreign key
+    reaches the collections; docs/scaling.md)."""
+    collection_id = session.scalar(
+        select(Collection.id).where(Collection.tenant_id == tenant_id, Collection.name == name)
+    )
+    if collection_id is None:
+        return False
+    session.execute(
+        delete(IngestJob).where(
+            IngestJob.tenant_id == tenant_id, IngestJob.collection_id == collection_id
+        )
+    )
+    stmt = delete(Collection).where(
+        Collection.tenant_id == tenant_id, Collection.id == collection_id
+    )
     return bool(session.execute(stmt).rowcount)  # type: ignore[attr-defined]
 
 
@@ -177,7 +197,7 @@ def collection_ids(
 def _collections_query(tenant_id: uuid.UUID) -> Select[Any]:
     documents = (
         select(func.count())
-        .where(Document.collection_id == Collection.id)
+        .where(Document.collection_id == Collection.id, Document.tenant_id == Collection.tenant_id)
         .scalar_subquery()
         .label("document_count")
     )
@@ -194,11 +214,12 @@ def _chunk_count() -> Label[int]:
     read (the documents' own counts, under row-level security)."""
     if tenancy.current().restricted:
         total = select(func.coalesce(func.sum(Document.chunk_count), 0)).where(
-            Document.collection_id == Collection.id
+            Document.collection_id == Collection.id, Document.tenant_id == Collection.tenant_id
         )
     else:
         total = select(func.coalesce(func.sum(CollectionTextStats.chunk_count), 0)).where(
-            CollectionTextStats.collection_id == Collection.id
+            CollectionTextStats.collection_id == Collection.id,
+            CollectionTextStats.tenant_id == Collection.tenant_id,
         )
     return total.scalar_subquery().label("chunk_count")
 

@@ -34,7 +34,8 @@ def stored_embeddings(
         text(
             "SELECT DISTINCT ON (c.content_hash) c.content_hash, "
             f"{indexes.FULL_VECTOR} "
-            "FROM chunks c JOIN chunk_embeddings e ON e.chunk_id = c.id AND e.model_id = :model "
+            "FROM chunks c JOIN chunk_embeddings e "
+            "ON e.chunk_id = c.id AND e.tenant_id = c.tenant_id AND e.model_id = :model "
             "WHERE c.tenant_id = :tenant AND c.content_hash = ANY(:hashes)"
         ),
         {"model": model_id, "tenant": tenant_id, "hashes": list(hashes)},

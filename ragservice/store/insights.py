@@ -97,7 +97,7 @@ _NEGATIVE_FEEDBACK = """
 SELECT f.query_id, q.question, q.answer, f.scale, f.rating, f.comment, f.corrected_answer,
        f.created_at
 FROM feedback f
-JOIN query_log q ON q.id = f.query_id
+JOIN query_log q ON q.id = f.query_id AND q.tenant_id = f.tenant_id
 WHERE ((f.scale = 'thumbs' AND f.rating = -1) OR (f.scale = 'stars' AND f.rating <= 2))
   AND f.tenant_id = :tenant AND f.created_at >= :since
   AND (CAST(:collection AS uuid) IS NULL OR CAST(:collection AS uuid) = ANY(q.collection_ids))

@@ -265,23 +265,33 @@ def cluster_cli(
     get_settings.cache_clear()
 
 
-def test_db_distribute_lists_what_stands_in_the_stores_way_and_changes_nothing(
+def test_db_distribute_spreads_the_store_once_with_progress(
     citus_cluster: CitusCluster, cluster_cli: CliRunner
 ) -> None:
     checked = cluster_cli.invoke(app, ["db", "distribute", "--check", "--json"])
-    refused = cluster_cli.invoke(app, ["db", "distribute"])
+    first = cluster_cli.invoke(app, ["db", "distribute"])
+    again = cluster_cli.invoke(app, ["db", "distribute", "--json"])
     with citus_cluster.coordinator_connection() as conn:
         converted = distribution.converted_tables(conn, distribution.STORE_PLAN)
+        logins = conn.execute(
+            "SELECT result FROM run_command_on_workers($$SELECT string_agg(rolname, ',' "
+            "ORDER BY rolname) FROM pg_roles WHERE rolname LIKE 'ragservice_s%' "
+            "AND rolcanlogin$$)"
+        ).fetchall()
     report = json.loads(checked.stdout)
-    kinds = {blocker["kind"] for blocker in report["blockers"]}
-    assert checked.exit_code == 1
-    assert report["citus"] and report["steps"] == []
-    assert kinds <= {kind.value for kind in BlockerKind}
-    assert BlockerKind.UNPLANNED_TABLE.value not in kinds  # the plan places every table
-    assert refused.exit_code == 1
-    assert "nothing was changed" in refused.output
-    assert all(b["table"] in refused.stdout for b in report["blockers"])
-    assert converted == {}
+    plan = distribution.STORE_PLAN
+    assert checked.exit_code == 0, checked.output
+    assert report["citus"] and report["blockers"] == [] and report["steps"] == []
+    assert first.exit_code == 0, first.output
+    total = len(plan.reference) + len(plan.distributed)
+    assert f"[1/{total}] tenants: now reference" in first.output
+    assert f"[{total}/{total}] prompt_cache_sources: now distributed" in first.output
+    assert again.exit_code == 0, again.output
+    assert all(step["done_before"] for step in json.loads(again.stdout)["steps"])
+    assert {t: converted[t] for t in plan.distributed} == {t: "h" for t in plan.distributed}
+    assert {t: converted[t] for t in plan.reference} == {t: "n" for t in plan.reference}
+    assert all(converted.get(t) != "h" for t in plan.coordinator)  # the queue stays there
+    assert logins == [("ragservice_service,ragservice_system",)] * 2
 
 
 def test_dev_cluster_citus_serves_until_ctrl_c(citus_available: None) -> None:

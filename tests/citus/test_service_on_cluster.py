@@ -1,0 +1,190 @@
+"""The service on a distributed store: the API (with its job workers) on the Citus coordinator
+of `citus_cluster`, after `ragservice db distribute`. Each test works in tenants of its own, so
+the tests share the one distributed database."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from ragservice import store
+from ragservice.api.app import create_app
+from ragservice.config import Settings
+from ragservice.db import distribution, tenancy
+from ragservice.dev.citus import CitusCluster
+from ragservice.embedding.embedder import SentenceTransformerEmbedder
+from tests.api.conftest import make_key, ok, wait_for_job
+
+DOCUMENTS = [
+    ("pg", "PostgreSQL replication", "Streaming replicas replay the primary's WAL.", 2019),
+    ("hnsw", "HNSW graphs", "Hierarchical navigable small world graphs index vectors.", 2021),
+    ("bm25", "BM25 ranking", "Okapi BM25 scores term frequency against document length.", 2022),
+    ("cats", "Cats", "Cats sleep for most of the day and purr when content.", 2023),
+]
+
+
+@pytest.fixture(scope="module")
+def distributed(citus_cluster: CitusCluster) -> CitusCluster:
+    """The cluster with the store distributed (idempotent: once for the session)."""
+    with citus_cluster.coordinator_connection() as conn:
+        distribution.distribute(conn)
+    return citus_cluster
+
+
+@pytest.fixture(scope="module")
+def cluster_client(
+    distributed: CitusCluster,
+    embedder: SentenceTransformerEmbedder,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[TestClient]:
+    from ingest.worker import JobWorker
+
+    settings = Settings(
+        database_url=distributed.service_url,
+        owner_database_url=distributed.url,
+        data_dir=tmp_path_factory.mktemp("cluster-app"),
+        chunk_overlap_tokens=8,
+        job_poll_seconds=0.2,
+        workers=1,
+    )
+    app = create_app(settings, embedder=embedder, services=[JobWorker])
+    with TestClient(app, raise_server_exceptions=False) as client:
+        yield client
+
+
+@dataclass(frozen=True)
+class Tenant:
+    name: str
+    id: uuid.UUID
+    reader: dict[str, str]
+    writer: dict[str, str]
+    admin: dict[str, str]
+
+    def user(self, client: TestClient, name: str, role: str = "reader") -> dict[str, str]:
+        return _key(client, self.id, role, name)
+
+
+def _key(client: TestClient, tenant_id: uuid.UUID, role: str, user: str | None = None) -> dict:
+    db = client.app.state.runtime.db  # type: ignore[attr-defined]
+    with tenancy.as_system(), db.write() as session:
+        return {"Authorization": f"Bearer {make_key(session, tenant_id, role, user)}"}
+
+
+def new_tenant(client: TestClient) -> Tenant:
+    db = client.app.state.runtime.db  # type: ignore[attr-defined]
+    name = f"t-{uuid.uuid4().hex[:10]}"
+    with tenancy.as_system(), db.write() as session:
+        tenant_id = store.tenants.ensure_tenant(session, name)
+    return Tenant(
+        name,
+        tenant_id,
+        *(_key(client, tenant_id, role) for role in ("reader", "writer", "admin")),
+    )
+
+
+def add_corpus(client: TestClient, tenant: Tenant, collection: str = "kb") -> None:
+    ok(client.post("/v1/collections", json={"name": collection}, headers=tenant.writer), 201)
+    documents = [
+        {"external_id": i, "title": t, "text": x, "metadata": {"year": y}}
+        for i, t, x, y in DOCUMENTS
+    ]
+    job = ok(
+        client.post(
+            f"/v1/collections/{collection}/documents",
+            json={"documents": documents},
+            headers=tenant.writer,
+        ),
+        202,
+    )
+    assert wait_for_job(client, job["id"], tenant.writer)["status"] == "done"
+
+
+@pytest.fixture
+def tenant(cluster_client: TestClient) -> Tenant:
+    found = new_tenant(cluster_client)
+    add_corpus(cluster_client, found)
+    return found
+
+
+def search(client: TestClient, headers: dict[str, str], **body: Any) -> dict[str, Any]:
+    result: dict[str, Any] = ok(client.post("/v1/search", json=body, headers=headers))
+    return result
+
+
+@pytest.mark.parametrize("mode", ["dense", "fulltext", "hybrid"])
+def test_each_search_mode_finds_the_right_document(
+    cluster_client: TestClient, tenant: Tenant, mode: str
+) -> None:
+    result = search(
+        cluster_client,
+        tenant.reader,
+        query="Okapi BM25 term frequency",
+        collections=["kb"],
+        mode=mode,
+        k=3,
+    )
+    top = result["results"][0]
+    assert top["document"]["external_id"] == "bm25"
+    assert "Okapi BM25" in top["text"]
+    filtered = search(
+        cluster_client,
+        tenant.reader,
+        query="graphs and replicas",
+        collections=["kb"],
+        mode=mode,
+        filter={"year": {"$gte": 2021}},
+    )
+    assert {hit["document"]["external_id"] for hit in filtered["results"]} <= {
+        "hnsw",
+        "bm25",
+        "cats",
+    }
+
+
+def test_a_tenant_sees_nothing_of_another(cluster_client: TestClient, tenant: Tenant) -> None:
+    other = new_tenant(cluster_client)
+    add_corpus(cluster_client, other, collection="other-kb")
+    listed = ok(cluster_client.get("/v1/collections", headers=other.reader))
+    assert [c["name"] for c in listed["collections"]] == ["other-kb"]
+    missing = cluster_client.get("/v1/collections/kb/documents/bm25", headers=other.reader)
+    assert missing.status_code == 404
+    found = search(cluster_client, other.reader, query="Okapi BM25", mode="fulltext")
+    assert {hit["collection"] for hit in found["results"]} == {"other-kb"}
+    refused = cluster_client.post(
+        "/v1/search", json={"query": "Okapi", "collections": ["kb"]}, headers=other.reader
+    )
+    assert refused.status_code == 404
+
+
+def test_readers_of_a_document_are_enforced_on_the_workers(
+    cluster_client: TestClient, tenant: Tenant
+) -> None:
+    secret = {
+        "external_id": "salaries",
+        "title": "Salaries",
+        "text": "The salary bands of the engineering ladder are confidential.",
+        "readers": ["group:hr"],
+    }
+    job = ok(
+        cluster_client.post(
+            "/v1/collections/kb/documents", json={"documents": [secret]}, headers=tenant.admin
+        ),
+        202,
+    )
+    assert wait_for_job(cluster_client, job["id"], tenant.admin)["status"] == "done"
+    db = cluster_client.app.state.runtime.db  # type: ignore[attr-defined]
+    with tenancy.as_system(), db.write() as session:
+        store.tenants.add_group_members(session, tenant.id, "hr", ["ana"])
+    ana, bob = tenant.user(cluster_client, "ana"), tenant.user(cluster_client, "bob")
+    for mode in ("dense", "fulltext", "hybrid"):
+        seen_by_ana = search(cluster_client, ana, query="salary bands", mode=mode, k=10)
+        seen_by_bob = search(cluster_client, bob, query="salary bands", mode=mode, k=10)
+        assert "salaries" in {h["document"]["external_id"] for h in seen_by_ana["results"]}
+        assert "salaries" not in {h["document"]["external_id"] for h in seen_by_bob["results"]}
+    hidden = cluster_client.get("/v1/collections/kb/documents/salaries", headers=bob)
+    assert hidden.status_code == 404
