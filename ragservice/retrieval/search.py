@@ -27,6 +27,8 @@ hybrid then ranks by the dense side alone. Ties are broken by chunk id, so equal
 equal outputs. Model id and dimension come from the model's row (the serving model, resolved
 once per search; never the request) and are written into the SQL as literals, because the
 partial index only matches a literal model id; everything the caller sends is a bound parameter.
+Every statement names the tenant its transaction works for (`statements.tenant_and`, the id bound
+as %(tenant)s), so that a store distributed by tenant runs it on the tenant's shards alone.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ import numpy as np
 import numpy.typing as npt
 from psycopg import sql
 
-from ragservice.db import Database
+from ragservice.db import Database, tenancy
 from ragservice.db.engine import driver_connection
 from ragservice.errors import EmbeddingError
 from ragservice.retrieval import statements
@@ -238,9 +240,10 @@ class Searcher:
         if distance < 1 or not hits:
             return []
         ids = [hit.chunk_id for hit in hits]
+        tenant = tenancy.current().tenant_id
         statement = _Statement(
-            sql.Composed([statements.NEIGHBOURS, statements.HITS]),
-            {"ids": ids, "distance": distance},
+            sql.Composed([statements.neighbours(tenant), statements.hits(tenant)]),
+            {"ids": ids, "distance": distance, "tenant": tenant},
         )
         return [_hit(row) for row in self._run(statement)]
 
@@ -256,6 +259,7 @@ class Searcher:
         given: npt.NDArray[np.float32] | None = None,
     ) -> tuple[_Statement, str]:
         """The final statement of the mode and the name of its timing stage."""
+        tenant = tenancy.current().tenant_id
         if options.mode is Mode.FULLTEXT:
             bm25 = statements.with_ctes(
                 statements.bm25(
@@ -263,18 +267,20 @@ class Searcher:
                     options.text_limit,
                     exact=self._exact(options),
                     restricted=restricted(),
+                    tenant=tenant,
                 ),
-                select=statements.HITS,
+                select=statements.hits(tenant),
             )
-            params = self._params(collections, options, query=query)
+            params = self._params(collections, options, tenant, query=query)
             return self._deepened(bm25, params, options, options.text_limit), "fulltext"
         if options.mode is Mode.DENSE:
             with timed(timings, "embed"):
                 vector = _vector(model, query, given)
-            dense = statements.with_ctes(
-                _nearest(model, options), statements.DENSE_RANKED, select=statements.HITS
-            )
-            return self._dense_statement(dense, model, collections, options, vector), "dense"
+            ctes = (_nearest(model, options, tenant), statements.DENSE_RANKED)
+            dense = statements.with_ctes(*ctes, select=statements.hits(tenant))
+            return self._dense_statement(
+                dense, model, collections, options, vector, tenant
+            ), "dense"
         raise AssertionError("hybrid searches are ranked by the searcher")  # scored_here
 
     def _rank_here(
@@ -290,6 +296,7 @@ class Searcher:
         document). The full-text side runs on a worker while the query is embedded (in the
         caller's context: its tenant and replica routing hold); the dense candidates and the
         hits are read in one transaction."""
+        tenant = tenancy.current().tenant_id
         text_side = None
         if options.mode is not Mode.DENSE:
             text_side = self._pool.submit(
@@ -306,8 +313,8 @@ class Searcher:
         def hits(dense: list[_Candidate]) -> _Statement:
             ranked = _rank(dense, text(), options)
             ids, scores = [chunk for chunk, _ in ranked], [score for _, score in ranked]
-            query_hits = statements.with_ctes(statements.GIVEN, select=statements.HITS)
-            return _Statement(query_hits, {"ids": ids, "scores": scores})
+            query_hits = statements.with_ctes(statements.GIVEN, select=statements.hits(tenant))
+            return _Statement(query_hits, {"ids": ids, "scores": scores, "tenant": tenant})
 
         if options.mode is Mode.FULLTEXT:
             found = hits([])
@@ -338,10 +345,9 @@ class Searcher:
     ) -> tuple[list[str], list[float]]:
         """RM3: the query's lexemes and the feedback chunks' likeliest, with their weights."""
         first_pass = self._text_statement(collections, query, options, options.prf_docs)
+        feedback = statements.feedback(first_pass.params["tenant"])
         statement = _Statement(
-            statements.with_ctes(
-                first_pass.query, statements.FEEDBACK, select=statements.FEEDBACK_TERMS
-            ),
+            statements.with_ctes(first_pass.query, feedback, select=statements.FEEDBACK_TERMS),
             first_pass.params | {"fb_terms": options.prf_terms},
         )
         rows = [(str(row[0]), row[1]) for row in self._run(statement)]
@@ -357,14 +363,16 @@ class Searcher:
     ) -> _Statement:
         """BM25's ranked CTEs (bare: callers add their SELECT) over the query's lexemes, or
         over weighted `terms`."""
+        tenant = tenancy.current().tenant_id
         bm25 = statements.bm25(
             options.filters,
             limit,
             weighted=terms is not None,
             exact=self._exact(options),
             restricted=restricted(),
+            tenant=tenant,
         )
-        params = self._params(collections, options, query=query)
+        params = self._params(collections, options, tenant, query=query)
         if terms is not None:
             params |= {"terms": terms[0], "weights": terms[1]}
         return self._deepened(bm25, params, options, limit)
@@ -384,8 +392,10 @@ class Searcher:
         options: SearchOptions,
         vector: npt.NDArray[np.float32],
     ) -> _Statement:
-        query = statements.with_ctes(_nearest(model, options), select=statements.DENSE_CANDIDATES)
-        return self._dense_statement(query, model, collections, options, vector)
+        tenant = tenancy.current().tenant_id
+        nearest = _nearest(model, options, tenant)
+        query = statements.with_ctes(nearest, select=statements.DENSE_CANDIDATES)
+        return self._dense_statement(query, model, collections, options, vector, tenant)
 
     def _candidates(self, statement: _Statement) -> list[_Candidate]:
         query = statement.query
@@ -400,12 +410,13 @@ class Searcher:
         collections: list[uuid.UUID],
         options: SearchOptions,
         vector: npt.NDArray[np.float32],
+        tenant: uuid.UUID | None,
     ) -> _Statement:
         # The HNSW candidate list must hold at least the rows asked for: pgvector's default of
         # 40 silently caps LIMIT 100 at 40 rows.
         wanted = options.index_limit(model.storage)
         ef_search = min(max(options.ef_search_for(model.storage), wanted), MAX_EF_SEARCH)
-        params = self._params(collections, options, vector=vector)
+        params = self._params(collections, options, tenant, vector=vector)
         return _Statement(query, params, ef_search)
 
     # -- pieces ----------------------------------------------------------------------------------
@@ -450,11 +461,12 @@ class Searcher:
     def _params(
         collections: list[uuid.UUID],
         options: SearchOptions,
+        tenant: uuid.UUID | None,
         *,
         vector: npt.NDArray[np.float32] | None = None,
         query: str | None = None,
     ) -> dict[str, Any]:
-        params: dict[str, Any] = {"collections": collections}
+        params: dict[str, Any] = {"collections": collections, "tenant": tenant}
         if vector is not None:
             params["vector"] = vector
         if query is not None:
@@ -525,12 +537,13 @@ def _vector(
     return vector
 
 
-def _nearest(model: QueryModel, options: SearchOptions) -> sql.Composed:
-    """The dense candidates, read as the model's storage says."""
+def _nearest(model: QueryModel, options: SearchOptions, tenant: uuid.UUID | None) -> sql.Composed:
+    """The dense candidates, read as the model's storage says (the tenant's, for one)."""
     dim = sql.Literal(int(model.dimension))
     pieces = {
         "dim": dim,
         "model_id": sql.Literal(int(model.id)),
+        "tenant": statements.tenant_and("c", tenant),
         "document_join": statements.document_join(options.filters),
         "filter": statements.filter_and(options.filters),
         "limit": sql.Literal(options.dense_limit),

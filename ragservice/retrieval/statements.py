@@ -5,13 +5,33 @@ neighbouring chunks.
 Pieces refer to chunks as `c` and documents as `d`, as compiled filters do. Model id and
 dimension are literals (the partial HNSW index matches a literal model id only); everything a
 caller sends is a bound parameter.
+
+The tenant: where a transaction works for one tenant, every tenant-owned table a statement reads
+is restricted to it (`AND c.tenant_id = %(tenant)s::uuid`, `tenant_and`), and tenant-owned
+tables are joined on tenant_id as well as on their keys. Row-level security shows the tenant's
+rows only in any case; named in the statement, the tenant lets a store distributed by tenant_id
+(Citus) run a search as one task on the worker that holds the tenant's shards (a router query),
+and Citus joins distributed tables only on their distribution column. Across all tenants there
+is no tenant predicate: the joins on tenant_id stay. The BM25 statistics and postings
+(`collection_text_stats`, `chunk_postings`) have no tenant_id yet and are read by collection.
 """
 
 from __future__ import annotations
 
+import uuid
+
 from psycopg import sql
 
 from ragservice.retrieval.filters import CompiledFilter
+
+TENANT = sql.SQL("AND {alias}.tenant_id = %(tenant)s::uuid")
+
+
+def tenant_and(alias: str, tenant: uuid.UUID | None) -> sql.Composable:
+    """The tenant predicate on the table `alias` names where the statement is run for one
+    `tenant` (bound as %(tenant)s, not written into the SQL), else (None) nothing."""
+    return sql.SQL("") if tenant is None else TENANT.format(alias=sql.SQL(alias))
+
 
 # relaxed_order iterative scans keep reading the index until enough rows pass the filters
 # (the collection restriction is a filter too). Their rows may come slightly out of order, so
@@ -25,8 +45,9 @@ NEAREST = sql.SQL("""
 nearest AS MATERIALIZED (
     SELECT e.chunk_id, c.document_id, {distance} AS distance
     FROM chunk_embeddings e
-    JOIN chunks c ON c.id = e.chunk_id {document_join}
-    WHERE e.model_id = {model_id} AND c.collection_id = ANY(%(collections)s::uuid[]) {filter}
+    JOIN chunks c ON c.id = e.chunk_id AND c.tenant_id = e.tenant_id {document_join}
+    WHERE e.model_id = {model_id} AND c.collection_id = ANY(%(collections)s::uuid[]) {tenant}
+          {filter}
     ORDER BY distance
     LIMIT {limit}
 )""")
@@ -45,8 +66,9 @@ NEAREST_BINARY = sql.SQL("""
 coarse AS MATERIALIZED (
     SELECT e.chunk_id, c.document_id, e.embedding
     FROM chunk_embeddings e
-    JOIN chunks c ON c.id = e.chunk_id {document_join}
-    WHERE e.model_id = {model_id} AND c.collection_id = ANY(%(collections)s::uuid[]) {filter}
+    JOIN chunks c ON c.id = e.chunk_id AND c.tenant_id = e.tenant_id {document_join}
+    WHERE e.model_id = {model_id} AND c.collection_id = ANY(%(collections)s::uuid[]) {tenant}
+          {filter}
     ORDER BY binary_quantize(e.embedding::vector({dim}))::bit({dim})
              <~> binary_quantize(%(vector)s::vector({dim}))::bit({dim})
     LIMIT {candidates}
@@ -102,7 +124,7 @@ bm25 AS MATERIALIZED (
 BM25_RANKED = sql.SQL("""
 ranked AS (
     SELECT c.id AS chunk_id, c.document_id, b.score
-    FROM bm25 b JOIN chunks c ON c.seq = b.seq {filter_join}
+    FROM bm25 b JOIN chunks c ON c.seq = b.seq {tenant} {filter_join}
     ORDER BY b.score DESC, c.id
     LIMIT {limit}
 )""")
@@ -120,7 +142,7 @@ bm25 AS MATERIALIZED (
 ),
 ranked AS (
     SELECT c.id AS chunk_id, c.document_id, b.score
-    FROM bm25 b JOIN chunks c ON c.seq = b.seq
+    FROM bm25 b JOIN chunks c ON c.seq = b.seq {tenant}
     ORDER BY b.score DESC, c.id
     LIMIT {limit}
 )""")
@@ -160,7 +182,7 @@ feedback AS (
 chunk_terms AS (
     SELECT f.chunk_id, f.p_chunk, t.lexeme,
            coalesce(array_length(t.positions, 1), 1)::float8 AS tf
-    FROM feedback f JOIN chunks c ON c.id = f.chunk_id
+    FROM feedback f JOIN chunks c ON c.id = f.chunk_id {tenant}
     CROSS JOIN LATERAL unnest(to_tsvector('english'::regconfig, c.text)) AS t
 )""")
 FEEDBACK_TERMS = sql.SQL("""
@@ -178,7 +200,8 @@ BM25_VISIBLE = sql.SQL("""
 ranked AS (
     SELECT c.id AS chunk_id, c.document_id, b.score
     FROM (SELECT seq, score FROM bm25 ORDER BY score DESC, seq) AS b
-    CROSS JOIN LATERAL (SELECT c.id, c.document_id FROM chunks c WHERE c.seq = b.seq) AS c
+    CROSS JOIN LATERAL (SELECT c.id, c.document_id FROM chunks c
+                        WHERE c.seq = b.seq {tenant}) AS c
     LIMIT {limit}
 )""")
 
@@ -209,9 +232,9 @@ SELECT r.chunk_id, r.score, c.text, c.ordinal, c.start_char, c.end_char, c.metad
        c.collection_id, col.name, d.id, d.external_id, d.title, d.metadata, d.version,
        col.flagged_chunks, c.page_start, c.page_end
 FROM ranked r
-JOIN chunks c ON c.id = r.chunk_id
-JOIN documents d ON d.id = c.document_id
-JOIN collections col ON col.id = c.collection_id
+JOIN chunks c ON c.id = r.chunk_id {tenant}
+JOIN documents d ON d.id = c.document_id AND d.tenant_id = c.tenant_id
+JOIN collections col ON col.id = c.collection_id AND col.tenant_id = c.tenant_id
 WHERE NOT (col.flagged_chunks = 'drop' AND c.metadata ? 'injection')
 ORDER BY r.score DESC, r.chunk_id""")
 
@@ -219,7 +242,7 @@ TEXT_CANDIDATES = sql.SQL(
     "SELECT chunk_id, document_id, score FROM ranked ORDER BY score DESC, chunk_id"
 )
 
-JOIN_DOCUMENTS = sql.SQL("JOIN documents d ON d.id = c.document_id")
+JOIN_DOCUMENTS = sql.SQL("JOIN documents d ON d.id = c.document_id AND d.tenant_id = c.tenant_id")
 
 # Chunks within `distance` ordinals of the given ones, in the same documents (for continuity in
 # an assembled context); the given chunks themselves are left out. Score 0: not retrieved.
@@ -227,15 +250,30 @@ NEIGHBOURS = sql.SQL("""
 WITH ranked AS (
     SELECT DISTINCT n.id AS chunk_id, 0.0::float8 AS score
     FROM chunks h
-    JOIN chunks n ON n.document_id = h.document_id
+    JOIN chunks n ON n.document_id = h.document_id AND n.tenant_id = h.tenant_id
                  AND n.ordinal BETWEEN h.ordinal - %(distance)s AND h.ordinal + %(distance)s
-    WHERE h.id = ANY(%(ids)s::uuid[]) AND n.id <> ALL(%(ids)s::uuid[])
+    WHERE h.id = ANY(%(ids)s::uuid[]) AND n.id <> ALL(%(ids)s::uuid[]) {tenant}
 )
 """)
 
 
 def with_ctes(*ctes: sql.Composable, select: sql.Composable) -> sql.Composed:
     return sql.SQL("WITH {ctes}\n{select}").format(ctes=sql.SQL(",").join(ctes), select=select)
+
+
+def hits(tenant: uuid.UUID | None) -> sql.Composed:
+    """`HITS`, restricted to the `tenant` it is run for (None: across all tenants)."""
+    return HITS.format(tenant=tenant_and("c", tenant))
+
+
+def neighbours(tenant: uuid.UUID | None) -> sql.Composed:
+    """`NEIGHBOURS`, restricted to the `tenant` it is run for (None: across all tenants)."""
+    return NEIGHBOURS.format(tenant=tenant_and("h", tenant))
+
+
+def feedback(tenant: uuid.UUID | None) -> sql.Composed:
+    """`FEEDBACK`, restricted to the `tenant` it is run for (None: across all tenants)."""
+    return FEEDBACK.format(tenant=tenant_and("c", tenant))
 
 
 def filter_and(filters: CompiledFilter | None) -> sql.Composable:
@@ -260,13 +298,15 @@ def bm25(
     weighted: bool = False,
     exact: bool = False,
     restricted: bool = False,
+    tenant: uuid.UUID | None = None,
 ) -> sql.Composed:
     """BM25's CTEs down to `ranked` (the best `limit` chunks): over the query's lexemes, or
     `weighted` over %(terms)s with their %(weights)s (an expanded query). `exact` (the database
     has the extension) makes an unfiltered search exact with block-max pruning. `restricted`:
     the asker may not read every chunk, so the best `limit` are those it may read: the scored
     chunks (the exact function's top %(depth)s where `exact`, else the budgeted scores; never
-    the score cut) are looked up best first until `limit` visible ones."""
+    the score cut) are looked up best first until `limit` visible ones. `tenant`: the one the
+    statement is run for (None: across all tenants)."""
     terms = WEIGHTED_LEXEMES if weighted else QUERY_LEXEMES
     scores = BM25_SCORES.format(
         terms=terms,
@@ -279,14 +319,18 @@ def bm25(
                 terms=terms,
                 weights=sql.SQL("%(weights)s::float8[]") if weighted else sql.SQL("NULL"),
             )
-        return sql.SQL("{},{}").format(scores, BM25_VISIBLE.format(limit=sql.Literal(limit)))
+        visible = BM25_VISIBLE.format(limit=sql.Literal(limit), tenant=tenant_and("c", tenant))
+        return sql.SQL("{},{}").format(scores, visible)
     if exact and filters is None:
         return BM25_EXACT.format(
             terms=terms,
             weights=sql.SQL("%(weights)s::float8[]") if weighted else sql.SQL("NULL"),
             limit=sql.Literal(limit),
+            tenant=tenant_and("c", tenant),
         )
     ranked = BM25_RANKED.format(
-        filter_join=bm25_filter_join(filters, limit), limit=sql.Literal(limit)
+        filter_join=bm25_filter_join(filters, limit),
+        limit=sql.Literal(limit),
+        tenant=tenant_and("c", tenant),
     )
     return sql.SQL("{},{}").format(scores, ranked)

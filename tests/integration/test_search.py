@@ -8,6 +8,7 @@ that change documents get a database of their own.
 from __future__ import annotations
 
 import math
+import re
 import uuid
 from collections import Counter
 from collections.abc import Iterator, Sequence
@@ -488,6 +489,49 @@ def test_no_collections_means_no_hits(corpus: Corpus) -> None:
     assert corpus.search("aspirin", []).hits == []
 
 
+ONE_TENANT_SEARCHES: dict[str, dict[str, Any]] = {
+    "dense": {"mode": Mode.DENSE},
+    "dense filtered": {"mode": Mode.DENSE, "filters": {"source": "pubmed"}},
+    "fulltext exact": {"mode": Mode.FULLTEXT},
+    "fulltext sql": {"mode": Mode.FULLTEXT, "bm25_exact": False},
+    "fulltext filtered": {"mode": Mode.FULLTEXT, "filters": {"year": {"$gte": 2018}}},
+    "fulltext feedback": {"mode": Mode.FULLTEXT, "prf": True, "prf_docs": 2},
+    "hybrid": {"mode": Mode.HYBRID},
+    "hybrid chunk filter": {"mode": Mode.HYBRID, "filters": {"chunk.headings": {"$exists": False}}},
+    "hybrid documents": {"mode": Mode.HYBRID, "group_documents": True, "prf": True},
+}
+
+
+@pytest.mark.parametrize("readers", [None, frozenset()], ids=["every document", "restricted"])
+@pytest.mark.parametrize("options", ONE_TENANT_SEARCHES.values(), ids=ONE_TENANT_SEARCHES)
+def test_one_tenants_search_finds_what_a_search_across_tenants_finds(
+    corpus: Corpus, options: dict[str, Any], readers: frozenset[str] | None
+) -> None:
+    """Run for one tenant, the statements name it (`tenant_id = %(tenant)s`, the joins on
+    tenant_id): the same hits, in the same order and with the same scores, as across tenants
+    (no document of the corpus is restricted); another tenant's collection finds nothing."""
+    query = "risk of heart attacks and lower cholesterol"
+    across = corpus.search(query, k=8, **options)
+    with tenancy.as_tenant(corpus.runtime.default_tenant_id, readers):
+        mine = corpus.search(query, k=8, **options)
+        theirs = corpus.search(query, [corpus.other], k=8, **options)
+    assert across.hits
+    assert [(h.chunk_id, h.score) for h in mine.hits] == [
+        (h.chunk_id, h.score) for h in across.hits
+    ]
+    assert theirs.hits == []
+
+
+def test_neighbours_for_one_tenant(corpus: Corpus) -> None:
+    """The neighbouring chunks' statement names the tenant too: the same chunks either way."""
+    [guide] = corpus.search("install", mode=Mode.FULLTEXT, k=1).hits
+    across = corpus.searcher.neighbours([guide], 1)
+    with tenancy.as_tenant(corpus.runtime.default_tenant_id):
+        mine = corpus.searcher.neighbours([guide], 1)
+    assert {h.ordinal for h in across} == {guide.ordinal - 1, guide.ordinal + 1} - {-1}
+    assert [h.chunk_id for h in mine] == [h.chunk_id for h in across]
+
+
 # -- HNSW ------------------------------------------------------------------------------------
 
 
@@ -517,6 +561,80 @@ def test_dense_side_uses_the_models_hnsw_index(corpus: Corpus, mode: Mode) -> No
     assert f"Index Scan using chunk_embeddings_hnsw_model_{corpus.bulk_model}" in plan
     assert result.hits[0].external_id == "bulk-3"
     assert len(result.hits) == 10
+
+
+TENANT_OWNED = ("chunks", "chunk_embeddings", "documents", "collections")
+_SCAN = re.compile(r"(?:Seq Scan|Index Scan|Index Only Scan|Bitmap Heap Scan).* on (\w+) (\w+)")
+
+
+def unrestricted_scans(plan: str, tenant: uuid.UUID) -> list[str]:
+    """The plan's scans of tenant-owned tables whose conditions do not hold the tenant as a
+    constant: what Citus could not route to the tenant's shards. The statements name every
+    table they read; an unnamed one (`collections_1`) is the row-level security policy of the
+    BM25 postings and statistics looking up their collection (migrations 0007, 0014)."""
+    lines = plan.splitlines()
+    found = []
+    for i, line in enumerate(lines):
+        scan = _SCAN.search(line)
+        if scan is None or scan.group(1) not in TENANT_OWNED:
+            continue
+        if re.fullmatch(rf"{scan.group(1)}(_\d+)?", scan.group(2)):
+            continue
+        conditions = []
+        for following in lines[i + 1 :]:
+            if "->" in following or not following.strip().startswith(
+                ("Filter:", "Index Cond:", "Recheck Cond:", "Order By:")
+            ):
+                break
+            conditions.append(following)
+        if f"tenant_id = '{tenant}'::uuid" not in " ".join(conditions):
+            found.append(line.strip())
+    return found
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"mode": Mode.DENSE},
+        {"mode": Mode.HYBRID},
+        {"mode": Mode.DENSE, "filters": {"group": {"$nin": [1, 2]}}},
+        {"mode": Mode.DENSE, "filters": {"chunk.none": {"$exists": False}}},
+    ],
+    ids=["dense", "hybrid", "document filter", "chunk filter"],
+)
+def test_one_tenants_dense_search_keeps_the_hnsw_index(
+    corpus: Corpus, options: dict[str, Any]
+) -> None:
+    """For one tenant, the tenant is a filter on the chunks joined to the HNSW index scan (and
+    reaches the embeddings through the join on tenant_id): the index is still read, and every
+    scan of a tenant-owned table holds the tenant, as a router query needs."""
+    tenant = corpus.runtime.default_tenant_id
+    across, across_plan = bulk_search(corpus, 3, k=10, **options)
+    with tenancy.as_tenant(tenant):
+        result, plan = bulk_search(corpus, 3, k=10, **options)
+    index = f"Index Scan using chunk_embeddings_hnsw_model_{corpus.bulk_model}"
+    assert index in across_plan and index in plan
+    assert f"tenant_id = '{tenant}'::uuid" not in across_plan
+    assert unrestricted_scans(plan, tenant) == []
+    assert [h.chunk_id for h in result.hits] == [h.chunk_id for h in across.hits]
+    assert result.hits[0].external_id == "bulk-3"
+
+
+@pytest.mark.parametrize("exact", [True, False], ids=["exact", "sql"])
+def test_one_tenants_full_text_plan_holds_the_tenant(corpus: Corpus, exact: bool) -> None:
+    """The full-text statements' scans of chunks, documents and collections hold the tenant
+    (the postings and their statistics are read by collection: they have no tenant_id yet)."""
+    tenant = corpus.runtime.default_tenant_id
+    args: dict[str, Any] = {"collection_ids": [corpus.papers], "query": "heart risk"}
+    with tenancy.as_tenant(tenant):
+        for options in (
+            SearchOptions(mode=Mode.FULLTEXT, bm25_exact=exact),
+            SearchOptions(mode=Mode.HYBRID, bm25_exact=exact),
+            SearchOptions(mode=Mode.FULLTEXT, filters=parse_and_compile({"year": 2020})),
+        ):
+            plan = corpus.searcher.explain(**args, options=options)
+            assert _SCAN.search(plan)  # the pattern reads this plan
+            assert unrestricted_scans(plan, tenant) == []
 
 
 def test_selective_filter_still_returns_k(corpus: Corpus) -> None:
