@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -31,9 +32,28 @@ def insert_rows(
         )
     )
     copy_rows(conn, f"copy_{table}", columns, types, rows)
+    # On Citus a plain INSERT ... SELECT becomes a COPY into the shards, which their policies
+    # refuse the same way; with RETURNING the rows go through an intermediate result and an
+    # INSERT on each worker instead.
+    returning = sql.SQL(" RETURNING 1" if on_citus(conn) else "")
     conn.execute(
-        sql.SQL("INSERT INTO {} ({}) SELECT {} FROM {}").format(target, names, names, staging)
+        sql.SQL("INSERT INTO {} ({}) SELECT {} FROM {}{}").format(
+            target, names, names, staging, returning
+        )
     )
+
+
+_CITUS: weakref.WeakKeyDictionary[psycopg.Connection[Any], bool] = weakref.WeakKeyDictionary()
+
+
+def on_citus(conn: psycopg.Connection[Any]) -> bool:
+    """Whether `conn`'s database is a Citus coordinator (asked once per connection)."""
+    known = _CITUS.get(conn)
+    if known is None:
+        row = conn.execute("SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus')")
+        known = bool(row.fetchone()[0])  # type: ignore[index]
+        _CITUS[conn] = known
+    return known
 
 
 def copy_rows(

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 import psycopg
+from psycopg import sql
 from sqlalchemy import delete, func, select
 from sqlalchemy import text as sql_text
 from sqlalchemy.orm import Session
@@ -54,10 +55,13 @@ _CHUNK_TYPES = (
     "text[]",
 )
 
+# Who writes is written into the statement as literals: a Citus coordinator runs an INSERT ...
+# SELECT by sending the conflict clause on to the workers, where its parameters have no type.
 _UPSERT_DOCUMENTS = """
 INSERT INTO documents AS d (tenant_id, collection_id, external_id, title, source, metadata,
                             content_hash, chunk_count, char_count, readers)
-SELECT %(tenant_id)s, %(collection_id)s, u.external_id, u.title, u.source, u.metadata::jsonb,
+SELECT %(tenant_id)s::uuid, %(collection_id)s::uuid, u.external_id, u.title, u.source,
+       u.metadata::jsonb,
        u.content_hash, u.chunk_count, u.char_count,
        string_to_array(nullif(u.readers, ''), ',')
 FROM unnest(%(external_ids)s::text[], %(titles)s::text[], %(sources)s::text[],
@@ -68,10 +72,10 @@ ON CONFLICT (collection_id, external_id, tenant_id) DO UPDATE
 SET title = EXCLUDED.title, source = EXCLUDED.source, metadata = EXCLUDED.metadata,
     content_hash = EXCLUDED.content_hash, chunk_count = EXCLUDED.chunk_count,
     char_count = EXCLUDED.char_count, readers = EXCLUDED.readers, version = d.version + 1,
-    updated_at = now()
+    updated_at = EXCLUDED.updated_at
 WHERE d.content_hash IS DISTINCT FROM EXCLUDED.content_hash
-  AND (%(writes_all)s OR d.readers IS NULL OR cardinality(d.readers) = 0
-       OR d.readers && %(writes_as)s::text[])
+  AND ({writes_all} OR d.readers IS NULL OR cardinality(d.readers) = 0
+       OR d.readers && {writes_as}::text[])
 RETURNING d.id, d.external_id, d.version, d.readers
 """
 
@@ -214,8 +218,6 @@ def _upsert_documents(
     writes_as: frozenset[str] | None,
 ) -> list[WrittenDocument]:
     params = {
-        "writes_all": writes_as is None,
-        "writes_as": sorted(writes_as or ()),
         "tenant_id": tenant_id,
         "collection_id": collection_id,
         "external_ids": [d.external_id for d in documents],
@@ -227,7 +229,11 @@ def _upsert_documents(
         "char_counts": [d.char_count for d in documents],
         "readers": [",".join(d.readers or ()) for d in documents],
     }
-    rows = conn.execute(_UPSERT_DOCUMENTS, params).fetchall()
+    statement = sql.SQL(_UPSERT_DOCUMENTS).format(
+        writes_all=sql.Literal(writes_as is None),
+        writes_as=sql.Literal(sorted(writes_as or ())),
+    )
+    rows = conn.execute(statement, params).fetchall()
     return [
         WrittenDocument(id=row[0], external_id=row[1], version=row[2], readers=row[3])
         for row in rows

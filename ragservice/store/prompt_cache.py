@@ -87,7 +87,7 @@ RETURNING id
 """
 
 _CACHE_REPLACE = """UPDATE SET prompt = EXCLUDED.prompt, embedding = EXCLUDED.embedding,
-    answer = EXCLUDED.answer, response = EXCLUDED.response, created_at = now(),
+    answer = EXCLUDED.answer, response = EXCLUDED.response, created_at = EXCLUDED.created_at,
     source_documents = EXCLUDED.source_documents,
     expires_at = EXCLUDED.expires_at, hits = 0, last_hit_at = NULL"""
 

@@ -136,6 +136,10 @@ def collection_name(session: Session, collection_id: uuid.UUID) -> str | None:
 def delete_source(session: Session, source_id: uuid.UUID) -> bool:
     """Delete a source with what it knew of its documents; its jobs stay, naming none. The
     documents stay too unless the caller deletes them first (`delete_source_documents`)."""
+    # On a distributed store no foreign key sets this (the jobs stay on the coordinator).
+    session.execute(
+        update(IngestJob).where(IngestJob.source_id == source_id).values(source_id=None)
+    )
     stmt = delete(Source).where(Source.id == source_id).returning(Source.id)
     return session.scalar(stmt) is not None
 
@@ -173,7 +177,7 @@ def save_items(
     stmt = pg_insert(SourceItem).values(rows)
     stmt = stmt.on_conflict_do_update(
         index_elements=[SourceItem.source_id, SourceItem.key, SourceItem.tenant_id],
-        set_={"state": stmt.excluded.state, "seen_at": func.now()},
+        set_={"state": stmt.excluded.state, "seen_at": stmt.excluded.seen_at},
     )
     session.execute(stmt)
 
@@ -340,18 +344,26 @@ def last_runs(session: Session, source_ids: Sequence[uuid.UUID]) -> dict[uuid.UU
     return {job.source_id: job for job in session.scalars(stmt) if job.source_id is not None}
 
 
-_QUEUE_DUE = text(
+# Two statements, not one with a modifying CTE: on a distributed store the sources are spread
+# over the workers and the job queue stays on the coordinator. The next run is the transaction's
+# time plus the interval, from the time read first (Citus evaluates no stable function of a
+# column in an UPDATE).
+_NOW = text("SELECT extract(epoch FROM now())::float8")
+_MOVE_DUE = text(
     """
-    WITH due AS (
-        UPDATE sources
-        SET next_run_at = now() + make_interval(secs => every_seconds)
-        WHERE next_run_at <= now() AND every_seconds IS NOT NULL
-        RETURNING id, tenant_id, collection_id, readers
-    )
+    UPDATE sources
+    SET next_run_at = to_timestamp(:now + every_seconds)
+    WHERE next_run_at <= now() AND every_seconds IS NOT NULL
+    RETURNING id, tenant_id, collection_id, coalesce(cardinality(readers), 0) > 0
+    """
+)
+_QUEUE_RUNS = text(
+    """
     INSERT INTO ingest_jobs (tenant_id, collection_id, source_id, kind, status, params, restricted)
-    SELECT tenant_id, collection_id, id, :kind, 'queued',
-           jsonb_build_object('source_id', id::text), coalesce(cardinality(readers), 0) > 0
-    FROM due
+    SELECT u.tenant_id, u.collection_id, u.id, :kind, 'queued',
+           jsonb_build_object('source_id', u.id::text), u.restricted
+    FROM unnest(CAST(:ids AS uuid[]), CAST(:tenants AS uuid[]), CAST(:collections AS uuid[]),
+                CAST(:restricted AS boolean[])) AS u(id, tenant_id, collection_id, restricted)
     ON CONFLICT (source_id, tenant_id) WHERE status IN ('queued', 'running') DO NOTHING
     RETURNING id
     """
@@ -364,5 +376,19 @@ def queue_due_runs(session: Session) -> list[uuid.UUID]:
     running gets none this time. Returns the jobs queued. Schedulers of several processes may
     run at once: the update's row locks give each due source to one of them."""
     fail_abandoned_cli_runs(session)
-    rows = session.execute(_QUEUE_DUE, {"kind": SOURCE_JOB_KIND})
+    now = session.scalar(_NOW)
+    due = session.execute(_MOVE_DUE, {"now": now}).all()
+    if not due:
+        return []
+    ids, tenants, collections, restricted = (list(column) for column in zip(*due, strict=True))
+    rows = session.execute(
+        _QUEUE_RUNS,
+        {
+            "kind": SOURCE_JOB_KIND,
+            "ids": ids,
+            "tenants": tenants,
+            "collections": collections,
+            "restricted": restricted,
+        },
+    )
     return [row[0] for row in rows]
