@@ -165,6 +165,8 @@ class Searcher:
         # None: exact BM25 where the database has the extension (asked at the first search);
         # False: the SQL statement with its per-term budget always.
         self._has_exact_bm25 = exact_bm25
+        # A Citus coordinator (asked with the extension): exact full text reads every posting.
+        self._distributed = False
         self._models = models or _fixed(embed_query, model_id, dimension)
         # Full-text candidates of hybrid searches run here, overlapping the query's embedding.
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="search")
@@ -434,9 +436,10 @@ class Searcher:
         with self._db.read() as session:
             conn = driver_connection(session)
             if statement.ef_search is not None:
-                # set_config(..., true) is SET LOCAL: it ends with the read transaction.
+                # SET LOCAL: it ends with the read transaction.
                 conn.execute(
-                    statements.SET_DENSE, {"ef_search": str(statement.ef_search)}, prepare=False
+                    statements.SET_DENSE.format(ef_search=sql.Literal(int(statement.ef_search))),
+                    prepare=False,
                 )
             rows = conn.execute(statement.query, statement.params, prepare=False).fetchall()
             if statement.wanted:
@@ -454,11 +457,22 @@ class Searcher:
     def _exact_bm25(self) -> bool:
         """Whether the database has the exact BM25 extension (asked once)."""
         if self._has_exact_bm25 is None:
-            self._has_exact_bm25 = bool(self._run(_Statement(statements.HAS_EXACT_BM25, {}))[0][0])
+            extension, citus = self._run(_Statement(statements.HAS_EXACT_BM25, {}))[0]
+            self._distributed = bool(citus)
+            self._has_exact_bm25 = bool(extension) and not self._distributed
         return self._has_exact_bm25
 
-    @staticmethod
+    def _budget(self, options: SearchOptions) -> int:
+        """Postings read per term by the SQL statement: all of them where an unfiltered search
+        must be exact and the extension cannot run (a distributed store), so that it scores as
+        the extension would; else the option's budget."""
+        self._exact_bm25()
+        if options.bm25_exact and options.filters is None and self._distributed:
+            return EVERY_POSTING
+        return options.bm25_postings_per_term
+
     def _params(
+        self,
         collections: list[uuid.UUID],
         options: SearchOptions,
         tenant: uuid.UUID | None,
@@ -474,11 +488,15 @@ class Searcher:
                 "query": query,
                 "k1": options.bm25_k1,
                 "b": options.bm25_b,
-                "budget": options.bm25_postings_per_term,
+                "budget": self._budget(options),
             }
         if options.filters is not None:
             params |= options.filters.params
         return params
+
+
+EVERY_POSTING = 2**31 - 1
+"""The SQL statement's per-term budget that reads every posting (exact BM25)."""
 
 
 @dataclass(frozen=True, slots=True)

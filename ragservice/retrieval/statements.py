@@ -13,7 +13,7 @@ rows only in any case; named in the statement, the tenant lets a store distribut
 (Citus) run a search as one task on the worker that holds the tenant's shards (a router query),
 and Citus joins distributed tables only on their distribution column. Across all tenants there
 is no tenant predicate: the joins on tenant_id stay. The BM25 statistics and postings
-(`collection_text_stats`, `chunk_postings`) have no tenant_id yet and are read by collection.
+(`collection_text_stats`, `chunk_postings`) are read by collection and tenant alike.
 """
 
 from __future__ import annotations
@@ -35,10 +35,10 @@ def tenant_and(alias: str, tenant: uuid.UUID | None) -> sql.Composable:
 
 # relaxed_order iterative scans keep reading the index until enough rows pass the filters
 # (the collection restriction is a filter too). Their rows may come slightly out of order, so
-# the candidates are materialized and sorted again outside, as the pgvector docs advise.
+# the candidates are materialized and sorted again outside, as the pgvector docs advise. SET
+# LOCAL, which a Citus coordinator passes on to the workers that run the index scans.
 SET_DENSE = sql.SQL(
-    "SELECT set_config('hnsw.ef_search', %(ef_search)s, true), "
-    "set_config('hnsw.iterative_scan', 'relaxed_order', true)"
+    "SET LOCAL hnsw.ef_search = {ef_search}; SET LOCAL hnsw.iterative_scan = relaxed_order"
 )
 
 NEAREST = sql.SQL("""
@@ -90,17 +90,18 @@ nearest AS MATERIALIZED (
 # to `chunks` for their ids (ties at the cut all come along, so the order by id stays exact).
 BM25_SCORES = sql.SQL("""
 stats AS (
-    SELECT sum(chunk_count)::float8 AS n,
-           sum(token_count)::float8 / greatest(sum(chunk_count), 1) AS avgdl
-    FROM collection_text_stats WHERE collection_id = ANY(%(collections)s::uuid[])
+    SELECT sum(st.chunk_count)::float8 AS n,
+           sum(st.token_count)::float8 / greatest(sum(st.chunk_count), 1) AS avgdl
+    FROM collection_text_stats st
+    WHERE st.collection_id = ANY(%(collections)s::uuid[]) {stats_tenant}
 ),
 blocks AS MATERIALIZED (
-    SELECT p.collection_id, p.lexeme, p.tier, p.first_seq,
+    SELECT p.collection_id, p.lexeme, p.tier, p.first_seq, p.tenant_id,
            sum(p.n) OVER (PARTITION BY p.lexeme) AS df,
            sum(p.n) OVER (PARTITION BY p.lexeme ORDER BY p.tier DESC, p.collection_id, p.first_seq
                           ROWS UNBOUNDED PRECEDING) - p.n AS before
     FROM chunk_postings p
-    WHERE p.collection_id = ANY(%(collections)s::uuid[])
+    WHERE p.collection_id = ANY(%(collections)s::uuid[]) {postings_tenant}
       AND p.lexeme = ANY({terms})
 ),
 idf AS (
@@ -110,9 +111,9 @@ idf AS (
 postings AS (
     SELECT b.lexeme, u.seq, u.tf, u.len
     FROM blocks b
-    JOIN chunk_postings p USING (collection_id, lexeme, tier, first_seq)
+    JOIN chunk_postings p USING (collection_id, lexeme, tier, first_seq, tenant_id)
     CROSS JOIN LATERAL unnest(p.seqs, p.tfs, p.lengths) AS u(seq, tf, len)
-    WHERE b.before < %(budget)s
+    WHERE b.before < %(budget)s {postings_tenant}
 ),
 bm25 AS MATERIALIZED (
     SELECT p.seq,
@@ -157,9 +158,17 @@ bm25 AS MATERIALIZED (
                               %(k1)s, %(b)s) AS t
 )""")
 
-# Whether this database has the extension (an external server may not: the SQL above is used).
+# Whether this database has the extension (an external server may not: the SQL above is used),
+# and whether it is a Citus coordinator: there the function cannot read the postings (they are
+# on the workers, and a query on a shard may not start a distributed one), so full text is the
+# SQL above, run on the tenant's shards, every posting read when it must be exact.
 HAS_EXACT_BM25 = sql.Composed(
-    [sql.SQL("SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'ragservice_bm25')")]
+    [
+        sql.SQL(
+            "SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'ragservice_bm25'), "
+            "EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus')"
+        )
+    ]
 )
 
 # The query's lexemes, each weighing 1 (BM25's OR over the query's words)...
@@ -309,6 +318,8 @@ def bm25(
     statement is run for (None: across all tenants)."""
     terms = WEIGHTED_LEXEMES if weighted else QUERY_LEXEMES
     scores = BM25_SCORES.format(
+        stats_tenant=tenant_and("st", tenant),
+        postings_tenant=tenant_and("p", tenant),
         terms=terms,
         weight=sql.SQL("w.weight * ") if weighted else sql.SQL(""),
         weight_join=WEIGHT_JOIN if weighted else sql.SQL(""),

@@ -80,12 +80,12 @@ def index_bytes(session: Session, model_id: int) -> int:
 
 def set_build_resources(session: Session, *, memory_mb: int, workers: int) -> None:
     """This transaction's maintenance_work_mem and parallel maintenance workers (SET LOCAL)."""
+    # SET LOCAL (not set_config): on Citus the workers that build the shards' indexes get it.
     session.execute(
         text(
-            "SELECT set_config('maintenance_work_mem', :mem, true), "
-            "set_config('max_parallel_maintenance_workers', :workers, true)"
-        ),
-        {"mem": f"{int(memory_mb)}MB", "workers": str(int(workers))},
+            f"SET LOCAL maintenance_work_mem = '{int(memory_mb)}MB'; "
+            f"SET LOCAL max_parallel_maintenance_workers = {int(workers)}"
+        )
     )
 
 

@@ -33,7 +33,8 @@ class PackResult:
 def append_postings(session: Session) -> None:
     """Until the transaction ends, chunk inserts append their postings blocks (no merge into
     open blocks, no per-collection lock): for large batches, packed afterwards."""
-    session.execute(text("SELECT set_config('ragservice.postings_append', 'on', true)"))
+    # SET LOCAL: on Citus the triggers that read it run on the workers, which get it so.
+    session.execute(text("SET LOCAL ragservice.postings_append = on"))
 
 
 def pack_postings(session: Session, collection_id: uuid.UUID | None) -> PackResult:

@@ -131,7 +131,7 @@ def cache_nearest(
     """The closest unexpired entries of the scope at or above `threshold`, closest first."""
     conn = driver_connection(session)
     # The scope filter is selective: iterative scans keep reading the index until rows pass.
-    conn.execute("SELECT set_config('hnsw.iterative_scan', 'relaxed_order', true)")
+    conn.execute("SET LOCAL hnsw.iterative_scan = relaxed_order")
     query = _with_served(_CACHE_NEAREST, dim=int(dimension), model_id=int(model_id))
     params = {
         "vector": vector,

@@ -19,12 +19,12 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.exc import DBAPIError
 
 from ragservice import store
-from ragservice.db import migrate, tenancy
+from ragservice.db import tenancy
 from ragservice.retrieval import statements
 from ragservice.retrieval.search import Mode, Searcher, SearchOptions
 from ragservice.runtime import Runtime
 from ragservice.services.search import open_searcher
-from tests.integration.test_postings import _downgrade, document_of, write
+from tests.integration.test_postings import document_of, write
 
 # A Zipf vocabulary: the first words are in most chunks (very frequent terms, low idf), the
 # last in a handful.
@@ -335,9 +335,9 @@ def test_the_searcher_uses_it_for_unfiltered_full_text(
 def test_without_the_extension_full_text_falls_back_to_the_sql_statement(
     runtime: Runtime, frequent: tuple[uuid.UUID, Reference], database_url: str
 ) -> None:
-    """A database without the extension (migration 0023 down, as on a server without its
-    files): the searcher notices and ranks by the budgeted SQL statement; the upgrade puts the
-    extension back and the search is exact again."""
+    """A database without the extension (dropped, as migration 0023's downgrade does, as on a
+    server without its files): the searcher notices and ranks by the budgeted SQL statement;
+    made again, the extension gives exact search back."""
     collection, _ = frequent
     options = SearchOptions(mode=Mode.FULLTEXT, k=10, bm25_postings_per_term=10**6)
 
@@ -354,13 +354,15 @@ def test_without_the_extension_full_text_falls_back_to_the_sql_statement(
     exact = search()
     engine = create_engine(database_url)
     try:
-        _downgrade(engine, "0022")
+        with engine.begin() as conn:
+            conn.execute(text("DROP EXTENSION ragservice_bm25"))
         runtime.db.dispose()
         assert not installed()
         fallback = search()  # an unlimited budget: every posting, the same ranking
         assert [c for c, _ in fallback] == [c for c, _ in exact]
         assert [s for _, s in fallback] == pytest.approx([s for _, s in exact], rel=1e-9)
-        migrate.upgrade(engine)
+        with engine.begin() as conn:
+            conn.execute(text("CREATE EXTENSION ragservice_bm25 SCHEMA public"))
     finally:
         engine.dispose()
     runtime.db.dispose()

@@ -32,10 +32,17 @@ TENANT = uuid.UUID("00000000-0000-0000-0000-0000000000aa")
 COLLECTION = uuid.UUID("00000000-0000-0000-0000-0000000000c1")
 DIMENSION = 4
 
-TENANT_TABLES = frozenset({"chunks", "chunk_embeddings", "documents", "collections"})
-"""Tables split by tenant_id whose rows a search reads. `chunk_postings` and
-`collection_text_stats` join them once they carry tenant_id (migration 0030); until then the
-BM25 statements read them by collection only."""
+TENANT_TABLES = frozenset(
+    {
+        "chunks",
+        "chunk_embeddings",
+        "documents",
+        "collections",
+        "chunk_postings",
+        "collection_text_stats",
+    }
+)
+"""Tables split by tenant_id whose rows a search reads."""
 
 FILTERS: dict[str, object] = {
     "no filter": None,
