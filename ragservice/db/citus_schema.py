@@ -362,3 +362,60 @@ def rewrite_readers_policies(conn: psycopg.Connection[Any], plan: DistributionPl
         )
         changed.append(table)
     return changed
+
+
+# --- restrictive policies ------------------------------------------------------------------
+#
+# Citus copies a distributed table's policies to its shards as permissive ones, whatever they
+# were (checked: `document_readers`, AS RESTRICTIVE on the coordinator, is permissive on every
+# shard), and it is the shards' policies that hold: a restrictive policy would then widen what
+# the permissive one shows instead of narrowing it. On Citus each table's restrictive policies
+# are folded into its one permissive policy: USING (permissive AND restrictive ...), WITH CHECK
+# as it was.
+
+_POLICY_KINDS = """
+SELECT p.polname, p.polpermissive, p.polcmd, pg_get_expr(p.polqual, p.polrelid),
+       pg_get_expr(p.polwithcheck, p.polrelid)
+FROM pg_policy p WHERE p.polrelid = %s::regclass ORDER BY p.polpermissive DESC, p.polname"""
+
+
+class UnfoldablePoliciesError(ValueError):
+    """A table's policies are not one permissive policy for all commands plus restrictive
+    ones that check nothing on write."""
+
+
+def fold_restrictive_policies(conn: psycopg.Connection[Any], plan: DistributionPlan) -> list[str]:
+    """Fold every restrictive policy of the plan's distributed tables into the table's
+    permissive one (see above); the tables changed."""
+    changed = []
+    for table in plan.distributed:
+        name = sql.Identifier(plan.schema, table).as_string(conn)
+        rows = conn.execute(_POLICY_KINDS, (name,)).fetchall()
+        restrictive = [row for row in rows if not row[1]]
+        if not restrictive:
+            continue
+        permissive = [row for row in rows if row[1]]
+        if len(permissive) != 1 or permissive[0][2] != "*":
+            raise UnfoldablePoliciesError(f"{table}: not one permissive policy for all commands")
+        keep, _, _, using, check = permissive[0]
+        if any(row[2] != "*" or row[4] not in (None, "true") for row in restrictive):
+            raise UnfoldablePoliciesError(f"{table}: a restrictive policy checks writes")
+        folded = " AND ".join(
+            f"({expression})" for expression in [using, *(r[3] for r in restrictive)]
+        )
+        conn.execute(
+            sql.SQL("ALTER POLICY {} ON {} USING ({}) WITH CHECK ({})").format(
+                sql.Identifier(keep),
+                sql.Identifier(plan.schema, table),
+                sql.SQL(folded),
+                sql.SQL(check or using),
+            )
+        )
+        for row in restrictive:
+            conn.execute(
+                sql.SQL("DROP POLICY {} ON {}").format(
+                    sql.Identifier(row[0]), sql.Identifier(plan.schema, table)
+                )
+            )
+        changed.append(table)
+    return changed

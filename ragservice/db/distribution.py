@@ -18,6 +18,8 @@ each rule (all checked on a real cluster; see docs/scaling.md):
   no reference or coordinator table points at a distributed one;
 - a row-level security policy contains no subquery ("Subqueries are not supported in policies
   on distributed tables");
+- no policy of a distributed table is restrictive (Citus gives the shards every policy as a
+  permissive one, so a restrictive policy would widen what they show);
 - a trigger on a distributed table reads no transition table (a trigger fired on a shard cannot
   see its `REFERENCING NEW TABLE` rows from a distributed statement).
 
@@ -119,6 +121,7 @@ class BlockerKind(StrEnum):
     UNIQUE_WITHOUT_COLUMN = "unique key without the distribution column"
     FOREIGN_KEY = "foreign key"
     POLICY_SUBQUERY = "policy with a subquery"
+    RESTRICTIVE_POLICY = "restrictive policy"
     TRANSITION_TABLE_TRIGGER = "trigger reading a transition table"
 
 
@@ -217,6 +220,11 @@ WHERE c.relnamespace = %s::regnamespace AND c.relname = ANY(%s)
   AND (coalesce(p.polqual::text, '') LIKE '%%{SUBLINK%%'
        OR coalesce(p.polwithcheck::text, '') LIKE '%%{SUBLINK%%')
 ORDER BY 1, 2"""
+# Citus gives a distributed table's shards its policies as permissive ones.
+_RESTRICTIVE_POLICIES = """
+SELECT c.relname, p.polname FROM pg_policy p JOIN pg_class c ON c.oid = p.polrelid
+WHERE c.relnamespace = %s::regnamespace AND c.relname = ANY(%s) AND NOT p.polpermissive
+ORDER BY 1, 2"""
 _TRANSITION_TRIGGERS = """
 SELECT c.relname, t.tgname, pg_get_functiondef(t.tgfoid)
 FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid
@@ -280,6 +288,10 @@ def blockers(conn: psycopg.Connection[Any], plan: DistributionPlan = STORE_PLAN)
     found.extend(_foreign_key_blockers(conn, plan))
     for table, policy in conn.execute(_POLICIES_WITH_SUBQUERIES, (schema, list(plan.tables))):
         found.append(Blocker(table, BlockerKind.POLICY_SUBQUERY, policy, "use no subquery"))
+    for table, policy in conn.execute(_RESTRICTIVE_POLICIES, (schema, distributed)).fetchall():
+        found.append(
+            Blocker(table, BlockerKind.RESTRICTIVE_POLICY, policy, "Citus makes it permissive")
+        )
     triggers = conn.execute(_TRANSITION_TRIGGERS, (schema, distributed)).fetchall()
     for table, trigger, definition in triggers:
         if citus_schema.writes_shards_only(definition, plan):
@@ -412,6 +424,7 @@ def _make_ready(conn: psycopg.Connection[Any], plan: DistributionPlan) -> None:
     conn.execute("SET LOCAL citus.enable_unsafe_triggers = on")
     citus_schema.rewrite_policies(conn, plan)
     citus_schema.rewrite_readers_policies(conn, plan)
+    citus_schema.fold_restrictive_policies(conn, plan)
     citus_schema.rewrite_trigger_functions(conn, plan)
     citus_schema.allow_worker_logins(conn)
 

@@ -195,31 +195,33 @@ def collection_ids(
 
 
 def _collections_query(tenant_id: uuid.UUID) -> Select[Any]:
+    # Each subquery names the tenant too, not only the outer query: a Citus coordinator then
+    # runs the whole statement on the tenant's worker alone (docs/scaling.md).
     documents = (
         select(func.count())
-        .where(Document.collection_id == Collection.id, Document.tenant_id == Collection.tenant_id)
+        .where(Document.collection_id == Collection.id, Document.tenant_id == tenant_id)
         .scalar_subquery()
         .label("document_count")
     )
     return (
-        select(Collection, documents, _chunk_count())
+        select(Collection, documents, _chunk_count(tenant_id))
         .where(Collection.tenant_id == tenant_id)
         .order_by(Collection.name)
     )
 
 
-def _chunk_count() -> Label[int]:
+def _chunk_count(tenant_id: uuid.UUID) -> Label[int]:
     """The collection's chunks: its text statistics' total, which counts every document's
     chunks; for a transaction that may not read every document, the chunks of those it may
     read (the documents' own counts, under row-level security)."""
     if tenancy.current().restricted:
         total = select(func.coalesce(func.sum(Document.chunk_count), 0)).where(
-            Document.collection_id == Collection.id, Document.tenant_id == Collection.tenant_id
+            Document.collection_id == Collection.id, Document.tenant_id == tenant_id
         )
     else:
         total = select(func.coalesce(func.sum(CollectionTextStats.chunk_count), 0)).where(
             CollectionTextStats.collection_id == Collection.id,
-            CollectionTextStats.tenant_id == Collection.tenant_id,
+            CollectionTextStats.tenant_id == tenant_id,
         )
     return total.scalar_subquery().label("chunk_count")
 
