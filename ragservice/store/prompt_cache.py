@@ -164,33 +164,41 @@ def cache_store(
     The sources are locked against updates until this transaction ends, so an answer built from
     an old version can never be stored after the new version invalidated the cache.
     """
-    if not _sources_current(session, entry.sources):
+    if not _sources_current(session, entry.tenant_id, entry.sources):
         return None
     conn = driver_connection(session)
     # An expired entry that the purger has not reached yet is replaced like a refreshed one.
-    conflict = _CACHE_REPLACE if replace else _CACHE_REPLACE + " WHERE p.expires_at <= now()"
+    # The new row's created_at is now(), which Citus cannot evaluate in a conflict clause.
+    conflict = (
+        _CACHE_REPLACE if replace else _CACHE_REPLACE + " WHERE p.expires_at <= EXCLUDED.created_at"
+    )
     statement = _CACHE_INSERT.format(conflict=conflict)
     row = conn.execute(statement, _cache_params(entry)).fetchone()
     if row is None:  # an identical miss was stored first by someone else
         return None
     entry_id: uuid.UUID = row[0]
-    conn.execute("DELETE FROM prompt_cache_sources WHERE entry_id = %s", (entry_id,))
+    conn.execute(
+        "DELETE FROM prompt_cache_sources WHERE entry_id = %s AND tenant_id = %s",
+        (entry_id, entry.tenant_id),
+    )
+    # RETURNING: on Citus an INSERT ... SELECT without it is a COPY into the shard, which row-
+    # level security refuses (see store.bulk).
     conn.execute(
         "INSERT INTO prompt_cache_sources (entry_id, tenant_id, document_id, document_version) "
-        "SELECT %s, %s, unnest(%s::uuid[]), unnest(%s::int[])",
+        "SELECT %s::uuid, %s::uuid, unnest(%s::uuid[]), unnest(%s::int[]) RETURNING entry_id",
         (entry_id, entry.tenant_id, list(entry.sources), list(entry.sources.values())),
     )
     return entry_id
 
 
-def _sources_current(session: Session, sources: dict[uuid.UUID, int]) -> bool:
+def _sources_current(session: Session, tenant_id: uuid.UUID, sources: dict[uuid.UUID, int]) -> bool:
     if not sources:
         return True
     # A fixed lock order, and a bounded wait: never a deadlock with an ingest batch.
     session.execute(text("SET LOCAL lock_timeout = '2s'"))
     rows = session.execute(
         select(Document.id, Document.version)
-        .where(Document.id.in_(list(sources)))
+        .where(Document.tenant_id == tenant_id, Document.id.in_(list(sources)))
         .order_by(Document.id)
         .with_for_update(read=True)
     ).all()

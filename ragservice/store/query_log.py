@@ -105,7 +105,7 @@ def log_query(session: Session, record: QueryRecord) -> uuid.UUID:
     Text that PostgreSQL cannot hold (a NUL character, a lone surrogate in a conversation's
     earlier turn) is stored with U+FFFD in its place: an answered question is always logged."""
     sources = source_document_ids(record)
-    redact = bool(sources) and not _sources_present(session, sources)
+    redact = bool(sources) and not _sources_present(session, record.tenant_id, sources)
     entry = QueryLog(
         id=record.id,
         tenant_id=record.tenant_id,
@@ -145,12 +145,13 @@ def source_document_ids(record: QueryRecord) -> list[uuid.UUID]:
     return sorted(ids)
 
 
-def _sources_present(session: Session, ids: Sequence[uuid.UUID]) -> bool:
+def _sources_present(session: Session, tenant_id: uuid.UUID, ids: Sequence[uuid.UUID]) -> bool:
     """Whether every document still exists. They stay locked (FOR KEY SHARE) until the
-    transaction ends, so a delete waits for the row to be written and then redacts it."""
+    transaction ends, so a delete waits for the row to be written and then redacts it. (The
+    tenant named: on Citus row locks are taken on one tenant's shard only.)"""
     stmt = (
         select(Document.id)
-        .where(Document.id.in_(list(ids)))
+        .where(Document.tenant_id == tenant_id, Document.id.in_(list(ids)))
         .order_by(Document.id)
         .with_for_update(read=True, key_share=True)
     )

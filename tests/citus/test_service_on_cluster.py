@@ -12,12 +12,14 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 from psycopg import sql
+from sqlalchemy import select
 
 from ragservice import store
 from ragservice.api.app import create_app
 from ragservice.config import Settings
 from ragservice.db import distribution, tenancy
 from ragservice.db.engine import driver_connection_of, make_engine
+from ragservice.db.models import Feedback
 from ragservice.dev.citus import CitusCluster
 from ragservice.embedding.embedder import SentenceTransformerEmbedder
 from tests.api.conftest import make_key, ok, wait_for_job
@@ -231,6 +233,60 @@ def test_a_tenants_search_runs_as_one_task_on_one_worker(
             connection.rollback()
     finally:
         engine.dispose()
+
+
+HR = [
+    {
+        "external_id": "leave",
+        "title": "Parental leave",
+        "text": "Parents get sixteen weeks of paid parental leave.",
+    },
+    {
+        "external_id": "travel",
+        "title": "Travel",
+        "text": "Book flights through the travel desk two weeks ahead.",
+    },
+]
+QUESTION = "How many weeks of parental leave do parents get?"
+
+
+def _ingest(client: TestClient, tenant: Tenant, documents: list[dict[str, Any]]) -> None:
+    job = ok(
+        client.post(
+            "/v1/collections/hr/documents", json={"documents": documents}, headers=tenant.writer
+        ),
+        202,
+    )
+    assert wait_for_job(client, job["id"], tenant.writer)["status"] == "done"
+
+
+def test_answers_the_cache_and_its_invalidation_feedback_and_insights(
+    cluster_client: TestClient,
+) -> None:
+    tenant = new_tenant(cluster_client)
+    ok(cluster_client.post("/v1/collections", json={"name": "hr"}, headers=tenant.writer), 201)
+    _ingest(cluster_client, tenant, HR)
+    ask = {"question": QUESTION, "collections": ["hr"]}
+    first = ok(cluster_client.post("/v1/query", json=ask, headers=tenant.reader))
+    again = ok(cluster_client.post("/v1/query", json=ask, headers=tenant.reader))
+    assert "sixteen weeks" in first["answer"]
+    assert first["cache"]["hit"] is False and again["cache"]["hit"] is True
+    # A changed source drops the entry: the documents' trigger, on the tenant's shards.
+    _ingest(cluster_client, tenant, [{**HR[0], "text": "Parents get twenty weeks of leave."}])
+    after = ok(cluster_client.post("/v1/query", json=ask, headers=tenant.reader))
+    assert after["cache"]["hit"] is False and "twenty weeks" in after["answer"]
+    feedback = {"query_id": after["query_id"], "rating": -1, "comment": "was sixteen"}
+    ok(cluster_client.post("/v1/feedback", json=feedback, headers=tenant.reader), 201)
+    db = cluster_client.app.state.runtime.db  # type: ignore[attr-defined]
+    with tenancy.as_tenant(tenant.id), db.read() as session:
+        stored = session.scalars(select(Feedback.comment)).all()
+    assert stored == ["was sixteen"]
+    insights = ok(cluster_client.get("/v1/insights", headers=tenant.admin))
+    assert QUESTION in str(insights)
+    other = new_tenant(cluster_client)
+    assert QUESTION not in str(ok(cluster_client.get("/v1/insights", headers=other.admin)))
+    refused = cluster_client.post("/v1/feedback", json=feedback, headers=other.reader)
+    assert refused.status_code == 404
 
 
 def _worker_port(distributed: CitusCluster, tenant_id: uuid.UUID) -> int:

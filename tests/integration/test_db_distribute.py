@@ -57,3 +57,15 @@ def test_the_plan_places_every_table_of_the_schema_once(database_url: str) -> No
     assert [b for b in found if b.kind is BlockerKind.UNPLANNED_TABLE] == []
     assert len(plan.tables) == len(set(plan.tables))
     assert set(plan.tables) == tables
+
+
+def test_the_collection_decides_the_tenant_for_the_planner(database_url: str) -> None:
+    """Migration 0031: functional-dependency statistics on (collection_id, tenant_id), so a
+    search naming both is estimated as one naming the collection alone."""
+    with psycopg.connect(_libpq(database_url)) as conn:
+        rows = conn.execute(
+            "SELECT s.stxname, c.relname, s.stxkind::text FROM pg_statistic_ext s "
+            "JOIN pg_class c ON c.oid = s.stxrelid ORDER BY 1"
+        ).fetchall()
+    assert ("chunks_collection_tenant", "chunks", "{f}") in rows
+    assert ("documents_collection_tenant", "documents", "{f}") in rows
