@@ -49,6 +49,7 @@ from ragservice.db import Database, tenancy
 from ragservice.db.engine import driver_connection
 from ragservice.errors import EmbeddingError
 from ragservice.retrieval import statements
+from ragservice.retrieval.fulltext import FullTextEngine
 from ragservice.retrieval.fusion import document_scores, fuse, rm3_weights
 from ragservice.retrieval.options import DOCUMENT_CHUNKS, MAX_EF_SEARCH
 from ragservice.retrieval.options import Mode as Mode
@@ -162,11 +163,9 @@ class Searcher:
         exact_bm25: bool | None = None,
     ) -> None:
         self._db = db
-        # None: exact BM25 where the database has the extension (asked at the first search);
-        # False: the SQL statement with its per-term budget always.
-        self._has_exact_bm25 = exact_bm25
-        # A Citus coordinator (asked with the extension): exact full text reads every posting.
-        self._distributed = False
+        # None: the database decides at the first search (`fulltext`); False: the SQL
+        # statement with its per-term budget always.
+        self._fulltext = FullTextEngine(function=exact_bm25)
         self._models = models or _fixed(embed_query, model_id, dimension)
         # Full-text candidates of hybrid searches run here, overlapping the query's embedding.
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="search")
@@ -450,26 +449,12 @@ class Searcher:
             return rows
 
     def _exact(self, options: SearchOptions) -> bool:
-        """Whether unfiltered full text is exact: the options ask for it and the database
-        has the extension."""
-        return options.bm25_exact and self._exact_bm25()
+        """Whether unfiltered full text runs the extension's exact function."""
+        return self._fulltext.exact(options, self._probe_fulltext)
 
-    def _exact_bm25(self) -> bool:
-        """Whether the database has the exact BM25 extension (asked once)."""
-        if self._has_exact_bm25 is None:
-            extension, citus = self._run(_Statement(statements.HAS_EXACT_BM25, {}))[0]
-            self._distributed = bool(citus)
-            self._has_exact_bm25 = bool(extension) and not self._distributed
-        return self._has_exact_bm25
-
-    def _budget(self, options: SearchOptions) -> int:
-        """Postings read per term by the SQL statement: all of them where an unfiltered search
-        must be exact and the extension cannot run (a distributed store), so that it scores as
-        the extension would; else the option's budget."""
-        self._exact_bm25()
-        if options.bm25_exact and options.filters is None and self._distributed:
-            return EVERY_POSTING
-        return options.bm25_postings_per_term
+    def _probe_fulltext(self) -> tuple[bool, bool]:
+        extension, citus = self._run(_Statement(statements.HAS_EXACT_BM25, {}))[0]
+        return bool(extension), bool(citus)
 
     def _params(
         self,
@@ -488,15 +473,11 @@ class Searcher:
                 "query": query,
                 "k1": options.bm25_k1,
                 "b": options.bm25_b,
-                "budget": self._budget(options),
+                "budget": self._fulltext.budget(options, self._probe_fulltext),
             }
         if options.filters is not None:
             params |= options.filters.params
         return params
-
-
-EVERY_POSTING = 2**31 - 1
-"""The SQL statement's per-term budget that reads every posting (exact BM25)."""
 
 
 @dataclass(frozen=True, slots=True)

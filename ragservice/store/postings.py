@@ -9,12 +9,18 @@ merges each key's short blocks once, at the end of the load.
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from dataclasses import dataclass
 
 from sqlalchemy import text
 from sqlalchemy.orm import Session
+
+from ragservice.db.engine import driver_connection
+from ragservice.store import bulk
+
+log = logging.getLogger(__name__)
 
 APPEND_MIN_CHUNKS = 512
 """A batch of at least this many chunks is written in append mode (see `append_postings`)."""
@@ -43,6 +49,12 @@ def pack_postings(session: Session, collection_id: uuid.UUID | None) -> PackResu
     holds. Waits for the collection's ordinary writers (and makes them wait), never for
     loaders in append mode."""
     started = time.perf_counter()
+    if bulk.on_citus(driver_connection(session)):
+        # The pack locks and rewrites a collection's blocks by collection alone, which Citus
+        # cannot route to one shard; the blocks stay as the loads wrote them (searches read
+        # them all the same, a little slower; docs/scaling.md).
+        log.info("postings not packed: a distributed store")
+        return PackResult(0, 0, 0, time.perf_counter() - started)
     if collection_id is None:
         ids = list(session.scalars(text("SELECT id FROM collections ORDER BY id")))
     else:

@@ -3,7 +3,7 @@ workers on loopback (`ragservice.dev.citus.CitusCluster`), started once per sess
 
 Citus is AGPL and no Debian or PyPI package carries it for PostgreSQL 18, so the project ships
 none: the session installs it into the embedded PostgreSQL with the installer named by
-`RAGSERVICE_CITUS_INSTALLER` (default: `shared/citus/install` beside the checkout; it takes the
+`CITUS_INSTALLER` (default: `shared/citus/install` beside the checkout; it takes the
 server's `pg_config` and is idempotent). Where there is no installer, or it fails, the cluster
 tests are skipped with the reason.
 """
@@ -21,7 +21,7 @@ import pytest
 from ragservice.db.embedded import postgres_bin_dir
 from ragservice.dev.citus import CitusCluster, citus_installed
 
-INSTALLER_VARIABLE = "RAGSERVICE_CITUS_INSTALLER"
+INSTALLER_VARIABLE = "CITUS_INSTALLER"
 _DEFAULT_INSTALLER = Path(__file__).resolve().parents[2].parent / "shared" / "citus" / "install"
 
 
