@@ -90,9 +90,6 @@ def dev_cluster(
     """Run the embedded primary with streaming standbys (pg_basebackup -R) until Ctrl-C, and
     print the settings that point a server at them. At exit the standbys are stopped and
     removed, with their replication slots (which would otherwise keep WAL on the primary)."""
-    import signal
-    import threading
-
     from ragservice.dev.cluster import DevCluster
 
     settings = get_settings()
@@ -109,17 +106,14 @@ def dev_cluster(
     )
     with exit_on_error():
         cluster.start()
-    stop = threading.Event()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, lambda *_: stop.set())
+    stop = _stop_on_signals()
     try:
         for standby in cluster.standbys:
             console.print(f"standby {standby.name} ({standby.region}) on port {standby.port}")
         console.print("serve reads from them with (Ctrl-C stops the standbys):")
         typer.echo(f"RAGSERVICE_REGION={cluster.standbys[0].region}")
         typer.echo(f"RAGSERVICE_REPLICAS={cluster.replicas_setting()}")
-        while not stop.wait(1.0):
-            pass
+        stop.wait()
     finally:
         cluster.destroy()
         console.print("standbys stopped and removed")
@@ -128,18 +122,13 @@ def dev_cluster(
 def _run_citus_cluster(data_dir: Path, *, workers: int, first_port: int) -> None:
     """A Citus coordinator and `workers` workers until Ctrl-C: migrated, with the service's
     login, and the settings that point a server at it printed."""
-    import signal
-    import threading
-
     from ragservice.dev.citus import CitusCluster
 
     cluster = CitusCluster(data_dir, workers=workers, first_port=first_port)
     with exit_on_error():
         cluster.start()
         service_url = cluster.prepare_store()
-    stop = threading.Event()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, lambda *_: stop.set())
+    stop = _stop_on_signals()
     try:
         for node in cluster.nodes:
             console.print(f"citus {node.name} on {node.port} ({node.data_dir})")
@@ -149,8 +138,32 @@ def _run_citus_cluster(data_dir: Path, *, workers: int, first_port: int) -> None
         )
         typer.echo(f"RAGSERVICE_DATABASE_URL={service_url}")
         typer.echo(f"RAGSERVICE_OWNER_DATABASE_URL={cluster.url}")
-        while not stop.wait(1.0):
-            pass
+        stop.wait()
     finally:
         cluster.stop()
         console.print("citus nodes stopped")
+
+
+class _Stop:
+    """Set by SIGINT or SIGTERM; `wait` returns then."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self._event = threading.Event()
+
+    def wait(self) -> None:
+        while not self._event.wait(1.0):  # a timeout: the main thread must run the handler
+            pass
+
+    def set(self, *_: object) -> None:
+        self._event.set()
+
+
+def _stop_on_signals() -> _Stop:
+    import signal
+
+    stop = _Stop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, stop.set)
+    return stop

@@ -25,7 +25,6 @@ import logging
 import shutil
 import socket
 import subprocess
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,12 +35,16 @@ import psycopg
 
 from ragservice.db.embedded import DATABASE_NAME, postgres_bin_dir
 from ragservice.db.engine import SERVICE_LOGIN, ensure_service_login
-from ragservice.dev.cluster import _prepare_private_dir, _run_pg, _socket_dir_for
+from ragservice.dev.server_process import (
+    ServerProcess,
+    prepare_private_dir,
+    run_pg,
+    socket_dir_for,
+)
 from ragservice.errors import ConfigurationError, DatabaseUnavailableError
 
 log = logging.getLogger(__name__)
 
-START_TIMEOUT_S = 60.0
 LOOPBACK = "127.0.0.1"
 EXTENSIONS = ("citus", "vector")
 """Made in every node's database, Citus first (it must be the first extension loaded)."""
@@ -93,16 +96,15 @@ def free_port() -> int:
 
 
 @dataclass
-class CitusNode:
+class CitusNode(ServerProcess):
     """One node of the cluster: a data directory, a TCP port on loopback and a Unix socket."""
+
+    KIND = "citus node"
 
     name: str
     data_dir: Path
     port: int
-
-    @property
-    def socket_dir(self) -> Path:
-        return _socket_dir_for(self.data_dir, self.port)
+    socket_dir: Path
 
     @property
     def url(self) -> str:
@@ -113,18 +115,11 @@ class CitusNode:
     def conninfo(self) -> str:
         return f"host={LOOPBACK} port={self.port} user=postgres dbname={DATABASE_NAME}"
 
-    @property
-    def log_path(self) -> Path:
-        return self.data_dir / "log"
+    def server_options(self) -> str:
+        return f"-p {self.port} -k {self.socket_dir}"
 
-    def has_data(self) -> bool:
-        return (self.data_dir / "PG_VERSION").exists()
-
-    def is_running(self) -> bool:
-        if not self.has_data():
-            return False
-        returncode, _ = _run_pg("pg_ctl", ["status", "-D", str(self.data_dir)], timeout=30)
-        return returncode == 0
+    def ready_conninfo(self) -> str:
+        return f"host={LOOPBACK} port={self.port} user=postgres dbname=postgres"
 
     def init(self) -> None:
         """`initdb` the data directory (trust on loopback and the socket) and write the
@@ -133,8 +128,8 @@ class CitusNode:
             return
         if self.data_dir.exists():
             shutil.rmtree(self.data_dir)  # an interrupted initdb
-        _prepare_private_dir(self.data_dir)
-        returncode, output = _run_pg(
+        prepare_private_dir(self.data_dir)
+        returncode, output = run_pg(
             "initdb",
             [
                 "-D",
@@ -157,56 +152,7 @@ class CitusNode:
 
     def start(self) -> None:
         """Start the node (no-op when it runs) and wait until it accepts connections."""
-        if self.is_running():
-            return
-        if self.socket_dir != self.data_dir:
-            _prepare_private_dir(self.socket_dir)
-        options = f"-p {self.port} -k {self.socket_dir}"
-        returncode, output = _run_pg(
-            "pg_ctl",
-            [
-                "-w",
-                "-t",
-                str(int(START_TIMEOUT_S)),
-                "-D",
-                str(self.data_dir),
-                "-l",
-                str(self.log_path),
-                "-o",
-                options,
-                "start",
-            ],
-            timeout=START_TIMEOUT_S + 10,
-        )
-        if returncode != 0:
-            raise DatabaseUnavailableError(self._failure("could not start", output))
-        self.wait_ready()
-
-    def wait_ready(self, timeout: float = START_TIMEOUT_S) -> None:
-        deadline = time.monotonic() + timeout
-        conninfo = f"host={LOOPBACK} port={self.port} user=postgres dbname=postgres"
-        while True:
-            try:
-                with psycopg.connect(conninfo, connect_timeout=2) as conn:
-                    conn.execute("SELECT 1")
-                return
-            except psycopg.OperationalError as exc:
-                if time.monotonic() > deadline:
-                    raise DatabaseUnavailableError(
-                        self._failure(f"accepts no connections after {timeout:.0f} s", str(exc))
-                    ) from exc
-                time.sleep(0.1)
-
-    def stop(self, mode: str = "fast") -> None:
-        if not self.is_running():
-            return
-        returncode, output = _run_pg(
-            "pg_ctl",
-            ["-w", "-t", str(int(START_TIMEOUT_S)), "-D", str(self.data_dir), "-m", mode, "stop"],
-            timeout=START_TIMEOUT_S + 10,
-        )
-        if returncode != 0:
-            raise DatabaseUnavailableError(self._failure("could not stop", output))
+        self.start_server()
 
     def prepare_database(self) -> None:
         """The `ragservice` database with Citus and pgvector (idempotent)."""
@@ -220,18 +166,6 @@ class CitusNode:
         with psycopg.connect(self.conninfo, autocommit=True) as conn:
             for extension in EXTENSIONS:
                 conn.execute(f"CREATE EXTENSION IF NOT EXISTS {extension}")
-
-    def log_tail(self, lines: int = 30) -> str:
-        try:
-            text = self.log_path.read_text(errors="replace")
-        except OSError:
-            return ""
-        return "\n".join(text.splitlines()[-lines:])
-
-    def _failure(self, what: str, detail: str) -> str:
-        message = f"citus node {self.name} ({self.data_dir}) {what}: {detail.strip()}"
-        tail = self.log_tail()
-        return f"{message}\n--- end of {self.log_path} ---\n{tail}" if tail else message
 
 
 class CitusCluster:
@@ -250,7 +184,8 @@ class CitusCluster:
 
     def _node(self, name: str, index: int) -> CitusNode:
         port = free_port() if self._first_port is None else self._first_port + index
-        return CitusNode(name=name, data_dir=self.root / name, port=port)
+        data_dir = self.root / name
+        return CitusNode(name, data_dir, port, socket_dir_for(data_dir, port))
 
     @property
     def nodes(self) -> list[CitusNode]:

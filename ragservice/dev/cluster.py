@@ -19,14 +19,10 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import hashlib
 import logging
-import os
 import re
 import shlex
 import shutil
-import subprocess
-import tempfile
 import time
 import warnings
 from collections.abc import Iterator, Sequence
@@ -42,8 +38,12 @@ from sqlalchemy.engine import make_url
 from ragservice.db.embedded import (
     DATABASE_NAME,
     embedded_database_url,
-    postgres_bin_dir,
-    postgres_system_account,
+)
+from ragservice.dev.server_process import (
+    ServerProcess,
+    prepare_private_dir,
+    run_pg,
+    socket_dir_for,
 )
 from ragservice.errors import ConfigurationError, DatabaseUnavailableError
 
@@ -55,24 +55,21 @@ with warnings.catch_warnings():
 
 log = logging.getLogger(__name__)
 
-STOP_MODES = ("smart", "fast", "immediate")
-START_TIMEOUT_S = 60.0
 BASEBACKUP_TIMEOUT_S = 300.0
 SLOT_RELEASE_TIMEOUT_S = 10.0
-LOG_TAIL_LINES = 30
 
 # A region is written into RAGSERVICE_REPLICAS ("region=url,...") and into standby names.
 _REGION_LABEL = re.compile(r"[A-Za-z0-9_-]+")
-# sockaddr_un.sun_path holds 108 bytes on Linux, the terminating NUL included.
-_MAX_SOCKET_PATH_BYTES = 107
 # Files of the primary's data directory that pg_basebackup copies but that belong to the
 # running primary, not to a standby: pgserver's server log and process list, socket lock files.
 _PRIMARY_RUNTIME_FILES = ("log", ".handle_pids.json", ".s.PGSQL.*.lock")
 
 
 @dataclass
-class Standby:
+class Standby(ServerProcess):
     """One streaming standby: its own data directory, port and Unix socket directory."""
+
+    KIND = "standby"
 
     region: str
     name: str
@@ -93,93 +90,17 @@ class Standby:
         """The primary's replication slot for this standby (slot names allow [a-z0-9_])."""
         return slot_name_for(self.name)
 
-    @property
-    def log_path(self) -> Path:
-        return self.data_dir / "log"
+    def server_options(self) -> str:
+        # A Unix socket only (-h ""), in its own directory.
+        return f'-h "" -k {shlex.quote(str(self.socket_dir))} -p {self.port}'
 
-    def has_data(self) -> bool:
-        """Whether the data directory holds a cluster (`pg_basebackup` has run)."""
-        return (self.data_dir / "PG_VERSION").exists()
-
-    def is_running(self) -> bool:
-        if not self.has_data():
-            return False
-        returncode, _ = _run_pg("pg_ctl", ["status", "-D", str(self.data_dir)], timeout=30)
-        return returncode == 0
+    def ready_conninfo(self) -> str:
+        return libpq_url(self.url)
 
     def start(self) -> None:
         """Start the standby (no-op when it runs) and wait until it accepts connections."""
-        if self.is_running():
-            log.debug("standby %s already running", self.name)
-            return
-        if not self.has_data():
-            raise ConfigurationError(f"standby {self.name} has no data in {self.data_dir}")
-        if self.socket_dir != self.data_dir:
-            _prepare_private_dir(self.socket_dir)
-        server_options = f'-h "" -k {shlex.quote(str(self.socket_dir))} -p {self.port}'
-        returncode, output = _run_pg(
-            "pg_ctl",
-            [
-                "-w",
-                "-t",
-                str(int(START_TIMEOUT_S)),
-                "-D",
-                str(self.data_dir),
-                "-l",
-                str(self.log_path),
-                "-o",
-                server_options,
-                "start",
-            ],
-            timeout=START_TIMEOUT_S + 10,
-        )
-        if returncode != 0:
-            raise DatabaseUnavailableError(self._failure("could not start", output))
-        self.wait_ready()
-        log.info("standby %s (%s) streaming on port %d", self.name, self.region, self.port)
-
-    def wait_ready(self, timeout: float = START_TIMEOUT_S) -> None:
-        """Wait until the standby accepts connections to the `ragservice` database."""
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                with psycopg.connect(libpq_url(self.url), connect_timeout=2) as conn:
-                    conn.execute("SELECT 1")
-                return
-            except psycopg.OperationalError as exc:
-                if time.monotonic() > deadline:
-                    raise DatabaseUnavailableError(
-                        self._failure(f"accepts no connections after {timeout:.0f} s", str(exc))
-                    ) from exc
-                time.sleep(0.1)
-
-    def stop(self, mode: str = "fast") -> None:
-        """Stop the standby (no-op when it does not run); `mode` is pg_ctl's -m."""
-        if mode not in STOP_MODES:
-            raise ConfigurationError(f"unknown stop mode {mode!r}; use one of {STOP_MODES}")
-        if not self.is_running():
-            return
-        returncode, output = _run_pg(
-            "pg_ctl",
-            ["-w", "-t", str(int(START_TIMEOUT_S)), "-D", str(self.data_dir), "-m", mode, "stop"],
-            timeout=START_TIMEOUT_S + 10,
-        )
-        if returncode != 0:
-            raise DatabaseUnavailableError(self._failure("could not stop", output))
-        log.info("standby %s stopped (%s)", self.name, mode)
-
-    def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
-        """The end of the standby's server log ('' when there is none yet)."""
-        try:
-            text = self.log_path.read_text(errors="replace")
-        except OSError:
-            return ""
-        return "\n".join(text.splitlines()[-lines:])
-
-    def _failure(self, what: str, detail: str) -> str:
-        message = f"standby {self.name} ({self.data_dir}) {what}: {detail.strip()}"
-        tail = self.log_tail()
-        return f"{message}\n--- end of {self.log_path} ---\n{tail}" if tail else message
+        if self.start_server():
+            log.info("standby %s (%s) streaming on port %d", self.name, self.region, self.port)
 
 
 class DevCluster:
@@ -341,22 +262,13 @@ def _plan_standbys(
                 name=name,
                 data_dir=data_dir,
                 port=port,
-                socket_dir=_socket_dir_for(data_dir, port),
+                socket_dir=socket_dir_for(data_dir, port),
             )
         )
     slots = [standby.slot_name for standby in standbys]
     if len(set(slots)) != len(slots):
         raise ConfigurationError(f"standby names give clashing slot names: {slots}")
     return standbys
-
-
-def _socket_dir_for(data_dir: Path, port: int) -> Path:
-    """The data directory itself, or a short per-directory folder under the temp directory
-    when the socket path would be too long (pgserver falls back the same way)."""
-    if len(os.fsencode(data_dir / f".s.PGSQL.{port}")) <= _MAX_SOCKET_PATH_BYTES:
-        return data_dir
-    digest = hashlib.sha256(os.fsencode(data_dir)).hexdigest()[:10]
-    return Path(tempfile.gettempdir()) / f"ragservice-pg-{digest}"
 
 
 # --- the primary ---------------------------------------------------------------------------
@@ -473,10 +385,10 @@ def _base_backup(standby: Standby, replication_conninfo: str) -> None:
     if standby.data_dir.exists():
         # No PG_VERSION: what is there is an interrupted copy.
         shutil.rmtree(standby.data_dir)
-    _prepare_private_dir(standby.data_dir)
+    prepare_private_dir(standby.data_dir)
     log.info("creating standby %s with pg_basebackup", standby.name)
     conninfo = make_conninfo(replication_conninfo, application_name=standby.name)
-    returncode, output = _run_pg(
+    returncode, output = run_pg(
         "pg_basebackup",
         [
             "--dbname",
@@ -505,57 +417,3 @@ def _remove_primary_runtime_files(data_dir: Path) -> None:
         for path in data_dir.glob(pattern):
             if path.is_file():
                 path.unlink()
-
-
-def _prepare_private_dir(path: Path) -> None:
-    """Create `path` (mode 0700) for the user PostgreSQL runs as, its parents traversable."""
-    path.mkdir(parents=True, exist_ok=True)
-    account = postgres_system_account()
-    if account is not None:
-        pgserver_utils.ensure_prefix_permissions(path)
-        os.chown(path, account.pw_uid, account.pw_gid)
-    path.chmod(0o700)
-
-
-# --- running PostgreSQL's programs ---------------------------------------------------------
-
-
-def _run_pg(program: str, args: Sequence[str], *, timeout: float) -> tuple[int, str]:
-    """Run one of PostgreSQL's programs (as `pgserver` when root): exit status and output.
-
-    Output goes through a temporary file: a pipe would be inherited by the server `pg_ctl`
-    starts and keep the call waiting for it.
-    """
-    command = [str(postgres_bin_dir() / program), *args]
-    options: dict[str, Any] = {}
-    account = postgres_system_account()
-    if account is not None:
-        home = account.pw_dir if Path(account.pw_dir).is_dir() else "/"
-        options.update(
-            user=account.pw_uid,
-            group=account.pw_gid,
-            extra_groups=[],
-            env={**os.environ, "HOME": home},
-        )
-    log.debug("running %s", shlex.join(command))
-    with tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace") as output:
-        try:
-            result = subprocess.run(
-                command,
-                stdin=subprocess.DEVNULL,
-                stdout=output,
-                stderr=subprocess.STDOUT,
-                cwd="/",
-                timeout=timeout,
-                check=False,
-                **options,
-            )
-        except subprocess.TimeoutExpired as exc:
-            raise DatabaseUnavailableError(
-                f"{program} did not finish within {timeout:.0f} s"
-            ) from exc
-        output.seek(0)
-        text = output.read()
-    if result.returncode != 0:
-        log.debug("%s exited with %d: %s", program, result.returncode, text.strip())
-    return result.returncode, text
