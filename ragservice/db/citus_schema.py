@@ -419,35 +419,3 @@ def fold_restrictive_policies(conn: psycopg.Connection[Any], plan: DistributionP
             )
         changed.append(table)
     return changed
-
-
-# --- replica identity for shard moves ---------------------------------------------------------
-#
-# Citus moves and splits shards without blocking writes through logical replication, which
-# identifies an updated or deleted row by the table's replica identity (its primary key). A
-# primary key with INCLUDE columns (chunk_postings') fails there: the subscriber expects the
-# included columns the publisher does not send ("publisher did not send replica identity column
-# expected by the logical replication target relation", seen moving a tenant). Such tables
-# identify their rows by the whole row on Citus: more WAL for their updates and deletes.
-
-_INCLUDE_KEYS = """
-SELECT c.relname FROM pg_index x JOIN pg_class c ON c.oid = x.indrelid
-WHERE x.indisprimary AND x.indnatts > x.indnkeyatts AND c.relreplident = 'd'
-  AND c.relnamespace = %s::regnamespace AND c.relname = ANY(%s)
-ORDER BY 1"""
-
-
-def identify_rows_for_moves(conn: psycopg.Connection[Any], plan: DistributionPlan) -> list[str]:
-    """REPLICA IDENTITY FULL for the plan's distributed tables whose primary key has INCLUDE
-    columns; the tables changed."""
-    tables = [
-        str(row[0])
-        for row in conn.execute(_INCLUDE_KEYS, (plan.schema, list(plan.distributed))).fetchall()
-    ]
-    for table in tables:
-        conn.execute(
-            sql.SQL("ALTER TABLE {} REPLICA IDENTITY FULL").format(
-                sql.Identifier(plan.schema, table)
-            )
-        )
-    return tables

@@ -425,7 +425,6 @@ def _make_ready(conn: psycopg.Connection[Any], plan: DistributionPlan) -> None:
     citus_schema.rewrite_policies(conn, plan)
     citus_schema.rewrite_readers_policies(conn, plan)
     citus_schema.fold_restrictive_policies(conn, plan)
-    citus_schema.identify_rows_for_moves(conn, plan)
     citus_schema.rewrite_trigger_functions(conn, plan)
     citus_schema.allow_worker_logins(conn)
 
