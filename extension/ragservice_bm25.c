@@ -55,6 +55,8 @@
 #include "port/pg_bitutils.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
+#include "utils/lsyscache.h"
+#include "catalog/namespace.h"
 #include "utils/guc.h"
 #include "nodes/params.h"
 #include "tcop/dest.h"
@@ -111,6 +113,7 @@ _PG_init(void)
 }
 
 PG_FUNCTION_INFO_V1(ragservice_bm25_topk);
+PG_FUNCTION_INFO_V1(ragservice_bm25_topk_in);
 PG_FUNCTION_INFO_V1(ragservice_bm25_last_stats);
 
 /*
@@ -512,14 +515,14 @@ static const char *BLOCKS_BY_LOOKUP =
 	"       p.lengths "
 	"FROM unnest($1::uuid[], $2::text[], $3::int2[], $4::int8[]) "
 	"     AS k(collection_id, lexeme, tier, first_seq) "
-	"CROSS JOIN LATERAL (SELECT p.* FROM public.chunk_postings p "
+	"CROSS JOIN LATERAL (SELECT p.* FROM %s p "
 	"                    WHERE p.collection_id = k.collection_id AND p.lexeme = k.lexeme "
 	"                      AND p.tier = k.tier AND p.first_seq = k.first_seq OFFSET 0) AS p";
 
 static const char *BLOCKS_BY_SCAN =
 	"SELECT p.collection_id, p.lexeme, p.tier, p.first_seq, p.last_seq, p.n, p.seqs, p.tfs, "
 	"       p.lengths "
-	"FROM public.chunk_postings p "
+	"FROM %s p "
 	"WHERE p.collection_id = ANY($1) AND p.lexeme = ANY($2) AND p.tier = ANY($3) "
 	"  AND p.first_seq = ANY($4)";
 
@@ -527,7 +530,7 @@ static const char *BLOCKS_BY_SCAN =
 static const char *BLOCKS_IN_WINDOW =
 	"SELECT p.collection_id, p.lexeme, p.tier, p.first_seq, p.last_seq, p.n, p.seqs, p.tfs, "
 	"       p.lengths "
-	"FROM public.chunk_postings p WHERE p.collection_id = ANY($1) AND p.lexeme = ANY($2) "
+	"FROM %s p WHERE p.collection_id = ANY($1) AND p.lexeme = ANY($2) "
 	"  AND p.first_seq <= $4 AND p.last_seq >= $3";
 
 /* The terms' document frequencies and seq range, when their blocks are too many to list. */
@@ -536,8 +539,22 @@ static const char *TERM_TOTALS =
 	"       count(*), count(*) FILTER (WHERE p.first_seq IS NULL OR p.last_seq IS NULL "
 	"           OR p.n IS NULL OR p.max_tf IS NULL OR p.min_len IS NULL OR p.n < 0 "
 	"           OR p.n > 128 OR p.first_seq > p.last_seq) "
-	"FROM public.chunk_postings p WHERE p.collection_id = ANY($1) AND p.lexeme = ANY($2) "
+	"FROM %s p WHERE p.collection_id = ANY($1) AND p.lexeme = ANY($2) "
 	"GROUP BY p.lexeme";
+
+/*
+ * The tables the call reads, quoted and qualified: public.chunk_postings and
+ * public.collection_text_stats, or (ragservice_bm25_topk_in) a Citus shard of each.
+ */
+static const char *postings_table = "public.chunk_postings";
+static const char *stats_table = "public.collection_text_stats";
+
+/* A statement of the call, with its postings table in place of the template's %s. */
+static char *
+on_postings(const char *template)
+{
+	return psprintf(template, postings_table);
+}
 
 /*
  * The exhaustive path keeps a score (8 bytes) and a bit a slot over the seq range: worth it up
@@ -1314,8 +1331,9 @@ read_totals(Datum collections, double *n, double *avgdl)
 	int			rc;
 
 	rc = SPI_execute_with_args(
-		"SELECT coalesce(sum(chunk_count), 0)::float8, coalesce(sum(token_count), 0)::float8 "
-		"FROM public.collection_text_stats WHERE collection_id = ANY($1)",
+		psprintf("SELECT coalesce(sum(chunk_count), 0)::float8, "
+				 "coalesce(sum(token_count), 0)::float8 FROM %s WHERE collection_id = ANY($1)",
+				 stats_table),
 		1, types, args, NULL, true, 1);
 	MemoryContextSwitchTo(caller);
 	if (rc != SPI_OK_SELECT || SPI_processed != 1)
@@ -1371,9 +1389,9 @@ read_block_bounds(Datum collections, Datum terms_datum, Term *terms, int nterms,
 	int			i;
 
 	rc = SPI_execute_with_args(
-		"SELECT p.collection_id, p.lexeme, p.tier, p.first_seq, p.last_seq, p.n, p.max_tf, "
-		"p.min_len FROM public.chunk_postings p "
-		"WHERE p.collection_id = ANY($1) AND p.lexeme = ANY($2)",
+		on_postings("SELECT p.collection_id, p.lexeme, p.tier, p.first_seq, p.last_seq, p.n, "
+					"p.max_tf, p.min_len FROM %s p "
+					"WHERE p.collection_id = ANY($1) AND p.lexeme = ANY($2)"),
 		2, types, args, NULL, true, Min(max_blocks, INT_MAX - 1) + 1);
 	MemoryContextSwitchTo(caller);
 	if (rc != SPI_OK_SELECT)
@@ -1439,7 +1457,7 @@ read_term_totals(Datum collections, Datum terms_datum, Term *terms, int nterms, 
 	MemoryContext caller = CurrentMemoryContext;
 	int			rc;
 
-	rc = SPI_execute_with_args(TERM_TOTALS, 2, types, args, NULL, true, 0);
+	rc = SPI_execute_with_args(on_postings(TERM_TOTALS), 2, types, args, NULL, true, 0);
 	MemoryContextSwitchTo(caller);
 	if (rc != SPI_OK_SELECT)
 		elog(ERROR, "ragservice_bm25: reading the terms' totals failed");
@@ -1956,8 +1974,12 @@ prepare_generic(const char *query, int nargs, Oid *types)
 	return plan;
 }
 
-Datum
-ragservice_bm25_topk(PG_FUNCTION_ARGS)
+/*
+ * The top k over the tables named by postings_table and stats_table, from the arguments
+ * (collections, terms, weights, k, k1, b) starting at `first`.
+ */
+static Datum
+topk(FunctionCallInfo fcinfo, int first)
 {
 	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
 	Datum		collections;
@@ -1998,21 +2020,23 @@ ragservice_bm25_topk(PG_FUNCTION_ARGS)
 	memory_peak.tracked = message_level_is_interesting(DEBUG1);
 	if (memory_peak.tracked)
 		memory_peak.start = memory_peak.peak = MemoryContextMemAllocated(TopMemoryContext, true);
-	if (PG_ARGISNULL(0) || PG_ARGISNULL(1) || PG_ARGISNULL(3) || PG_ARGISNULL(4) || PG_ARGISNULL(5))
+	if (PG_ARGISNULL(first) || PG_ARGISNULL(first + 1) || PG_ARGISNULL(first + 3)
+		|| PG_ARGISNULL(first + 4) || PG_ARGISNULL(first + 5))
 		return (Datum) 0;
-	collections = PG_GETARG_DATUM(0);
-	terms_datum = PG_GETARG_DATUM(1);
-	k = PG_GETARG_INT32(3);
-	scoring.k1 = PG_GETARG_FLOAT8(4);
-	scoring.b = PG_GETARG_FLOAT8(5);
+	collections = PG_GETARG_DATUM(first);
+	terms_datum = PG_GETARG_DATUM(first + 1);
+	k = PG_GETARG_INT32(first + 3);
+	scoring.k1 = PG_GETARG_FLOAT8(first + 4);
+	scoring.b = PG_GETARG_FLOAT8(first + 5);
 	if (k <= 0)
 		return (Datum) 0;
 	if (k > MAX_K)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("k must be at most %d", MAX_K)));
-	nterms = collect_terms(PG_GETARG_ARRAYTYPE_P(1),
-						   PG_ARGISNULL(2) ? NULL : PG_GETARG_ARRAYTYPE_P(2), &terms);
+	nterms = collect_terms(PG_GETARG_ARRAYTYPE_P(first + 1),
+						   PG_ARGISNULL(first + 2) ? NULL : PG_GETARG_ARRAYTYPE_P(first + 2),
+						   &terms);
 	if (nterms == 0)
 		return (Datum) 0;
 
@@ -2069,8 +2093,8 @@ ragservice_bm25_topk(PG_FUNCTION_ARGS)
 	/* the pruning's memory, given back at once if it gives up (the exhaustive path reuses it) */
 	if (!exhaustive)
 	{
-		reader.by_lookup = prepare_generic(BLOCKS_BY_LOOKUP, 4, block_types);
-		reader.by_scan = prepare_generic(BLOCKS_BY_SCAN, 4, block_types);
+		reader.by_lookup = prepare_generic(on_postings(BLOCKS_BY_LOOKUP), 4, block_types);
+		reader.by_scan = prepare_generic(on_postings(BLOCKS_BY_SCAN), 4, block_types);
 	}
 	pruning = AllocSetContextCreate(call, "ragservice_bm25 pruning", ALLOCSET_DEFAULT_SIZES);
 	MemoryContextSwitchTo(pruning);
@@ -2163,7 +2187,7 @@ ragservice_bm25_topk(PG_FUNCTION_ARGS)
 		note_memory();
 		MemoryContextSwitchTo(call);
 		MemoryContextDelete(pruning);
-		score_in_windows(prepare_generic(BLOCKS_IN_WINDOW, 4, window_types), collections,
+		score_in_windows(prepare_generic(on_postings(BLOCKS_IN_WINDOW), 4, window_types), collections,
 						 terms_datum, terms, nterms, &scoring, first_seq, last_seq, postings, k,
 						 &budget, rsinfo);
 	}
@@ -2193,6 +2217,61 @@ ragservice_bm25_topk(PG_FUNCTION_ARGS)
 								 work_mem)));
 	SPI_finish();
 	return (Datum) 0;
+}
+
+Datum
+ragservice_bm25_topk(PG_FUNCTION_ARGS)
+{
+	postings_table = "public.chunk_postings";
+	stats_table = "public.collection_text_stats";
+	return topk(fcinfo, 0);
+}
+
+/*
+ * `relid` quoted and qualified, when it is `table` or one of its Citus shards (`table`_<shard
+ * id>) in the same schema; an error otherwise: the call reads no other table.
+ */
+static const char *
+table_or_shard(Oid relid, const char *table)
+{
+	Oid			base = get_relname_relid(table, get_namespace_oid("public", false));
+	char	   *name = get_rel_name(relid);
+	Oid			schema = get_rel_namespace(relid);
+	size_t		length = strlen(table);
+	bool		fits = false;
+
+	if (name != NULL && OidIsValid(base) && schema == get_rel_namespace(base))
+	{
+		if (strcmp(name, table) == 0)
+			fits = true;
+		else if (strncmp(name, table, length) == 0 && name[length] == '_'
+				 && name[length + 1] != '\0'
+				 && strspn(name + length + 1, "0123456789") == strlen(name + length + 1))
+			fits = true;
+	}
+	if (!fits)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("ragservice_bm25 reads public.%s or one of its shards, not %s",
+						table, name != NULL ? name : "an unknown relation")));
+	return quote_qualified_identifier(get_namespace_name(schema), name);
+}
+
+/*
+ * The same over the given postings and totals tables: on a Citus worker, the shards of
+ * chunk_postings and collection_text_stats that hold a tenant (a shard query may not start a
+ * distributed one, so the function reads the shards themselves).
+ */
+Datum
+ragservice_bm25_topk_in(PG_FUNCTION_ARGS)
+{
+	if (PG_ARGISNULL(0) || PG_ARGISNULL(1))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("ragservice_bm25_topk_in needs its postings and totals tables")));
+	postings_table = table_or_shard(PG_GETARG_OID(0), "chunk_postings");
+	stats_table = table_or_shard(PG_GETARG_OID(1), "collection_text_stats");
+	return topk(fcinfo, 2);
 }
 
 Datum

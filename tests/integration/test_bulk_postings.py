@@ -264,7 +264,8 @@ def test_the_migration_updates_the_extension_and_the_trigger_both_ways(
     runtime: Runtime, database_url: str
 ) -> None:
     """0025 takes a store whose extension is at 1.0 (made before it) to 1.1 and gives its
-    append-mode trigger the C branch; its downgrade takes both back."""
+    append-mode trigger the C branch (0032 then takes the extension on to 1.2); the downgrades
+    take both back."""
 
     def state() -> tuple[str, bool]:
         with runtime.db.read() as session:
@@ -278,7 +279,7 @@ def test_the_migration_updates_the_extension_and_the_trigger_both_ways(
             ).scalar_one()
         return version, "ragservice_bm25_blocks" in source
 
-    assert state() == ("1.1", True)
+    assert state() == ("1.2", True)
     engine = create_engine(database_url)
     try:
         _downgrade(engine, "0024")
@@ -294,7 +295,7 @@ def test_the_migration_updates_the_extension_and_the_trigger_both_ways(
     finally:
         engine.dispose()
     runtime.db.dispose()
-    assert state() == ("1.1", True)
+    assert state() == ("1.2", True)
     with runtime.db.write() as session:
         after = write_in(session, runtime, "after", [document("x", range(600))], append=True)
     assert query(runtime, _BLOCKS, after) == query(runtime, _BLOCKS, before)

@@ -168,7 +168,7 @@ def test_the_migration_installs_the_extension(runtime: Runtime) -> None:
         installed = session.execute(
             text("SELECT extversion FROM pg_extension WHERE extname = 'ragservice_bm25'")
         ).scalar()
-    assert installed == "1.1"
+    assert installed == "1.2"
 
 
 # The ways the function may go: partial scores in a hash or in an array over the seq range,
@@ -291,6 +291,39 @@ def test_it_reads_as_its_caller_so_another_tenant_finds_nothing(
     assert found == {} and blocks == 0
     found, _ = top_k(runtime, collection, ["protein", "cell"], None, 10)
     assert len(found) >= 10
+
+
+_TOPK_IN = (
+    "SELECT seq, score FROM ragservice_bm25_topk_in(CAST(:postings AS regclass), "
+    "CAST(:totals AS regclass), CAST(:c AS uuid[]), CAST(:terms AS text[]), NULL, :k, 1.2, 0.75)"
+)
+
+
+def test_over_given_tables_it_reads_those_tables_and_no_others(
+    runtime: Runtime, frequent: tuple[uuid.UUID, Reference]
+) -> None:
+    """The form a store distributed on Citus runs on a worker, over the shards of the asker's
+    tenant: here over the tables themselves, the same rows; any other table is refused."""
+    collection, _ = frequent
+    terms = ["protein", "cell", "rarea"]
+    expected, _ = top_k(runtime, collection, terms, None, 10)
+    params = {"c": [collection], "terms": terms, "k": 10}
+    tables = {"postings": "public.chunk_postings", "totals": "public.collection_text_stats"}
+    with runtime.db.read() as session:
+        rows = session.execute(text(_TOPK_IN), params | tables).all()
+    assert {int(seq): float(score) for seq, score in rows} == expected
+    for wrong in (
+        {"postings": "public.chunks"},
+        {"totals": "public.chunk_postings"},
+        {"postings": "pg_catalog.pg_class"},
+    ):
+        with (
+            pytest.raises(
+                DBAPIError, match=r"reads public\.(chunk_postings|collection_text_stats)"
+            ),
+            runtime.db.read() as session,
+        ):
+            session.execute(text(_TOPK_IN), params | tables | wrong)
 
 
 def test_the_searcher_uses_it_for_unfiltered_full_text(
