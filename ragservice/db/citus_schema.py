@@ -371,7 +371,10 @@ def rewrite_readers_policies(conn: psycopg.Connection[Any], plan: DistributionPl
 # shard), and it is the shards' policies that hold: a restrictive policy would then widen what
 # the permissive one shows instead of narrowing it. On Citus each table's restrictive policies
 # are folded into its one permissive policy: USING (permissive AND restrictive ...), WITH CHECK
-# as it was.
+# as it was. The tables kept on the coordinator too: the job queue refers to the reference
+# table `tenants`, so Citus makes it a Citus-managed local table, whose policies it recreates
+# the same way (found on the cluster: every job of another tenant that names no readers was
+# shown through `ingest_jobs`' permissive `document_readers`).
 
 _POLICY_KINDS = """
 SELECT p.polname, p.polpermissive, p.polcmd, pg_get_expr(p.polqual, p.polrelid),
@@ -385,10 +388,10 @@ class UnfoldablePoliciesError(ValueError):
 
 
 def fold_restrictive_policies(conn: psycopg.Connection[Any], plan: DistributionPlan) -> list[str]:
-    """Fold every restrictive policy of the plan's distributed tables into the table's
-    permissive one (see above); the tables changed."""
+    """Fold every restrictive policy of the plan's tables into the table's permissive one
+    (see above); the tables changed."""
     changed = []
-    for table in plan.distributed:
+    for table in plan.tables:
         name = sql.Identifier(plan.schema, table).as_string(conn)
         rows = conn.execute(_POLICY_KINDS, (name,)).fetchall()
         restrictive = [row for row in rows if not row[1]]
@@ -418,4 +421,127 @@ def fold_restrictive_policies(conn: psycopg.Connection[Any], plan: DistributionP
                 )
             )
         changed.append(table)
+    return changed
+
+
+# --- exact BM25 on the tenant's worker ---------------------------------------------------------
+#
+# A tenant's full-text search is one statement that names the tenant on every table, so Citus
+# runs it on the worker that holds the tenant's shards. There `ragservice_bm25_topk`, which reads
+# the distributed tables, would start a distributed query from within a shard's query (refused);
+# `ragservice_bm25_topk_tenant` runs the extension's `ragservice_bm25_topk_in` over the shards of
+# chunk_postings and collection_text_stats that hold the tenant instead. PL/pgSQL: a SQL function
+# would be inlined, and Citus would evaluate the shards' names on the coordinator, where they are
+# no tables.
+
+TENANT_BM25_FUNCTION = "ragservice_bm25_topk_tenant"
+_BM25_ON_TABLES = (
+    "public.ragservice_bm25_topk_in(regclass, regclass, uuid[], text[], float8[], integer, "
+    "float8, float8)"
+)
+_TENANT_BM25 = """
+CREATE OR REPLACE FUNCTION public.ragservice_bm25_topk_tenant(
+    tenant uuid, collections uuid[], terms text[], weights float8[], k integer, k1 float8,
+    b float8
+) RETURNS TABLE (seq bigint, score float8) LANGUAGE plpgsql STABLE ROWS 100 AS $body$
+DECLARE
+    postings regclass := to_regclass(public.ragservice_tenant_shard('chunk_postings', tenant));
+    totals regclass := to_regclass(public.ragservice_tenant_shard('collection_text_stats', tenant));
+BEGIN
+    IF postings IS NULL OR totals IS NULL THEN
+        RAISE EXCEPTION 'the postings of tenant % are not on this node', tenant
+            USING HINT = 'a search names its tenant on every table, so that it runs on the '
+                         'worker that holds the tenant';
+    END IF;
+    RETURN QUERY SELECT t.seq, t.score
+                 FROM public.ragservice_bm25_topk_in(postings, totals, collections, terms,
+                                                     weights, k, k1, b) AS t;
+END $body$"""
+
+
+def define_tenant_bm25(conn: psycopg.Connection[Any], plan: DistributionPlan) -> bool:
+    """Define `ragservice_bm25_topk_tenant` where the extension has the function over given
+    tables (version 1.2 or later), for the store's own tables in `public`: whether it did."""
+    if plan.schema != "public":
+        return False
+    row = conn.execute("SELECT to_regprocedure(%s) IS NOT NULL", (_BM25_ON_TABLES,)).fetchone()
+    if row is None or not row[0]:
+        return False
+    conn.execute(_TENANT_BM25)
+    return True
+
+
+# --- the analysts' views ------------------------------------------------------------------------
+#
+# On one server an analyst reads the views in `analytics` with the views' owner's rights. Citus
+# runs a distributed table's part of a query on the workers as the current user, and an
+# analyst has no right on the shards ("permission denied for table query_log_102086"). On
+# Citus each view reads its rows from a SECURITY DEFINER function of the same query, owned by
+# the tables' owner: the workers see the owner, and the analyst's binding is looked up for the
+# session's login (inside the function the current user is the owner). The views keep their
+# names, columns and `security_barrier`; the analysts' group may read them and run the
+# functions, nobody else. (Citus recreates a view whose table it converts without its grants,
+# so they are given again.)
+
+ANALYTICS_SCHEMA = "analytics"
+ANALYST_GROUP = "ragservice_analyst"
+ROWS_SUFFIX = "_rows"
+_VIEWS = """
+SELECT c.oid, c.relname, pg_get_viewdef(c.oid) FROM pg_class c
+WHERE c.relnamespace = %s::regnamespace AND c.relkind = 'v' ORDER BY c.relname"""
+_COLUMNS = """
+SELECT a.attname, format_type(a.atttypid, a.atttypmod) FROM pg_attribute a
+WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum"""
+_OWN_FUNCTION = re.compile(r"\bFROM\s+analytics\.\w+_rows\(\)", re.IGNORECASE)
+
+
+LOGIN_VARIABLE = "ragservice_login"
+
+
+def rows_function_body(definition: str) -> str:
+    """A view's query as its SECURITY DEFINER function runs it (PL/pgSQL): the analyst is the
+    session's login (inside the function the current user is the owner), read once on the
+    coordinator and passed to the workers as a value (`session_user` in the query itself would
+    be evaluated on the workers, where the session is the owner's)."""
+    query = re.sub(r"\bCURRENT_USER\b", LOGIN_VARIABLE, definition, flags=re.IGNORECASE)
+    return (
+        "#variable_conflict use_column\n"
+        f"DECLARE\n    {LOGIN_VARIABLE} name := session_user;\n"
+        f"BEGIN\n    RETURN QUERY {query.rstrip().rstrip(';')};\nEND"
+    )
+
+
+def wrap_analytics_views(conn: psycopg.Connection[Any]) -> list[str]:
+    """Give each view of `analytics` its Citus form (above); the views changed. Views already
+    reading their function are left as they are."""
+    if conn.execute("SELECT to_regnamespace(%s)", (ANALYTICS_SCHEMA,)).fetchone() == (None,):
+        return []
+    analysts = conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (ANALYST_GROUP,))
+    has_analysts = analysts.fetchone() is not None
+    changed = []
+    for oid, name, definition in conn.execute(_VIEWS, (ANALYTICS_SCHEMA,)).fetchall():
+        view = sql.Identifier(ANALYTICS_SCHEMA, name)
+        rows = sql.Identifier(ANALYTICS_SCHEMA, name + ROWS_SUFFIX)
+        if not _OWN_FUNCTION.search(definition):
+            columns = sql.SQL(", ").join(
+                sql.SQL("{} {}").format(sql.Identifier(column), sql.SQL(kind))
+                for column, kind in conn.execute(_COLUMNS, (oid,)).fetchall()
+            )
+            conn.execute(
+                sql.SQL(
+                    "CREATE OR REPLACE FUNCTION {}() RETURNS TABLE ({}) LANGUAGE plpgsql STABLE "
+                    "SECURITY DEFINER SET search_path = pg_catalog, public AS {}"
+                ).format(rows, columns, sql.Literal(rows_function_body(definition)))
+            )
+            conn.execute(
+                sql.SQL(
+                    "CREATE OR REPLACE VIEW {} WITH (security_barrier = true) AS SELECT * FROM {}()"
+                ).format(view, rows)
+            )
+            changed.append(name)
+        conn.execute(sql.SQL("REVOKE ALL ON FUNCTION {}() FROM PUBLIC").format(rows))
+        if has_analysts:
+            group = sql.Identifier(ANALYST_GROUP)
+            conn.execute(sql.SQL("GRANT SELECT ON {} TO {}").format(view, group))
+            conn.execute(sql.SQL("GRANT EXECUTE ON FUNCTION {}() TO {}").format(rows, group))
     return changed

@@ -427,6 +427,8 @@ def _make_ready(conn: psycopg.Connection[Any], plan: DistributionPlan) -> None:
     citus_schema.fold_restrictive_policies(conn, plan)
     citus_schema.rewrite_trigger_functions(conn, plan)
     citus_schema.allow_worker_logins(conn)
+    citus_schema.define_tenant_bm25(conn, plan)
+    citus_schema.wrap_analytics_views(conn)
 
 
 _KEYS_OF = """

@@ -375,10 +375,24 @@ def make_engine(url: str, *, role: str | None = None, **kwargs: Any) -> Engine:
         if role is not None:
             dbapi_connection.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(role)))
         vector_types.register(dbapi_connection)
+        _sequential_on_citus(dbapi_connection)
         dbapi_connection.commit()  # else the pool's first rollback would undo SET ROLE
 
     event.listen(engine, "connect", on_connect)
     return engine
+
+
+_CITUS = "SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus')"
+
+
+def _sequential_on_citus(dbapi_connection: Any) -> None:
+    """On a Citus coordinator, run a transaction's multi-shard statements over one connection
+    a worker: the job queue stays on the coordinator and refers to a reference table, and Citus
+    refuses to write it after a parallel statement on a distributed table in the same
+    transaction ("cannot modify table ingest_jobs because there was a parallel operation").
+    A tenant's statements go to one shard and are not affected."""
+    if dbapi_connection.execute(_CITUS).fetchone()[0]:
+        dbapi_connection.execute("SET citus.multi_shard_modify_mode = 'sequential'")
 
 
 def check_pgvector(engine: Engine) -> None:

@@ -101,9 +101,12 @@ def build_embedding_index(
                 hnsw_m=index.hnsw_m,
                 hnsw_ef_construction=index.hnsw_ef_construction,
             )
-        rows = store.embedding_models.embedded_count(session, row.id)
-        size = store.indexes.index_bytes(session, row.id)
         storage = row.storage
+    # Read in a transaction of its own: on Citus the build ran on the shards as the tables'
+    # owner, and the system role may not read those placements after it in the same one.
+    with tenancy.as_system(), db.read() as session:
+        rows = store.embedding_models.embedded_count(session, model.id)
+        size = store.indexes.index_bytes(session, model.id)
     seconds = time.perf_counter() - started
     if progress is not None:
         progress(BuildProgress("done", tuples_done=rows, tuples_total=rows))

@@ -269,6 +269,7 @@ class Searcher:
                     exact=self._exact(options),
                     restricted=restricted(),
                     tenant=tenant,
+                    of_tenant=self._fulltext.of_tenant,
                 ),
                 select=statements.hits(tenant),
             )
@@ -372,6 +373,7 @@ class Searcher:
             exact=self._exact(options),
             restricted=restricted(),
             tenant=tenant,
+            of_tenant=self._fulltext.of_tenant,
         )
         params = self._params(collections, options, tenant, query=query)
         if terms is not None:
@@ -452,9 +454,9 @@ class Searcher:
         """Whether unfiltered full text runs the extension's exact function."""
         return self._fulltext.exact(options, self._probe_fulltext)
 
-    def _probe_fulltext(self) -> tuple[bool, bool]:
-        extension, citus = self._run(_Statement(statements.HAS_EXACT_BM25, {}))[0]
-        return bool(extension), bool(citus)
+    def _probe_fulltext(self) -> tuple[bool, bool, bool]:
+        extension, citus, of_tenant = self._run(_Statement(statements.HAS_EXACT_BM25, {}))[0]
+        return bool(extension), bool(citus), bool(of_tenant)
 
     def _params(
         self,

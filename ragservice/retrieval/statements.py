@@ -138,8 +138,7 @@ ranked AS (
 BM25_EXACT = sql.SQL("""
 bm25 AS MATERIALIZED (
     SELECT t.seq, t.score
-    FROM ragservice_bm25_topk(%(collections)s::uuid[], {terms}, {weights}, {limit},
-                              %(k1)s, %(b)s) AS t
+    FROM {topk}%(collections)s::uuid[], {terms}, {weights}, {limit}, %(k1)s, %(b)s) AS t
 ),
 ranked AS (
     SELECT c.id AS chunk_id, c.document_id, b.score
@@ -154,19 +153,28 @@ ranked AS (
 BM25_EXACT_DEEP = sql.SQL("""
 bm25 AS MATERIALIZED (
     SELECT t.seq, t.score
-    FROM ragservice_bm25_topk(%(collections)s::uuid[], {terms}, {weights}, %(depth)s::int,
-                              %(k1)s, %(b)s) AS t
+    FROM {topk}%(collections)s::uuid[], {terms}, {weights}, %(depth)s::int, %(k1)s,
+                %(b)s) AS t
 )""")
 
+# The exact function over the public tables, or (a store distributed on Citus) over the shards
+# of the asker's tenant: `ragservice db distribute` defines `ragservice_bm25_topk_tenant`, which
+# runs inside the statement on the worker that holds the tenant (a query on a shard may not
+# start a distributed one, so the function cannot read the distributed tables there).
+TOPK = sql.SQL("ragservice_bm25_topk(")
+TOPK_OF_TENANT = sql.SQL("ragservice_bm25_topk_tenant(%(tenant)s::uuid, ")
+
 # Whether this database has the extension (an external server may not: the SQL above is used),
-# and whether it is a Citus coordinator: there the function cannot read the postings (they are
-# on the workers, and a query on a shard may not start a distributed one), so full text is the
-# SQL above, run on the tenant's shards, every posting read when it must be exact.
+# whether it is a Citus coordinator, and whether it has the tenant's function (defined when the
+# store is distributed): without it, full text on Citus is the SQL above, run on the tenant's
+# shards, every posting read when it must be exact.
 HAS_EXACT_BM25 = sql.Composed(
     [
         sql.SQL(
             "SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'ragservice_bm25'), "
-            "EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus')"
+            "EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus'), "
+            "to_regprocedure('public.ragservice_bm25_topk_tenant(uuid, uuid[], text[], "
+            "float8[], integer, float8, float8)') IS NOT NULL"
         )
     ]
 )
@@ -300,6 +308,11 @@ def bm25_filter_join(filters: CompiledFilter | None, limit: int) -> sql.Composab
     return sql.SQL("{docs} WHERE {where}").format(docs=document_join(filters), where=filters.where)
 
 
+def _topk(of_tenant: bool, tenant: uuid.UUID | None) -> sql.Composable:
+    """The exact function's call up to its collections."""
+    return TOPK_OF_TENANT if of_tenant and tenant is not None else TOPK
+
+
 def bm25(
     filters: CompiledFilter | None,
     limit: int,
@@ -308,6 +321,7 @@ def bm25(
     exact: bool = False,
     restricted: bool = False,
     tenant: uuid.UUID | None = None,
+    of_tenant: bool = False,
 ) -> sql.Composed:
     """BM25's CTEs down to `ranked` (the best `limit` chunks): over the query's lexemes, or
     `weighted` over %(terms)s with their %(weights)s (an expanded query). `exact` (the database
@@ -315,7 +329,8 @@ def bm25(
     the asker may not read every chunk, so the best `limit` are those it may read: the scored
     chunks (the exact function's top %(depth)s where `exact`, else the budgeted scores; never
     the score cut) are looked up best first until `limit` visible ones. `tenant`: the one the
-    statement is run for (None: across all tenants)."""
+    statement is run for (None: across all tenants); `of_tenant`: the exact function reads
+    that tenant's shards (a store distributed on Citus)."""
     terms = WEIGHTED_LEXEMES if weighted else QUERY_LEXEMES
     scores = BM25_SCORES.format(
         stats_tenant=tenant_and("st", tenant),
@@ -327,6 +342,7 @@ def bm25(
     if restricted and filters is None:
         if exact:
             scores = BM25_EXACT_DEEP.format(
+                topk=_topk(of_tenant, tenant),
                 terms=terms,
                 weights=sql.SQL("%(weights)s::float8[]") if weighted else sql.SQL("NULL"),
             )
@@ -334,6 +350,7 @@ def bm25(
         return sql.SQL("{},{}").format(scores, visible)
     if exact and filters is None:
         return BM25_EXACT.format(
+            topk=_topk(of_tenant, tenant),
             terms=terms,
             weights=sql.SQL("%(weights)s::float8[]") if weighted else sql.SQL("NULL"),
             limit=sql.Literal(limit),

@@ -92,12 +92,12 @@ def bind_analyst(session: Session, name: str, *, tenant_id: uuid.UUID | None) ->
     if name not in {analyst.name for analyst in list_analysts(session)}:
         raise NotFoundError(f"no analyst named {name!r}")
     _require_tenant(session, tenant_id)
+    binding = insert(AnalystTenant).values(role_name=name, tenant_id=tenant_id)
+    # EXCLUDED's time, not now(): Citus refuses functions that are not IMMUTABLE in DO UPDATE.
     session.execute(
-        insert(AnalystTenant)
-        .values(role_name=name, tenant_id=tenant_id)
-        .on_conflict_do_update(
+        binding.on_conflict_do_update(
             index_elements=[AnalystTenant.role_name],
-            set_={"tenant_id": tenant_id, "created_at": text("now()")},
+            set_={"tenant_id": tenant_id, "created_at": binding.excluded.created_at},
         )
     )
 

@@ -101,10 +101,11 @@ def ensure_model_indexes(
         m=hnsw_m,
         ef_construction=hnsw_ef_construction,
     )
-    session.execute(
-        text("SELECT ragservice_ensure_cache_index(:id, :dim)"),
-        {"id": model.id, "dim": model.dimension},
-    )
+    with indexes.as_login(session):
+        session.execute(
+            text("SELECT ragservice_ensure_cache_index(:id, :dim)"),
+            {"id": model.id, "dim": model.dimension},
+        )
 
 
 def set_storage(session: Session, model_id: int, storage: indexes.Storage) -> int:

@@ -144,18 +144,18 @@ WHERE q.tenant_id = :tenant
 ORDER BY {order}
 """
 
+# The chunks' ids as one array (not a UNION of subqueries: Citus pushes no UNION of table
+# functions down to the workers).
 _EXPORT_TEXTS = """(
     SELECT jsonb_object_agg(CAST(c.id AS text), c.text) FROM chunks c
-    WHERE c.tenant_id = q.tenant_id AND c.id IN (
-        SELECT CAST(r.item ->> 'chunk_id' AS uuid)
-        FROM jsonb_array_elements(q.retrieved) WITH ORDINALITY AS r(item, n)
-        WHERE r.n <= :depth
-        UNION
-        SELECT CAST(jsonb_array_elements_text(s.item -> 'chunk_ids') AS uuid)
-        FROM jsonb_array_elements(q.citations) AS s(item)
-        UNION
-        SELECT unnest(f.relevant_chunk_ids || f.irrelevant_chunk_ids) FROM feedback f
-        WHERE f.query_id = q.id AND f.tenant_id = q.tenant_id))"""
+    WHERE c.tenant_id = q.tenant_id AND c.id = ANY(
+        ARRAY(SELECT CAST(r.item ->> 'chunk_id' AS uuid)
+              FROM jsonb_array_elements(q.retrieved) WITH ORDINALITY AS r(item, n)
+              WHERE r.n <= :depth)
+        || ARRAY(SELECT CAST(jsonb_array_elements_text(s.item -> 'chunk_ids') AS uuid)
+                 FROM jsonb_array_elements(q.citations) AS s(item))
+        || ARRAY(SELECT unnest(f.relevant_chunk_ids || f.irrelevant_chunk_ids) FROM feedback f
+                 WHERE f.query_id = q.id AND f.tenant_id = q.tenant_id)))"""
 
 _WINDOW = (
     "(CAST(:since AS timestamptz) IS NULL OR {column} >= CAST(:since AS timestamptz)) "

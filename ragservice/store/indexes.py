@@ -4,6 +4,8 @@ memory and workers, its progress, and rewriting a model's rows into another stor
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
@@ -52,19 +54,43 @@ def insert_staged(conn: psycopg.Connection[Any], staging: str, *, existing_chunk
     return conn.execute(statement).rowcount
 
 
+@contextmanager
+def as_login(session: Session) -> Iterator[None]:
+    """Run the SECURITY DEFINER index functions (DDL needs the tables' owner: they run with its
+    rights, migrations 0007 and 0015) with this transaction's role reset to the login's, and
+    the role set again afterwards. On Citus, `SET LOCAL` commands reach the workers
+    (`citus.propagate_set_commands = 'local'`), the role among them, so the index's DDL on the
+    shards would run as the system role the service switched to ("must be owner")."""
+    role = session.scalar(text("SELECT current_setting('role')"))
+    if role in (None, "none"):
+        yield
+        return
+    session.execute(text("SET LOCAL ROLE NONE"))
+    try:
+        yield
+    finally:
+        session.execute(text(f"SET LOCAL ROLE {_quoted_role(str(role))}"))
+
+
+def _quoted_role(role: str) -> str:
+    return '"' + role.replace('"', '""') + '"'
+
+
 def ensure_index(
     session: Session, model_id: int, dimension: int, storage: str, *, m: int, ef_construction: int
 ) -> None:
     """The model's partial HNSW index for its storage (a no-op when it exists)."""
-    session.execute(
-        text("SELECT ragservice_ensure_embedding_index(:id, :dim, :m, :ef, :storage)"),
-        {"id": model_id, "dim": dimension, "m": m, "ef": ef_construction, "storage": storage},
-    )
+    with as_login(session):
+        session.execute(
+            text("SELECT ragservice_ensure_embedding_index(:id, :dim, :m, :ef, :storage)"),
+            {"id": model_id, "dim": dimension, "m": m, "ef": ef_construction, "storage": storage},
+        )
 
 
 def drop_index(session: Session, model_id: int) -> None:
     # DDL needs the table's owner: the function runs with its rights (migration 0007).
-    session.execute(text("SELECT ragservice_drop_embedding_index(:id)"), {"id": model_id})
+    with as_login(session):
+        session.execute(text("SELECT ragservice_drop_embedding_index(:id)"), {"id": model_id})
 
 
 def has_index(session: Session, model_id: int) -> bool:

@@ -160,6 +160,14 @@ def test_a_tenant_sees_nothing_of_another(cluster_client: TestClient, tenant: Te
         "/v1/search", json={"query": "Okapi", "collections": ["kb"]}, headers=other.reader
     )
     assert refused.status_code == 404
+    # The job queue stays on the coordinator (a Citus-managed local table): its policies too.
+    jobs = ok(cluster_client.get("/v1/jobs", headers=tenant.admin))["jobs"]
+    assert jobs
+    for job in jobs:
+        hidden = cluster_client.get(f"/v1/jobs/{job['id']}", headers=other.admin)
+        assert hidden.status_code == 404
+    theirs = ok(cluster_client.get("/v1/jobs", headers=other.admin))["jobs"]
+    assert {job["id"] for job in theirs}.isdisjoint({job["id"] for job in jobs})
 
 
 def test_readers_of_a_document_are_enforced_on_the_workers(
@@ -230,9 +238,37 @@ def test_a_tenants_search_runs_as_one_task_on_one_worker(
                 )
                 assert "Task Count: 1\n" in plan + "\n", plan
                 assert any(worker in plan for worker in workers), plan
+            texts = [statement.query.as_string(raw) for statement in ran]
             connection.rollback()
     finally:
         engine.dispose()
+    # Full text is the exact C function, run on the worker over the tenant's shards.
+    on_worker = any("ragservice_bm25_topk_tenant(" in text for text in texts)
+    assert on_worker == (mode != "dense"), texts
+
+
+def test_full_text_on_the_worker_scores_as_every_posting_read(
+    cluster_client: TestClient, tenant: Tenant, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The exact function on the tenant's worker ranks and scores as BM25 over every posting
+    (the SQL statement with no budget, which the cluster ran before it had the function)."""
+    from ragservice.retrieval.fulltext import FullTextEngine
+
+    def hits(headers: dict[str, str]) -> list[tuple[str, float]]:
+        found = search(
+            cluster_client, headers, query="graphs of BM25 scores and replicas", mode="fulltext"
+        )
+        return [(h["document"]["external_id"], h["score"]) for h in found["results"]]
+
+    ana = tenant.user(cluster_client, "ana")
+    by_function = {"reader": hits(tenant.reader), "restricted": hits(ana)}
+    searcher = cluster_client.app.state.search.searcher  # type: ignore[attr-defined]
+    monkeypatch.setattr(searcher, "_fulltext", FullTextEngine(function=False, distributed=True))
+    by_sql = {"reader": hits(tenant.reader), "restricted": hits(ana)}
+    assert len(by_function["reader"]) >= 3
+    for asker, expected in by_sql.items():
+        assert [h[0] for h in by_function[asker]] == [h[0] for h in expected], asker
+        assert [h[1] for h in by_function[asker]] == pytest.approx([h[1] for h in expected])
 
 
 HR = [
@@ -401,6 +437,34 @@ def test_a_tenant_moves_to_a_worker_of_its_own_while_it_ingests_and_answers(
     # valid entry for shard"): its job fails whole (nothing of it stored) and may be sent again.
     assert failures["search"] == 0 and failures["ingest"] <= 1, errors
     assert not set(lost) & set(ids)
+
+
+def test_a_new_worker_takes_its_share_of_the_shards_by_a_rebalance(
+    cluster_client: TestClient, distributed: CitusCluster
+) -> None:
+    """`citus_add_node`, then `citus_rebalance_start` (block_writes) and its wait: shards move
+    onto the new worker, and every tenant's answers are the same after as before."""
+    tenants = [new_tenant(cluster_client) for _ in range(3)]
+    for tenant in tenants:
+        add_corpus(cluster_client, tenant)
+    query = {"query": "Okapi BM25 term frequency", "collections": ["kb"], "k": 4}
+    before = [search(cluster_client, t.reader, **query)["results"] for t in tenants]
+    new_worker = distributed.add_worker()
+    with distributed.coordinator_connection() as conn:
+        conn.execute("SET statement_timeout = '300s'")
+        conn.execute("SELECT citus_rebalance_start(shard_transfer_mode => 'block_writes')")
+        conn.execute("SELECT citus_rebalance_wait()")
+        moved = conn.execute(
+            "SELECT count(*) FROM pg_dist_placement p JOIN pg_dist_node n USING (groupid) "
+            "JOIN pg_dist_shard s USING (shardid) "
+            "WHERE n.nodeport = %s AND s.logicalrelid = 'public.collections'::regclass",
+            (new_worker.port,),
+        ).fetchone()
+    assert moved is not None and moved[0] >= 1
+    after = [search(cluster_client, t.reader, **query)["results"] for t in tenants]
+    assert [[h["chunk_id"] for h in hits] for hits in after] == [
+        [h["chunk_id"] for h in hits] for hits in before
+    ]
 
 
 def test_a_worker_down_is_a_503_for_its_tenants_only(

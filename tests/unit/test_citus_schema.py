@@ -1,15 +1,23 @@
 """The schema rewrites `ragservice db distribute` makes for Citus, as text (the cluster runs them
-in tests/citus)."""
+in tests/citus), and which full text a searcher runs there."""
 
 from __future__ import annotations
 
+import uuid
+
 import pytest
 
+from ragservice.db import tenancy
 from ragservice.db.citus_schema import (
+    LOGIN_VARIABLE,
     UnsupportedTriggerError,
+    rows_function_body,
     shard_local_body,
     without_setting_subqueries,
 )
+from ragservice.retrieval.fulltext import EVERY_POSTING, FullTextEngine
+from ragservice.retrieval.options import SearchOptions
+from ragservice.retrieval.statements import bm25
 
 TABLES = ("chunks", "chunk_postings", "prompt_cache", "prompt_cache_sources")
 
@@ -67,3 +75,51 @@ def test_a_statement_using_the_functions_variables_is_not_rewritten() -> None:
     )
     with pytest.raises(UnsupportedTriggerError, match="limit_rows"):
         shard_local_body(body, TABLES)
+
+
+def test_a_views_function_reads_the_analyst_once_as_the_sessions_login() -> None:
+    body = rows_function_body(
+        "SELECT q.id FROM query_log q WHERE EXISTS (SELECT 1 FROM analyst_tenants a "
+        "WHERE a.role_name = CURRENT_USER AND a.tenant_id = q.tenant_id);"
+    )
+    assert "CURRENT_USER" not in body.upper().replace(LOGIN_VARIABLE.upper(), "")
+    assert f"{LOGIN_VARIABLE} name := session_user;" in body
+    assert f"a.role_name = {LOGIN_VARIABLE} AND" in body
+    assert body.startswith("#variable_conflict use_column\n")
+    assert body.endswith("q.tenant_id);\nEND")
+
+
+@pytest.mark.parametrize(
+    ("probe", "function", "of_tenant", "budget"),
+    [
+        ((True, False, False), True, False, 500),  # one server with the extension
+        ((False, False, False), False, False, 500),  # an external server without it
+        ((True, True, True), True, True, 500),  # Citus, distributed with the tenant's function
+        ((True, True, False), False, False, EVERY_POSTING),  # Citus, distributed before it
+    ],
+)
+def test_full_text_runs_the_function_where_it_can_read_the_postings(
+    probe: tuple[bool, bool, bool], function: bool, of_tenant: bool, budget: int
+) -> None:
+    options = SearchOptions(bm25_postings_per_term=500)
+    engine = FullTextEngine()
+    asked: list[int] = []
+
+    def ask() -> tuple[bool, bool, bool]:
+        asked.append(1)
+        return probe
+
+    tenant = uuid.uuid4()
+    with tenancy.as_tenant(tenant):
+        assert engine.exact(options, ask) is function
+        assert engine.budget(options, ask) == budget
+    assert engine.of_tenant is of_tenant
+    assert len(asked) == 1  # asked once per searcher
+    if engine.distributed:  # across tenants the function cannot run on Citus: every posting
+        with tenancy.as_system():
+            assert engine.exact(options, ask) is False
+            assert engine.budget(options, ask) == EVERY_POSTING
+    statement = bm25(None, 10, exact=function, tenant=tenant, of_tenant=engine.of_tenant)
+    text = statement.as_string(None)
+    assert ("ragservice_bm25_topk_tenant(%(tenant)s::uuid," in text) is of_tenant
+    assert ("ragservice_bm25_topk(" in text) is (function and not of_tenant)
