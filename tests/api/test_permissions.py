@@ -307,7 +307,11 @@ def test_the_database_hides_restricted_rows_from_a_transaction_that_names_no_rea
             chunks = {
                 external_id
                 for external_id in session.scalars(
-                    select(Document.external_id).join(Chunk, Chunk.document_id == Document.id)
+                    select(Document.external_id).join(
+                        Chunk,
+                        (Chunk.document_id == Document.id)
+                        & (Chunk.tenant_id == Document.tenant_id),
+                    )
                 )
             }
             raw = session.scalar(select(func.count()).select_from(Chunk))

@@ -40,7 +40,8 @@ def readers(database_url: str) -> dict[str, list[str] | None]:
     documents = dict(rows(database_url, "SELECT external_id, readers FROM documents"))
     chunks = rows(
         database_url,
-        "SELECT d.external_id, c.readers FROM chunks c JOIN documents d ON d.id = c.document_id",
+        "SELECT d.external_id, c.readers FROM chunks c "
+        "JOIN documents d ON d.id = c.document_id AND d.tenant_id = c.tenant_id",
     )
     assert chunks and all(documents[external_id] == list_ for external_id, list_ in chunks)
     return {
