@@ -104,7 +104,10 @@ test: $(DEV_STAMP) $(BM25_STAMP) browser ocr
 CITUS_LEAK_SUITES := tests/api/test_tenant_isolation.py tests/integration/test_tenant_isolation.py \
 	tests/api/test_permissions.py tests/api/test_permission_attacks.py \
 	tests/api/test_bm25_side_channel.py tests/api/test_mcp_permissions.py \
-	tests/integration/test_permissions_cli.py tests/api/test_feedback.py tests/api/test_cache.py
+	tests/integration/test_permissions_cli.py tests/api/test_feedback.py tests/api/test_cache.py \
+	tests/api/test_auth.py tests/api/test_search_api.py tests/api/test_sources_api.py \
+	tests/api/test_openai_embeddings.py tests/api/test_bulk_import.py tests/api/test_cli_tenant.py \
+	tests/api/test_console_api.py tests/api/test_fair_share.py tests/api/test_model_switch.py
 test-citus-leaks: $(DEV_STAMP) $(BM25_STAMP)
 	CITUS_TEST_CLUSTER=1 $(BIN)/pytest -q $(CITUS_LEAK_SUITES)
 

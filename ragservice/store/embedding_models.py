@@ -184,9 +184,14 @@ def chunks_to_embed(
 
 
 def _has_embedding(model_id: int) -> ColumnElement[bool]:
+    # The tenant too: on Citus a correlated subquery must join on the distribution column.
     return (
         select(ChunkEmbedding.chunk_id)
-        .where(ChunkEmbedding.chunk_id == Chunk.id, ChunkEmbedding.model_id == model_id)
+        .where(
+            ChunkEmbedding.chunk_id == Chunk.id,
+            ChunkEmbedding.tenant_id == Chunk.tenant_id,
+            ChunkEmbedding.model_id == model_id,
+        )
         .exists()
     )
 

@@ -79,8 +79,11 @@ def test_models_are_listed_to_admins_and_switched_by_the_service_admin_only(
     client: TestClient, keys: Keys, tiny_path: Path
 ) -> None:
     add_corpus(client, keys.writer)
-    with tenancy.as_system(), runtime_of(client).db.write() as session:
+    with tenancy.as_system(), runtime_of(client).db.read() as session:
         chunks = store.embedding_models.chunk_total(session)
+    # Its own transaction, as `finetune` registers a version: on Citus a new model's index
+    # DDL may not follow a read of every shard in the same transaction.
+    with tenancy.as_system(), runtime_of(client).db.write() as session:
         tiny = store.embedding_models.register_model_version(
             session,
             name="tiny",
