@@ -38,8 +38,11 @@ class PackResult:
 
 def append_postings(session: Session) -> None:
     """Until the transaction ends, chunk inserts append their postings blocks (no merge into
-    open blocks, no per-collection lock): for large batches, packed afterwards."""
-    # SET LOCAL: on Citus the triggers that read it run on the workers, which get it so.
+    open blocks, no per-collection lock): for large batches, packed afterwards. Not on a
+    distributed store, where no pack follows (`pack_postings`): there every load merges its
+    postings into the open blocks, so that searches read packed blocks as on one server."""
+    if bulk.on_citus(driver_connection(session)):
+        return
     session.execute(text("SET LOCAL ragservice.postings_append = on"))
 
 
@@ -51,8 +54,8 @@ def pack_postings(session: Session, collection_id: uuid.UUID | None) -> PackResu
     started = time.perf_counter()
     if bulk.on_citus(driver_connection(session)):
         # The pack locks and rewrites a collection's blocks by collection alone, which Citus
-        # cannot route to one shard; the blocks stay as the loads wrote them (searches read
-        # them all the same, a little slower; docs/scaling.md).
+        # cannot route to one shard; loads there merge their blocks as they go instead
+        # (`append_postings`).
         log.info("postings not packed: a distributed store")
         return PackResult(0, 0, 0, time.perf_counter() - started)
     if collection_id is None:

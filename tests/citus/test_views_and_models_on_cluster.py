@@ -123,3 +123,16 @@ def test_a_tenant_bound_analyst_sees_its_tenants_rows_only(
         ):
             with pytest.raises(psycopg.errors.InsufficientPrivilege):
                 as_bound.execute(statement)
+
+
+def test_loads_merge_their_postings_on_a_distributed_store(cluster_db: Database) -> None:
+    """No pack follows a load on Citus (`pack_postings`), so a large batch is not written in
+    append mode there: its blocks merge into the open ones as they go."""
+    from sqlalchemy import text
+
+    with tenancy.as_system(), cluster_db.write() as session:
+        store.postings.append_postings(session)
+        setting = session.scalar(text("SELECT current_setting('ragservice.postings_append', true)"))
+        packed = store.postings.pack_postings(session, None)
+    assert setting in (None, "", "off")
+    assert (packed.collections, packed.blocks_before) == (0, 0)
