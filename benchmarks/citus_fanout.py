@@ -10,11 +10,11 @@ searches would then run on every shard and be merged on the coordinator. This me
 fresh cluster of the embedded PostgreSQL (`ragservice.dev.citus.CitusCluster`, a coordinator
 and `--workers` workers, the store migrated and distributed):
 
-- the same `--chunks` vectors (unit length, `--dimension`, around 200 random centres; one chunk a document,
-  written through the store's own write path under an embedding model of that dimension with
-  its partial HNSW index) are stored twice: as one tenant ("routed": one shard), and split
-  evenly over one tenant per shard ("fan-out": every shard of every worker holds a part), and
-  analyzed;
+- the same `--chunks` vectors (unit length, `--dimension`, around 200 random centres; one
+  chunk a document, written through the store's own write path under an embedding model of
+  that dimension with its partial HNSW index) are stored twice: as one tenant ("routed": one
+  shard), and split evenly over one tenant per shard ("fan-out": every shard of every worker
+  holds a part); then analyzed;
 - each query (a stored vector plus noise) is a dense search (k = 10, `hnsw.ef_search` 100) by
   the service's own `Searcher` with the query's vector given: as the one tenant (one task on
   its worker), and across all the split tenants' collections (as the system role, so the
@@ -39,7 +39,6 @@ import os
 import platform
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -56,12 +55,13 @@ import psycopg
 _HERE = Path(__file__).resolve().parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE] + [str(_HERE)]
 
+from citus import _ensure_citus  # noqa: E402
+
 from ragservice import store  # noqa: E402
 from ragservice.config import Settings  # noqa: E402
 from ragservice.db import Database, open_database, tenancy  # noqa: E402
 from ragservice.db.distribution import distribute  # noqa: E402
-from ragservice.db.embedded import postgres_bin_dir  # noqa: E402
-from ragservice.dev.citus import CitusCluster, citus_installed  # noqa: E402
+from ragservice.dev.citus import CitusCluster  # noqa: E402
 from ragservice.retrieval.options import Mode, SearchOptions  # noqa: E402
 from ragservice.retrieval.search import FixedModel, Searcher  # noqa: E402
 from ragservice.types import TextChunk  # noqa: E402
@@ -146,22 +146,6 @@ def _parse_args() -> argparse.Namespace:
 
 def _log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
-
-
-def _ensure_citus(installer: Path) -> None:
-    """Citus in the embedded PostgreSQL, installed by `installer` when missing."""
-    if citus_installed():
-        return
-    pg_config = postgres_bin_dir() / "pg_config"
-    if not installer.is_file():
-        raise SystemExit(
-            f"Citus is not installed in the embedded PostgreSQL ({pg_config}) and there is no "
-            f"installer at {installer}: pass --citus-installer PATH (see docs/scaling.md)"
-        )
-    _log(f"installing Citus: {installer} {pg_config}")
-    done = subprocess.run([str(installer), str(pg_config)], capture_output=True, text=True)
-    if done.returncode != 0 or not citus_installed():
-        raise SystemExit(f"installing Citus failed:\n{(done.stdout + done.stderr)[-4000:]}")
 
 
 def _clustered(rng: np.random.Generator, count: int, dimension: int) -> Vector:
