@@ -8,11 +8,14 @@ batch) and runs the source again after each batch, printing a line per run, unti
 
 from __future__ import annotations
 
+import signal
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from types import FrameType
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -109,27 +112,50 @@ def watch_folder(
 
     runs = 0
     console.print(f"watching {escape(str(folder))} (source {source_id}); Ctrl-C stops")
+    interrupted = threading.Event()
     try:
-        for changes in watchfiles.watch(
-            folder,
-            debounce=DEBOUNCE_MS,
-            step=_QUIET_MS,
-            stop_event=stop_event,
-            rust_timeout=_FIRST_RUN_TIMEOUT_MS,
-            yield_on_timeout=True,
-            raise_interrupt=True,
-        ):
-            if runs > 0 and not changes:
-                continue  # the watcher's timeout, not a change
-            _run_and_report(run_once, len(changes))
-            runs += 1
-            if max_runs is not None and runs >= max_runs:
-                break
+        with _ctrl_c_stops(stop_event, interrupted):
+            for changes in watchfiles.watch(
+                folder,
+                debounce=DEBOUNCE_MS,
+                step=_QUIET_MS,
+                stop_event=stop_event,
+                rust_timeout=_FIRST_RUN_TIMEOUT_MS,
+                yield_on_timeout=True,
+                raise_interrupt=True,
+            ):
+                if runs > 0 and not changes:
+                    continue  # the watcher's timeout, not a change
+                _run_and_report(run_once, len(changes))
+                runs += 1
+                if max_runs is not None and runs >= max_runs:
+                    break
     except KeyboardInterrupt:
-        console.print(f"stopped after {runs} run(s)")
-        return EXIT_INTERRUPTED
+        interrupted.set()
     console.print(f"stopped after {runs} run(s)")
-    return 0
+    return EXIT_INTERRUPTED if interrupted.is_set() else 0
+
+
+@contextmanager
+def _ctrl_c_stops(stop_event: threading.Event, interrupted: threading.Event) -> Iterator[None]:
+    """While watching (in the main thread), Ctrl-C sets `stop_event` before it raises
+    KeyboardInterrupt: the watcher checks the event every step, so the loop ends even where
+    the KeyboardInterrupt itself is consumed on its way (seen on a busy machine: a Ctrl-C
+    sent as a run ended left the command watching)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def on_ctrl_c(signum: int, frame: FrameType | None) -> None:
+        interrupted.set()
+        stop_event.set()
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGINT, on_ctrl_c)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _run_and_report(run_once: Callable[[], SyncReport], changes: int) -> None:
