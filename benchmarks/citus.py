@@ -136,6 +136,12 @@ def _parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--queries", type=int, default=None, help="test queries to time (default: all)"
     )
+    add_cluster_arguments(parser)
+    return parse(parser)
+
+
+def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
+    """--workers and --citus-installer (the benchmarks that start a cluster)."""
     parser.add_argument("--workers", type=int, default=2, help="Citus workers")
     parser.add_argument(
         "--citus-installer",
@@ -143,7 +149,6 @@ def _parse_args() -> argparse.Namespace:
         default=_HERE.parent.parent / "shared" / "citus" / "install",
         help="run with the embedded server's pg_config when Citus is not installed there",
     )
-    return parse(parser)
 
 
 def _ensure_citus(installer: Path) -> None:

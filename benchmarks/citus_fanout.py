@@ -55,7 +55,7 @@ import psycopg
 _HERE = Path(__file__).resolve().parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE] + [str(_HERE)]
 
-from citus import _ensure_citus  # noqa: E402
+from citus import _ensure_citus, add_cluster_arguments  # noqa: E402
 
 from ragservice import store  # noqa: E402
 from ragservice.config import Settings  # noqa: E402
@@ -131,13 +131,7 @@ def _parse_args() -> argparse.Namespace:
     parser.add_argument("--chunks", type=int, default=20_000)
     parser.add_argument("--queries", type=int, default=300)
     parser.add_argument("--dimension", type=int, default=384)
-    parser.add_argument("--workers", type=int, default=2, help="Citus workers")
-    parser.add_argument(
-        "--citus-installer",
-        type=Path,
-        default=_HERE.parent.parent / "shared" / "citus" / "install",
-        help="run with the embedded server's pg_config when Citus is not installed there",
-    )
+    add_cluster_arguments(parser)
     args = parser.parse_args()
     if args.chunks < 1 or args.queries < 1 or args.dimension < 2:
         parser.error("--chunks and --queries must be at least 1, --dimension at least 2")

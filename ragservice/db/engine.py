@@ -382,7 +382,8 @@ def make_engine(url: str, *, role: str | None = None, **kwargs: Any) -> Engine:
     return engine
 
 
-_CITUS = "SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus')"
+IS_CITUS = "SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus')"
+"""Whether the database has Citus (a coordinator of a distributed store)."""
 
 
 def _sequential_on_citus(dbapi_connection: Any) -> None:
@@ -391,7 +392,7 @@ def _sequential_on_citus(dbapi_connection: Any) -> None:
     refuses to write it after a parallel statement on a distributed table in the same
     transaction ("cannot modify table ingest_jobs because there was a parallel operation").
     A tenant's statements go to one shard and are not affected."""
-    if dbapi_connection.execute(_CITUS).fetchone()[0]:
+    if dbapi_connection.execute(IS_CITUS).fetchone()[0]:
         dbapi_connection.execute("SET citus.multi_shard_modify_mode = 'sequential'")
 
 

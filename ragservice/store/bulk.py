@@ -8,6 +8,8 @@ from typing import Any
 
 import psycopg
 
+from ragservice.db.engine import IS_CITUS
+
 
 def insert_rows(
     conn: psycopg.Connection[Any],
@@ -50,7 +52,7 @@ def on_citus(conn: psycopg.Connection[Any]) -> bool:
     """Whether `conn`'s database is a Citus coordinator (asked once per connection)."""
     known = _CITUS.get(conn)
     if known is None:
-        row = conn.execute("SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus')")
+        row = conn.execute(IS_CITUS)
         known = bool(row.fetchone()[0])  # type: ignore[index]
         _CITUS[conn] = known
     return known
