@@ -13,6 +13,7 @@ bits) and `objid` (the low 32 bits) with `objsubid` 1, and two claims never shar
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import secrets
 from typing import Any
@@ -78,10 +79,16 @@ class SessionLock:
         return True
 
     def release(self) -> None:
-        """Let go: closing the connection releases the lock."""
+        """Let go: unlocked first, then the connection closed. Closing alone releases the lock
+        only once its server process has ended, a moment later: another session looking at
+        once could still see it held."""
         conn, self._conn = self._conn, None
-        if conn is not None:
-            conn.close()
+        if conn is None:
+            return
+        with contextlib.suppress(psycopg.Error):  # a lost connection holds nothing any more
+            if not conn.closed:
+                conn.execute("SELECT pg_advisory_unlock(%s)", (self.key,))
+        conn.close()
 
     def __enter__(self) -> SessionLock:
         return self
