@@ -11,11 +11,9 @@
 from __future__ import annotations
 
 import base64
-import json
 import time
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Sequence
-from contextlib import aclosing
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import anyio.to_thread
@@ -35,10 +33,10 @@ from ragservice.api.deps import (
     SettingsDep,
     replica_reads,
 )
-from ragservice.api.error_handlers import stopped_stream_error, stream_error
 from ragservice.api.schemas.common import error_responses
 from ragservice.api.schemas.openai import ChatCompletionRequest, ChatMessageIn, EmbeddingsRequest
-from ragservice.api.stopping import first_unless_stopping, next_unless_stopping, stopping_of
+from ragservice.api.sse import frame, stream_answer
+from ragservice.api.stopping import first_unless_stopping, stopping_of
 from ragservice.embedding.embedder import SentenceTransformerEmbedder
 from ragservice.embedding.registry import ModelRegistry, ServingModel
 from ragservice.embedding.token_ids import tiktoken_texts
@@ -128,7 +126,7 @@ async def chat_completions(
     # Failures before the first token keep their status code (a stop: 503 ServiceStopping).
     first = await first_unless_stopping(events, stopping_of(request))
     return StreamingResponse(
-        _chunks(request, completion_id, body.model, first, events, footer),
+        stream_answer(request, first, events, _ChatChunks(completion_id, body.model, footer)),
         media_type="text/event-stream",
     )
 
@@ -270,45 +268,42 @@ def _completion(
     }
 
 
-async def _chunks(
-    request: Request,
-    completion_id: str,
-    model: str,
-    first: str | Answer,
-    events: AsyncGenerator[str | Answer, None],
-    footer: _Footer | None,
-) -> AsyncIterator[str]:
-    def chunk(delta: dict[str, Any], finish: str | None = None, **extra: Any) -> str:
+class _ChatChunks:
+    """`chat.completion.chunk`s: the role, the pieces, the sources footer, the finish with
+    the citations, then `[DONE]`."""
+
+    def __init__(self, completion_id: str, model: str, footer: _Footer | None) -> None:
+        self.completion_id, self.model, self.footer = completion_id, model, footer
+
+    def chunk(self, delta: dict[str, Any], finish: str | None = None, **extra: Any) -> str:
         body = {
-            "id": completion_id,
+            "id": self.completion_id,
             "object": "chat.completion.chunk",
             "created": int(time.time()),
-            "model": model,
+            "model": self.model,
             "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
             **extra,
         }
-        return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
+        return frame(body)
 
-    stopping = stopping_of(request)
-    async with aclosing(events):  # a client gone mid-stream stops the upstream call too
-        yield chunk({"role": "assistant", "content": ""})
-        item: str | Answer | None = first
-        while not isinstance(item, Answer):
-            yield chunk({"content": item})
-            try:
-                item = await next_unless_stopping(events, stopping)
-            except Exception as exc:  # the status line is gone: say it in the stream and stop
-                # The body a non-streamed failure gets; OpenAI clients raise on its `error`.
-                yield f"data: {json.dumps(stream_error(request, exc), ensure_ascii=False)}\n\n"
-                return
-            if item is None:  # the server is stopping: the same, then the stream's usual end
-                yield f"data: {json.dumps(stopped_stream_error(request))}\n\n"
-                yield "data: [DONE]\n\n"
-                return
-        if sources := _sources(item.citations, footer):
-            yield chunk({"content": sources})
-        yield chunk({}, "stop", **_extra(item))
-        yield "data: [DONE]\n\n"
+    def opening(self) -> Iterable[str]:
+        return (self.chunk({"role": "assistant", "content": ""}),)
+
+    def piece(self, text: str) -> str:
+        return self.chunk({"content": text})
+
+    def failed(self, error: dict[str, str]) -> Iterable[str]:
+        # The body a non-streamed failure gets; OpenAI clients raise on its `error`.
+        return (frame(error),)
+
+    def stopped(self, error: dict[str, str]) -> Iterable[str]:
+        # The same, then the stream's usual end.
+        return (frame(error), frame("[DONE]"))
+
+    def finished(self, answer: Answer) -> Iterable[str]:
+        sources = _sources(answer.citations, self.footer)
+        head = [self.chunk({"content": sources})] if sources else []
+        return (*head, self.chunk({}, "stop", **_extra(answer)), frame("[DONE]"))
 
 
 def _extra(answer: Answer) -> dict[str, Any]:

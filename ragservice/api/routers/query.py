@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import json
-from collections.abc import AsyncGenerator, AsyncIterator
-from contextlib import aclosing
+from collections.abc import Iterable
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
@@ -13,10 +11,10 @@ from fastapi.responses import StreamingResponse
 from ragservice.answering.answer import Answer
 from ragservice.api.charges import charge
 from ragservice.api.deps import AnswersDep, Reader, replica_reads
-from ragservice.api.error_handlers import stopped_stream_error, stream_error
 from ragservice.api.schemas.answers import QueryRequest
 from ragservice.api.schemas.common import error_responses
-from ragservice.api.stopping import first_unless_stopping, next_unless_stopping, stopping_of
+from ragservice.api.sse import frame, stream_answer
+from ragservice.api.stopping import first_unless_stopping, stopping_of
 from ragservice.limits.rate_limits import ANSWER_COST
 from ragservice.services.views import answer_out
 
@@ -55,30 +53,27 @@ async def query(
     # Wait for the first piece before answering 200, so that a failure to retrieve or to reach
     # the inference layer still gets its proper status code instead of a broken stream.
     first = await first_unless_stopping(events, stopping_of(request))
-    return StreamingResponse(_sse(request, first, events), media_type="text/event-stream")
+    return StreamingResponse(
+        stream_answer(request, first, events, _QueryEvents()), media_type="text/event-stream"
+    )
 
 
-async def _sse(
-    request: Request, first: str | Answer, events: AsyncGenerator[str | Answer, None]
-) -> AsyncIterator[str]:
+class _QueryEvents:
     """`token` events, then `citations` (with the sources), then `done` with the rest."""
-    stopping = stopping_of(request)
-    async with aclosing(events):
-        item: str | Answer | None = first
-        while not isinstance(item, Answer):
-            yield _event("token", {"text": item})
-            try:
-                item = await next_unless_stopping(events, stopping)
-            except Exception as exc:  # mid-stream: the status line is gone, tell it in the stream
-                yield _event("error", stream_error(request, exc))
-                return
-            if item is None:  # the server is stopping
-                yield _event("error", stopped_stream_error(request))
-                return
-        whole = answer_out(item).model_dump(mode="json")
-        yield _event("citations", {k: whole.pop(k) for k in ("citations", "sources")})
-        yield _event("done", whole)
 
+    def opening(self) -> Iterable[str]:
+        return ()
 
-def _event(name: str, data: dict[str, Any]) -> str:
-    return f"event: {name}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n"
+    def piece(self, text: str) -> str:
+        return frame({"text": text}, "token")
+
+    def failed(self, error: dict[str, str]) -> Iterable[str]:
+        return (frame(error, "error"),)
+
+    def stopped(self, error: dict[str, str]) -> Iterable[str]:
+        return (frame(error, "error"),)
+
+    def finished(self, answer: Answer) -> Iterable[str]:
+        whole = answer_out(answer).model_dump(mode="json")
+        citations = {k: whole.pop(k) for k in ("citations", "sources")}
+        return (frame(citations, "citations"), frame(whole, "done"))
