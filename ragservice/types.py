@@ -4,47 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import PurePosixPath
 from typing import Any, Literal, Protocol, TypeAlias
 
 import numpy as np
 import numpy.typing as npt
-
-SUPPORTED_SUFFIXES: tuple[str, ...] = (
-    ".txt",
-    ".md",
-    ".markdown",
-    ".html",
-    ".htm",
-    ".pdf",
-    ".docx",
-    ".pptx",
-    ".xlsx",
-    ".csv",
-    ".tsv",
-    ".odt",
-    ".rtf",
-    ".epub",
-    ".eml",
-    ".mbox",
-    ".png",
-    ".jpg",
-    ".jpeg",
-    ".tif",
-    ".tiff",
-    ".jsonl",
-    ".parquet",
-)
-"""File types the loaders read; the API refuses other uploads with 415 before queueing them."""
-
-
-def file_type(name: str) -> str:
-    """The suffix of the file `name` that picks its loader (`.pdf`), lower case; "" when it has
-    none or one no loader reads. The one test of a file's type, at upload and in the job alike:
-    a name such as `.txt` has no suffix (it is a hidden file's name), as for `pathlib`."""
-    suffix = PurePosixPath(name).suffix.lower()
-    return suffix if suffix in SUPPORTED_SUFFIXES else ""
-
 
 Scale = Literal["thumbs", "stars"]
 """A rating's scale: thumbs are +1/-1, stars 1 to 5."""

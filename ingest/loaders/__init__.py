@@ -9,8 +9,9 @@ such value would fail a whole COPY batch.
 
 One module per format (`text_files`, `html_files`, `docx_files`, `pptx_files`, `xlsx_files`,
 `csv_files`, `odt_files`, `rtf_files`, `epub_files`, `email_files`, `mbox_files`,
-`image_files`, `jsonl_files`, `parquet_files`) and a folder for PDF (`pdf`); `loading` picks
-the format by suffix, `walking` selects files under folders, `cleaning` makes text safe to
+`image_files`, `jsonl_files`, `parquet_files`) and a folder for PDF (`pdf`); `formats` lists
+the formats (suffixes, MIME types, citations, extras, limits), `loading` picks the format by
+suffix, `walking` selects files under folders, `cleaning` makes text safe to
 store; `ragservice.limits.documents` bounds each document. Formats parse in a child process
 (`sandbox`), whose replies `replies` checks; zip-based formats pass `archives`' zip-bomb
 check first, and structured ones build their Markdown with `markdown_text`. `tables` writes
@@ -18,23 +19,26 @@ the Markdown tables of PDFs and DOCX; `ocr` reads scans and images with tesserac
 """
 
 from ingest.loaders.cleaning import clean_text, decode_bytes
+from ingest.loaders.formats import FORMATS, SUPPORTED_SUFFIXES, Format, file_type
 from ingest.loaders.jsonl_files import JsonlFields
 from ingest.loaders.loading import load_bytes, load_documents, load_file, load_text, upload_name
 from ingest.loaders.parquet_files import ParquetColumns
 from ingest.loaders.parsing import LoadResult
 from ingest.loaders.walking import iter_files
 from ragservice.limits.documents import NO_TEXT, DocumentLimits
-from ragservice.types import SUPPORTED_SUFFIXES
 
 __all__ = [
+    "FORMATS",
     "NO_TEXT",
     "SUPPORTED_SUFFIXES",
     "DocumentLimits",
+    "Format",
     "JsonlFields",
     "LoadResult",
     "ParquetColumns",
     "clean_text",
     "decode_bytes",
+    "file_type",
     "iter_files",
     "load_bytes",
     "load_documents",

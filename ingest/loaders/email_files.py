@@ -41,10 +41,11 @@ from typing import Any
 
 from ingest.loaders import replies
 from ingest.loaders.cleaning import clean_text, clean_title, collapse, decode_bytes
+from ingest.loaders.formats import file_type
 from ingest.loaders.html_files import html_text
 from ingest.loaders.parsing import Child, Parsed, ParseError, bad_content
 from ragservice.limits.documents import DocumentLimits
-from ragservice.types import TextFormat, file_type
+from ragservice.types import TextFormat
 
 _MAX_HEADER_CHARS = 16 * 2**10
 _FOLD = re.compile(r"\r?\n(?=[ \t])")

@@ -18,6 +18,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from ingest.loaders.cleaning import clean_json, clean_text, clean_title, collapse
+from ingest.loaders.formats import file_type
 from ingest.loaders.jsonl_files import JsonlFields, jsonl_results, load_jsonl
 from ingest.loaders.parquet_files import ParquetColumns, batch_documents
 from ingest.loaders.parsing import Child, LoadResult, ParseError
@@ -34,7 +35,7 @@ from ragservice.limits.documents import (
     too_long,
 )
 from ragservice.limits.shape import external_id_too_long, too_deep
-from ragservice.types import LoadedDocument, LoadFailure, SkippedFile, file_type
+from ragservice.types import LoadedDocument, LoadFailure, SkippedFile
 
 # The defaults read BEIR `corpus.jsonl`; frozen, so one shared instance is safe.
 _BEIR_FIELDS = JsonlFields()

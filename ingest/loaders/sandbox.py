@@ -49,6 +49,7 @@ from ingest.loaders.csv_files import parse_csv, parse_tsv
 from ingest.loaders.docx_files import parse_docx
 from ingest.loaders.email_files import parse_email
 from ingest.loaders.epub_files import parse_epub
+from ingest.loaders.formats import FORMATS
 from ingest.loaders.html_files import parse_html
 from ingest.loaders.image_files import parse_image
 from ingest.loaders.mbox_files import parse_mbox
@@ -66,30 +67,30 @@ from ragservice.limits.documents import DocumentLimits
 
 Parser = Callable[[bytes, DocumentLimits], Parsed]
 
-# suffix -> (metadata file_type, parser); .jsonl is read apart since it yields many documents
-PARSERS: dict[str, tuple[str, Parser]] = {
-    ".txt": ("text", parse_text),
-    ".md": ("markdown", parse_markdown),
-    ".markdown": ("markdown", parse_markdown),
-    ".html": ("html", parse_html),
-    ".htm": ("html", parse_html),
-    ".pdf": ("pdf", parse_pdf),
-    ".docx": ("docx", parse_docx),
-    ".pptx": ("pptx", parse_pptx),
-    ".xlsx": ("xlsx", parse_xlsx),
-    ".csv": ("csv", parse_csv),
-    ".tsv": ("tsv", parse_tsv),
-    ".odt": ("odt", parse_odt),
-    ".rtf": ("rtf", parse_rtf),
-    ".epub": ("epub", parse_epub),
-    ".eml": ("email", parse_email),
-    ".mbox": ("mbox", parse_mbox),
-    ".png": ("image", parse_image),
-    ".jpg": ("image", parse_image),
-    ".jpeg": ("image", parse_image),
-    ".tif": ("image", parse_image),
-    ".tiff": ("image", parse_image),
+# Each format's parser by its kind (`formats.FORMATS`); JSONL and Parquet are read apart,
+# since they yield many documents.
+_PARSE: dict[str, Parser] = {
+    "text": parse_text,
+    "markdown": parse_markdown,
+    "html": parse_html,
+    "pdf": parse_pdf,
+    "docx": parse_docx,
+    "pptx": parse_pptx,
+    "xlsx": parse_xlsx,
+    "csv": parse_csv,
+    "tsv": parse_tsv,
+    "odt": parse_odt,
+    "rtf": parse_rtf,
+    "epub": parse_epub,
+    "email": parse_email,
+    "mbox": parse_mbox,
+    "image": parse_image,
 }
+
+PARSERS: dict[str, tuple[str, Parser]] = {
+    suffix: (f.kind, _PARSE[f.kind]) for f in FORMATS if f.kind in _PARSE for suffix in f.suffixes
+}
+"""suffix -> (metadata `file_type`, parser), for the formats parsed here."""
 
 _STARTUP_SECONDS = 60.0  # a child imports the parsers before it says it is ready
 _LENGTH = struct.Struct("!Q")

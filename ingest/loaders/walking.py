@@ -9,7 +9,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from ragservice.types import SUPPORTED_SUFFIXES
+from ingest.loaders.formats import SUPPORTED_SUFFIXES
 
 
 @dataclass(frozen=True)

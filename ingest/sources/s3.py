@@ -24,6 +24,7 @@ from pathlib import PurePosixPath
 from typing import Any
 from urllib.parse import urlsplit
 
+from ingest.loaders.formats import file_type
 from ingest.sources.base import (
     Changed,
     Failed,
@@ -36,7 +37,6 @@ from ingest.sources.base import (
 from ingest.sources.credentials import Credentials
 from ingest.sources.guard import Guard
 from ragservice.extras import missing_extra
-from ragservice.types import file_type
 
 _GONE_CODES = ("NoSuchKey", "404")
 _TIMEOUT_SECONDS = 30

@@ -12,7 +12,7 @@ from html.parser import HTMLParser
 from pathlib import PurePosixPath
 from urllib.parse import unquote, urljoin, urlsplit, urlunsplit
 
-from ragservice.types import file_type
+from ingest.loaders.formats import file_type
 
 DEFAULT_PORTS = {"http": 80, "https": 443}
 

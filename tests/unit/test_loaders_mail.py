@@ -11,9 +11,10 @@ import pytest
 from ingest.loaders import DocumentLimits, load_bytes, replies
 from ingest.loaders.email_files import parse_email
 from ingest.loaders.epub_files import parse_epub
+from ingest.loaders.formats import SUPPORTED_SUFFIXES
 from ingest.loaders.mbox_files import parse_mbox
 from ingest.loaders.parsing import ParseError
-from ragservice.types import SUPPORTED_SUFFIXES, LoadedDocument, LoadFailure, SkippedFile
+from ragservice.types import LoadedDocument, LoadFailure, SkippedFile
 from tests.corpus_mail import (
     ATTACHED_PDF,
     ATTACHED_TEXT,

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
+from ingest.loaders.formats import FORMATS
 from ragservice.api.deps import DatabaseDep, PipelineDep, Reader, SettingsDep, is_service_admin
-from ragservice.api.schemas.account import MeOut, TenantOut
+from ragservice.api.schemas.account import FormatsOut, MeOut, TenantOut, formats_out
 from ragservice.api.schemas.common import error_responses
 from ragservice.services.account import tenant_name
 
@@ -30,3 +31,11 @@ def me(principal: Reader, db: DatabaseDep, settings: SettingsDep, pipeline: Pipe
         cache_enabled=settings.cache_enabled,
         answer_model=pipeline.model_name,
     )
+
+
+@router.get("/formats")
+def formats(_principal: Reader) -> FormatsOut:
+    """The file types an upload may hold (`POST /v1/collections/{collection}/documents/files`
+    refuses others with 415): each with its suffixes, MIME types, what its citations name, the
+    optional part of the install it needs and the limits it is held to."""
+    return formats_out(FORMATS)

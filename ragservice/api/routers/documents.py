@@ -10,6 +10,7 @@ from typing import Annotated, Any
 import anyio.to_thread
 from fastapi import APIRouter, File, Form, Query, Request, Response, UploadFile, status
 
+from ingest.loaders.formats import SUPPORTED_SUFFIXES, file_type, suffix_list
 from ragservice.api.deps import DatabaseDep, Reader, SettingsDep, Writer, wake_workers
 from ragservice.api.schemas.common import error_responses
 from ragservice.api.schemas.documents import (
@@ -40,7 +41,6 @@ from ragservice.limits.text import json_text_problem
 from ragservice.readers import parse_readers
 from ragservice.services import documents, ingest
 from ragservice.services.jobs import JobView
-from ragservice.types import SUPPORTED_SUFFIXES, file_type
 
 router = APIRouter(
     prefix="/v1/collections/{collection}/documents",
@@ -78,9 +78,7 @@ def add_documents(
 @router.post("/files", status_code=status.HTTP_202_ACCEPTED)
 async def upload_files(
     collection: str,
-    files: Annotated[
-        list[UploadFile], File(description="txt, md, html, pdf, docx, jsonl or parquet")
-    ],
+    files: Annotated[list[UploadFile], File(description=suffix_list())],
     principal: Writer,
     db: DatabaseDep,
     settings: SettingsDep,

@@ -11,7 +11,15 @@ import { countsText, jobSummary, watchJob } from "./jobs.js";
 import * as sources from "./sources.js";
 
 const PAGE_SIZE = 50;
-const SUFFIXES = [".txt", ".md", ".markdown", ".html", ".htm", ".pdf", ".docx", ".jsonl", ".parquet"];
+let formatsLoaded = null; // GET /v1/formats, asked once: the file types an upload may hold
+
+function uploadFormats() {
+  formatsLoaded ??= get("/v1/formats").catch((error) => {
+    formatsLoaded = null; // asked again next time
+    throw error;
+  });
+  return formatsLoaded;
+}
 
 export function render(main, ctx) {
   const [name, sub, externalId] = ctx.params;
@@ -149,7 +157,8 @@ function collectionPage(main, ctx, name) {
 
 function uploadSection(ctx, name, landed) {
   const me = ctx.me;
-  const input = h("input", { type: "file", id: "upload-files", multiple: true, accept: SUFFIXES.join(",") });
+  const input = h("input", { type: "file", id: "upload-files", multiple: true });
+  let suffixes = []; // until the server says which: none refused here (the server checks too)
   const chosen = h("ul", { class: "files", "aria-label": "Files to upload" });
   const progress = h("progress", { id: "upload-progress", max: "100", value: "0", hidden: true });
   const progressLabel = h("label", { for: progress.id, hidden: true }, "Upload progress");
@@ -157,17 +166,24 @@ function uploadSection(ctx, name, landed) {
   const jobSlot = h("div", { class: "job-status" }); // its end is announced, not each poll
   let files = [];
 
+  const hintText = () => `or drop them here (${suffixes.length ? `${suffixes.join(" ")}; ` : ""}up to ${fmtBytes(me.max_file_bytes)} each, ${me.max_files_per_upload} at once)`;
+  const hint = h("p", { class: "hint" }, hintText());
   const zone = h("div", { class: "dropzone" },
     h("label", { for: input.id }, "Choose files"),
     input,
-    h("p", { class: "hint" }, `or drop them here (${SUFFIXES.join(" ")}; up to ${fmtBytes(me.max_file_bytes)} each, ${me.max_files_per_upload} at once)`));
+    hint);
+  uploadFormats().then((formats) => {
+    suffixes = formats.suffixes;
+    input.accept = suffixes.join(",");
+    hint.textContent = hintText();
+  }, alertError);
 
   function choose(list) {
     files = [...list];
     clear(chosen);
     const problems = [];
     for (const file of files) {
-      const okType = SUFFIXES.some((suffix) => file.name.toLowerCase().endsWith(suffix));
+      const okType = !suffixes.length || suffixes.some((suffix) => file.name.toLowerCase().endsWith(suffix));
       if (!okType) problems.push(`${file.name}: unsupported file type`);
       if (file.size > me.max_file_bytes) problems.push(`${file.name}: larger than ${fmtBytes(me.max_file_bytes)}`);
       chosen.append(h("li", {}, `${file.name} (${fmtBytes(file.size)})`));
