@@ -26,6 +26,7 @@ from ragservice.cli.common import (
 )
 from ragservice.client import AskEvent, Citation, Citations, Done, QueryResponse, Token
 from ragservice.config import get_settings
+from ragservice.limits.results import ANSWER_K, SEARCH_K
 from ragservice.retrieval.search import Mode
 
 if TYPE_CHECKING:
@@ -53,7 +54,7 @@ JsonOption = Annotated[bool, typer.Option("--json", help="Print the API's JSON r
 def search(
     query: Annotated[str, typer.Argument(help="What to search for.")],
     collections: CollectionsOption = None,
-    k: Annotated[int, typer.Option("-k", min=1, help="Results to return.")] = 10,
+    k: Annotated[int, typer.Option("-k", min=1, help="Results to return.")] = SEARCH_K,
     mode: ModeOption = Mode.HYBRID,
     tenant: TenantOption = None,
     url: UrlOption = None,
@@ -78,7 +79,7 @@ def search(
 def ask(
     question: Annotated[str, typer.Argument(help="The question.")],
     collections: CollectionsOption = None,
-    k: Annotated[int, typer.Option("-k", min=1, help="Chunks retrieved as context.")] = 8,
+    k: Annotated[int, typer.Option("-k", min=1, help="Chunks retrieved as context.")] = ANSWER_K,
     mode: ModeOption = Mode.HYBRID,
     tenant: TenantOption = None,
     url: UrlOption = None,

@@ -52,6 +52,7 @@ from ragservice.client.wire import (
     _unreachable,
     _without_none,
 )
+from ragservice.limits.results import ANSWER_K, SEARCH_K
 
 
 class RagserviceClient:
@@ -128,7 +129,7 @@ class RagserviceClient:
         *,
         collections: list[str] | None = None,
         mode: Mode = "hybrid",
-        k: int = 10,
+        k: int = SEARCH_K,
         filters: dict[str, Any] | None = None,
         group_by: Literal["chunk", "document"] | None = None,
         ranking: dict[str, Any] | None = None,
@@ -152,7 +153,7 @@ class RagserviceClient:
         *,
         collections: list[str] | None = None,
         mode: Mode = "hybrid",
-        k: int = 8,
+        k: int = ANSWER_K,
         filters: dict[str, Any] | None = None,
         rerank: bool | None = None,
         cache: bool | None = None,
@@ -172,7 +173,7 @@ class RagserviceClient:
         *,
         collections: list[str] | None = None,
         mode: Mode = "hybrid",
-        k: int = 8,
+        k: int = ANSWER_K,
         filters: dict[str, Any] | None = None,
         rerank: bool | None = None,
         cache: bool | None = None,

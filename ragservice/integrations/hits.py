@@ -7,6 +7,9 @@ from typing import Any
 from ragservice.client import RagserviceClient, SearchHit
 from ragservice.extras import missing_extra
 
+RETRIEVER_K = 4
+"""Documents a retriever returns unless told: LangChain's and LlamaIndex's own default."""
+
 
 def require(extra: str, module: str, cause: ImportError) -> ImportError:
     """The error for importing `module` without its extra: the `pip install` line."""

@@ -22,7 +22,7 @@ from typing import Any
 from pydantic import ConfigDict, Field, PrivateAttr, SecretStr
 
 from ragservice.client import Mode, RagserviceClient
-from ragservice.integrations.hits import hit_metadata, open_client, require
+from ragservice.integrations.hits import RETRIEVER_K, hit_metadata, open_client, require
 
 try:
     from langchain_core.callbacks import CallbackManagerForRetrieverRun
@@ -43,7 +43,7 @@ class RagserviceRetriever(BaseRetriever):
         default=None, exclude=True, description="a client to use instead of url and api_key"
     )
     collections: list[str] | None = None
-    k: int = Field(default=4, ge=1)
+    k: int = Field(default=RETRIEVER_K, ge=1)
     mode: Mode = "hybrid"
     filters: dict[str, Any] | None = Field(
         default=None, description="metadata filters, as `POST /v1/search` takes them"

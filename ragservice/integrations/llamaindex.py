@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from ragservice.client import Mode, RagserviceClient
-from ragservice.integrations.hits import hit_metadata, open_client, require
+from ragservice.integrations.hits import RETRIEVER_K, hit_metadata, open_client, require
 
 try:
     from llama_index.core.callbacks import CallbackManager
@@ -40,7 +40,7 @@ class RagserviceRetriever(BaseRetriever):
         *,
         client: RagserviceClient | None = None,
         collections: list[str] | None = None,
-        k: int = 4,
+        k: int = RETRIEVER_K,
         mode: Mode = "hybrid",
         filters: dict[str, Any] | None = None,
         timeout: float = 60.0,

@@ -39,6 +39,12 @@ stdio, where the server's own key applies)."""
 
 T = TypeVar("T")
 
+TOOL_K = 5
+"""Passages `search` returns unless the assistant asks for another number: few, since each
+lands in the assistant's context."""
+TOOL_MAX_K = 50
+"""The most passages `search` returns."""
+
 INSTRUCTIONS = """\
 Search and question answering over the document collections of one ragservice tenant.
 Use list_collections to see what there is, search for passages, ask for an answer that cites
@@ -64,7 +70,7 @@ def build_server(connect: Connect) -> MCPServer:
         query: Annotated[str, Field(min_length=1, description="what to look for")],
         ctx: Context,
         collections: Collections = None,
-        k: Annotated[int, Field(ge=1, le=50, description="how many passages")] = 5,
+        k: Annotated[int, Field(ge=1, le=TOOL_MAX_K, description="how many passages")] = TOOL_K,
         mode: Annotated[
             Mode,
             Field(

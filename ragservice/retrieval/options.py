@@ -19,6 +19,7 @@ import annotated_types
 
 from ragservice.config import DEFAULT_EF_SEARCH, SearchSettings
 from ragservice.errors import InvalidInputError
+from ragservice.limits.results import SEARCH_K
 from ragservice.retrieval.filters import CompiledFilter
 from ragservice.retrieval.fusion import Fusion, FusionSpec
 
@@ -102,7 +103,7 @@ class SearchOptions:
     """How one search runs. `filters` is a compiled metadata filter (see `retrieval.filters`)."""
 
     mode: Mode = Mode.HYBRID
-    k: int = 10
+    k: int = SEARCH_K
     filters: CompiledFilter | None = None
     # HNSW ef_search: given for this search, or (None) the default of the model's storage.
     ef_search: int | None = None
@@ -151,7 +152,7 @@ class SearchOptions:
         settings: SearchSettings,
         *,
         mode: Mode = Mode.HYBRID,
-        k: int = 10,
+        k: int = SEARCH_K,
         filters: CompiledFilter | None = None,
         group_documents: bool = False,
         **overrides: Any,

@@ -14,6 +14,7 @@ from ragservice.config import LimitSettings, SearchSettings
 from ragservice.db import Database
 from ragservice.embedding.registry import ModelRegistry, ServingModel
 from ragservice.limits.request_bounds import check_query
+from ragservice.limits.results import SEARCH_K
 from ragservice.retrieval.filters import parse_and_compile
 from ragservice.retrieval.search import Mode, Searcher, SearchHit, SearchOptions
 
@@ -26,7 +27,7 @@ class SearchQuery:
     text: str
     collections: Sequence[str] | None = None
     mode: Mode = Mode.HYBRID
-    k: int = 10
+    k: int = SEARCH_K
     filters: object | None = None
     group_documents: bool = False
     overrides: Mapping[str, Any] = field(default_factory=dict)

@@ -12,6 +12,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from ragservice.api.schemas.common import CollectionNames, JsonObject, Text
+from ragservice.limits.results import ANSWER_K
 from ragservice.retrieval.search import Mode
 from ragservice.services.answers import AskQuery
 from ragservice.services.search import SearchQuery
@@ -24,7 +25,9 @@ class QueryRequest(BaseModel):
     question: Text = Field(min_length=1)
     collections: CollectionNames | None = None
     mode: Mode = Mode.HYBRID
-    k: int = Field(default=8, ge=1, description="chunks retrieved (after reranking) for context")
+    k: int = Field(
+        default=ANSWER_K, ge=1, description="chunks retrieved (after reranking) for context"
+    )
     filters: JsonObject | None = None
     rerank: bool | None = Field(
         default=None,

@@ -7,6 +7,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from ragservice.api.schemas.common import CollectionNames, Finite, JsonObject, Text
+from ragservice.limits.results import SEARCH_K
 from ragservice.retrieval.fusion import Fusion
 from ragservice.retrieval.options import bounds_of
 from ragservice.retrieval.search import Mode
@@ -52,7 +53,7 @@ class SearchRequest(BaseModel):
     query: Text = Field(min_length=1)
     collections: CollectionNames | None = None
     mode: Mode = Mode.HYBRID
-    k: int = Field(default=10, ge=1)
+    k: int = Field(default=SEARCH_K, ge=1)
     filters: JsonObject | None = Field(
         default=None,
         description='metadata filters, e.g. {"year": {"$gte": 2020}, "chunk.heading": "Intro"}',
