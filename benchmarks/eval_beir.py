@@ -183,24 +183,25 @@ def _server_settings(args: argparse.Namespace) -> dict[str, Any]:
     if args.url:
         return {}
     s = Settings()
+    search = s.search
     return {
-        "hnsw_m": s.hnsw_m,
-        "hnsw_ef_construction": s.hnsw_ef_construction,
-        "hnsw_ef_search": s.search.ef_search_by_storage(),
-        "rrf_k": s.search_rrf_k,
-        "dense_candidates": s.search_dense_candidates,
-        "text_candidates": s.search_text_candidates,
-        "bm25_k1": s.bm25_k1,
-        "bm25_b": s.bm25_b,
-        "fusion": s.search_fusion,
-        "text_weight": s.search_text_weight,
-        "adaptive_weight": s.search_adaptive_weight,
-        "prf": s.search_prf,
-        "prf_docs": s.search_prf_docs,
-        "prf_terms": s.search_prf_terms,
-        "prf_query_weight": s.search_prf_query_weight,
-        "document_share": s.search_document_share,
-        "query_encoder": s.query_encoder,
+        "hnsw_m": s.indexing.hnsw_m,
+        "hnsw_ef_construction": s.indexing.hnsw_ef_construction,
+        "hnsw_ef_search": search.ef_search_by_storage(),
+        "rrf_k": search.search_rrf_k,
+        "dense_candidates": search.search_dense_candidates,
+        "text_candidates": search.search_text_candidates,
+        "bm25_k1": search.bm25_k1,
+        "bm25_b": search.bm25_b,
+        "fusion": search.search_fusion,
+        "text_weight": search.search_text_weight,
+        "adaptive_weight": search.search_adaptive_weight,
+        "prf": search.search_prf,
+        "prf_docs": search.search_prf_docs,
+        "prf_terms": search.search_prf_terms,
+        "prf_query_weight": search.search_prf_query_weight,
+        "document_share": search.search_document_share,
+        "query_encoder": s.embedding.query_encoder,
     }
 
 

@@ -203,7 +203,7 @@ def _parse_args() -> argparse.Namespace:
     parser.add_argument("--queries", type=int, default=300)
     parser.add_argument("--frequent", type=int, default=100)
     parser.add_argument("--k", type=int, default=10)
-    parser.add_argument("--budget", type=int, default=Settings().bm25_postings_per_term)
+    parser.add_argument("--budget", type=int, default=Settings().search.bm25_postings_per_term)
     return parser.parse_args()
 
 

@@ -67,7 +67,7 @@ def _compare(
     int8.warm_up()
     float_model = runtime.embedder
     embedders: dict[str, Callable[[], Embedder]] = {
-        "null": lambda: null_embedder(settings),
+        "null": lambda: null_embedder(settings.embedding),
         "int8": lambda: int8,
         "torch": lambda: float_model,
     }
@@ -117,7 +117,7 @@ def _ingest(
         model_id=runtime.model_id,
         tenant_id=tenant_id,
         chunking=runtime.chunking_options(),
-        batch_chunks=runtime.settings.ingest_batch_chunks,
+        batch_chunks=runtime.settings.ingest.ingest_batch_chunks,
     )
     started = time.perf_counter()
     report = pipeline.run(islice(load_documents([corpus]), limit), collection=_COLLECTION)

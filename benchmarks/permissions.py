@@ -365,7 +365,7 @@ def _sql(
     EXPLAIN (ANALYZE, BUFFERS) of both for the first query, per side, on stderr."""
     scale._log("in SQL: the hybrid search's two statements per side")
     vectors = dict(zip(texts, (runtime.embedder.embed_query(t) for t in texts), strict=True))
-    options = SearchOptions.from_settings(runtime.settings, mode=Mode.HYBRID, k=K)
+    options = SearchOptions.from_settings(runtime.settings.search, mode=Mode.HYBRID, k=K)
     readers = {"admin": None, "user": principals}
     walls: dict[str, list[float]] = {f"{s}_{p}": [] for s in SIDES for p in ("dense", "text")}
     model = scale._query_model(runtime, vectors.__getitem__)
@@ -588,7 +588,7 @@ def _recall(
     """Mean recall@10 per key and mode of the service's hits against exact search over the
     chunks the key may read (see the module's docstring)."""
     scale._log("exact search: brute-force dense, exhaustive BM25, fused")
-    options = SearchOptions.from_settings(runtime.settings, mode=Mode.HYBRID, k=K)
+    options = SearchOptions.from_settings(runtime.settings.search, mode=Mode.HYBRID, k=K)
     corpus = _Corpus(runtime, collection, principals)
     recalls: dict[str, dict[str, list[float]]] = {side: {} for side in SIDES}
     for i, text in enumerate(texts):

@@ -120,7 +120,7 @@ def _compare(
     mode: Mode,
     args: argparse.Namespace,
 ) -> dict[str, object]:
-    options = replace(SearchOptions.from_settings(runtime.settings, k=K), mode=mode)
+    options = replace(SearchOptions.from_settings(runtime.settings.search, k=K), mode=mode)
     sides = {"rls": runtime.db, "owner": owner}
     walls: dict[str, list[float]] = {name: [] for name in sides}
     hits: dict[str, list[list[uuid.UUID]]] = {name: [] for name in sides}

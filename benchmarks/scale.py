@@ -656,7 +656,7 @@ def _sql(
 ) -> dict[str, Any]:
     collection = _collection_id(runtime, args.collection)
     frequent = _frequent_queries(runtime, args)
-    options = SearchOptions.from_settings(runtime.settings, mode=Mode.FULLTEXT, k=10)
+    options = SearchOptions.from_settings(runtime.settings.search, mode=Mode.FULLTEXT, k=10)
     texts = list(queries.texts.values())
     with runtime.db.read() as session:
         found = driver_connection(session).execute(statements.HAS_EXACT_BM25).fetchone()
@@ -863,7 +863,7 @@ def _dense_figures(
 ) -> dict[str, Any]:
     """Dense recall@10 against exact search and latency at one ef_search (None: the default
     of the model's storage, from the settings)."""
-    options = SearchOptions.from_settings(runtime.settings, mode=Mode.DENSE, k=10)
+    options = SearchOptions.from_settings(runtime.settings.search, mode=Mode.DENSE, k=10)
     options = replace(options, ef_search=ef_search)
     recalls, timings = [], []
     with _searcher(runtime, vectors) as searcher:

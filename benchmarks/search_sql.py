@@ -117,7 +117,7 @@ def _parse_args() -> argparse.Namespace:
 
 def _rows(settings: Settings, depth: int) -> list[Row]:
     """The settings compared: each row changes one thing from the configured defaults."""
-    base = SearchOptions.from_settings(settings, k=depth)
+    base = SearchOptions.from_settings(settings.search, k=depth)
     dense = replace(base, mode=Mode.DENSE)
     text = replace(base, mode=Mode.FULLTEXT)
     rows = [
@@ -144,7 +144,7 @@ def _collection(runtime: Runtime, name: str) -> uuid.UUID:
     if found is None:
         raise SystemExit(
             f"collection {name!r} not found; ingest it first:\n"
-            f"  RAGSERVICE_DATA_DIR={runtime.settings.data_dir} ragservice ingest "
+            f"  RAGSERVICE_DATA_DIR={runtime.settings.database.data_dir} ragservice ingest "
             f"DATA/corpus.jsonl -c {name}"
         )
     return found

@@ -174,8 +174,8 @@ def main() -> None:
                 path=None,
                 base_model_id=None,
                 details={},
-                hnsw_m=settings.hnsw_m,
-                hnsw_ef_construction=settings.hnsw_ef_construction,
+                hnsw_m=settings.indexing.hnsw_m,
+                hnsw_ef_construction=settings.indexing.hnsw_ef_construction,
             )
             store.indexes.drop_index(session, model.id)
         report["load_s"] = round(load(db, model, data), 1)

@@ -99,7 +99,7 @@ class JobWorker:
         self.name = name or _default_name()
         self._runtime = runtime
         self._metrics = metrics or JobMetrics(CollectorRegistry())
-        self._thread_count = runtime.settings.workers if threads is None else threads
+        self._thread_count = runtime.settings.jobs.workers if threads is None else threads
         self._stopping = threading.Event()
         self._wakeup = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -216,7 +216,7 @@ class JobWorker:
     # -- internals -------------------------------------------------------------------------
 
     def _loop(self, worker: str) -> None:
-        poll = self._runtime.settings.job_poll_seconds
+        poll = self._runtime.settings.jobs.job_poll_seconds
         while not self._stopping.is_set():
             self._wakeup.clear()
             try:
@@ -259,8 +259,8 @@ class JobWorker:
                 job = store.jobs.claim_job(
                     session,
                     worker=worker,
-                    stale_after_seconds=settings.job_stale_seconds,
-                    max_attempts=settings.job_max_attempts,
+                    stale_after_seconds=settings.jobs.job_stale_seconds,
+                    max_attempts=settings.jobs.job_max_attempts,
                     hold=hold,
                 )
         except BaseException:

@@ -142,9 +142,9 @@ def _initial_model(
             name=embedder.name,
             dimension=embedder.dimension,
             path=embedder.path,
-            hnsw_m=settings.hnsw_m,
-            hnsw_ef_construction=settings.hnsw_ef_construction,
-            storage=settings.vector_storage,
+            hnsw_m=settings.indexing.hnsw_m,
+            hnsw_ef_construction=settings.indexing.hnsw_ef_construction,
+            storage=settings.indexing.vector_storage,
         )
     if not model.active:
         log.warning("embedding model %s is registered but another model is active", embedder.name)

@@ -31,7 +31,7 @@ import httpx
 from httpx_sse import EventSource, ServerSentEvent
 
 from ragservice.answering.prompt import ChatMessage
-from ragservice.config import Settings, is_loopback
+from ragservice.config import LimitSettings, Settings, is_loopback
 from ragservice.errors import ConfigurationError, UpstreamError, UpstreamTimeoutError
 from ragservice.limits.fair_slots import FairSlots
 
@@ -183,21 +183,22 @@ class InferenceClient:
         """The configured client, or None when no inference URL is set (extractive answers).
         `owner` tells whose call is being made (the tenant), for the fair share of slots;
         `transport` carries its requests (default: httpx's; a traced one while tracing)."""
-        if not settings.inference_url:
+        inference, limits = settings.inference, settings.limits
+        if not inference.inference_url:
             return None
         return cls(
-            settings.inference_url,
-            model=settings.inference_model,
+            inference.inference_url,
+            model=inference.inference_model,
             api_key=(
-                settings.inference_api_key.get_secret_value()
-                if settings.inference_api_key
+                inference.inference_api_key.get_secret_value()
+                if inference.inference_api_key
                 else None
             ),
-            connect_timeout=settings.inference_connect_timeout,
-            read_timeout=settings.inference_read_timeout,
-            max_retries=settings.inference_max_retries,
-            max_concurrent=settings.max_concurrent_upstream,
-            max_per_owner=upstream_share(settings),
+            connect_timeout=inference.inference_connect_timeout,
+            read_timeout=inference.inference_read_timeout,
+            max_retries=inference.inference_max_retries,
+            max_concurrent=limits.max_concurrent_upstream,
+            max_per_owner=upstream_share(limits),
             owner=owner,
             transport=transport,
         )
@@ -455,13 +456,13 @@ class InferenceClient:
         return text.replace(self._api_key, "***") if self._api_key else text
 
 
-def upstream_share(settings: Settings) -> int:
+def upstream_share(limits: LimitSettings) -> int:
     """The most upstream calls one tenant holds at once: the configured share, else all the
     slots but one (one is always left for the other tenants), and at least one."""
-    share = settings.max_concurrent_upstream_per_tenant
+    share = limits.max_concurrent_upstream_per_tenant
     if share is None:
-        share = settings.max_concurrent_upstream - 1
-    return max(1, min(share, settings.max_concurrent_upstream))
+        share = limits.max_concurrent_upstream - 1
+    return max(1, min(share, limits.max_concurrent_upstream))
 
 
 def _checked_base_url(base_url: str, api_key: str | None = None) -> str:

@@ -36,7 +36,7 @@ from ragservice.api.routers import (
 from ragservice.api.stopping import JOBS_SHARE, Stopping
 from ragservice.auth.tokens import TokenVerifier
 from ragservice.cache.prompt_cache import CachePurger
-from ragservice.config import Settings, get_settings, is_loopback
+from ragservice.config import SecuritySettings, Settings, get_settings, is_loopback
 from ragservice.db import tenancy
 from ragservice.embedding.embedder import SentenceTransformerEmbedder
 from ragservice.errors import AuthenticationError, ConfigurationError
@@ -92,23 +92,25 @@ def create_app(
     is on (default: one configured from the OTEL_* variables).
     """
     resolved = settings or get_settings()
-    check_auth_binding(resolved, resolved.host)
-    tracing.check_available(resolved)
+    check_auth_binding(resolved.security, resolved.server.host)
+    tracing.check_available(resolved.observability)
 
     metrics = Metrics()
-    stopping = Stopping(resolved.shutdown_grace_seconds)
+    stopping = Stopping(resolved.server.shutdown_grace_seconds)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         stopping.bind(asyncio.get_running_loop())
         # Each part is closed in reverse order even when a later one fails to start.
         async with AsyncExitStack() as stack:
-            traced = stack.enter_context(tracing.activated(resolved, provider=tracer_provider))
+            traced = stack.enter_context(
+                tracing.activated(resolved.observability, provider=tracer_provider)
+            )
             runtime = open_runtime(resolved, embedder=embedder, supervise=True)
             stack.callback(runtime.close)
             if traced is not None:
                 traced.instrument_engines(runtime.db.engines())
-            require_unprivileged_login(runtime.db, resolved)
+            require_unprivileged_login(runtime.db, resolved.security)
             app.state.runtime = runtime
             runtime.models.start()  # follows `ragservice models activate` without a restart
             searcher = stack.enter_context(open_searcher(runtime.db, runtime.models))
@@ -140,9 +142,12 @@ def create_app(
             )
             stack.callback(metrics.watch(runtime_collectors(runtime)))
             app.state.services = _start_services(stack, runtime, services, metrics.jobs, stopping)
-            if resolved.metrics_port is not None:
-                _serve_metrics(stack, metrics, resolved.metrics_host, resolved.metrics_port)
-            if resolved.auth_disabled:
+            observability = resolved.observability
+            if observability.metrics_port is not None:
+                _serve_metrics(
+                    stack, metrics, observability.metrics_host, observability.metrics_port
+                )
+            if resolved.security.auth_disabled:
                 log.warning("authentication is OFF: every request is the default tenant's admin")
             try:
                 yield
@@ -158,19 +163,19 @@ def create_app(
     )
     app.state.metrics = metrics
     app.state.stopping = stopping  # begun at signal time by `ragservice serve` (cli/serve.py)
-    app.state.rate_limiter = RateLimiter.from_settings(resolved)  # see deps.rate_limit
+    app.state.rate_limiter = RateLimiter.from_settings(resolved.security)  # see deps.rate_limit
     install_error_handlers(app)
     # Innermost first: the key is checked within the request's scope, before the body is read.
     app.add_middleware(
         AuthMiddleware,
-        failures=failure_limiter(resolved.auth_failures_per_minute),
+        failures=failure_limiter(resolved.security.auth_failures_per_minute),
         tokens=TokenVerifier.from_settings(resolved.security),
-        groups_from=resolved.jwt_groups_from,
+        groups_from=resolved.security.jwt_groups_from,
     )
     app.add_middleware(
         RequestContextMiddleware,
-        max_body_bytes=resolved.max_body_bytes,
-        access_log=resolved.log_format == "json",
+        max_body_bytes=resolved.limits.max_body_bytes,
+        access_log=resolved.observability.log_format == "json",
     )
     app.add_middleware(MetricsMiddleware, metrics=metrics)
     for module in (
@@ -187,11 +192,13 @@ def create_app(
         sources,
     ):
         # Starlette's multipart parser stops at 1,000 files unless told the configured limit.
-        app.include_router(module.router, form_limits={"max_files": resolved.max_files_per_upload})
+        app.include_router(
+            module.router, form_limits={"max_files": resolved.limits.max_files_per_upload}
+        )
     _add_health_routes(app)
-    console.mount(app, resolved)
-    if resolved.metrics_port is None:
-        _add_metrics_route(app, metrics, resolved.metrics_token)
+    console.mount(app, resolved.server)
+    if resolved.observability.metrics_port is None:
+        _add_metrics_route(app, metrics, resolved.observability.metrics_token)
     return app
 
 
@@ -204,11 +211,11 @@ def _start_services(
 ) -> list[BackgroundService]:
     """Start the background services; they stop by `JOBS_SHARE` of the grace after the stop
     began, those that can beginning at once (`StopsInTheBackground`)."""
-    settings = runtime.settings
+    cache = runtime.settings.cache
     started: list[BackgroundService] = []
     parts = [factory(runtime, metrics=job_metrics) for factory in factories]
-    if settings.cache_enabled:
-        parts.append(CachePurger(runtime.db, interval=settings.cache_purge_seconds))
+    if cache.cache_enabled:
+        parts.append(CachePurger(runtime.db, interval=cache.cache_purge_seconds))
     parts.append(RetentionPurger(runtime.db, runtime.settings.retention))
     for service in parts:
         service.start()
@@ -226,9 +233,9 @@ def _stop_quietly(service: BackgroundService, stopping: Stopping) -> None:
         log.exception("stopping %r failed", service)
 
 
-def check_auth_binding(settings: Settings, host: str) -> None:
+def check_auth_binding(security: SecuritySettings, host: str) -> None:
     """Authentication may be off only for a server that listens on loopback alone."""
-    if settings.auth_disabled and not is_loopback(host):
+    if security.auth_disabled and not is_loopback(host):
         raise ConfigurationError(
             f"RAGSERVICE_AUTH_DISABLED is set but the server binds {host!r}; "
             "authentication can only be off on a loopback address such as 127.0.0.1"

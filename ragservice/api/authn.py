@@ -142,7 +142,7 @@ class AuthMiddleware:
 
     async def _authenticate(self, scope: Scope) -> Principal:
         runtime: Runtime = scope["app"].state.runtime
-        if runtime.settings.auth_disabled:
+        if runtime.settings.security.auth_disabled:
             return Principal(tenant_id=runtime.default_tenant_id, role=Role.ADMIN, key_id=None)
         metrics: Metrics = scope["app"].state.metrics
         secret = _secret(scope)

@@ -72,7 +72,7 @@ def acquire_embedded_server(data_dir: Path, overrides: Mapping[str, str] | None 
     if held is not None:
         return held
     if overrides is None:
-        overrides = sizing.parse_overrides(get_settings().embedded_pg_settings)
+        overrides = sizing.parse_overrides(get_settings().database.embedded_pg_settings)
     try:
         recover_abandoned_state(pgdata)
         server = pgserver().get_server(pgdata, start=False)

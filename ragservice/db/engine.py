@@ -242,7 +242,7 @@ def open_database(
         check_pgvector(bootstrap)
         if run_migrations:
             _migrate(bootstrap)
-        if not settings.database_url:
+        if not settings.database.database_url:
             ensure_service_login(bootstrap)
             url = (
                 make_url(url)
@@ -251,7 +251,7 @@ def open_database(
             )
     finally:
         bootstrap.dispose()
-    role, privileged = _check_login(url, allow_missing=settings.allow_no_row_security)
+    role, privileged = _check_login(url, allow_missing=settings.security.allow_no_row_security)
     write_engine = make_engine(url, role=role)
     read_engine = make_engine(
         url, role=role, connect_args={"options": "-c default_transaction_read_only=on"}

@@ -473,18 +473,19 @@ def make_embedder(
 ) -> SentenceTransformerEmbedder:
     """The configured embedder, not yet loaded (call `warm_up`); `owner` tells whose work a
     computation is, for the fair share of its slots (see `SentenceTransformerEmbedder`)."""
-    if resolve_model_path(settings.embedding_model) != settings.embedding_model:
+    embedding = settings.embedding
+    if resolve_model_path(embedding.embedding_model) != embedding.embedding_model:
         # The bundled model is on disk: make sure nothing reaches for the hub.
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
     return SentenceTransformerEmbedder(
-        settings.embedding_model,
-        device=settings.device,
-        batch_size=settings.embed_batch_size,
-        query_encoder=settings.query_encoder,
-        cache_dir=settings.data_dir / "onnx",
-        max_concurrent=settings.max_concurrent_embeddings,
+        embedding.embedding_model,
+        device=embedding.device,
+        batch_size=embedding.embed_batch_size,
+        query_encoder=embedding.query_encoder,
+        cache_dir=settings.database.data_dir / "onnx",
+        max_concurrent=settings.limits.max_concurrent_embeddings,
         owner=owner,
-        precision=settings.embedding_precision,
+        precision=embedding.embedding_precision,
     )
 
 

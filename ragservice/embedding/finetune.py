@@ -408,7 +408,7 @@ def finetune(
             "no training triplets: feedback must mark chunks relevant (or rate an answer that "
             "cites sources well), with retrieved chunks left unmarked or marked irrelevant"
         )
-    with scratch_folder(settings.data_dir / "models", name) as scratch:
+    with scratch_folder(settings.database.data_dir / "models", name) as scratch:
         trained = train(base.path, split, options, scratch, progress=progress)
         details = _details(split, trained, base, options, source or {})
         return _register(db, settings, name, trained, base, details)
@@ -475,15 +475,15 @@ def _register(
             path=str(path),
             base_model_id=base.model_id,
             details=details,
-            hnsw_m=settings.hnsw_m,
-            hnsw_ef_construction=settings.hnsw_ef_construction,
-            storage=settings.vector_storage,
+            hnsw_m=settings.indexing.hnsw_m,
+            hnsw_ef_construction=settings.indexing.hnsw_ef_construction,
+            storage=settings.indexing.vector_storage,
         )
 
     model, path = register_folder(
         db,
         trained.path,
-        settings.data_dir / "models",
+        settings.database.data_dir / "models",
         name,
         what="model",
         next_version=store.embedding_models.next_model_version,

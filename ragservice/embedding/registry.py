@@ -156,7 +156,7 @@ class ModelRegistry:
             self._thread = None
 
     def _run(self) -> None:
-        while not self._stop.wait(self._settings.model_check_seconds):
+        while not self._stop.wait(self._settings.embedding.model_check_seconds):
             try:
                 self.refresh()
             except Exception:  # the next check tries again; meanwhile the current model serves
@@ -220,7 +220,7 @@ def loadable(row: EmbeddingModel, embedding: EmbeddingSettings) -> bool:
 def load_embedder(settings: Settings, row: EmbeddingModel) -> SentenceTransformerEmbedder:
     """The row's model with the configured device, batch size and query encoder, not yet
     loaded (call `warm_up`, or just `embed`)."""
-    if row.name == settings.embedding_model or not (row.path and Path(row.path).exists()):
+    if row.name == settings.embedding.embedding_model or not (row.path and Path(row.path).exists()):
         name = row.name
     else:
         name = row.path

@@ -152,10 +152,11 @@ def make_reranker(
     `resolve` maps `RAGSERVICE_RERANKER` to a registered reranker's folder (None when it names
     none: a path or a hub model): this module never reads the database itself.
     """
-    if not settings.reranker:
+    name = settings.answering.reranker
+    if not name:
         return None
-    folder = resolve(settings.reranker) if resolve is not None else None
-    return CrossEncoderReranker(settings.reranker, folder=folder, device=settings.device)
+    folder = resolve(name) if resolve is not None else None
+    return CrossEncoderReranker(name, folder=folder, device=settings.embedding.device)
 
 
 def rerank_hits(

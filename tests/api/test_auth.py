@@ -90,9 +90,9 @@ def test_auth_can_be_off_only_on_loopback(
     off = settings.model_copy(update={"auth_disabled": True})
     for host in ("0.0.0.0", "10.1.2.3", "example.com", "::"):
         with pytest.raises(ConfigurationError, match="loopback"):
-            check_auth_binding(off, host)
+            check_auth_binding(off.security, host)
     for host in ("127.0.0.1", "localhost", "::1"):
-        check_auth_binding(off, host)
+        check_auth_binding(off.security, host)
     with pytest.raises(ConfigurationError):
         create_app(off.model_copy(update={"host": "0.0.0.0"}), embedder=embedder)
     with TestClient(create_app(off, embedder=embedder)) as client:

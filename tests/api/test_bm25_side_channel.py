@@ -104,7 +104,7 @@ def test_a_restricted_writer_reads_hidden_document_frequencies_from_its_own_scor
         has_extension = session.scalar(
             text("SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'ragservice_bm25')")
         )
-    assert has_extension or not api_settings.bm25_exact, "the exact path needs the extension"
+    assert has_extension or not api_settings.search.bm25_exact, "the exact path needs the extension"
     ok(client.post("/v1/collections", json={"name": "plans"}, headers=keys.admin), 201)
     ingest(client, keys.admin, "plans", hidden_documents(HIDDEN))
     ingest(client, keys.writer, "plans", PROBES)

@@ -68,7 +68,7 @@ def test_semantic_hit_above_the_threshold(client: TestClient, keys: Keys) -> Non
     near = ask(client, keys.reader, "When do new staff members receive their laptop?")
     assert near["cache"]["hit"] is True, near["cache"]
     assert near["cache"]["kind"] == "semantic"
-    threshold = client.app.state.runtime.settings.cache_similarity_threshold  # type: ignore[attr-defined]
+    threshold = client.app.state.runtime.settings.cache.cache_similarity_threshold  # type: ignore[attr-defined]
     assert near["cache"]["similarity"] >= threshold
 
 

@@ -115,9 +115,9 @@ def test_422_for_invalid_fields(
     def search(body: dict[str, object]) -> dict[str, object]:
         return error(client.post("/v1/search", json=body, headers=keys.reader), 422)
 
-    assert "k" in str(search({"query": "q", "k": api_settings.max_k + 1})["detail"])
+    assert "k" in str(search({"query": "q", "k": api_settings.limits.max_k + 1})["detail"])
     assert "k:" in str(search({"query": "q", "k": 0})["detail"])
-    long_query = "word " * (api_settings.max_query_chars // 5 + 1)
+    long_query = "word " * (api_settings.limits.max_query_chars // 5 + 1)
     assert "RAGSERVICE_MAX_QUERY_CHARS" in str(search({"query": long_query})["detail"])
     assert "mode" in str(search({"query": "q", "mode": "fuzzy"})["detail"])
     assert "$regex" in str(search({"query": "q", "filters": {"year": {"$regex": "x"}}})["detail"])

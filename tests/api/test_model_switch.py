@@ -59,7 +59,7 @@ def add_tiny_model(client: TestClient, path: Path) -> EmbeddingModel:
             hnsw_ef_construction=64,
         )
     loaded = registry.load_embedder(runtime.settings, row)
-    reembed(runtime.db, runtime.settings, row, loaded, batch_size=2)
+    reembed(runtime.db, runtime.settings.indexing, row, loaded, batch_size=2)
     return row
 
 
@@ -204,7 +204,7 @@ def test_finetune_from_feedback_given_through_the_api(
 
     runtime = runtime_of(client)
     monkeypatch.setenv("RAGSERVICE_DATABASE_URL", runtime.db.url)
-    monkeypatch.setenv("RAGSERVICE_DATA_DIR", str(runtime.settings.data_dir))
+    monkeypatch.setenv("RAGSERVICE_DATA_DIR", str(runtime.settings.database.data_dir))
     monkeypatch.setenv("RAGSERVICE_DEVICE", "cpu")
     get_settings.cache_clear()
     try:

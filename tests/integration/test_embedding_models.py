@@ -67,7 +67,7 @@ def register_tiny(runtime: Runtime, path: Path, name: str = "tiny") -> Embedding
 
 def embed_all(runtime: Runtime, row: EmbeddingModel) -> None:
     loaded = registry.load_embedder(runtime.settings, row)
-    reembed(runtime.db, runtime.settings, row, loaded, batch_size=3)
+    reembed(runtime.db, runtime.settings.indexing, row, loaded, batch_size=3)
 
 
 def chunk_texts(runtime: Runtime) -> dict[Any, str]:
@@ -120,14 +120,14 @@ def test_reembed_interrupted_then_resumed_embeds_only_the_rest(
     assert count_missing(runtime.db, tiny.id) == len(TOPICS)
     failing = FailsAfter(loaded, batches=1)
     with pytest.raises(KeyboardInterrupt):
-        reembed(runtime.db, runtime.settings, tiny, failing, batch_size=3)
+        reembed(runtime.db, runtime.settings.indexing, tiny, failing, batch_size=3)
     assert failing.calls == [3, 3]
     assert len(stored_vectors(runtime, tiny.id)) == 3  # the first batch, whole
     assert count_missing(runtime.db, tiny.id) == len(TOPICS) - 3
 
     progress: list[int] = []
     report = reembed(
-        runtime.db, runtime.settings, tiny, loaded, batch_size=3, on_batch=progress.append
+        runtime.db, runtime.settings.indexing, tiny, loaded, batch_size=3, on_batch=progress.append
     )
     assert (report.missing_at_start, report.embedded, report.batches) == (4, 4, 2)
     assert progress == [3, 1]
@@ -140,7 +140,7 @@ def test_reembed_interrupted_then_resumed_embeds_only_the_rest(
     np.testing.assert_allclose(np.stack([vectors[i] for i in ids]), expected, atol=1e-5)
     # MiniLM's own embeddings are untouched, and a third run has nothing to do.
     assert len(stored_vectors(runtime, runtime.model_id)) == len(TOPICS)
-    again = reembed(runtime.db, runtime.settings, tiny, loaded, batch_size=3)
+    again = reembed(runtime.db, runtime.settings.indexing, tiny, loaded, batch_size=3)
     assert (again.missing_at_start, again.embedded, again.batches) == (0, 0, 0)
 
 
@@ -278,7 +278,7 @@ def test_finetune_registers_a_new_inactive_version_that_loads(
     first = finetune(
         runtime.db, runtime.settings, triplets(), name="tuned", base=base, options=options
     )
-    assert first.path == runtime.settings.data_dir.resolve() / "models" / "tuned-v1"
+    assert first.path == runtime.settings.database.data_dir.resolve() / "models" / "tuned-v1"
     row = first.model
     assert (row.name, row.version, row.dimension, row.active) == ("tuned", 1, 32, False)
     details = row.details
@@ -296,7 +296,7 @@ def test_finetune_registers_a_new_inactive_version_that_loads(
         runtime.db, runtime.settings, triplets(), name="tuned", base=base, options=options
     )
     assert second.model.version == 2 and second.path.name == "tuned-v2"
-    assert sorted(p.name for p in (runtime.settings.data_dir / "models").iterdir()) == [
+    assert sorted(p.name for p in (runtime.settings.database.data_dir / "models").iterdir()) == [
         "tuned-v1",
         "tuned-v2",
     ]
@@ -323,7 +323,7 @@ def test_finetune_refuses_no_data_bad_names_and_unknown_bases(runtime: Runtime) 
 def cli(runtime: Runtime, monkeypatch: pytest.MonkeyPatch) -> Iterator[CliRunner]:
     """The `ragservice` command in-process, on this test's database."""
     monkeypatch.setenv("RAGSERVICE_DATABASE_URL", runtime.db.url)
-    monkeypatch.setenv("RAGSERVICE_DATA_DIR", str(runtime.settings.data_dir))
+    monkeypatch.setenv("RAGSERVICE_DATA_DIR", str(runtime.settings.database.data_dir))
     monkeypatch.setenv("RAGSERVICE_DEVICE", "cpu")
     monkeypatch.setenv("COLUMNS", "200")  # rich wraps long lines at 80 otherwise
     get_settings.cache_clear()
@@ -390,7 +390,9 @@ def test_reembed_of_an_inactive_model_builds_its_index_once_at_the_end(
     tiny = register_tiny(runtime, tiny_path)
     seen: list[Any] = []
     loaded = registry.load_embedder(runtime.settings, tiny)
-    report = reembed(runtime.db, runtime.settings, tiny, loaded, batch_size=3, on_index=seen.append)
+    report = reembed(
+        runtime.db, runtime.settings.indexing, tiny, loaded, batch_size=3, on_index=seen.append
+    )
     assert report.index is not None
     assert report.index.rows == report.embedded == len(TOPICS)
     assert seen[-1].phase == "done" and seen[-1].tuples_done == len(TOPICS)

@@ -358,7 +358,7 @@ def test_the_searcher_uses_it_for_unfiltered_full_text(
     # RAGSERVICE_BM25_EXACT=false: the service's searches take the budgeted statement.
     settings = runtime.settings.model_copy(update={"bm25_exact": False})
     resolved = SearchOptions.from_settings(
-        settings, mode=Mode.FULLTEXT, k=10, bm25_postings_per_term=50
+        settings.search, mode=Mode.FULLTEXT, k=10, bm25_postings_per_term=50
     )
     with open_searcher(runtime.db, runtime.models) as s:
         hits = s.search(collection_ids=[collection], query=query, options=resolved).hits

@@ -60,7 +60,7 @@ def test_a_trained_reranker_registers_versions_and_serves_by_name_and_version(
     first = finetune_reranker(
         db, settings.database, triplets(), name="tiny-rr", base=base, options=options
     )
-    assert first.path == settings.data_dir.resolve() / "rerankers" / "tiny-rr-v1"
+    assert first.path == settings.database.data_dir.resolve() / "rerankers" / "tiny-rr-v1"
     assert (first.model.name, first.model.version, first.model.base) == ("tiny-rr", 1, "tiny")
     details = first.model.details
     assert details["data"]["train_questions"] == 6 and details["data"]["held_out_questions"] == 2
@@ -77,7 +77,7 @@ def test_a_trained_reranker_registers_versions_and_serves_by_name_and_version(
             db, settings.database, triplets(), name="tiny-rr", base=base, options=options
         )
     monkeypatch.undo()
-    assert [p.name for p in (settings.data_dir / "rerankers").iterdir()] == ["tiny-rr-v1"]
+    assert [p.name for p in (settings.database.data_dir / "rerankers").iterdir()] == ["tiny-rr-v1"]
     with db.read() as session:
         assert [r.version for r in store.rerankers.list_rerankers(session)] == [1]
 
@@ -98,7 +98,7 @@ def test_a_trained_reranker_registers_versions_and_serves_by_name_and_version(
     data = tmp_path / "triplets.jsonl"
     data.write_text("".join(json.dumps(t) + "\n" for t in triplets()))
     monkeypatch.setenv("RAGSERVICE_DATABASE_URL", db.url)
-    monkeypatch.setenv("RAGSERVICE_DATA_DIR", str(settings.data_dir))
+    monkeypatch.setenv("RAGSERVICE_DATA_DIR", str(settings.database.data_dir))
     monkeypatch.setenv("RAGSERVICE_DEVICE", "cpu")
     get_settings.cache_clear()
     from ragservice.cli import app

@@ -164,13 +164,13 @@ def test_search_over_foreign_collection_ids_finds_nothing(
 
     acme, _ = two_tenants["acme"]
     _, globex_docs = two_tenants["globex"]
-    options = SearchOptions.from_settings(runtime.settings, k=5)
+    options = SearchOptions.from_settings(runtime.settings.search, k=5)
     with Searcher(runtime.db, models=runtime.models.current) as searcher:
         with tenancy.as_system():
             found = searcher.search(collection_ids=[globex_docs], query="steel", options=options)
         assert [hit.external_id for hit in found.hits] == ["globex-1"]
         for mode in Mode:
-            scoped = SearchOptions.from_settings(runtime.settings, k=5, mode=mode)
+            scoped = SearchOptions.from_settings(runtime.settings.search, k=5, mode=mode)
             with tenancy.as_tenant(acme):
                 hits = searcher.search(collection_ids=[globex_docs], query="steel", options=scoped)
             assert hits.hits == [], mode

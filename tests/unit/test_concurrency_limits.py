@@ -230,7 +230,7 @@ def test_one_tenant_holds_all_upstream_slots_but_one_unless_configured(
     slots: int, share: int | None, expected: int
 ) -> None:
     settings = Settings(max_concurrent_upstream=slots, max_concurrent_upstream_per_tenant=share)
-    assert upstream_share(settings) == expected
+    assert upstream_share(settings.limits) == expected
     client = InferenceClient.from_settings(
         settings.model_copy(update={"inference_url": "http://localhost:1/v1"})
     )

@@ -115,13 +115,13 @@ def test_timed_stages_are_spans_while_tracing_is_on_only() -> None:
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     timings: dict[str, float] = {}
     on = settings.model_copy(update={"tracing": True})
-    with tracing.activated(on, provider=provider), timing.timed(timings, "embed"):
+    with tracing.activated(on.observability, provider=provider), timing.timed(timings, "embed"):
         pass
     with timing.timed(timings, "embed"):
         pass
     assert [s.name for s in exporter.get_finished_spans()] == ["embed"]
     assert tracing.current() is None and timing._stage_span is None
-    with tracing.activated(settings, provider=provider) as off:
+    with tracing.activated(settings.observability, provider=provider) as off:
         assert off is None and tracing.current() is None
 
 
@@ -129,5 +129,5 @@ def test_tracing_without_the_extra_says_what_to_install(monkeypatch: pytest.Monk
     settings = Settings()
     monkeypatch.setattr(extras, "find_spec", lambda name: None)
     with pytest.raises(ConfigurationError, match=r"pip install 'ragservice\[otel\]'"):
-        tracing.check_available(settings.model_copy(update={"tracing": True}))
-    tracing.check_available(settings)  # off: nothing to check
+        tracing.check_available(settings.model_copy(update={"tracing": True}).observability)
+    tracing.check_available(settings.observability)  # off: nothing to check

@@ -15,7 +15,7 @@ from ragservice.answering.answer_cache import answer_scope
 from ragservice.answering.question import Question
 from ragservice.api.schemas.answers import QueryRequest
 from ragservice.api.schemas.search import Ranking, SearchRequest
-from ragservice.config import Settings
+from ragservice.config import SearchSettings, Settings
 from ragservice.errors import InvalidInputError
 from ragservice.retrieval.filters import parse_and_compile
 from ragservice.retrieval.fusion import Fusion
@@ -84,7 +84,7 @@ def test_equal_filters_however_written_share_a_scope() -> None:
 def test_every_setting_change_reaches_the_options() -> None:
     """Each option's default is its setting's value: a setting left out of `from_settings`
     would not change the search (nor its cache scope)."""
-    settings = Settings()
+    settings = Settings().search
     base = SearchOptions.from_settings(settings)
     for setting in DEFAULTS_FROM.values():
         value = _other_setting_value(settings, setting)
@@ -93,7 +93,7 @@ def test_every_setting_change_reaches_the_options() -> None:
 
 
 def test_overrides_are_checked_against_the_same_bounds() -> None:
-    settings = Settings()
+    settings = Settings().search
     assert SearchOptions.from_settings(settings, rrf_k=1000).rrf_k == 1000
     with pytest.raises(InvalidInputError, match="rrf_k must be between 1 and 1000"):
         SearchOptions.from_settings(settings, rrf_k=1001)
@@ -147,7 +147,7 @@ def test_k_and_mode_are_the_same_in_every_interface() -> None:
         assert typing.get_args(hints["k"])[1].min == 1
     source = inspect.getsource(mcp)
     assert "k: Annotated[int, Field(ge=1, le=50" in source  # at most the server's max_k
-    assert Settings().max_k >= 50
+    assert Settings().limits.max_k >= 50
     assert "        mode: Annotated[\n            Mode," in source
 
 
@@ -169,9 +169,9 @@ def _typed(option: str, value: float) -> Any:
     return int(value) if isinstance(_default(option), int) else float(value)
 
 
-def _other_setting_value(settings: Settings, setting: str) -> Any:
+def _other_setting_value(settings: SearchSettings, setting: str) -> Any:
     value = getattr(settings, setting)
-    field = Settings.model_fields[setting]
+    field = SearchSettings.model_fields[setting]
     if isinstance(value, bool):
         return not value
     if setting == "hnsw_ef_search":

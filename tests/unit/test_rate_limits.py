@@ -84,10 +84,12 @@ def test_many_threads_never_take_more_than_the_burst(clock: Clock) -> None:
 
 
 def test_settings_build_the_limiter_or_turn_it_off() -> None:
-    limiter = RateLimiter.from_settings(Settings(rate_limit_per_second=5, rate_limit_burst=7))
+    limiter = RateLimiter.from_settings(
+        Settings(rate_limit_per_second=5, rate_limit_burst=7).security
+    )
     assert limiter is not None
     assert (limiter.per_second, limiter.burst) == (5, 7)
-    assert RateLimiter.from_settings(Settings(rate_limit_per_second=0)) is None
+    assert RateLimiter.from_settings(Settings(rate_limit_per_second=0).security) is None
 
 
 def test_a_limiter_without_a_rate_is_refused() -> None:

@@ -21,14 +21,14 @@ def me(principal: Reader, db: DatabaseDep, settings: SettingsDep, pipeline: Pipe
     return MeOut(
         tenant=TenantOut(id=principal.tenant_id, name=tenant_name(db, principal.tenant_id)),
         role=principal.role,
-        auth_disabled=settings.auth_disabled,
+        auth_disabled=settings.security.auth_disabled,
         service_admin=is_service_admin(principal),
         key_prefix=principal.key_prefix,
         user=principal.user,
         readers=None if principal.readers is None else sorted(principal.readers),
-        max_file_bytes=settings.max_file_bytes,
-        max_files_per_upload=settings.max_files_per_upload,
-        cache_enabled=settings.cache_enabled,
+        max_file_bytes=settings.limits.max_file_bytes,
+        max_files_per_upload=settings.limits.max_files_per_upload,
+        cache_enabled=settings.cache.cache_enabled,
         answer_model=pipeline.model_name,
     )
 

@@ -101,10 +101,10 @@ async def chat_completions(
     cut short because the server is stopping ends with a `data:` chunk whose `error` is
     `ServiceStopping`, then `data: [DONE]`."""
     question_text, history = _split_messages(body.messages)
-    check_text(question_text, settings, field="messages")
+    check_text(question_text, settings.limits, field="messages")
     max_tokens = body.max_completion_tokens or body.max_tokens
     forwarded = len(question_text) + sum(len(turn.content) for turn in history)
-    check_chat(len(body.messages), forwarded, max_tokens, settings)
+    check_chat(len(body.messages), forwarded, max_tokens, settings.limits)
     charge(request, principal.rate_key, ANSWER_COST, what="an answer")
     ask = AskQuery(
         search=SearchQuery(text=question_text, collections=_collections(body.model), k=8),
@@ -116,9 +116,10 @@ async def chat_completions(
     )
     completion_id = f"chatcmpl-{uuid.uuid4().hex}"
     # The footer is added here, never stored: a cached answer follows the request's choice.
-    block = settings.chat_sources_block if body.sources_block is None else body.sources_block
+    answering = settings.answering
+    block = answering.chat_sources_block if body.sources_block is None else body.sources_block
     # Titles in the sources footer are document text too: their links and HTML are cleaned.
-    footer = _Footer(AnswerText(settings.link_hosts(), settings.answer_html)) if block else None
+    footer = _Footer(AnswerText(answering.link_hosts(), answering.answer_html)) if block else None
     if not body.stream:
         answer = await answers.answer(principal.tenant_id, ask)
         return _completion(completion_id, body.model, answer, footer)
@@ -147,16 +148,16 @@ async def embeddings(
     inputs = _inputs(body.input)
     texts = [text for text in inputs if isinstance(text, str)]
     noun = "texts" if len(texts) == len(inputs) else "token arrays"
-    check_batch(len(inputs), settings, field="input")
-    check_embedding_count(len(inputs), settings, noun=noun)
-    check_embedding_texts(texts, settings)
+    check_batch(len(inputs), settings.limits, field="input")
+    check_embedding_count(len(inputs), settings.limits, noun=noun)
+    check_embedding_texts(texts, settings.limits)
     charge(request, principal.rate_key, embedding_cost(len(inputs)), what=f"{len(inputs)} {noun}")
     _check_embedding_input(inputs, body.dimensions, embedder)
-    if len(texts) < len(inputs) and settings.embedding_token_ids == "tiktoken":
+    if len(texts) < len(inputs) and settings.embedding.embedding_token_ids == "tiktoken":
         arrays = [ids for ids in inputs if isinstance(ids, list)]
-        encoding = settings.embedding_tiktoken_encoding
+        encoding = settings.embedding.embedding_tiktoken_encoding
         texts = await anyio.to_thread.run_sync(tiktoken_texts, arrays, encoding)
-        check_embedding_texts(texts, settings)
+        check_embedding_texts(texts, settings.limits)
     if len(texts) == len(inputs):
         vectors = await anyio.to_thread.run_sync(_embed, embedder, texts)
         tokens = await anyio.to_thread.run_sync(_token_count, embedder, texts)
