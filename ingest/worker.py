@@ -52,6 +52,7 @@ from ragservice.db.locks import SessionLock
 from ragservice.errors import NotFoundError, RagServiceError
 from ragservice.metrics import JobMetrics
 from ragservice.runtime import Runtime
+from ragservice.types import JobStatus
 
 log = logging.getLogger(__name__)
 
@@ -307,11 +308,11 @@ class JobWorker:
             return store.jobs.others_waiting(session, tenant_id)
 
     def _finish_sync(self, job: store.jobs.ClaimedJob, synced: SyncReport) -> str:
-        status = "failed" if synced.failure else "done"
+        status = JobStatus.FAILED if synced.failure else JobStatus.DONE
         ended = self._record_end(
             job, status, synced.counts(), synced.job_errors(), synced.restricted
         )
-        if synced.yielded and ended == "done":
+        if synced.yielded and ended == JobStatus.DONE:
             self._queue_next_run(job)
         return ended
 
@@ -349,7 +350,7 @@ class JobWorker:
         return ingest_pipeline(self._runtime, tenant_id=job.tenant_id, model=model)
 
     def _finish(self, job: store.jobs.ClaimedJob, report: IngestReport, error: str = "") -> str:
-        status = "failed" if error else "done"
+        status = JobStatus.FAILED if error else JobStatus.DONE
         errors = [{"error": error}] if error else []
         errors += [{"source": f.source, "error": f.reason} for f in report.failed[:_MAX_ERRORS]]
         if len(report.failed) > _MAX_ERRORS:
@@ -359,7 +360,7 @@ class JobWorker:
     def _record_end(
         self,
         job: store.jobs.ClaimedJob,
-        status: str,
+        status: JobStatus,
         counts: dict[str, int],
         errors: list[dict[str, str]],
         restricted: bool,
@@ -398,7 +399,7 @@ class JobWorker:
         with self._runtime.db.write() as session:
             released = store.jobs.release_job(session, job.id, job.worker)
         log.info("job %s: worker stopping, %s", job.id, "queued again" if released else "lost")
-        return "queued" if released else "lost"
+        return JobStatus.QUEUED if released else "lost"
 
     def _release_running(self) -> None:
         """Put the jobs of threads that did not stop in time back in the queue."""

@@ -4,10 +4,30 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any, Literal, Protocol, TypeAlias
 
 import numpy as np
 import numpy.typing as npt
+
+
+class JobStatus(StrEnum):
+    """Where an ingest job is: waiting for a worker, being run, or ended, well or not. The one
+    list of them: the store, the workers, the API, the CLI and the client use it, and the
+    console's `js/jobs.js` mirrors it (a test holds the two equal)."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+
+
+ACTIVE_JOB_STATUSES: tuple[JobStatus, ...] = (JobStatus.QUEUED, JobStatus.RUNNING)
+"""A job not yet ended: a source has at most one such run at a time."""
+
+FINISHED_JOB_STATUSES: tuple[JobStatus, ...] = (JobStatus.DONE, JobStatus.FAILED)
+"""A job that has ended."""
+
 
 Scale = Literal["thumbs", "stars"]
 """A rating's scale: thumbs are +1/-1, stars 1 to 5."""

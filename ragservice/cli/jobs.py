@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import uuid
-from enum import StrEnum
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -19,7 +18,7 @@ from ragservice.cli.common import (
     remote_client,
     tenant_id,
 )
-from ragservice.client import JobStatus
+from ragservice.types import JobStatus
 
 if TYPE_CHECKING:
     from ragservice.db import Database
@@ -28,13 +27,6 @@ app = typer.Typer(
     help="Ingest jobs: uploads queued for workers, and runs of `ragservice ingest`.",
     no_args_is_help=True,
 )
-
-
-class Status(StrEnum):
-    QUEUED = "queued"
-    RUNNING = "running"
-    DONE = "done"
-    FAILED = "failed"
 
 
 TenantOption = Annotated[
@@ -52,7 +44,7 @@ JobIdArgument = Annotated[uuid.UUID, typer.Argument(help="The job's id.", show_d
 @app.command("list")
 def jobs_list(
     status: Annotated[
-        Status | None, typer.Option("--status", help="Only jobs in this state.")
+        JobStatus | None, typer.Option("--status", help="Only jobs in this state.")
     ] = None,
     collection: Annotated[
         str | None, typer.Option("--collection", "-c", help="Only jobs of this collection.")
@@ -65,7 +57,7 @@ def jobs_list(
 ) -> None:
     """The newest jobs first: id, status, kind, tenant and collection, attempts, when it was
     created, documents new / updated / failed."""
-    state: JobStatus | None = None if status is None else status.value
+    state = status
     with exit_on_error():
         if url is not None:
             with remote_client(url, api_key, tenant) as client:
@@ -130,7 +122,7 @@ def jobs_retry(
 
 
 def _local_jobs(
-    tenant: str | None, collection: str | None, status: str | None, limit: int
+    tenant: str | None, collection: str | None, status: JobStatus | None, limit: int
 ) -> list[dict[str, Any]]:
     from ragservice.services import jobs
 

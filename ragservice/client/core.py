@@ -53,6 +53,7 @@ from ragservice.client.wire import (
     _without_none,
 )
 from ragservice.limits.results import ANSWER_K, SEARCH_K
+from ragservice.types import FINISHED_JOB_STATUSES
 
 
 class RagserviceClient:
@@ -213,7 +214,7 @@ class RagserviceClient:
         self,
         job_id: uuid.UUID | str,
         *,
-        until: Iterable[JobStatus] = ("done", "failed"),
+        until: Iterable[JobStatus] = FINISHED_JOB_STATUSES,
         timeout: float = 600.0,
         interval: float = 0.5,
         on_poll: Callable[[Job], None] | None = None,

@@ -7,8 +7,9 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Final, Literal, NotRequired, TypedDict
 
+from ragservice.types import JobStatus as JobStatus  # the client's name for it too
+
 Mode = Literal["dense", "fulltext", "hybrid"]
-JobStatus = Literal["queued", "running", "done", "failed"]
 FlaggedChunks = Literal["mark", "downweight", "drop"]
 Scale = Literal["thumbs", "stars"]
 ExportFormat = Literal["openai-sft", "openai-dpo", "trl-dpo", "triplets"]

@@ -32,6 +32,8 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB, UUID
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from ragservice.types import JobStatus
+
 
 class Base(DeclarativeBase):
     type_annotation_map: ClassVar[dict[Any, Any]] = {
@@ -222,7 +224,7 @@ class IngestJob(Base):
     tenant_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
     collection_id: Mapped[uuid.UUID | None]
     kind: Mapped[str] = mapped_column(Text, server_default="cli")
-    status: Mapped[str] = mapped_column(Text, server_default="queued")
+    status: Mapped[str] = mapped_column(Text, server_default=JobStatus.QUEUED.value)
     params: Mapped[dict[str, Any]] = mapped_column(server_default="{}")
     counts: Mapped[dict[str, Any]] = mapped_column(server_default="{}")
     errors: Mapped[Any] = mapped_column(JSONB, server_default="[]")

@@ -18,6 +18,7 @@ from ragservice.db import Database
 from ragservice.embedding.registry import get_model_by_name
 from ragservice.errors import BadRequestError, InvalidInputError, NotFoundError
 from ragservice.services.jobs import JobView, job_view
+from ragservice.types import JobStatus
 
 
 @dataclass(frozen=True)
@@ -163,10 +164,10 @@ def recorded_run(
             params=params,
             worker=worker,
         )
-    status = "failed"
+    status = JobStatus.FAILED
     try:
         yield job_id
-        status = "done" if report.ok else "failed"
+        status = JobStatus.DONE if report.ok else JobStatus.FAILED
     finally:
         with db.write() as session:
             store.jobs.finish_job(

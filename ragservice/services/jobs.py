@@ -16,6 +16,7 @@ from ragservice import store
 from ragservice.db import Database
 from ragservice.db.models import IngestJob
 from ragservice.errors import NotFoundError
+from ragservice.types import JobStatus
 
 
 @dataclass(frozen=True)
@@ -30,7 +31,7 @@ class JobView:
     """A job's status, counts and per-file errors."""
 
     id: uuid.UUID
-    status: str
+    status: JobStatus
     kind: str
     collection_id: uuid.UUID | None
     counts: dict[str, int]
@@ -64,7 +65,7 @@ class PlacedJob:
 def job_view(job: IngestJob) -> JobView:
     return JobView(
         id=job.id,
-        status=job.status,
+        status=JobStatus(job.status),
         kind=job.kind,
         collection_id=job.collection_id,
         counts={k: int(v) for k, v in (job.counts or {}).items()},
@@ -93,7 +94,7 @@ def list_jobs(
     tenant_id: uuid.UUID,
     *,
     collection: str | None = None,
-    status: str | None = None,
+    status: JobStatus | None = None,
     limit: int = 50,
 ) -> list[JobView]:
     """The tenant's newest jobs first, optionally of one of its collections (NotFoundError
@@ -123,7 +124,7 @@ def list_placed_jobs(
     tenant_id: uuid.UUID | None,
     *,
     collection: str | None = None,
-    status: str | None = None,
+    status: JobStatus | None = None,
     limit: int = 50,
 ) -> list[PlacedJob]:
     """The newest jobs first, of every tenant (None) or one; `collection`: of the collections

@@ -37,6 +37,7 @@ from ragservice.errors import ConflictError, NotFoundError
 from ragservice.runtime import Runtime
 from ragservice.services.callers import Caller, audit
 from ragservice.services.source_checks import checked_source
+from ragservice.types import JobStatus
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +70,7 @@ class SourceRun:
     """A run of a source: its job, with the sync's counts (`SyncReport.counts` keys)."""
 
     job_id: uuid.UUID
-    status: str
+    status: JobStatus
     counts: dict[str, int]
     errors: list[dict[str, str]]
     started_at: datetime | None
@@ -288,9 +289,11 @@ def _run_recorded(
         credentials = Credentials.from_json(source.credentials)
         stopped = isinstance(exc, KeyboardInterrupt)
         error = "stopped before its end" if stopped else redact(str(exc), credentials)
-        _finish(runtime.db, job_id, worker, "failed", report, error or type(exc).__name__)
+        _finish(runtime.db, job_id, worker, JobStatus.FAILED, report, error or type(exc).__name__)
         raise
-    _finish(runtime.db, job_id, worker, "failed" if report.failure else "done", report)
+    _finish(
+        runtime.db, job_id, worker, JobStatus.FAILED if report.failure else JobStatus.DONE, report
+    )
     return report
 
 
@@ -323,7 +326,7 @@ def _finish(
     db: Database,
     job_id: uuid.UUID,
     worker: str,
-    status: str,
+    status: JobStatus,
     report: SyncReport,
     error: str | None = None,
 ) -> None:
@@ -396,7 +399,7 @@ def _as_view(source: Source, collection: str, job: IngestJob | None) -> SourceVi
 def _run_view(job: IngestJob) -> SourceRun:
     return SourceRun(
         job_id=job.id,
-        status=job.status,
+        status=JobStatus(job.status),
         counts={k: int(v) for k, v in (job.counts or {}).items()},
         errors=[{k: str(v) for k, v in e.items()} for e in job.errors or []],
         started_at=job.started_at,

@@ -30,6 +30,7 @@ from ragservice.db.models import Collection, IngestJob, IngestJobItem, Tenant
 from ragservice.db.scope import current_asker
 from ragservice.errors import ConflictError, NotFoundError
 from ragservice.store import bulk
+from ragservice.types import FINISHED_JOB_STATUSES, JobStatus
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +100,7 @@ def start_job(
         tenant_id=tenant_id,
         collection_id=collection_id,
         kind=kind,
-        status="running",
+        status=JobStatus.RUNNING,
         params=params,
         worker=worker,
         asker=current_asker(),
@@ -129,7 +130,7 @@ def enqueue_job(
         tenant_id=tenant_id,
         collection_id=collection_id,
         kind=kind,
-        status="queued",
+        status=JobStatus.QUEUED,
         params=params,
         asker=current_asker(),
         restricted=any(item.readers or _rows_name_readers(item) for item in items),
@@ -196,13 +197,16 @@ def claim_job(
     any number of workers claim at once: each gets a different job, or none, without waiting.
     """
     stale = _stale_jobs(stale_after_seconds)
-    abandoned = and_(IngestJob.status == "running", or_(stale, _claim_gone()))
+    abandoned = and_(IngestJob.status == JobStatus.RUNNING, or_(stale, _claim_gone()))
     _fail_exhausted(session, abandoned, stale, max_attempts)
     job_id = session.scalar(
         select(IngestJob.id)
         .where(
             IngestJob.kind != CLI_JOB_KIND,
-            or_(IngestJob.status == "queued", and_(abandoned, IngestJob.attempts < max_attempts)),
+            or_(
+                IngestJob.status == JobStatus.QUEUED,
+                and_(abandoned, IngestJob.attempts < max_attempts),
+            ),
         )
         .order_by(_running_of_tenant(), IngestJob.created_at)
         .limit(1)
@@ -214,7 +218,7 @@ def claim_job(
         update(IngestJob)
         .where(IngestJob.id == job_id)
         .values(
-            status="running",
+            status=JobStatus.RUNNING,
             attempts=IngestJob.attempts + 1,
             worker=worker,
             claim_key=None if hold is None else hold(),
@@ -230,7 +234,7 @@ def others_waiting(session: Session, tenant_id: uuid.UUID) -> bool:
     """Whether a job of another tenant than `tenant_id` is queued for the workers (for a
     session that sees every tenant's jobs)."""
     waiting = select(IngestJob.id).where(
-        IngestJob.status == "queued",
+        IngestJob.status == JobStatus.QUEUED,
         IngestJob.kind != CLI_JOB_KIND,
         IngestJob.tenant_id != tenant_id,
     )
@@ -247,7 +251,7 @@ def queue_depth(session: Session) -> tuple[int, int]:
     session.execute(text(f"SET LOCAL statement_timeout = {QUEUE_COUNT_TIMEOUT_MS}"))
     queued = (
         select(IngestJob.id)
-        .where(IngestJob.status == "queued", IngestJob.kind != CLI_JOB_KIND)
+        .where(IngestJob.status == JobStatus.QUEUED, IngestJob.kind != CLI_JOB_KIND)
         .subquery()
     )
     items = (
@@ -264,7 +268,7 @@ def queue_depth(session: Session) -> tuple[int, int]:
 
 def _stale_jobs(stale_after_seconds: float) -> ColumnElement[bool]:
     cutoff = func.now() - timedelta(seconds=stale_after_seconds)
-    return and_(IngestJob.status == "running", IngestJob.heartbeat_at < cutoff)
+    return and_(IngestJob.status == JobStatus.RUNNING, IngestJob.heartbeat_at < cutoff)
 
 
 def _running_of_tenant() -> ScalarSelect[Any]:
@@ -273,7 +277,7 @@ def _running_of_tenant() -> ScalarSelect[Any]:
     return (
         select(func.count())
         .select_from(running)
-        .where(running.tenant_id == IngestJob.tenant_id, running.status == "running")
+        .where(running.tenant_id == IngestJob.tenant_id, running.status == JobStatus.RUNNING)
         .scalar_subquery()
     )
 
@@ -302,7 +306,10 @@ def _fail_exhausted(
             update(IngestJob)
             .where(IngestJob.id == job_id)
             .values(
-                status="failed", finished_at=func.now(), errors=[{"error": error}], claim_key=None
+                status=JobStatus.FAILED,
+                finished_at=func.now(),
+                errors=[{"error": error}],
+                claim_key=None,
             )
         )
 
@@ -349,7 +356,7 @@ def release_job(session: Session, job_id: uuid.UUID, worker: str) -> bool:
         update(IngestJob)
         .where(_owned_by(job_id, worker))
         .values(
-            status="queued",
+            status=JobStatus.QUEUED,
             worker=None,
             claim_key=None,
             heartbeat_at=None,
@@ -361,7 +368,9 @@ def release_job(session: Session, job_id: uuid.UUID, worker: str) -> bool:
 
 
 def _owned_by(job_id: uuid.UUID, worker: str) -> ColumnElement[bool]:
-    return and_(IngestJob.id == job_id, IngestJob.worker == worker, IngestJob.status == "running")
+    return and_(
+        IngestJob.id == job_id, IngestJob.worker == worker, IngestJob.status == JobStatus.RUNNING
+    )
 
 
 def job_items(session: Session, job_id: uuid.UUID) -> Iterator[JobItem]:
@@ -395,7 +404,7 @@ def finish_job(
     session: Session,
     job_id: uuid.UUID,
     *,
-    status: str,
+    status: JobStatus,
     counts: dict[str, int],
     errors: list[dict[str, str]],
     worker: str | None = None,
@@ -420,7 +429,7 @@ def finish_job(
         restricted=IngestJob.restricted | restricted,
     )
     finished = session.scalar(stmt.returning(IngestJob.id)) is not None
-    if finished and status == "done":
+    if finished and status == JobStatus.DONE:
         session.execute(delete(IngestJobItem).where(IngestJobItem.job_id == job_id))
     return finished
 
@@ -429,7 +438,7 @@ def purge_job_payloads(session: Session, *, older_than: timedelta) -> int:
     """Drop the items of jobs that ended (done or failed, a worker gave up included) more than
     `older_than` ago; returns how many items went. Queued and running jobs keep theirs."""
     ended = select(IngestJob.id).where(
-        IngestJob.status.in_(("done", "failed")),
+        IngestJob.status.in_(FINISHED_JOB_STATUSES),
         IngestJob.finished_at < func.now() - older_than,
     )
     stmt = delete(IngestJobItem).where(IngestJobItem.job_id.in_(ended))
@@ -459,7 +468,7 @@ def retry_job(session: Session, tenant_id: uuid.UUID | None, job_id: uuid.UUID) 
     )
     if job is None:
         raise NotFoundError(f"job {job_id} not found")
-    if job.status != "failed":
+    if job.status != JobStatus.FAILED:
         raise ConflictError(f"job {job_id} is {job.status}; only a failed job can be retried")
     if job.kind == CLI_JOB_KIND:
         raise ConflictError(
@@ -482,7 +491,7 @@ def retry_job(session: Session, tenant_id: uuid.UUID | None, job_id: uuid.UUID) 
         update(IngestJob)
         .where(IngestJob.id == job_id)
         .values(
-            status="queued",
+            status=JobStatus.QUEUED,
             attempts=0,
             worker=None,
             claim_key=None,
@@ -526,7 +535,7 @@ def list_jobs(
     *,
     collection_id: uuid.UUID | None = None,
     collection: str | None = None,
-    status: str | None = None,
+    status: JobStatus | None = None,
     limit: int = 50,
     before: uuid.UUID | None = None,
 ) -> list[IngestJob]:

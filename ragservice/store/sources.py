@@ -41,11 +41,10 @@ from ragservice.db.models import Collection, Document, IngestJob, Source, Source
 from ragservice.db.scope import current_asker
 from ragservice.errors import ConflictError
 from ragservice.store.jobs import CLI_JOB_KIND
+from ragservice.types import ACTIVE_JOB_STATUSES, JobStatus
 
 SOURCE_JOB_KIND = "source"
 """Jobs that sync a source; workers claim them like uploads."""
-
-_ACTIVE = ("queued", "running")
 
 
 @dataclass(frozen=True, slots=True)
@@ -253,7 +252,7 @@ def known_keys(session: Session, source_id: uuid.UUID) -> list[str]:
 def queue_run(session: Session, source: Source) -> uuid.UUID | None:
     """Queue a run of `source` for the workers; None when one is queued or running already."""
     fail_abandoned_cli_runs(session, source.id)
-    return _insert_run(session, source, kind=SOURCE_JOB_KIND, status="queued")
+    return _insert_run(session, source, kind=SOURCE_JOB_KIND, status=JobStatus.QUEUED)
 
 
 def start_cli_run(
@@ -266,7 +265,7 @@ def start_cli_run(
         session,
         source,
         kind=CLI_JOB_KIND,
-        status="running",
+        status=JobStatus.RUNNING,
         worker=worker,
         claim_key=claim_key,
         attempts=1,
@@ -289,7 +288,7 @@ def _insert_run(session: Session, source: Source, **values: Any) -> uuid.UUID | 
         )
         .on_conflict_do_nothing(
             index_elements=[IngestJob.source_id, IngestJob.tenant_id],
-            index_where=IngestJob.status.in_(_ACTIVE),
+            index_where=IngestJob.status.in_(ACTIVE_JOB_STATUSES),
         )
         .returning(IngestJob.id)
     )
@@ -302,7 +301,7 @@ def fail_abandoned_cli_runs(session: Session, source_id: uuid.UUID | None = None
     killed `ragservice sources run` would block its source for good."""
     where = [
         IngestJob.kind == CLI_JOB_KIND,
-        IngestJob.status == "running",
+        IngestJob.status == JobStatus.RUNNING,
         IngestJob.source_id.is_not(None),
         IngestJob.claim_key.is_not(None),
         ~locks.lock_held(IngestJob.claim_key),
@@ -313,7 +312,7 @@ def fail_abandoned_cli_runs(session: Session, source_id: uuid.UUID | None = None
         update(IngestJob)
         .where(and_(*where))
         .values(
-            status="failed",
+            status=JobStatus.FAILED,
             finished_at=func.now(),
             claim_key=None,
             errors=[{"error": "the command running it ended before the run did"}],
@@ -326,7 +325,7 @@ def fail_abandoned_cli_runs(session: Session, source_id: uuid.UUID | None = None
 def active_run(session: Session, source_id: uuid.UUID) -> uuid.UUID | None:
     """The run of the source queued or running now, if any."""
     stmt = select(IngestJob.id).where(
-        IngestJob.source_id == source_id, IngestJob.status.in_(_ACTIVE)
+        IngestJob.source_id == source_id, IngestJob.status.in_(ACTIVE_JOB_STATUSES)
     )
     return session.scalar(stmt)
 
@@ -357,6 +356,7 @@ _MOVE_DUE = text(
     RETURNING id, tenant_id, collection_id, coalesce(cardinality(readers), 0) > 0
     """
 )
+# The statuses spelled in SQL: the partial unique index's own predicate (ACTIVE_JOB_STATUSES).
 _QUEUE_RUNS = text(
     """
     INSERT INTO ingest_jobs (tenant_id, collection_id, source_id, kind, status, params, restricted)

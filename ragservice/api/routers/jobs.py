@@ -9,8 +9,9 @@ from fastapi import APIRouter, Query, Request, Response, status
 
 from ragservice.api.deps import DatabaseDep, Reader, Writer, wake_workers
 from ragservice.api.schemas.common import error_responses
-from ragservice.api.schemas.jobs import JobList, JobOut, JobStatus, job_out
+from ragservice.api.schemas.jobs import JobList, JobOut, JobStatusParameter, job_out
 from ragservice.services import jobs
+from ragservice.types import JobStatus
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=error_responses())
 
@@ -26,12 +27,16 @@ def list_jobs(
     principal: Reader,
     db: DatabaseDep,
     collection: str | None = None,
-    status: JobStatus | None = None,
+    status: JobStatusParameter | None = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
 ) -> JobList:
     """The newest jobs first, optionally of one collection or status."""
     found = jobs.list_jobs(
-        db, principal.tenant_id, collection=collection, status=status, limit=limit
+        db,
+        principal.tenant_id,
+        collection=collection,
+        status=None if status is None else JobStatus(status),
+        limit=limit,
     )
     return JobList(jobs=[job_out(job) for job in found])
 

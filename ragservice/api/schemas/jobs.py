@@ -4,21 +4,30 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from ragservice.services.jobs import JobView
+from ragservice.types import JobStatus
 
-JobStatus = Literal["queued", "running", "done", "failed"]
+if TYPE_CHECKING:
+    JobStatusParameter = JobStatus
+else:  # its values inline in the OpenAPI document, and a 422 that lists them, as a Literal's
+    JobStatusParameter = Literal[tuple(s.value for s in JobStatus)]
+"""A job status as a query parameter takes it (a plain string: `JobStatus(...)` makes it one)."""
 
 
 class JobError(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
     source: str | None = Field(description="the file or row; null for an error of the whole job")
     error: str
 
 
 class JobOut(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
     id: uuid.UUID
     status: str
     kind: str
@@ -36,15 +45,5 @@ class JobList(BaseModel):
 
 
 def job_out(job: JobView) -> JobOut:
-    return JobOut(
-        id=job.id,
-        status=job.status,
-        kind=job.kind,
-        collection_id=job.collection_id,
-        counts=job.counts,
-        errors=[JobError(source=e.source, error=e.error) for e in job.errors],
-        attempts=job.attempts,
-        created_at=job.created_at,
-        started_at=job.started_at,
-        finished_at=job.finished_at,
-    )
+    """The job as the API shows it: `JobView`'s fields, as they are."""
+    return JobOut.model_validate(job)

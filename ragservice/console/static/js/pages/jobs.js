@@ -4,7 +4,10 @@
 import { api, get, withQuery } from "../api.js";
 import { alertError, announce, clear, field, h, shortId, table, timeEl } from "../dom.js";
 
-const ACTIVE = new Set(["queued", "running"]);
+// The job statuses (ragservice.types.JobStatus; tests/unit/test_job_statuses.py holds them
+// equal), and those of a job not yet ended.
+export const JobStatus = Object.freeze({ QUEUED: "queued", RUNNING: "running", DONE: "done", FAILED: "failed" });
+export const ACTIVE = new Set([JobStatus.QUEUED, JobStatus.RUNNING]);
 const POLL_ACTIVE_MS = 1000;
 const POLL_IDLE_MS = 10000;
 
@@ -52,7 +55,7 @@ export async function watchJob(job, update, signal) {
 export function render(main, ctx) {
   const collection = h("select", { name: "collection" }, h("option", { value: "" }, "All collections"));
   const status = h("select", { name: "status" },
-    ["", "queued", "running", "done", "failed"].map((value) => h("option", { value }, value || "Any status")));
+    ["", ...Object.values(JobStatus)].map((value) => h("option", { value }, value || "Any status")));
   const slot = h("div", {}, h("p", { class: "muted" }, "Loading…"));
   main.append(h("h1", {}, "Jobs"),
     h("p", { class: "hint" }, "Ingest jobs of your uploads, newest first; refreshed while any is queued or running."),
@@ -111,7 +114,7 @@ function jobsTable(ctx, jobs, names, refresh) {
   if (ctx.can.write) {
     columns.push({
       label: "Actions",
-      value: (j) => (j.status === "failed" ? h("button", {
+      value: (j) => (j.status === JobStatus.FAILED ? h("button", {
         type: "button",
         class: "small",
         "aria-label": `Retry job ${shortId(j.id)}`,

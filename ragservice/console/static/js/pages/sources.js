@@ -8,9 +8,8 @@ import { api, enc, get } from "../api.js";
 import {
   alertError, announce, clear, field, fmtSeconds, h, shortId, table, timeEl, uid,
 } from "../dom.js";
-import { countsText, jobSummary, watchJob } from "./jobs.js";
+import { ACTIVE, countsText, jobSummary, watchJob } from "./jobs.js";
 
-const ACTIVE = new Set(["queued", "running"]);
 const POLL_ACTIVE_MS = 1000;
 
 const sourcesPath = (name) => `/v1/collections/${enc(name)}/sources`;
