@@ -50,6 +50,7 @@ from ragservice.limits.request_bounds import (
     check_embedding_texts,
     check_text,
 )
+from ragservice.limits.results import ANSWER_K
 from ragservice.limits.shape import MAX_COLLECTIONS_PER_REQUEST
 from ragservice.safety.html import AnswerText
 from ragservice.services.answers import AskQuery
@@ -107,7 +108,7 @@ async def chat_completions(
     check_chat(len(body.messages), forwarded, max_tokens, settings.limits)
     charge(request, principal.rate_key, ANSWER_COST, what="an answer")
     ask = AskQuery(
-        search=SearchQuery(text=question_text, collections=_collections(body.model), k=8),
+        search=SearchQuery(text=question_text, collections=_collections(body.model), k=ANSWER_K),
         history=history,
         endpoint="chat.completions",
         max_tokens=max_tokens,
