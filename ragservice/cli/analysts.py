@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from ragservice import store
 from ragservice.cli.common import cli_actor, console, database, exit_on_error, fail
 from ragservice.config import ReplicationSettings, get_settings
 
@@ -51,6 +50,8 @@ def analysts_add(
     first replica when RAGSERVICE_REPLICAS is set)."""
     import secrets
 
+    from ragservice import store
+
     _one_scope(tenant, all_tenants)
     password = _read_password() if password_stdin else secrets.token_urlsafe(18)
     settings = get_settings()
@@ -63,7 +64,7 @@ def analysts_add(
                 name,
                 password,
                 tenant_id=bound,
-                timeout_seconds=settings.analyst_statement_timeout_seconds,
+                timeout_seconds=settings.database.analyst_statement_timeout_seconds,
             )
             _audit(session, "analyst.add", name, bound)
             _warn_if_temporary(session)
@@ -71,7 +72,7 @@ def analysts_add(
     scope = "every tenant" if tenant is None else f"tenant {tenant!r}"
     console.print(
         f"created analyst {name!r} (member of {store.analysts.ANALYST_GROUP}), reading {scope}, "
-        f"statement timeout {settings.analyst_statement_timeout_seconds}s"
+        f"statement timeout {settings.database.analyst_statement_timeout_seconds}s"
     )
     if not password_stdin:
         console.print("its generated password is in the URL below; it is shown only this once:")
@@ -86,8 +87,10 @@ def analysts_update(
 ) -> None:
     """Bind an analyst to one tenant (or to every tenant) in this database, and set its timeouts
     to RAGSERVICE_ANALYST_STATEMENT_TIMEOUT_SECONDS again; the password stays."""
+    from ragservice import store
+
     _one_scope(tenant, all_tenants)
-    seconds = get_settings().analyst_statement_timeout_seconds
+    seconds = get_settings().database.analyst_statement_timeout_seconds
     with database() as db, db.owner() as session, exit_on_error():
         bound = _tenant_id(session, tenant)
         store.analysts.bind_analyst(session, name, tenant_id=bound)
@@ -125,6 +128,8 @@ def analysts_list(
 ) -> None:
     """List the analysts, tab-separated: name, login or nologin, the tenant it reads ("all":
     every tenant, "none": no binding in this database, so no rows), statement timeout."""
+    from ragservice import store
+
     with database() as db, db.owner() as session:
         rows = store.analysts.list_analysts(session)
         _warn_if_temporary(session)
@@ -149,6 +154,8 @@ def analysts_list(
 def analysts_remove(name: str = typer.Argument(..., help="The analyst's role name.")) -> None:
     """Drop an analyst's role and its tenant binding (only members of ragservice_analyst are
     dropped)."""
+    from ragservice import store
+
     with database() as db, db.owner() as session, exit_on_error():
         removed = store.analysts.remove_analyst(session, name)
         if removed:
@@ -169,6 +176,8 @@ def _one_scope(tenant: str | None, all_tenants: bool) -> None:
 
 def _tenant_id(session: Session, tenant: str | None) -> uuid.UUID | None:
     """The id of tenant `tenant` (None: every tenant); exit 1 for a tenant that does not exist."""
+    from ragservice import store
+
     if tenant is None:
         return None
     found = store.tenants.find_tenant_id(session, tenant)
@@ -180,6 +189,8 @@ def _tenant_id(session: Session, tenant: str | None) -> uuid.UUID | None:
 def _audit(session: Session, action: str, name: str, tenant_id: uuid.UUID | None) -> None:
     """An audit entry in the command's transaction; `tenant_id` None (every tenant, or a
     removal) is seen by operators only."""
+    from ragservice import store
+
     store.audit.record(
         session,
         tenant_id=tenant_id,
@@ -193,6 +204,8 @@ def _audit(session: Session, action: str, name: str, tenant_id: uuid.UUID | None
 def _warn_if_temporary(session: Session) -> None:
     """Say so when analysts may still create temporary tables here (the connecting user does
     not own the database, or the database's ACL was reset since)."""
+    from ragservice import store
+
     if store.analysts.public_may_create_temporary(session):
         console.print(
             "[yellow]warning:[/yellow] PUBLIC may create temporary tables in this database, so "

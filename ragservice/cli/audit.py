@@ -7,9 +7,7 @@ from typing import Annotated
 
 import typer
 
-from ragservice import store
 from ragservice.cli.common import database, fail
-from ragservice.db import tenancy
 
 app = typer.Typer(help="The audit log of administrative actions.", no_args_is_help=True)
 
@@ -27,6 +25,9 @@ def audit_list(
 ) -> None:
     """Entries newest first, tab-separated: id, time, tenant id ("-": deployment-wide, e.g.
     model activations), actor, action, target, details."""
+    from ragservice import store
+    from ragservice.db import tenancy
+
     with database() as db, tenancy.as_system(), db.read() as session:
         tenant_id = None
         if tenant is not None:

@@ -12,10 +12,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.console import Console
 
-from ragservice import store
 from ragservice.config import DEFAULT_TENANT_ID, DEFAULT_TENANT_NAME, get_settings
 from ragservice.errors import RagServiceError
-from ragservice.feedback.exports import ExportFilter, TimeOf
 
 if TYPE_CHECKING:
     from rich.progress import Progress, TaskID
@@ -25,6 +23,7 @@ if TYPE_CHECKING:
     from ragservice.client import RagserviceClient
     from ragservice.db import Database
     from ragservice.db.maintenance import StepResult
+    from ragservice.feedback.exports import ExportFilter, TimeOf
     from ragservice.store.indexes import BuildProgress
 
 console = Console(stderr=True)
@@ -135,6 +134,8 @@ def cli_actor() -> str:
 
 def tenant_id(session: Session, name: str | None) -> uuid.UUID:
     """The tenant named `name`, or the default tenant's id for None (exit 1 if none)."""
+    from ragservice import store
+
     if name is None:
         return uuid.UUID(DEFAULT_TENANT_ID)
     found = store.tenants.find_tenant_id(session, name)
@@ -198,17 +199,20 @@ def feedback_filter(
     since: str | None,
     until: str | None,
     *,
-    time_of: TimeOf = TimeOf.FEEDBACK,
+    time_of: TimeOf | None = None,
     min_rating: int | None = None,
     max_rating: int | None = None,
 ) -> ExportFilter:
-    """The feedback the --tenant, --collection, --since and --until options pick."""
+    """The feedback the --tenant, --collection, --since and --until options pick (`time_of`
+    None: they bound the feedback's time)."""
+    from ragservice.feedback.exports import ExportFilter, TimeOf
+
     return ExportFilter(
         tenant_id=tenant_id(session, tenant),
         collection=collection,
         since=iso_time(since, "--since"),
         until=iso_time(until, "--until"),
-        time_of=time_of,
+        time_of=TimeOf.FEEDBACK if time_of is None else time_of,
         min_rating=min_rating,
         max_rating=max_rating,
     )

@@ -11,13 +11,14 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
-import psycopg
 import typer
 
 from ragservice.cli.common import console, database, exit_on_error, fail, run_optimize_steps
 from ragservice.config import DatabaseSettings, get_settings
 
 if TYPE_CHECKING:
+    import psycopg
+
     from ragservice.safety.injection import Verdict
     from ragservice.store.documents import ScannedChunk
 
@@ -196,6 +197,7 @@ def _print_settings(rows: list[dict[str, Any]]) -> None:
 def _owner_connection(database: DatabaseSettings) -> Iterator[psycopg.Connection[Any]]:
     """A plain connection as the owner's login (the embedded server's administrator), for
     reading the server's settings; the embedded server is started (or joined) for it."""
+    import psycopg
     from sqlalchemy.engine import make_url
 
     from ragservice.db.engine import resolve_database_url, resolve_owner_url

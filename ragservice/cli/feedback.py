@@ -10,8 +10,7 @@ from typing import Annotated
 
 import typer
 
-from ragservice.cli.common import console, database, exit_on_error, feedback_filter
-from ragservice.feedback.exports import (
+from ragservice.cli.choices import (
     DEFAULT_NEGATIVES_PER_POSITIVE,
     HIGHEST_RATING,
     LOWEST_RATING,
@@ -19,6 +18,7 @@ from ragservice.feedback.exports import (
     ExportFormat,
     TimeOf,
 )
+from ragservice.cli.common import console, database, exit_on_error, feedback_filter
 
 
 def export_feedback(
@@ -77,12 +77,14 @@ def export_feedback(
                 collection,
                 since,
                 until,
-                time_of=time_of,
+                time_of=exports.TimeOf(time_of),
                 min_rating=min_rating,
                 max_rating=max_rating,
             )
         with exit_on_error():
-            pieces = exports.ndjson(db, format_, flt, negatives_per_positive=negatives)
+            pieces = exports.ndjson(
+                db, exports.ExportFormat(format_), flt, negatives_per_positive=negatives
+            )
             written = _write_pieces(pieces, output)
     console.print(f"wrote {written} {format_.value} records to {output or 'stdout'}")
 

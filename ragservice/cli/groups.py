@@ -6,17 +6,16 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Callable
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-from sqlalchemy.orm import Session
 
-from ragservice import store
 from ragservice.cli.common import cli_actor, console, database, fail
-from ragservice.db import tenancy
 from ragservice.errors import InvalidInputError
 from ragservice.readers import check_name
-from ragservice.services.callers import Operator, audit
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
 
 app = typer.Typer(help="Groups of users, for document permissions.", no_args_is_help=True)
 
@@ -30,6 +29,8 @@ def groups_add(
     tenant: TenantOption,
 ) -> None:
     """Add users to a group (the group exists once it has a member)."""
+    from ragservice import store
+
     added = _change(group, users, tenant, store.tenants.add_group_members, "group.add")
     console.print(f"added {added} user(s) to group {group.strip()!r} of tenant {tenant!r}")
 
@@ -41,6 +42,8 @@ def groups_remove(
     tenant: TenantOption,
 ) -> None:
     """Remove users from a group; they stop reading its documents at their next request."""
+    from ragservice import store
+
     removed = _change(group, users, tenant, store.tenants.remove_group_members, "group.remove")
     console.print(f"removed {removed} user(s) from group {group.strip()!r} of tenant {tenant!r}")
 
@@ -51,6 +54,9 @@ def groups_list(
     as_json: Annotated[bool, typer.Option("--json", help="Print a JSON object.")] = False,
 ) -> None:
     """Every group of the tenant with its users, one group a line: name, then its users."""
+    from ragservice import store
+    from ragservice.db import tenancy
+
     with database() as db, tenancy.as_system(), db.read() as session:
         groups = store.tenants.group_members(session, _tenant_id(session, tenant))
     if as_json:
@@ -70,6 +76,8 @@ def _names(group: str, users: list[str]) -> tuple[str, list[str]]:
 
 
 def _tenant_id(session: Session, tenant: str) -> uuid.UUID:
+    from ragservice import store
+
     tenant_id = store.tenants.find_tenant_id(session, tenant)
     if tenant_id is None:
         raise fail(f"no tenant named {tenant!r} (see `ragservice tenants list`)")
@@ -85,6 +93,9 @@ def _change(
 ) -> int:
     """Apply a change of the group's members and audit it, in one transaction; how many
     users it changed."""
+    from ragservice.db import tenancy
+    from ragservice.services.callers import Operator, audit
+
     group_name, names = _names(group, users)
     with database() as db, tenancy.as_system(), db.write() as session:
         tenant_id = _tenant_id(session, tenant)

@@ -27,10 +27,6 @@ from rich.markup import escape
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from ingest.loaders import JsonlFields, ParquetColumns, load_documents
-from ingest.pipeline import IngestReport, ProgressCallback
-from ingest.targets import ingest_pipeline, resolve_model
-from ragservice import store
 from ragservice.cli.source_runs import (
     CrawlOption,
     DepthOption,
@@ -42,7 +38,6 @@ from ragservice.cli.source_runs import (
     ingest_locations,
 )
 from ragservice.config import DEFAULT_TENANT_NAME, get_settings
-from ragservice.db import tenancy
 from ragservice.errors import (
     InvalidInputError,
     NotFoundError,
@@ -51,11 +46,13 @@ from ragservice.errors import (
 )
 from ragservice.observability.logs import configure_logging
 from ragservice.readers import parse_readers
-from ragservice.runtime import Runtime, open_runtime
 
 if TYPE_CHECKING:
+    from ingest.loaders import JsonlFields, ParquetColumns
+    from ingest.pipeline import IngestReport, ProgressCallback
     from ragservice.db.models import EmbeddingModel
     from ragservice.embedding.indexing import IndexBuild
+    from ragservice.runtime import Runtime
 
 console = Console(stderr=True)
 log = logging.getLogger(__name__)
@@ -63,7 +60,8 @@ log = logging.getLogger(__name__)
 _MAX_FAILURES_SHOWN = 20
 """Failures (and skipped files) the summary lists; `--json` lists them all."""
 
-Runner = Callable[[ProgressCallback, IngestReport], IngestReport]
+if TYPE_CHECKING:
+    Runner = Callable[[ProgressCallback, IngestReport], IngestReport]
 
 EXIT_INTERRUPTED = 130  # the shell's status for a command stopped by SIGINT (128 + 2)
 
@@ -196,6 +194,9 @@ def ingest_command(
     lines with `chunks`, Parquet). Unchanged documents are not written again; files of a type
     no loader reads are skipped and listed. A web page (or a site, with --crawl) or an S3
     prefix is read as the collection's source for it."""
+    from ingest.loaders import JsonlFields, ParquetColumns
+    from ingest.pipeline import IngestReport
+
     try:
         named_readers = parse_readers(readers)
     except InvalidInputError as exc:
@@ -332,6 +333,11 @@ def _run(
 ) -> IngestReport:
     """Ingest into `outcome.report`, which keeps the counts of what committed if Ctrl-C stops
     the run."""
+    from ingest.loaders import load_documents
+    from ingest.targets import ingest_pipeline, resolve_model
+    from ragservice.db import tenancy
+    from ragservice.runtime import open_runtime
+
     # The model is loaded only once a document needs embedding: an import of vectors never does.
     with console.status("starting the database"):
         runtime = open_runtime(get_settings(), warm=False)
@@ -399,6 +405,9 @@ def _run(
 
 def _tenant_id(runtime: Runtime, name: str) -> uuid.UUID:
     """The id of the tenant named `name`; NotFoundError for a name no tenant has."""
+    from ragservice import store
+    from ragservice.db import tenancy
+
     with tenancy.as_system(), runtime.db.read() as session:
         found = store.tenants.find_tenant_id(session, name)
     if found is None:
@@ -419,6 +428,7 @@ def with_index_upkeep(
     ends well or not, so the model is never left without its index. After a load with
     `deferred` asked for (a large load), `ragservice db optimize` runs when the owner's login
     is at hand."""
+    from ragservice import store
     from ragservice.embedding import indexing
 
     with runtime.db.read() as session:
@@ -485,6 +495,7 @@ def _with_job_record(
     run: Runner,
 ) -> IngestReport:
     """Run with a progress bar, recording the run in ingest_jobs (not for dry runs)."""
+
     from ragservice.services.ingest import recorded_run
 
     report = outcome.report
@@ -499,6 +510,7 @@ def _with_job_record(
 
 
 def _with_progress(run: Runner, report: IngestReport) -> IngestReport:
+
     started = time.perf_counter()
     totals = {"docs": 0, "chunks": 0}
     columns = (
@@ -521,6 +533,7 @@ def _with_progress(run: Runner, report: IngestReport) -> IngestReport:
 
 
 def _print_summary(report: IngestReport) -> None:
+
     table = Table(title="dry run (nothing written)" if report.dry_run else "ingest summary")
     table.add_column("documents")
     table.add_column("count", justify="right")
@@ -552,6 +565,7 @@ def _print_summary(report: IngestReport) -> None:
 
 
 def _print_interrupted(report: IngestReport, *, stopped: bool, by: str = "Ctrl-C") -> None:
+
     if report.dry_run:
         console.print(f"[yellow]interrupted[/yellow] ({by}); nothing was written")
         return
@@ -577,5 +591,5 @@ def main() -> None:
 
     end_cleanly_on_termination()
     settings = get_settings()
-    configure_logging(settings.log_level, settings.log_format)
+    configure_logging(settings.observability.log_level, settings.observability.log_format)
     typer.run(ingest_command)

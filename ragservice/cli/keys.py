@@ -10,10 +10,8 @@ from typing import Annotated
 
 import typer
 
-from ragservice import store
 from ragservice.auth.keys import Role
 from ragservice.cli.common import cli_actor, console, database, fail, iso_time
-from ragservice.db import tenancy
 from ragservice.errors import InvalidInputError
 from ragservice.readers import check_name
 
@@ -73,7 +71,9 @@ def keys_create(
     ] = None,
 ) -> None:
     """Create an API key and print it once; only its hash is stored."""
+    from ragservice import store
     from ragservice.auth.keys import new_key
+    from ragservice.db import tenancy
 
     user_name = _user_name(user)
     ends = expiry(expires_in, expires_at)
@@ -112,6 +112,9 @@ def keys_list(
 ) -> None:
     """List keys, tab-separated: prefix, tenant, role, state (active, expired, revoked), name,
     expires at, last used (to the minute), the user it acts for; secrets are never shown again."""
+    from ragservice import store
+    from ragservice.db import tenancy
+
     with database() as db, tenancy.as_system(), db.read() as session:
         rows = store.tenants.list_api_keys(session)
     now = datetime.now(UTC)
@@ -150,6 +153,9 @@ def keys_revoke(
     prefix: str = typer.Argument(..., help="The key's prefix, as `keys list` shows."),
 ) -> None:
     """Revoke a key; requests with it get 401 from then on."""
+    from ragservice import store
+    from ragservice.db import tenancy
+
     with database() as db, tenancy.as_system(), db.write() as session:
         revoked = store.tenants.revoke_api_key(session, prefix)
         for key in revoked:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Annotated, Any, cast
 
 import typer
 
+from ragservice.cli.choices import Mode
 from ragservice.cli.common import (
     ApiKeyOption,
     UrlOption,
@@ -24,12 +25,11 @@ from ragservice.cli.common import (
     local_tenant,
     remote_client,
 )
-from ragservice.client import AskEvent, Citation, Citations, Done, QueryResponse, Token
 from ragservice.config import get_settings
 from ragservice.limits.results import ANSWER_K, SEARCH_K
-from ragservice.retrieval.search import Mode
 
 if TYPE_CHECKING:
+    from ragservice.client import AskEvent, Citation, QueryResponse
     from ragservice.runtime import Runtime
     from ragservice.services.answers import AskQuery
 
@@ -138,10 +138,11 @@ def _local_runtime(tenant: str) -> Iterator[tuple[Runtime, Any]]:
 def _search_locally(
     query: str, collections: list[str] | None, mode: Mode, k: int, tenant: str
 ) -> dict[str, Any]:
+    from ragservice.retrieval import options
     from ragservice.services.search import SearchQuery, SearchService, open_searcher
     from ragservice.services.views import found_out
 
-    asked = SearchQuery(text=query, collections=collections, mode=mode, k=k)
+    asked = SearchQuery(text=query, collections=collections, mode=options.Mode(mode), k=k)
     with _local_runtime(tenant) as (runtime, tenant_id):
         searcher = open_searcher(runtime.db, runtime.models)
         with searcher:
@@ -167,10 +168,12 @@ def _ask_locally(
 ) -> None:
     import asyncio
 
+    from ragservice.retrieval import options
     from ragservice.services.answers import AskQuery
     from ragservice.services.search import SearchQuery
 
-    asked = AskQuery(search=SearchQuery(text=question, collections=collections, mode=mode, k=k))
+    search = SearchQuery(text=question, collections=collections, mode=options.Mode(mode), k=k)
+    asked = AskQuery(search=search)
     with _local_runtime(tenant) as (runtime, tenant_id):
         # The task inherits this thread's tenancy, and the pipeline's threads the task's.
         asyncio.run(_stream_answer(runtime, tenant_id, asked, show))
@@ -183,6 +186,7 @@ async def _stream_answer(
     events."""
     from ragservice.answering.answer import Answer
     from ragservice.answering.inference import InferenceClient
+    from ragservice.client import Citations, Done, Token
     from ragservice.db import tenancy
     from ragservice.metrics import Metrics
     from ragservice.services.answers import AnswerService, open_pipeline
@@ -214,7 +218,7 @@ async def _stream_answer(
                         continue
                     whole = answer_out(item).model_dump(mode="json")
                     show(Citations(whole["citations"], whole["sources"]))
-                    show(Done(cast(QueryResponse, whole)))  # the same JSON document
+                    show(Done(cast("QueryResponse", whole)))  # the same JSON document
             finally:
                 pipeline.close()
     finally:
@@ -233,6 +237,8 @@ class _Answer:
         self._as_json = as_json
 
     def __call__(self, event: AskEvent) -> None:
+        from ragservice.client import Done, Token
+
         if isinstance(event, Token) and not self._as_json:
             sys.stdout.write(event.text)
             sys.stdout.flush()

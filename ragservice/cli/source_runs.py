@@ -19,11 +19,8 @@ from rich.markup import escape
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from ragservice import runtime as runtimes
-from ragservice import store
 from ragservice.cli.common import console
 from ragservice.config import get_settings
-from ragservice.db import tenancy
 from ragservice.errors import NotFoundError
 
 if TYPE_CHECKING:
@@ -103,6 +100,9 @@ class ReaderFlags:
 
 def tenant_id_of(db: Database, name: str) -> uuid.UUID:
     """The id of the tenant named `name`; NotFoundError (exit 1) for a name no tenant has."""
+    from ragservice import store
+    from ragservice.db import tenancy
+
     with tenancy.as_system(), db.read() as session:
         found = store.tenants.find_tenant_id(session, name)
     if found is None:
@@ -116,6 +116,9 @@ def tenant_id_of(db: Database, name: str) -> uuid.UUID:
 def tenant_runtime(tenant: str) -> Iterator[tuple[Runtime, uuid.UUID]]:
     """The runtime (the model loads only once something embeds) for a command that runs a
     source here, and the tenant's id; within, transactions see that tenant's rows only."""
+    from ragservice import runtime as runtimes
+    from ragservice.db import tenancy
+
     with console.status("starting the database"):
         opened = runtimes.open_runtime(get_settings(), warm=False)
     try:

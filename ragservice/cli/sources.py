@@ -31,13 +31,12 @@ from ragservice.cli.source_runs import (
 from ragservice.config import DEFAULT_TENANT_NAME, get_settings
 from ragservice.errors import InvalidInputError
 from ragservice.readers import parse_readers
-from ragservice.services.callers import Operator
-from ragservice.services.sources import SourceSpec
 
 if TYPE_CHECKING:
     from ingest.sources.credentials import Credentials
     from ragservice.db import Database
-    from ragservice.services.sources import SourceRun, SourceView
+    from ragservice.services.callers import Operator
+    from ragservice.services.sources import SourceRun, SourceSpec, SourceView
 
 app = typer.Typer(
     help="Sources a collection follows: web sites, S3 prefixes, folders.", no_args_is_help=True
@@ -106,7 +105,7 @@ def sources_add(
     flags = ReaderFlags(
         depth, max_pages, tuple(include or ()), tuple(exclude or ()), profile, endpoint_url, region
     )
-    spec = SourceSpec(
+    spec = sources.SourceSpec(
         location=location if is_remote(location) else folder_location(location, "LOCATION"),
         options=flags.options(),
         readers=_readers(readers),
@@ -224,6 +223,7 @@ def _tenant_db(tenant: str) -> Iterator[tuple[Database, Operator]]:
     """The database, and the operator acting for the tenant named `tenant` (whose rows alone
     the transactions within see)."""
     from ragservice.db import tenancy
+    from ragservice.services.callers import Operator
 
     with database() as db:
         operator = Operator(tenant_id=tenant_id_of(db, tenant), actor=cli_actor())
@@ -233,6 +233,7 @@ def _tenant_db(tenant: str) -> Iterator[tuple[Database, Operator]]:
 
 def _add_and_run(tenant: str, collection: str, spec: SourceSpec, *, as_json: bool) -> None:
     from ragservice.services import sources
+    from ragservice.services.callers import Operator
 
     with tenant_runtime(tenant) as (opened, tid):
         operator = Operator(tenant_id=tid, actor=cli_actor())

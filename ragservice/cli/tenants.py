@@ -8,10 +8,8 @@ from typing import Annotated
 
 import typer
 
-from ragservice import store
 from ragservice.cli.common import cli_actor, console, database, fail
 from ragservice.config import DEFAULT_TENANT_ID
-from ragservice.db import tenancy
 
 app = typer.Typer(help="Tenants.", no_args_is_help=True)
 
@@ -21,6 +19,8 @@ def tenants_list(
     as_json: Annotated[bool, typer.Option("--json", help="Print a JSON array.")] = False,
 ) -> None:
     """List tenants, tab-separated: name, id, created, collections, documents, active keys."""
+    from ragservice import store
+
     with database() as db, db.owner() as session:
         rows = store.tenants.list_tenants(session)
     listed = [
@@ -46,6 +46,9 @@ def tenants_create(name: str = typer.Argument(..., help="The tenant's name.")) -
     """Create a tenant (nothing changes if it exists) and print its id. Then `ragservice ingest
     --tenant NAME` stores documents for it and `ragservice keys create --tenant NAME` makes its
     API keys."""
+    from ragservice import store
+    from ragservice.db import tenancy
+
     if not name.strip():
         raise typer.BadParameter("must not be empty", param_hint="NAME")
     with database() as db, tenancy.as_system(), db.write() as session:
@@ -82,6 +85,8 @@ def tenants_delete(
     embeddings, jobs and their uploads, API keys, the query log, feedback, cached answers,
     analyst bindings, ...), then the tenant itself, in one transaction. Prints the rows erased
     per table."""
+    from ragservice import store
+
     with database() as db, db.owner() as session:
         tenant_id = store.tenants.find_tenant_id(session, name)
         if tenant_id is None:

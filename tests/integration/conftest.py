@@ -50,7 +50,6 @@ def cli(
     monkeypatch.setenv("COLUMNS", "200")
     shared = functools.partial(runtimes.open_runtime, embedder=embedder)
     monkeypatch.setattr(runtimes, "open_runtime", shared)
-    monkeypatch.setattr("ragservice.cli.ingest.open_runtime", shared)
     get_settings.cache_clear()
     yield CliRunner()
     get_settings.cache_clear()
