@@ -8,12 +8,13 @@ from datetime import UTC, datetime
 
 from ragservice.api.schemas.jobs import job_out
 from ragservice.services.jobs import JobError, JobView, PlacedJob
+from ragservice.types import JobStatus
 
 
 def a_job(**changes: object) -> JobView:
     fields: dict[str, object] = {
         "id": uuid.UUID(int=7),
-        "status": "failed",
+        "status": JobStatus.FAILED,
         "kind": "upload",
         "collection_id": uuid.UUID(int=9),
         "counts": {"new": 2, "failed": 1},
