@@ -55,7 +55,7 @@ FORMATS: tuple[Format, ...] = (
     Format(
         "html",
         (".html", ".htm"),
-        ("text/html",),
+        ("text/html", "application/xhtml+xml"),
         "BeautifulSoup, trafilatura",
         "the main content as Markdown",
     ),
@@ -183,6 +183,17 @@ SUPPORTED_SUFFIXES: tuple[str, ...] = tuple(s for f in FORMATS for s in f.suffix
 """File types the loaders read; the API refuses other uploads with 415 before queueing them."""
 
 _BY_SUFFIX: dict[str, Format] = {s: f for f in FORMATS for s in f.suffixes}
+
+
+def _suffix_of(f: Format, media_type: str) -> str:
+    """The suffix a file of `media_type` is named with: the one its subtype names (`.jpeg`,
+    `.tiff`), else the format's first."""
+    named = "." + media_type.rsplit("/", 1)[-1]
+    return named if named in f.suffixes else f.suffixes[0]
+
+
+SUFFIX_OF_MEDIA_TYPE: dict[str, str] = {m: _suffix_of(f, m) for f in FORMATS for m in f.mime_types}
+"""A media type → the suffix of the name a file of that type is read under (a fetched page)."""
 
 
 def file_type(name: str) -> str:

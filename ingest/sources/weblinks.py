@@ -12,32 +12,9 @@ from html.parser import HTMLParser
 from pathlib import PurePosixPath
 from urllib.parse import unquote, urljoin, urlsplit, urlunsplit
 
-from ingest.loaders.formats import file_type
+from ingest.loaders.formats import SUFFIX_OF_MEDIA_TYPE, file_type
 
 DEFAULT_PORTS = {"http": 80, "https": 443}
-
-SUFFIX_OF_TYPE: dict[str, str] = {
-    "text/html": ".html",
-    "application/xhtml+xml": ".html",
-    "application/pdf": ".pdf",
-    "text/plain": ".txt",
-    "text/markdown": ".md",
-    "text/x-markdown": ".md",
-    "text/csv": ".csv",
-    "application/rtf": ".rtf",
-    "text/rtf": ".rtf",
-    "application/epub+zip": ".epub",
-    "application/vnd.openxmlformats-officedocument.wordprocessingml.document": ".docx",
-    "application/vnd.openxmlformats-officedocument.presentationml.presentation": ".pptx",
-    "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet": ".xlsx",
-    "application/vnd.oasis.opendocument.text": ".odt",
-    "message/rfc822": ".eml",
-    "image/png": ".png",
-    "image/jpeg": ".jpg",
-    "image/tiff": ".tiff",
-}
-"""A response's media type → the suffix of the name it is parsed under. A type not listed is
-named by the URL path's suffix; a name no loader reads is skipped."""
 
 _HTML_TYPES = ("text/html", "application/xhtml+xml")
 _LOC = re.compile(r"<(?:[\w.-]+:)?loc\s*>\s*([^<]*?)\s*</(?:[\w.-]+:)?loc\s*>", re.IGNORECASE)
@@ -153,7 +130,7 @@ def document_name(url: str, content_type: str) -> str | None:
     that suffix."""
     segment = unquote(urlsplit(url).path.rsplit("/", 1)[-1]) or "index"
     path = PurePosixPath(segment.replace("\\", "_"))
-    suffix = SUFFIX_OF_TYPE.get(_media_type(content_type))
+    suffix = SUFFIX_OF_MEDIA_TYPE.get(_media_type(content_type))
     name = (path.stem or "index") + suffix if suffix else path.name
     return name if file_type(name) else None
 

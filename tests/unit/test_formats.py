@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ingest.loaders.formats import FORMATS, SUPPORTED_SUFFIXES, file_type, format_table
+from ingest.loaders.formats import (
+    FORMATS,
+    SUFFIX_OF_MEDIA_TYPE,
+    SUPPORTED_SUFFIXES,
+    file_type,
+    format_table,
+)
 from ingest.loaders.sandbox import PARSERS
 from ingest.loaders.walking import walk_files
 from ragservice.extras import EXTRA_MODULES
@@ -12,6 +18,7 @@ from ragservice.extras import EXTRA_MODULES
 ROOT = Path(__file__).resolve().parents[2]
 # Read apart from the sandbox's parsers: each yields many documents.
 READ_APART = {"jsonl", "parquet"}
+PPTX_TYPE = "application/vnd.openxmlformats-officedocument.presentationml.presentation"
 
 
 def test_the_docs_table_is_the_registrys() -> None:
@@ -45,3 +52,11 @@ def test_the_walker_takes_every_registered_suffix_and_skips_others(tmp_path: Pat
     skipped = {e.path.name: e.skipped for e in walk_files([tmp_path], (), ())}
     assert {name for name, why in skipped.items() if not why} == set(names)
     assert skipped["notes.ods"] == "unsupported file type .ods"
+
+
+def test_a_media_type_names_a_file_by_its_subtype_where_one_matches() -> None:
+    assert SUFFIX_OF_MEDIA_TYPE["image/tiff"] == ".tiff"
+    assert SUFFIX_OF_MEDIA_TYPE["image/jpeg"] == ".jpeg"
+    assert SUFFIX_OF_MEDIA_TYPE["application/xhtml+xml"] == ".html"
+    assert SUFFIX_OF_MEDIA_TYPE[PPTX_TYPE] == ".pptx"
+    assert all(file_type(f"x{suffix}") for suffix in SUFFIX_OF_MEDIA_TYPE.values())
