@@ -121,7 +121,7 @@ def _print_switch(switch: Switch) -> None:
     if not switch.changed:
         console.print(f"{label} is already the active model")
         return
-    seconds = get_settings().model_check_seconds
+    seconds = get_settings().embedding.model_check_seconds
     console.print(
         f"activated {label}, was id {switch.previous_id}; servers switch within {seconds:g} s "
         "plus the model's load"

@@ -94,15 +94,18 @@ def dev_cluster(
 
     settings = get_settings()
     if citus:
-        _run_citus_cluster(settings.data_dir, workers=workers, first_port=first_port)
+        _run_citus_cluster(settings.database.data_dir, workers=workers, first_port=first_port)
         return
-    if settings.database_url:
+    if settings.database.database_url:
         raise fail(
             "dev-cluster runs standbys of the embedded server; unset RAGSERVICE_DATABASE_URL", 2
         )
     names = [region.strip() for region in regions.split(",") if region.strip()]
     cluster = DevCluster(
-        settings.data_dir, replicas=replicas, regions=names or ["local"], first_port=first_port
+        settings.database.data_dir,
+        replicas=replicas,
+        regions=names or ["local"],
+        first_port=first_port,
     )
     with exit_on_error():
         cluster.start()

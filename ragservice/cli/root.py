@@ -100,5 +100,5 @@ def main(prog_name: str | None = None) -> None:
     """The console script (and `python -m ragservice`, which names the program)."""
     end_cleanly_on_termination()
     settings = get_settings()
-    configure_logging(settings.log_level, settings.log_format)
+    configure_logging(settings.observability.log_level, settings.observability.log_format)
     app(prog_name=prog_name)

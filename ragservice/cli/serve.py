@@ -39,12 +39,12 @@ def serve(
     from ragservice.api.app import create_app
 
     settings = get_settings()
-    bind = host or settings.host
+    bind = host or settings.server.host
     with exit_on_error(2):
         app_ = create_app(
             settings.model_copy(update={"host": bind}), services=_job_workers(settings.jobs)
         )
-    if settings.auth_disabled:
+    if settings.security.auth_disabled:
         console.print(
             "[yellow]authentication is OFF[/yellow] (RAGSERVICE_AUTH_DISABLED): "
             f"anyone who can reach {bind} acts as the default tenant's admin"
@@ -52,8 +52,8 @@ def serve(
     config = uvicorn.Config(
         app_,
         host=bind,
-        port=port or settings.port,
-        log_level=settings.log_level.lower(),
+        port=port or settings.server.port,
+        log_level=settings.observability.log_level.lower(),
         timeout_graceful_shutdown=_drain_seconds(settings.server),
         **_uvicorn_logging(settings.observability),
     )
@@ -151,7 +151,7 @@ def worker(
     from ragservice.runtime_metrics import runtime_collectors
 
     settings = get_settings()
-    port = settings.worker_metrics_port if metrics_port is None else metrics_port
+    port = settings.observability.worker_metrics_port if metrics_port is None else metrics_port
     with exit_on_error():
         runtime = open_runtime(settings, supervise=True)
         try:
@@ -166,14 +166,15 @@ def worker(
         if port is not None:
             with exit_on_error():
                 stop_serving = _serve_worker_metrics(
-                    metrics, metrics_host or settings.metrics_host, port
+                    metrics, metrics_host or settings.observability.metrics_host, port
                 )
         runtime.models.start()  # each job embeds with the model active when it starts
         job_worker = JobWorker(
-            runtime, threads=threads or settings.workers or 1, metrics=metrics.jobs
+            runtime, threads=threads or settings.jobs.workers or 1, metrics=metrics.jobs
         )
         run_until_signalled(job_worker, grace_seconds=job_stop_seconds(settings.server))
-        limit_stop_wait(settings.shutdown_grace_seconds - job_stop_seconds(settings.server))
+        grace = settings.server.shutdown_grace_seconds
+        limit_stop_wait(grace - job_stop_seconds(settings.server))
     finally:
         if stop_serving is not None:
             stop_serving()

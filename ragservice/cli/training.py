@@ -119,7 +119,7 @@ def finetune(
                 **common,
                 batch_size=batch_size or 32,
                 learning_rate=learning_rate or 2e-5,
-                device=settings.device,
+                device=settings.embedding.device,
             )
         start = ft.resolve_base(db, settings.embedding, base)
         if triplets_file is not None:
@@ -155,7 +155,7 @@ def _reranker_options(
         negatives=negatives,
         max_length=max_length,
         max_minutes=max_minutes,
-        device=get_settings().device,
+        device=get_settings().embedding.device,
     )
 
 
@@ -250,7 +250,7 @@ def reembed(
             console.print(f"every chunk has an embedding of {row.name}:{row.version}")
             return
         embedder = registry.load_embedder(settings, row)
-        size = batch_size or settings.ingest_batch_chunks
+        size = batch_size or settings.ingest.ingest_batch_chunks
         _reembed_with_progress(db, settings.indexing, row, embedder, size, missing)
 
 

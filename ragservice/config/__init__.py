@@ -1,10 +1,10 @@
 """Service configuration: environment variables prefixed `RAGSERVICE_`, read by `get_settings()`.
 
-`Settings` is composed of small groups, one per subject (data.py, query.py, serving.py declare
-them): it inherits every group's fields, so each keeps its variable `RAGSERVICE_<FIELD>` and
-`settings.search_rrf_k` reads as before, and it hands each group out whole and immutable
-(`settings.search`) for the modules that need that subject alone. docs/settings.md lists them,
-written by `python -m ragservice.config.docs`.
+`Settings` is made of small immutable groups, one per subject (data.py, query.py, serving.py,
+sources.py declare them), and holds nothing else: a module reads `settings.search.bm25_k1`, and
+one that needs a single subject takes that group (`SearchSettings`), not every setting. Each
+setting keeps its variable `RAGSERVICE_<NAME>`. docs/settings.md lists them, written by
+`python -m ragservice.config.docs`.
 """
 
 from __future__ import annotations
@@ -12,10 +12,16 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Mapping
 from functools import lru_cache
-from typing import Any, Self, TypeVar, cast
+from typing import Any, Self
 
-from pydantic import PrivateAttr
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, model_validator
+from pydantic.fields import FieldInfo
+from pydantic_settings import (
+    BaseSettings,
+    EnvSettingsSource,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
 
 from ragservice.config.data import (
     DEFAULT_EMBEDDING_MODEL,
@@ -26,7 +32,7 @@ from ragservice.config.data import (
     ReplicationSettings,
     parse_replicas,
 )
-from ragservice.config.group import SettingsGroup
+from ragservice.config.group import PREFIX, SettingsGroup, env_name
 from ragservice.config.query import (
     DEFAULT_EF_SEARCH,
     AnsweringSettings,
@@ -49,11 +55,14 @@ __all__ = [
     "DEFAULT_EMBEDDING_MODEL",
     "DEFAULT_TENANT_ID",
     "DEFAULT_TENANT_NAME",
+    "FLAT_NAMES",
     "GROUPS",
+    "PREFIX",
     "AnsweringSettings",
     "CacheSettings",
     "DatabaseSettings",
     "EmbeddingSettings",
+    "GroupedEnvironment",
     "IndexSettings",
     "InferenceSettings",
     "IngestSettings",
@@ -68,6 +77,7 @@ __all__ = [
     "Settings",
     "SettingsGroup",
     "SourceSettings",
+    "env_name",
     "get_settings",
     "is_loopback",
     "parse_replicas",
@@ -97,129 +107,121 @@ GROUPS: dict[str, type[SettingsGroup]] = {
 }
 """Every group by its attribute on `Settings`, in the order docs/settings.md lists them."""
 
-G = TypeVar("G", bound=SettingsGroup)
+FLAT_NAMES: dict[str, tuple[str, str]] = {
+    env_name(field_name, field): (group_name, field_name)
+    for group_name, group in GROUPS.items()
+    for field_name, field in group.model_fields.items()
+}
+"""Each setting by its variable's name without the prefix (`search_rrf_k` for
+`RAGSERVICE_SEARCH_RRF_K`): its group's attribute on `Settings`, and its field in that group."""
 
 
-# The groups last to first: pydantic takes the fields of the last base first, so the fields
-# (a repr, a dump) come in GROUPS' order.
-class Settings(
-    ServerSettings,
-    ObservabilitySettings,
-    RetentionSettings,
-    JobSettings,
-    SecuritySettings,
-    LimitSettings,
-    CacheSettings,
-    InferenceSettings,
-    AnsweringSettings,
-    SearchSettings,
-    IndexSettings,
-    SourceSettings,
-    IngestSettings,
-    EmbeddingSettings,
-    ReplicationSettings,
-    DatabaseSettings,
-    BaseSettings,
-):
-    """Every setting of the service: the fields of all its groups (docs/settings.md)."""
+class GroupedEnvironment(PydanticBaseSettingsSource):
+    """The variables `RAGSERVICE_<NAME>` that a source (the environment, an env file) holds,
+    each in its group: `{"search": {"search_rrf_k": "12"}}`. A value is prepared as the source
+    prepares it for a field of its own (case-insensitive names, JSON for complex types)."""
 
-    model_config = SettingsConfigDict(env_prefix="RAGSERVICE_", extra="ignore", frozen=False)
+    def __init__(self, settings_cls: type[BaseSettings], source: EnvSettingsSource) -> None:
+        super().__init__(settings_cls)
+        self.source = source
 
-    # Each group built once from this object's values (already validated); emptied when a
-    # field changes, and fresh in a copy.
-    _groups: dict[type[SettingsGroup], SettingsGroup] = PrivateAttr(default_factory=dict)
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False  # unused: __call__ reads every group at once
 
-    def group(self, kind: type[G]) -> G:
-        """This object's values of one group's fields, as that group."""
-        # The private dict itself: `self._groups` goes through pydantic's slow __getattr__.
-        private = self.__pydantic_private__
-        assert private is not None
-        cache: dict[type[SettingsGroup], SettingsGroup] = private["_groups"]
-        found = cache.get(kind)
-        if found is None:
-            values = {name: getattr(self, name) for name in kind.model_fields}
-            found = cache[kind] = kind.model_construct(**values)
-        return cast(G, found)
+    def __call__(self) -> dict[str, Any]:
+        found: dict[str, Any] = {}
+        variables = self.source.env_vars
+        for name, (group_name, field_name) in FLAT_NAMES.items():
+            variable = f"{PREFIX}{name}"
+            raw = variables.get(variable if self.source.case_sensitive else variable.lower())
+            if raw is None:
+                continue
+            field = GROUPS[group_name].model_fields[field_name]
+            value = self.source.prepare_field_value(field_name, field, raw, False)
+            found.setdefault(group_name, {})[field_name] = value
+        return found
 
-    @property
-    def database(self) -> DatabaseSettings:
-        return self.group(DatabaseSettings)
 
-    @property
-    def replication(self) -> ReplicationSettings:
-        return self.group(ReplicationSettings)
+def grouped(values: Mapping[str, Any]) -> dict[str, Any]:
+    """`values` by group: a group's name keeps its value (a group, or a mapping of its fields),
+    a setting's flat name (`search_rrf_k`) joins its group's fields; any other name is an error."""
+    out: dict[str, Any] = {}
+    flat: dict[str, dict[str, Any]] = {}
+    for name, value in values.items():
+        if name in GROUPS:
+            out[name] = value
+        elif name in FLAT_NAMES:
+            group_name, field_name = FLAT_NAMES[name]
+            flat.setdefault(group_name, {})[field_name] = value
+        else:
+            raise ValueError(
+                f"no setting is named {name!r} (a group of `Settings`, or the name of a "
+                f"{PREFIX}* variable without its prefix)"
+            )
+    for group_name, fields in flat.items():
+        given = out.get(group_name, {})
+        given = dict(given) if isinstance(given, SettingsGroup | Mapping) else given
+        out[group_name] = {**given, **fields}
+    return out
 
-    @property
-    def embedding(self) -> EmbeddingSettings:
-        return self.group(EmbeddingSettings)
 
-    @property
-    def ingest(self) -> IngestSettings:
-        return self.group(IngestSettings)
+# The groups in GROUPS' order (the order docs/settings.md lists them); each is built from the
+# variables of its fields alone (GroupedEnvironment), never from `RAGSERVICE_<GROUP>__...`.
+class Settings(BaseSettings):
+    """Every setting of the service, one attribute per group (`settings.search.bm25_k1`).
+    Built from the environment (`RAGSERVICE_<NAME>`, docs/settings.md), or from flat names
+    (`Settings(bm25_k1=1.2)`, `settings.model_copy(update={"bm25_k1": 1.2})`), or groups."""
 
-    @property
-    def sources(self) -> SourceSettings:
-        return self.group(SourceSettings)
+    model_config = SettingsConfigDict(env_prefix=PREFIX, extra="forbid", frozen=True)
 
-    @property
-    def indexing(self) -> IndexSettings:
-        return self.group(IndexSettings)
+    database: DatabaseSettings = Field(default_factory=DatabaseSettings)
+    replication: ReplicationSettings = Field(default_factory=ReplicationSettings)
+    embedding: EmbeddingSettings = Field(default_factory=EmbeddingSettings)
+    ingest: IngestSettings = Field(default_factory=IngestSettings)
+    sources: SourceSettings = Field(default_factory=SourceSettings)
+    indexing: IndexSettings = Field(default_factory=IndexSettings)
+    search: SearchSettings = Field(default_factory=SearchSettings)
+    answering: AnsweringSettings = Field(default_factory=AnsweringSettings)
+    inference: InferenceSettings = Field(default_factory=InferenceSettings)
+    cache: CacheSettings = Field(default_factory=CacheSettings)
+    limits: LimitSettings = Field(default_factory=LimitSettings)
+    security: SecuritySettings = Field(default_factory=SecuritySettings)
+    jobs: JobSettings = Field(default_factory=JobSettings)
+    retention: RetentionSettings = Field(default_factory=RetentionSettings)
+    observability: ObservabilitySettings = Field(default_factory=ObservabilitySettings)
+    server: ServerSettings = Field(default_factory=ServerSettings)
 
-    @property
-    def search(self) -> SearchSettings:
-        return self.group(SearchSettings)
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        assert isinstance(env_settings, EnvSettingsSource)
+        assert isinstance(dotenv_settings, EnvSettingsSource)
+        return (
+            init_settings,
+            GroupedEnvironment(settings_cls, env_settings),
+            GroupedEnvironment(settings_cls, dotenv_settings),
+        )
 
-    @property
-    def answering(self) -> AnsweringSettings:
-        return self.group(AnsweringSettings)
-
-    @property
-    def inference(self) -> InferenceSettings:
-        return self.group(InferenceSettings)
-
-    @property
-    def cache(self) -> CacheSettings:
-        return self.group(CacheSettings)
-
-    @property
-    def limits(self) -> LimitSettings:
-        return self.group(LimitSettings)
-
-    @property
-    def security(self) -> SecuritySettings:
-        return self.group(SecuritySettings)
-
-    @property
-    def jobs(self) -> JobSettings:
-        return self.group(JobSettings)
-
-    @property
-    def retention(self) -> RetentionSettings:
-        return self.group(RetentionSettings)
-
-    @property
-    def observability(self) -> ObservabilitySettings:
-        return self.group(ObservabilitySettings)
-
-    @property
-    def server(self) -> ServerSettings:
-        return self.group(ServerSettings)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        super().__setattr__(name, value)
-        if name in type(self).model_fields:
-            self._groups = {}
-
-    def __eq__(self, other: object) -> bool:
-        # The fields alone: pydantic would compare the cached groups too.
-        if not isinstance(other, Settings):
-            return NotImplemented
-        return type(self) is type(other) and self.__dict__ == other.__dict__
+    @model_validator(mode="before")
+    @classmethod
+    def _flat_names_join_their_groups(cls, data: Any) -> Any:
+        return grouped(data) if isinstance(data, Mapping) else data
 
     def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
-        copied = super().model_copy(update=update, deep=deep)
-        copied._groups = {}
-        return copied
+        """A copy with `update` applied, by group or by flat name (not validated, as pydantic's)."""
+        if not update:
+            return super().model_copy(deep=deep)
+        changes = grouped(update)
+        for name, change in changes.items():
+            if isinstance(change, dict):  # fields of the group, over this object's group
+                changes[name] = getattr(self, name).model_copy(update=change)
+        return super().model_copy(update=changes, deep=deep)
 
 
 @lru_cache(maxsize=1)

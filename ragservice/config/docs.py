@@ -14,9 +14,8 @@ import annotated_types
 from pydantic import SecretStr
 from pydantic.fields import FieldInfo
 
-from ragservice.config import GROUPS, SettingsGroup
+from ragservice.config import GROUPS, PREFIX, SettingsGroup, env_name
 
-PREFIX = "RAGSERVICE_"
 HEADER = """\
 # Settings
 
@@ -94,8 +93,9 @@ def group_table(name: str, group: type[SettingsGroup]) -> str:
         "|---|---|---|---|---|",
     ]
     for field_name, field in group.model_fields.items():
+        variable = f"{PREFIX}{env_name(field_name, field).upper()}"
         rows.append(
-            f"| `{PREFIX}{field_name.upper()}` | {cell(type_name(field.annotation))} "
+            f"| `{variable}` | {cell(type_name(field.annotation))} "
             f"| {cell(default_text(field.default, in_bytes=field_name.endswith('_bytes')))} "
             f"| {bounds_text(field)} "
             f"| {cell(field.description or '')} |"

@@ -3,13 +3,26 @@
 from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
+from pydantic.fields import FieldInfo
+
+PREFIX = "RAGSERVICE_"
+"""The prefix of every setting's environment variable."""
 
 
 class SettingsGroup(BaseModel):
-    """One subject's settings. `Settings` inherits every group's fields (so each field keeps its
-    `RAGSERVICE_<FIELD>` variable) and hands each group out whole (`settings.search`), so a module
-    takes the group it needs rather than every setting of the service. A group built directly
-    (`SearchSettings()`, in tests) holds its defaults: only `Settings` reads the environment.
-    A new setting is a field of its subject's group, never of `Settings` itself."""
+    """One subject's settings, an attribute of `Settings` (`settings.search`), so a module takes
+    the group it needs rather than every setting of the service. Each field is read from
+    `RAGSERVICE_<NAME>` (`env_name`). A group built directly (`SearchSettings()`, in tests)
+    holds its defaults: only `Settings` reads the environment. A new setting is a field of its
+    subject's group, never of `Settings` itself."""
 
-    model_config = ConfigDict(frozen=True)
+    # Defaults validated too, as pydantic-settings validates those of `Settings`.
+    model_config = ConfigDict(frozen=True, validate_default=True, validate_by_name=True)
+
+
+def env_name(field_name: str, field: FieldInfo) -> str:
+    """The name a field goes by outside its group: its variable's, without `RAGSERVICE_`
+    (`search_rrf_k`), and a flat keyword of `Settings(...)`. The field's validation alias
+    where it has one (`rrf_k` of the search group is `search_rrf_k`), else its own name."""
+    alias = field.validation_alias
+    return alias if isinstance(alias, str) else field_name

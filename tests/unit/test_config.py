@@ -7,14 +7,18 @@ from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
+from pydantic_settings import EnvSettingsSource
 
 from ragservice.config import (
     DEFAULT_EMBEDDING_MODEL,
+    FLAT_NAMES,
     GROUPS,
+    GroupedEnvironment,
     IngestSettings,
     SearchSettings,
     Settings,
     SettingsGroup,
+    env_name,
     get_settings,
 )
 from ragservice.errors import ConfigurationError
@@ -25,10 +29,10 @@ def test_defaults_mean_embedded_database_and_bundled_model(monkeypatch: pytest.M
     for var in ("RAGSERVICE_DATABASE_URL", "RAGSERVICE_DATA_DIR", "RAGSERVICE_EMBEDDING_MODEL"):
         monkeypatch.delenv(var, raising=False)
     settings = Settings()
-    assert settings.database_url is None
-    assert settings.data_dir == Path(".ragservice")
-    assert settings.embedding_model == DEFAULT_EMBEDDING_MODEL
-    assert settings.device == "auto"
+    assert settings.database.database_url is None
+    assert settings.database.data_dir == Path(".ragservice")
+    assert settings.embedding.embedding_model == DEFAULT_EMBEDDING_MODEL
+    assert settings.embedding.device == "auto"
 
 
 def test_environment_variables_with_prefix(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -36,11 +40,11 @@ def test_environment_variables_with_prefix(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setenv("RAGSERVICE_EMBED_BATCH_SIZE", "128")
     monkeypatch.setenv("RAGSERVICE_DEVICE", "cpu")
     settings = Settings()
-    assert settings.database_url is not None
+    assert settings.database.database_url is not None
     assert (
-        settings.database_url.get_secret_value(),
-        settings.embed_batch_size,
-        settings.device,
+        settings.database.database_url.get_secret_value(),
+        settings.embedding.embed_batch_size,
+        settings.embedding.device,
     ) == ("postgresql://db/rag", 128, "cpu")
 
 
@@ -93,7 +97,7 @@ def test_each_storage_searches_with_its_own_ef_search_by_default(
     from ragservice.config import DEFAULT_EF_SEARCH
     from ragservice.retrieval.options import SearchOptions
 
-    options = SearchOptions.from_settings(_ef_settings(monkeypatch))
+    options = SearchOptions.from_settings(_ef_settings(monkeypatch).search)
     assert {s: options.ef_search_for(s) for s in DEFAULT_EF_SEARCH} == DEFAULT_EF_SEARCH
 
 
@@ -104,7 +108,7 @@ def test_one_ef_search_still_sets_every_storage_and_a_storage_setting_wins(
 
     settings = _ef_settings(monkeypatch, HNSW_EF_SEARCH="300", HNSW_EF_SEARCH_HALFVEC="60")
     assert settings.search.ef_search_by_storage() == {"float32": 300, "halfvec": 60, "binary": 300}
-    options = SearchOptions.from_settings(settings)
+    options = SearchOptions.from_settings(settings.search)
     assert (options.ef_search_for("float32"), options.ef_search_for("halfvec")) == (300, 60)
 
 
@@ -116,7 +120,9 @@ def test_an_ef_search_given_for_a_search_wins_over_every_default(
     from ragservice.errors import InvalidInputError
     from ragservice.retrieval.options import SearchOptions
 
-    options = SearchOptions.from_settings(_ef_settings(monkeypatch, HNSW_EF_SEARCH_BINARY="70"))
+    options = SearchOptions.from_settings(
+        _ef_settings(monkeypatch, HNSW_EF_SEARCH_BINARY="70").search
+    )
     given = replace(options, ef_search=25)
     assert [given.ef_search_for(s) for s in ("float32", "halfvec", "binary")] == [25, 25, 25]
     with pytest.raises(InvalidInputError):
@@ -126,17 +132,17 @@ def test_an_ef_search_given_for_a_search_wins_over_every_default(
 def test_every_setting_is_in_exactly_one_group() -> None:
     owners: dict[str, list[str]] = {}
     for name, group in GROUPS.items():
-        for field in group.model_fields:
-            owners.setdefault(field, []).append(name)
-    assert set(owners) == set(Settings.model_fields)
-    assert {field: names for field, names in owners.items() if len(names) > 1} == {}
-    in_order = [field for group in GROUPS.values() for field in group.model_fields]
-    assert list(Settings.model_fields) == in_order
+        for field_name, field in group.model_fields.items():
+            owners.setdefault(env_name(field_name, field), []).append(name)
+    assert {name: groups for name, groups in owners.items() if len(groups) > 1} == {}
+    assert list(owners) == list(FLAT_NAMES)
+    assert not set(FLAT_NAMES) & set(GROUPS)  # a flat name never passes for a group's
+    assert {name: field.annotation for name, field in Settings.model_fields.items()} == GROUPS
 
 
 def test_groups_the_lead_relies_on_hold_their_subjects() -> None:
     fields = {name: set(group.model_fields) for name, group in GROUPS.items()}
-    named = set(Settings.model_fields)
+    named = set(FLAT_NAMES)
     assert {f for f in named if f.startswith(("search_", "bm25_", "hnsw_ef_search"))} | {
         "binary_rescore_factor"
     } == fields["search"]
@@ -163,21 +169,61 @@ def test_each_group_holds_the_values_of_its_settings() -> None:
     for name, kind in GROUPS.items():
         group = getattr(settings, name)
         assert type(group) is kind
-        assert group.model_dump() == {f: getattr(settings, f) for f in kind.model_fields}
+        assert group == kind.model_validate(
+            {f: v for f, v in dict(group).items()}  # a group holds nothing but its fields
+        )
     assert (settings.search.search_rrf_k, settings.search.bm25_k1) == (7, 1.5)
     assert (settings.cache.cache_enabled, settings.limits.max_k) == (False, 50)
 
 
-def test_groups_are_built_once_immutable_and_fresh_in_a_copy() -> None:
+def test_groups_are_immutable_and_a_copy_changes_its_own() -> None:
     settings = Settings(search_rrf_k=7)
     assert settings.search is settings.search
     with pytest.raises(ValidationError, match="frozen"):
         settings.search.search_rrf_k = 8
-    changed = settings.model_copy(update={"search_rrf_k": 9})
+    with pytest.raises(ValidationError, match="frozen"):
+        settings.search = SearchSettings()
+    changed = settings.model_copy(update={"search_rrf_k": 9, "max_k": 5})
     assert (changed.search.search_rrf_k, settings.search.search_rrf_k) == (9, 7)
-    settings.search_rrf_k = 10
-    assert settings.search.search_rrf_k == 10
-    assert settings == Settings(search_rrf_k=10) != changed  # the cache is not a value
+    assert (changed.limits.max_k, settings.limits.max_k) == (5, 200)
+    assert changed.cache is settings.cache  # the groups not named are shared, immutable
+    assert settings == Settings(search_rrf_k=7) != changed
+    assert changed == Settings(search_rrf_k=9, max_k=5)
+    whole = settings.model_copy(update={"search": SearchSettings(bm25_k1=2.0)})
+    assert (whole.search.bm25_k1, whole.search.search_rrf_k) == (2.0, 30)
+
+
+def test_settings_hold_the_groups_alone() -> None:
+    settings = Settings()
+    assert list(Settings.model_fields) == list(GROUPS)
+    flat = [name for name in FLAT_NAMES if hasattr(settings, name)]
+    assert flat == []
+    for group in GROUPS.values():
+        assert [f for f in group.model_fields if hasattr(settings, f)] == []
+    with pytest.raises(AttributeError):
+        settings.data_dir  # type: ignore[attr-defined]  # noqa: B018
+    with pytest.raises(ValidationError):
+        settings.data_dir = Path("x")  # type: ignore[attr-defined]
+
+
+def test_a_name_that_is_no_setting_is_refused() -> None:
+    with pytest.raises(ValidationError, match="no setting is named 'search_rrf'"):
+        Settings(search_rrf=3)
+    with pytest.raises(ValueError, match="no setting is named 'rrf'"):
+        Settings().model_copy(update={"rrf": 3})
+
+
+def test_flat_names_and_groups_build_the_same_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RAGSERVICE_BM25_B", "0.5")
+    by_name = Settings(search_rrf_k=7, bm25_k1=1.5)
+    assert (by_name.search.search_rrf_k, by_name.search.bm25_k1, by_name.search.bm25_b) == (
+        7,
+        1.5,
+        0.5,  # the environment still sets the group's other fields
+    )
+    given = Settings(search=SearchSettings(search_rrf_k=7))
+    assert (given.search.search_rrf_k, given.search.bm25_b) == (7, 0.4)  # a group given is whole
+    assert Settings(search={"search_rrf_k": 7}, bm25_k1=1.5).search == by_name.search
 
 
 def test_the_variable_names_are_unchanged_in_the_environment_and_an_env_file(
@@ -210,3 +256,41 @@ def test_a_group_checks_its_own_values() -> None:
     assert Settings(replicas="eu=postgresql://r/db").replication.replica_urls() == [
         ("eu", "postgresql://r/db")
     ]
+
+
+def test_every_variable_reaches_its_group_s_field(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in FLAT_NAMES:
+        monkeypatch.setenv(f"RAGSERVICE_{name.upper()}", f"<{name}>")
+    read = GroupedEnvironment(Settings, EnvSettingsSource(Settings))()
+    assert {
+        (group, field): value for group, fields in read.items() for field, value in fields.items()
+    } == {place: f"<{name}>" for name, place in FLAT_NAMES.items()}
+
+
+def test_variables_are_parsed_and_checked_as_before(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RAGSERVICE_DATABASE_URL", "postgresql://rag:pw@db/rag")
+    monkeypatch.setenv("RAGSERVICE_CACHE_ENABLED", "false")
+    monkeypatch.setenv("ragservice_replicas", "eu=postgresql://r/db, us=postgresql://s/db")
+    monkeypatch.setenv("RAGSERVICE_JWT_ALGORITHMS", "RS256,ES256")
+    monkeypatch.setenv("RAGSERVICE_JWT_JWKS", " ")
+    monkeypatch.setenv("RAGSERVICE_CHUNK_MAX_TOKENS", "128")
+    settings = Settings()
+    assert settings.database.database_url is not None
+    assert settings.database.database_url.get_secret_value() == "postgresql://rag:pw@db/rag"
+    assert settings.cache.cache_enabled is False
+    assert settings.replication.replica_urls() == [
+        ("eu", "postgresql://r/db"),
+        ("us", "postgresql://s/db"),
+    ]
+    assert settings.security.jwt_algorithm_names() == ("RS256", "ES256")
+    assert settings.security.jwt_jwks is None
+    assert settings.ingest.chunk_max_tokens == 128
+    monkeypatch.setenv("RAGSERVICE_REPLICAS", "eu=mysql://r/db")
+    with pytest.raises(ValidationError, match="not a PostgreSQL URL"):
+        Settings()
+    monkeypatch.delenv("RAGSERVICE_REPLICAS")
+    monkeypatch.delenv("ragservice_replicas", raising=False)
+    monkeypatch.setenv("RAGSERVICE_CHUNK_OVERLAP_TOKENS", "64")
+    with pytest.raises(ValidationError, match="half the chunk size"):
+        Settings()
+    assert Settings(chunk_overlap_tokens=8).ingest.chunk_overlap_tokens == 8  # init wins

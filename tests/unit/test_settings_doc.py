@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from ragservice.config import GROUPS, Settings
+from ragservice.config import FLAT_NAMES, GROUPS
 from ragservice.config.docs import render
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -18,13 +18,19 @@ def test_docs_settings_md_is_current() -> None:
 
 def test_every_setting_has_a_row_under_its_group() -> None:
     text = render()
-    for name in Settings.model_fields:
+    for name in FLAT_NAMES:
         assert text.count(f"| `RAGSERVICE_{name.upper()}` |") == 1, name
     assert [line[3:] for line in text.splitlines() if line.startswith("## ")] == list(GROUPS)
 
 
 def test_every_setting_says_what_it_does() -> None:
-    assert [name for name, f in Settings.model_fields.items() if not f.description] == []
+    undescribed = [
+        (group_name, name)
+        for group_name, group in GROUPS.items()
+        for name, field in group.model_fields.items()
+        if not field.description
+    ]
+    assert undescribed == []
 
 
 def test_the_readme_points_to_the_generated_list() -> None:
@@ -51,7 +57,7 @@ NOT_SETTINGS = {
 
 
 def test_every_variable_the_docs_name_is_a_setting() -> None:
-    settings = {f"RAGSERVICE_{name.upper()}" for name in Settings.model_fields}
+    settings = {f"RAGSERVICE_{name.upper()}" for name in FLAT_NAMES}
     texts = [ROOT / "README.md", ROOT / ".env.example", *sorted((ROOT / "docs").rglob("*.md"))]
     named = {
         (path.name, found)
