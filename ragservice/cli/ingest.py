@@ -15,7 +15,8 @@ import signal
 import socket
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -50,8 +51,8 @@ from ragservice.readers import parse_readers
 if TYPE_CHECKING:
     from ingest.loaders import JsonlFields, ParquetColumns
     from ingest.pipeline import IngestReport, ProgressCallback
-    from ragservice.db.models import EmbeddingModel
     from ragservice.embedding.indexing import IndexBuild
+    from ragservice.embedding.indexing import Progress as IndexProgress
     from ragservice.runtime import Runtime
 
 console = Console(stderr=True)
@@ -196,12 +197,13 @@ def ingest_command(
     prefix is read as the collection's source for it."""
     from ingest.loaders import JsonlFields, ParquetColumns
     from ingest.pipeline import IngestReport
+    from ragservice.services.index_upkeep import INDEX_MODES
 
     try:
         named_readers = parse_readers(readers)
     except InvalidInputError as exc:
         raise typer.BadParameter(str(exc), param_hint="--readers") from exc
-    if index not in _INDEX_MODES:
+    if index not in INDEX_MODES:
         raise typer.BadParameter("must be auto, kept or deferred", param_hint="--index")
     try:
         fields = JsonlFields.parse(jsonl_fields) if jsonl_fields else JsonlFields()
@@ -417,42 +419,43 @@ def _tenant_id(runtime: Runtime, name: str) -> uuid.UUID:
     return found
 
 
-_INDEX_MODES = ("auto", "kept", "deferred")
-
-
 def with_index_upkeep(
     runtime: Runtime, model_id: int, mode: str, load: Callable[[], IngestReport]
 ) -> IngestReport:
-    """Run the load, with the model's HNSW index kept up to date row by row, or dropped
-    before it and built once after it (`mode`, see `--index`). The build runs whether the load
-    ends well or not, so the model is never left without its index. After a load with
-    `deferred` asked for (a large load), `ragservice db optimize` runs when the owner's login
-    is at hand."""
-    from ragservice import store
-    from ragservice.embedding import indexing
+    """Run the load with the model's HNSW index kept as `mode` says (see `--index`), the
+    drop and the build shown. After a load with `deferred` asked for (a large load),
+    `ragservice db optimize` runs when the owner's login is at hand."""
+    from ragservice.services import index_upkeep
 
-    with runtime.db.read() as session:
-        model = store.embedding_models.get_model(session, model_id)
-        embedded = store.embedding_models.embedded_counts(session).get(model_id, 0) if model else 0
-    if model is None:
-        return load()
-    deferred = mode == "deferred" or (mode == "auto" and (not model.active or embedded == 0))
-    if not deferred:
-        return load()
-    label = f"{model.name}:{model.version}"
-    console.print(f"HNSW index of {label}: dropped for the load, built after it")
-    indexing.drop_embedding_index(runtime.db, model)
-    try:
-        report = load()
-    finally:
-        build = _build_index(runtime, model, label)
+    report, deferred = index_upkeep.with_index_upkeep(
+        runtime.db, model_id, mode, load, view=_IndexView()
+    )
+    if deferred and mode == "deferred":
+        _optimize_after_load(runtime)
+    return report
+
+
+class _IndexView:
+    """The index's drop and build on the console, the build with a progress bar."""
+
+    def dropped(self, label: str) -> None:
+        console.print(f"HNSW index of {label}: dropped for the load, built after it")
+
+    @contextmanager
+    def building(self, label: str) -> Iterator[IndexProgress]:
+        from rich.progress import BarColumn, MofNCompleteColumn
+
+        from ragservice.cli.common import IndexBar
+
+        columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn())
+        with Progress(*columns, TimeElapsedColumn(), console=console) as progress:
+            yield IndexBar(progress, label)
+
+    def built(self, label: str, build: IndexBuild) -> None:
         console.print(
             f"built the {build.storage} HNSW index of {label} over {build.rows} rows in "
             f"{build.seconds:.1f} s"
         )
-    if mode == "deferred":
-        _optimize_after_load(runtime)
-    return report
 
 
 def _optimize_after_load(runtime: Runtime) -> None:
@@ -473,17 +476,6 @@ def _optimize_after_load(runtime: Runtime) -> None:
             return
         console.print(f"a large load: `ragservice db optimize` as {role}")
         run_optimize_steps(engine)
-
-
-def _build_index(runtime: Runtime, model: EmbeddingModel, label: str) -> IndexBuild:
-    from rich.progress import BarColumn, MofNCompleteColumn
-
-    from ragservice.cli.common import IndexBar
-    from ragservice.embedding import indexing
-
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn())
-    with Progress(*columns, TimeElapsedColumn(), console=console) as progress:
-        return indexing.build_embedding_index(runtime.db, model, progress=IndexBar(progress, label))
 
 
 def _with_job_record(
