@@ -9,7 +9,14 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from ragservice.cli.common import cli_actor, console, database, exit_on_error, fail
+from ragservice.cli.common import (
+    cli_actor,
+    console,
+    database,
+    exit_on_error,
+    fail,
+    tenant_named,
+)
 from ragservice.config import ReplicationSettings, get_settings
 
 if TYPE_CHECKING:
@@ -50,7 +57,7 @@ def analysts_add(
     first replica when RAGSERVICE_REPLICAS is set)."""
     import secrets
 
-    from ragservice import store
+    from ragservice.services import analysts
 
     _one_scope(tenant, all_tenants)
     password = _read_password() if password_stdin else secrets.token_urlsafe(18)
@@ -59,19 +66,19 @@ def analysts_add(
         # CREATE ROLE: beyond what the service role may do
         with db.owner() as session, exit_on_error():
             bound = _tenant_id(session, tenant)
-            store.analysts.create_analyst(
+            analysts.add_analyst(
                 session,
                 name,
                 password,
                 tenant_id=bound,
                 timeout_seconds=settings.database.analyst_statement_timeout_seconds,
+                actor=cli_actor(),
             )
-            _audit(session, "analyst.add", name, bound)
             _warn_if_temporary(session)
         url = analyst_url(settings.replication, db.url, name, None if password_stdin else password)
     scope = "every tenant" if tenant is None else f"tenant {tenant!r}"
     console.print(
-        f"created analyst {name!r} (member of {store.analysts.ANALYST_GROUP}), reading {scope}, "
+        f"created analyst {name!r} (member of {analysts.ANALYST_GROUP}), reading {scope}, "
         f"statement timeout {settings.database.analyst_statement_timeout_seconds}s"
     )
     if not password_stdin:
@@ -87,16 +94,15 @@ def analysts_update(
 ) -> None:
     """Bind an analyst to one tenant (or to every tenant) in this database, and set its timeouts
     to RAGSERVICE_ANALYST_STATEMENT_TIMEOUT_SECONDS again; the password stays."""
-    from ragservice import store
+    from ragservice.services import analysts
 
     _one_scope(tenant, all_tenants)
     seconds = get_settings().database.analyst_statement_timeout_seconds
     with database() as db, db.owner() as session, exit_on_error():
         bound = _tenant_id(session, tenant)
-        store.analysts.bind_analyst(session, name, tenant_id=bound)
-        store.analysts.set_timeouts(session, name, seconds)
-        store.analysts.restrict_temporary(session)
-        _audit(session, "analyst.update", name, bound)
+        analysts.update_analyst(
+            session, name, tenant_id=bound, timeout_seconds=seconds, actor=cli_actor()
+        )
         _warn_if_temporary(session)
     scope = "every tenant" if tenant is None else f"tenant {tenant!r}"
     console.print(f"analyst {name!r} now reads {scope}, statement timeout {seconds}s")
@@ -128,10 +134,10 @@ def analysts_list(
 ) -> None:
     """List the analysts, tab-separated: name, login or nologin, the tenant it reads ("all":
     every tenant, "none": no binding in this database, so no rows), statement timeout."""
-    from ragservice import store
+    from ragservice.services import analysts
 
     with database() as db, db.owner() as session:
-        rows = store.analysts.list_analysts(session)
+        rows = analysts.list_analysts(session)
         _warn_if_temporary(session)
     listed = [
         {
@@ -154,12 +160,10 @@ def analysts_list(
 def analysts_remove(name: str = typer.Argument(..., help="The analyst's role name.")) -> None:
     """Drop an analyst's role and its tenant binding (only members of ragservice_analyst are
     dropped)."""
-    from ragservice import store
+    from ragservice.services import analysts
 
     with database() as db, db.owner() as session, exit_on_error():
-        removed = store.analysts.remove_analyst(session, name)
-        if removed:
-            _audit(session, "analyst.remove", name, None)
+        removed = analysts.remove_analyst(session, name, actor=cli_actor())
     if not removed:
         raise fail(f"no analyst named {name!r}")
     console.print(f"removed analyst {name!r}")
@@ -176,37 +180,17 @@ def _one_scope(tenant: str | None, all_tenants: bool) -> None:
 
 def _tenant_id(session: Session, tenant: str | None) -> uuid.UUID | None:
     """The id of tenant `tenant` (None: every tenant); exit 1 for a tenant that does not exist."""
-    from ragservice import store
-
     if tenant is None:
         return None
-    found = store.tenants.find_tenant_id(session, tenant)
-    if found is None:
-        raise fail(f"no tenant named {tenant!r} (`ragservice keys create --tenant` creates one)")
-    return found
-
-
-def _audit(session: Session, action: str, name: str, tenant_id: uuid.UUID | None) -> None:
-    """An audit entry in the command's transaction; `tenant_id` None (every tenant, or a
-    removal) is seen by operators only."""
-    from ragservice import store
-
-    store.audit.record(
-        session,
-        tenant_id=tenant_id,
-        actor=cli_actor(),
-        action=action,
-        target=name,
-        details={"all_tenants": tenant_id is None and action != "analyst.remove"},
-    )
+    return tenant_named(session, tenant, " (`ragservice keys create --tenant` creates one)")
 
 
 def _warn_if_temporary(session: Session) -> None:
     """Say so when analysts may still create temporary tables here (the connecting user does
     not own the database, or the database's ACL was reset since)."""
-    from ragservice import store
+    from ragservice.services import analysts
 
-    if store.analysts.public_may_create_temporary(session):
+    if analysts.temporary_tables_open(session):
         console.print(
             "[yellow]warning:[/yellow] PUBLIC may create temporary tables in this database, so "
             "analysts may too; `ragservice analysts update NAME ...` as the database's owner "

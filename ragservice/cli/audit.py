@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from ragservice.cli.common import database, fail
+from ragservice.cli.common import database, tenant_id_of
 
 app = typer.Typer(help="The audit log of administrative actions.", no_args_is_help=True)
 
@@ -25,16 +25,11 @@ def audit_list(
 ) -> None:
     """Entries newest first, tab-separated: id, time, tenant id ("-": deployment-wide, e.g.
     model activations), actor, action, target, details."""
-    from ragservice import store
-    from ragservice.db import tenancy
+    from ragservice.services import admin
 
-    with database() as db, tenancy.as_system(), db.read() as session:
-        tenant_id = None
-        if tenant is not None:
-            tenant_id = store.tenants.find_tenant_id(session, tenant)
-            if tenant_id is None:
-                raise fail(f"no tenant named {tenant!r}")
-        entries = store.audit.list_entries(session, tenant_id, limit=limit, before=before)
+    with database() as db:
+        tenant_id = None if tenant is None else tenant_id_of(db, tenant)
+        entries = admin.audit_entries(db, tenant_id, limit=limit, before=before)
     for entry in entries:
         row = {
             "id": entry.id,

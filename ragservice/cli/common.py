@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from ragservice.db import Database
     from ragservice.db.maintenance import StepResult
     from ragservice.feedback.exports import ExportFilter, TimeOf
-    from ragservice.store.indexes import BuildProgress
+    from ragservice.services.embedding_models import BuildProgress
 
 console = Console(stderr=True)
 
@@ -134,14 +134,26 @@ def cli_actor() -> str:
 
 def tenant_id(session: Session, name: str | None) -> uuid.UUID:
     """The tenant named `name`, or the default tenant's id for None (exit 1 if none)."""
-    from ragservice import store
-
     if name is None:
         return uuid.UUID(DEFAULT_TENANT_ID)
-    found = store.tenants.find_tenant_id(session, name)
-    if found is None:
-        raise fail(f"no tenant named {name!r}")
-    return found
+    return tenant_named(session, name)
+
+
+def tenant_id_of(db: Database, name: str, hint: str = "") -> uuid.UUID:
+    """`tenant_named` in a transaction of its own that sees every tenant."""
+    from ragservice.services import tenants
+
+    with exit_on_error():
+        return tenants.tenant_id_of(db, name, hint=hint)
+
+
+def tenant_named(session: Session, name: str, hint: str = "") -> uuid.UUID:
+    """The id of the tenant named `name`; exit 1 with `error: no tenant named 'NAME'` and
+    `hint` (what to do about it) when there is none."""
+    from ragservice.services import tenants
+
+    with exit_on_error():
+        return tenants.require_tenant_id(session, name, hint=hint)
 
 
 UrlOption = Annotated[

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -19,8 +18,6 @@ from ragservice.config import DatabaseSettings, get_settings
 if TYPE_CHECKING:
     import psycopg
 
-    from ragservice.safety.injection import Verdict
-    from ragservice.store.documents import ScannedChunk
 
 app = typer.Typer(
     help="Database schema, retention, the server's settings and optimize.", no_args_is_help=True
@@ -88,41 +85,14 @@ def db_rescan(
 ) -> None:
     """Run the injection detector again over every stored chunk and update its flag (chunks
     stored before migration 0011, or after a detector change). Prints how many changed."""
-    from ragservice import store
-    from ragservice.safety import injection
+    from ragservice.services import rescan
 
-    flagged = cleared = seen = 0
-    with database() as db:
-        with db.read() as session:
-            total = store.documents.count_chunks(session)
-        with _progress("scanning chunks", total) as advance:
-            after = None
-            while True:
-                with db.write() as session:
-                    page = store.documents.chunks_page(session, after=after, limit=batch)
-                    changes = _flag_changes(page, injection.scan)
-                    store.documents.set_injection_flags(session, changes)
-                if not page:
-                    break
-                after = page[-1].id
-                seen += len(page)
-                flagged += sum(reasons is not None for reasons in changes.values())
-                cleared += sum(reasons is None for reasons in changes.values())
-                advance(len(page))
-    console.print(f"scanned {seen} chunks: {flagged} newly flagged, {cleared} no longer flagged")
-
-
-def _flag_changes(
-    page: list[ScannedChunk], scan: Callable[[str], Verdict]
-) -> dict[uuid.UUID, list[str] | None]:
-    """chunk id → its new reasons (None: unflag), for the chunks whose flag changes."""
-    changes: dict[uuid.UUID, list[str] | None] = {}
-    for chunk in page:
-        verdict = scan(chunk.text)
-        reasons = list(verdict.reasons) if verdict.flagged else None
-        if reasons != chunk.flags:
-            changes[chunk.id] = reasons
-    return changes
+    with database() as db, _progress("scanning chunks", rescan.count_chunks(db)) as advance:
+        done = rescan.rescan_injection_flags(db, batch=batch, on_page=advance)
+    console.print(
+        f"scanned {done.seen} chunks: {done.flagged} newly flagged, "
+        f"{done.cleared} no longer flagged"
+    )
 
 
 @contextmanager

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
     from ragservice.embedding.indexing import IndexBuild
     from ragservice.embedding.registry import Switch
-    from ragservice.store.indexes import BuildProgress
+    from ragservice.services.embedding_models import BuildProgress
 
 app = typer.Typer(help="Embedding model versions.", no_args_is_help=True)
 
@@ -184,7 +184,7 @@ def models_reindex(
 
 
 def _storage(value: str) -> str:
-    from ragservice.store.indexes import storage_of
+    from ragservice.services.embedding_models import storage_of
 
     return storage_of(value)
 

@@ -4,18 +4,18 @@ among their readers; docs/permissions.md). Each change is in the audit log."""
 from __future__ import annotations
 
 import json
-import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from ragservice.cli.common import cli_actor, console, database, fail
+from ragservice.cli.common import cli_actor, console, database, tenant_id_of
 from ragservice.errors import InvalidInputError
 from ragservice.readers import check_name
 
 if TYPE_CHECKING:
-    from sqlalchemy.orm import Session
+    from ragservice.db import Database
+    from ragservice.services.callers import Operator
 
 app = typer.Typer(help="Groups of users, for document permissions.", no_args_is_help=True)
 
@@ -29,9 +29,9 @@ def groups_add(
     tenant: TenantOption,
 ) -> None:
     """Add users to a group (the group exists once it has a member)."""
-    from ragservice import store
+    from ragservice.services import groups
 
-    added = _change(group, users, tenant, store.tenants.add_group_members, "group.add")
+    added = _change(group, users, tenant, groups.add_members)
     console.print(f"added {added} user(s) to group {group.strip()!r} of tenant {tenant!r}")
 
 
@@ -42,9 +42,9 @@ def groups_remove(
     tenant: TenantOption,
 ) -> None:
     """Remove users from a group; they stop reading its documents at their next request."""
-    from ragservice import store
+    from ragservice.services import groups
 
-    removed = _change(group, users, tenant, store.tenants.remove_group_members, "group.remove")
+    removed = _change(group, users, tenant, groups.remove_members)
     console.print(f"removed {removed} user(s) from group {group.strip()!r} of tenant {tenant!r}")
 
 
@@ -54,16 +54,15 @@ def groups_list(
     as_json: Annotated[bool, typer.Option("--json", help="Print a JSON object.")] = False,
 ) -> None:
     """Every group of the tenant with its users, one group a line: name, then its users."""
-    from ragservice import store
-    from ragservice.db import tenancy
+    from ragservice.services import groups
 
-    with database() as db, tenancy.as_system(), db.read() as session:
-        groups = store.tenants.group_members(session, _tenant_id(session, tenant))
+    with database() as db:
+        members = groups.members(db, tenant_id_of(db, tenant, _HINT))
     if as_json:
-        typer.echo(json.dumps(groups, indent=2))
+        typer.echo(json.dumps(members, indent=2))
         return
-    for group, members in groups.items():
-        typer.echo("\t".join([group, ",".join(members)]))
+    for group, users in members.items():
+        typer.echo("\t".join([group, ",".join(users)]))
 
 
 def _names(group: str, users: list[str]) -> tuple[str, list[str]]:
@@ -75,31 +74,19 @@ def _names(group: str, users: list[str]) -> tuple[str, list[str]]:
         raise typer.BadParameter(str(exc)) from None
 
 
-def _tenant_id(session: Session, tenant: str) -> uuid.UUID:
-    from ragservice import store
-
-    tenant_id = store.tenants.find_tenant_id(session, tenant)
-    if tenant_id is None:
-        raise fail(f"no tenant named {tenant!r} (see `ragservice tenants list`)")
-    return tenant_id
+_HINT = " (see `ragservice tenants list`)"
 
 
 def _change(
     group: str,
     users: list[str],
     tenant: str,
-    change: Callable[[Session, uuid.UUID, str, list[str]], int],
-    action: str,
+    change: Callable[[Database, Operator, str, list[str]], int],
 ) -> int:
-    """Apply a change of the group's members and audit it, in one transaction; how many
-    users it changed."""
-    from ragservice.db import tenancy
-    from ragservice.services.callers import Operator, audit
+    """Apply a change of the group's members (audited with it); how many users it changed."""
+    from ragservice.services.callers import Operator
 
     group_name, names = _names(group, users)
-    with database() as db, tenancy.as_system(), db.write() as session:
-        tenant_id = _tenant_id(session, tenant)
-        changed = change(session, tenant_id, group_name, names)
-        operator = Operator(tenant_id=tenant_id, actor=cli_actor())
-        audit(session, operator, action, group_name, {"users": names})
-    return changed
+    with database() as db:
+        operator = Operator(tenant_id=tenant_id_of(db, tenant, _HINT), actor=cli_actor())
+        return change(db, operator, group_name, names)

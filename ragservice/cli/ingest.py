@@ -37,11 +37,11 @@ from ragservice.cli.source_runs import (
     RemoteIngest,
     check_remote_ingest,
     ingest_locations,
+    tenant_id_of,
 )
 from ragservice.config import DEFAULT_TENANT_NAME, get_settings
 from ragservice.errors import (
     InvalidInputError,
-    NotFoundError,
     PermissionDeniedError,
     RagServiceError,
 )
@@ -407,16 +407,7 @@ def _run(
 
 def _tenant_id(runtime: Runtime, name: str) -> uuid.UUID:
     """The id of the tenant named `name`; NotFoundError for a name no tenant has."""
-    from ragservice import store
-    from ragservice.db import tenancy
-
-    with tenancy.as_system(), runtime.db.read() as session:
-        found = store.tenants.find_tenant_id(session, name)
-    if found is None:
-        raise NotFoundError(
-            f"no tenant named {name!r} (`ragservice tenants create {name}` creates one)"
-        )
-    return found
+    return tenant_id_of(runtime.db, name)
 
 
 def with_index_upkeep(

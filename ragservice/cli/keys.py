@@ -71,32 +71,13 @@ def keys_create(
     ] = None,
 ) -> None:
     """Create an API key and print it once; only its hash is stored."""
-    from ragservice import store
-    from ragservice.auth.keys import new_key
-    from ragservice.db import tenancy
+    from ragservice.services import keys
 
     user_name = _user_name(user)
     ends = expiry(expires_in, expires_at)
-    key = new_key()
-    with database() as db, tenancy.as_system(), db.write() as session:
-        tenant_id = store.tenants.ensure_tenant(session, tenant)
-        store.tenants.create_api_key(
-            session,
-            tenant_id=tenant_id,
-            role=role,
-            prefix=key.prefix,
-            key_hash=key.hash,
-            name=name,
-            expires_at=ends,
-            user_name=user_name,
-        )
-        store.audit.record(
-            session,
-            tenant_id=tenant_id,
-            actor=cli_actor(),
-            action="key.create",
-            target=key.prefix,
-            details={"role": str(role), "name": name, "expires_at": _iso(ends), "user": user_name},
+    with database() as db:
+        key = keys.create_key(
+            db, tenant, role, actor=cli_actor(), name=name, expires_at=ends, user_name=user_name
         )
     until = "" if ends is None else f", valid until {_iso(ends)}"
     acting = "" if user_name is None else f" acting for user {user_name!r}"
@@ -112,11 +93,10 @@ def keys_list(
 ) -> None:
     """List keys, tab-separated: prefix, tenant, role, state (active, expired, revoked), name,
     expires at, last used (to the minute), the user it acts for; secrets are never shown again."""
-    from ragservice import store
-    from ragservice.db import tenancy
+    from ragservice.services import keys
 
-    with database() as db, tenancy.as_system(), db.read() as session:
-        rows = store.tenants.list_api_keys(session)
+    with database() as db:
+        rows = keys.list_keys(db)
     now = datetime.now(UTC)
     listed = []
     for key, tenant in rows:
@@ -153,20 +133,10 @@ def keys_revoke(
     prefix: str = typer.Argument(..., help="The key's prefix, as `keys list` shows."),
 ) -> None:
     """Revoke a key; requests with it get 401 from then on."""
-    from ragservice import store
-    from ragservice.db import tenancy
+    from ragservice.services import keys
 
-    with database() as db, tenancy.as_system(), db.write() as session:
-        revoked = store.tenants.revoke_api_key(session, prefix)
-        for key in revoked:
-            store.audit.record(
-                session,
-                tenant_id=key.tenant_id,
-                actor=cli_actor(),
-                action="key.revoke",
-                target=key.prefix,
-                details={"role": key.role, "name": key.name},
-            )
+    with database() as db:
+        revoked = keys.revoke_keys(db, prefix, actor=cli_actor())
     if not revoked:
         raise fail(f"no active key with prefix {prefix!r}")
     console.print(f"revoked {len(revoked)} key(s)")

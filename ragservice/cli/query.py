@@ -117,18 +117,14 @@ def _stopped_by_ctrl_c() -> Iterator[None]:
 @contextmanager
 def _local_runtime(tenant: str) -> Iterator[tuple[Runtime, Any]]:
     """The runtime (the model loaded) and the tenant's id, its transactions the tenant's."""
-    from ragservice import store
     from ragservice.db import tenancy
-    from ragservice.errors import NotFoundError
     from ragservice.runtime import open_runtime
+    from ragservice.services import tenants
 
     with console.status("loading the model"):
         runtime = open_runtime(get_settings())
     try:
-        with tenancy.as_system(), runtime.db.read() as session:
-            tenant_id = store.tenants.find_tenant_id(session, tenant)
-        if tenant_id is None:
-            raise NotFoundError(f"no tenant named {tenant!r}")
+        tenant_id = tenants.tenant_id_of(runtime.db, tenant)
         with tenancy.as_tenant(tenant_id):
             yield runtime, tenant_id
     finally:

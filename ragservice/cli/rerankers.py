@@ -20,9 +20,9 @@ def rerankers_list(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
 ) -> None:
     """Registered rerankers: base model, training and held-out figures."""
-    from ragservice import store
+    from ragservice.services import rerankers
 
-    with database() as db, db.read() as session:
+    with database() as db:
         rows = [
             {
                 "id": row.id,
@@ -35,7 +35,7 @@ def rerankers_list(
                 "training": row.details.get("training", {}),
                 "path": row.path,
             }
-            for row in store.rerankers.list_rerankers(session)
+            for row in rerankers.list_rerankers(db)
         ]
     if as_json:
         typer.echo(json.dumps(rows, indent=2))

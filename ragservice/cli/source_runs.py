@@ -21,7 +21,6 @@ from rich.table import Table
 
 from ragservice.cli.common import console
 from ragservice.config import get_settings
-from ragservice.errors import NotFoundError
 
 if TYPE_CHECKING:
     from ingest.sources.sync import SyncReport
@@ -100,16 +99,9 @@ class ReaderFlags:
 
 def tenant_id_of(db: Database, name: str) -> uuid.UUID:
     """The id of the tenant named `name`; NotFoundError (exit 1) for a name no tenant has."""
-    from ragservice import store
-    from ragservice.db import tenancy
+    from ragservice.services import tenants
 
-    with tenancy.as_system(), db.read() as session:
-        found = store.tenants.find_tenant_id(session, name)
-    if found is None:
-        raise NotFoundError(
-            f"no tenant named {name!r} (`ragservice tenants create {name}` creates one)"
-        )
-    return found
+    return tenants.tenant_id_of(db, name, hint=f" (`ragservice tenants create {name}` creates one)")
 
 
 @contextmanager

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from ragservice.cli.common import cli_actor, console, database, fail
+from ragservice.cli.common import cli_actor, console, database, fail, tenant_named
 from ragservice.config import DEFAULT_TENANT_ID
 
 app = typer.Typer(help="Tenants.", no_args_is_help=True)
@@ -19,10 +19,10 @@ def tenants_list(
     as_json: Annotated[bool, typer.Option("--json", help="Print a JSON array.")] = False,
 ) -> None:
     """List tenants, tab-separated: name, id, created, collections, documents, active keys."""
-    from ragservice import store
+    from ragservice.services import tenants
 
     with database() as db, db.owner() as session:
-        rows = store.tenants.list_tenants(session)
+        rows = tenants.list_tenants(session)
     listed = [
         {
             "name": t.name,
@@ -46,23 +46,13 @@ def tenants_create(name: str = typer.Argument(..., help="The tenant's name.")) -
     """Create a tenant (nothing changes if it exists) and print its id. Then `ragservice ingest
     --tenant NAME` stores documents for it and `ragservice keys create --tenant NAME` makes its
     API keys."""
-    from ragservice import store
-    from ragservice.db import tenancy
+    from ragservice.services import tenants
 
     if not name.strip():
         raise typer.BadParameter("must not be empty", param_hint="NAME")
-    with database() as db, tenancy.as_system(), db.write() as session:
-        existing = store.tenants.find_tenant_id(session, name)
-        tenant_id = existing or store.tenants.ensure_tenant(session, name)
-        if existing is None:
-            store.audit.record(
-                session,
-                tenant_id=tenant_id,
-                actor=cli_actor(),
-                action="tenant.create",
-                target=name,
-            )
-    console.print(f"tenant {name!r} {'exists' if existing else 'created'}")
+    with database() as db:
+        tenant_id, created = tenants.create_tenant(db, name, actor=cli_actor())
+    console.print(f"tenant {name!r} {'created' if created else 'exists'}")
     typer.echo(tenant_id)
 
 
@@ -85,12 +75,10 @@ def tenants_delete(
     embeddings, jobs and their uploads, API keys, the query log, feedback, cached answers,
     analyst bindings, ...), then the tenant itself, in one transaction. Prints the rows erased
     per table."""
-    from ragservice import store
+    from ragservice.services import tenants
 
     with database() as db, db.owner() as session:
-        tenant_id = store.tenants.find_tenant_id(session, name)
-        if tenant_id is None:
-            raise fail(f"no tenant named {name!r}")
+        tenant_id = tenant_named(session, name)
         default = tenant_id == uuid.UUID(DEFAULT_TENANT_ID)
         if default and not force:
             raise fail(
@@ -99,17 +87,10 @@ def tenants_delete(
             )
         if not yes and not typer.confirm(f"Erase tenant {name!r} ({tenant_id}) for good?"):
             raise fail("nothing erased")
-        analysts = [a.name for a in store.analysts.list_analysts(session) if a.tenant == name]
-        erased = store.tenants.erase_tenant(session, tenant_id, keep_tenant=default)
-        # No tenant id on the entry (it would survive the erase): operators only see it.
-        store.audit.record(
-            session,
-            tenant_id=None,
-            actor=cli_actor(),
-            action="tenant.delete",
-            target=name,
-            details={"rows": sum(erased.values()), "kept_tenant": default},
+        erasure = tenants.erase_tenant(
+            session, tenant_id, name, keep_tenant=default, actor=cli_actor()
         )
+    erased, analysts = erasure.rows, erasure.analysts
     if as_json:
         typer.echo(json.dumps(dict(sorted(erased.items()))))
     else:

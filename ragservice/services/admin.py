@@ -12,9 +12,10 @@ from ragservice.store.insights import Insights
 
 
 def audit_entries(
-    db: Database, tenant_id: uuid.UUID, *, limit: int, before: int | None
+    db: Database, tenant_id: uuid.UUID | None, *, limit: int, before: int | None
 ) -> list[AuditEntry]:
-    """The tenant's audit log, newest first: `limit` entries older than `before`."""
+    """The tenant's audit log, newest first: `limit` entries older than `before`; `tenant_id`
+    None: every entry the transaction may see (an operator's, every tenant's)."""
     with db.read() as session:
         return store.audit.list_entries(session, tenant_id, limit=limit, before=before)
 

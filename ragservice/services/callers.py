@@ -53,3 +53,19 @@ def audit(
         target=target,
         details=details,
     )
+
+
+def record_operation(
+    session: Session,
+    *,
+    tenant_id: uuid.UUID | None,
+    actor: str,
+    action: str,
+    target: str,
+    details: dict[str, Any] | None = None,
+) -> None:
+    """Record an operator's action in `session`'s transaction; `tenant_id` None for an entry
+    about the deployment (or about a tenant being erased), which operators alone see."""
+    store.audit.record(
+        session, tenant_id=tenant_id, actor=actor, action=action, target=target, details=details
+    )

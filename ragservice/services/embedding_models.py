@@ -11,6 +11,8 @@ from typing import Any
 from ragservice.db import Database, tenancy
 from ragservice.embedding import registry
 from ragservice.services.callers import Caller
+from ragservice.store.indexes import BuildProgress as BuildProgress  # the CLI's progress bars
+from ragservice.store.indexes import storage_of as storage_of  # the CLI's --storage check
 
 
 @dataclass(frozen=True)

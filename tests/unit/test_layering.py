@@ -163,6 +163,54 @@ def test_commands_other_than_serve_reach_the_service_through_the_service_layer(
     assert {n for n in internal(path) if n.startswith("ragservice.api")} == set()
 
 
+# Every command may hold the `Database` it opens and say whose rows its transactions see
+# (`tenancy`); the SQL on them is the services'.
+DB_FOR_EVERY_COMMAND = {"ragservice.db", "ragservice.db.Database", "ragservice.db.tenancy"}
+# Work on the database server itself, which no service wraps: by module, each name needed.
+DB_SERVER_WORK = {
+    # `database()` opens the database for a command; `db optimize` runs the owner's steps.
+    "common.py": {"ragservice.db.open_database", "ragservice.db.maintenance"},
+    # `db upgrade` migrates; `db settings` reads the server's settings and sizes them, as the
+    # owner; `db distribute` converts tables for Citus.
+    "db.py": {
+        "ragservice.db.migrate",
+        "ragservice.db.server_settings",
+        "ragservice.db.sizing",
+        "ragservice.db.embedded",
+        "ragservice.db.engine",
+        "ragservice.db.distribution",
+    },
+    # `backup` and `restore` copy the embedded server's data directory.
+    "backup.py": {"ragservice.db.backup"},
+    # `serve` and `worker` bound how long the embedded server may take to stop.
+    "serve.py": {"ragservice.db.embedded"},
+    # `replicas status` probes the replicas through the router the server would build.
+    "replicas.py": {"ragservice.db.engine"},
+    # A large load checks for the owner's login before it runs `db optimize`'s steps.
+    "ingest.py": {"ragservice.db.maintenance"},
+    # The embedding model's row, as a type.
+    "training.py": {"ragservice.db.models"},
+}
+
+
+@pytest.mark.parametrize(
+    "path",
+    sorted((ROOT / "ragservice" / "cli").rglob("*.py")),
+    ids=lambda p: str(p.relative_to(ROOT)),
+)
+def test_commands_leave_the_sql_to_the_services(path: Path) -> None:
+    """No command imports `store/`; of `db/`, only what `DB_SERVER_WORK` names for it."""
+    allowed = DB_FOR_EVERY_COMMAND | DB_SERVER_WORK.get(path.name, set())
+    used = {
+        n
+        for n in internal(path)
+        if n.startswith(("ragservice.store", "ragservice.db"))
+        and not any(n == a or n.startswith(f"{a}.") for a in allowed - {"ragservice.db"})
+        and n != "ragservice.db"
+    }
+    assert used == set()
+
+
 CLIENT_SIDE = ("mcp_server", "integrations")
 
 
