@@ -44,10 +44,9 @@ from ragservice.limits.rate_limits import RateLimiter
 from ragservice.metrics import JobMetrics, Metrics
 from ragservice.observability import tracing
 from ragservice.retention import RetentionPurger
-from ragservice.runtime import Runtime, open_runtime, require_unprivileged_login
+from ragservice.runtime import Runtime
 from ragservice.runtime_metrics import runtime_collectors
-from ragservice.services.answers import AnswerService, open_pipeline
-from ragservice.services.search import SearchService, open_searcher
+from ragservice.services.composition import open_serving_runtime, query_services
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
@@ -106,21 +105,12 @@ def create_app(
             traced = stack.enter_context(
                 tracing.activated(resolved.observability, provider=tracer_provider)
             )
-            runtime = open_runtime(resolved, embedder=embedder, supervise=True)
+            runtime = open_serving_runtime(resolved, embedder=embedder)
             stack.callback(runtime.close)
             if traced is not None:
                 traced.instrument_engines(runtime.db.engines())
-            require_unprivileged_login(runtime.db, resolved.security)
             app.state.runtime = runtime
             runtime.models.start()  # follows `ragservice models activate` without a restart
-            searcher = stack.enter_context(open_searcher(runtime.db, runtime.models))
-            app.state.search = SearchService(
-                runtime.db,
-                runtime.models,
-                search=resolved.search,
-                limits=resolved.limits,
-                searcher=searcher,
-            )
             inference = InferenceClient.from_settings(
                 resolved,
                 owner=tenancy.current_tenant_id,
@@ -128,18 +118,10 @@ def create_app(
             )
             if inference is not None:
                 stack.push_async_callback(inference.aclose)
-            pipeline = open_pipeline(
-                runtime.db,
-                runtime.models,
-                resolved,
-                searcher=searcher,
-                inference=inference,
-                metrics=metrics,
+            query = stack.enter_context(
+                query_services(runtime, inference=inference, metrics=metrics)
             )
-            stack.callback(pipeline.close)
-            app.state.answers = AnswerService(
-                runtime.db, search=resolved.search, limits=resolved.limits, pipeline=pipeline
-            )
+            app.state.search, app.state.answers = query.search, query.answers
             stack.callback(metrics.watch(runtime_collectors(runtime)))
             app.state.services = _start_services(stack, runtime, services, metrics.jobs, stopping)
             observability = resolved.observability

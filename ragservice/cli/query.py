@@ -135,22 +135,13 @@ def _search_locally(
     query: str, collections: list[str] | None, mode: Mode, k: int, tenant: str
 ) -> dict[str, Any]:
     from ragservice.retrieval import options
-    from ragservice.services.search import SearchQuery, SearchService, open_searcher
+    from ragservice.services.composition import search_service
+    from ragservice.services.search import SearchQuery
     from ragservice.services.views import found_out
 
     asked = SearchQuery(text=query, collections=collections, mode=options.Mode(mode), k=k)
-    with _local_runtime(tenant) as (runtime, tenant_id):
-        searcher = open_searcher(runtime.db, runtime.models)
-        with searcher:
-            settings = runtime.settings
-            service = SearchService(
-                runtime.db,
-                runtime.models,
-                search=settings.search,
-                limits=settings.limits,
-                searcher=searcher,
-            )
-            found = service.search(tenant_id, asked)
+    with _local_runtime(tenant) as (runtime, tenant_id), search_service(runtime) as service:
+        found = service.search(tenant_id, asked)
     return found_out(found).model_dump(mode="json")
 
 
@@ -185,38 +176,21 @@ async def _stream_answer(
     from ragservice.client import Citations, Done, Token
     from ragservice.db import tenancy
     from ragservice.metrics import Metrics
-    from ragservice.services.answers import AnswerService, open_pipeline
-    from ragservice.services.search import open_searcher
+    from ragservice.services.composition import query_services
     from ragservice.services.views import answer_out
 
     inference = InferenceClient.from_settings(runtime.settings, owner=tenancy.current_tenant_id)
     try:
-        with open_searcher(runtime.db, runtime.models) as searcher:
-            pipeline = open_pipeline(
-                runtime.db,
-                runtime.models,
-                runtime.settings,
-                searcher=searcher,
-                inference=inference,
-                metrics=Metrics(),
-            )
-            try:
-                answers = AnswerService(
-                    runtime.db,
-                    search=runtime.settings.search,
-                    limits=runtime.settings.limits,
-                    pipeline=pipeline,
-                )
-                answers.check(asked, field="question")
-                async for item in await answers.stream(tenant_id, asked):
-                    if not isinstance(item, Answer):
-                        show(Token(item))
-                        continue
-                    whole = answer_out(item).model_dump(mode="json")
-                    show(Citations(whole["citations"], whole["sources"]))
-                    show(Done(cast("QueryResponse", whole)))  # the same JSON document
-            finally:
-                pipeline.close()
+        with query_services(runtime, inference=inference, metrics=Metrics()) as services:
+            answers = services.answers
+            answers.check(asked, field="question")
+            async for item in await answers.stream(tenant_id, asked):
+                if not isinstance(item, Answer):
+                    show(Token(item))
+                    continue
+                whole = answer_out(item).model_dump(mode="json")
+                show(Citations(whole["citations"], whole["sources"]))
+                show(Done(cast("QueryResponse", whole)))  # the same JSON document
     finally:
         if inference is not None:
             await inference.aclose()

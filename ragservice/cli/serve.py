@@ -147,18 +147,13 @@ def worker(
     from ingest.worker import JobWorker, run_until_signalled
     from ragservice.db.embedded import limit_stop_wait
     from ragservice.metrics import WorkerMetrics
-    from ragservice.runtime import open_runtime, require_unprivileged_login
     from ragservice.runtime_metrics import runtime_collectors
+    from ragservice.services.composition import open_serving_runtime
 
     settings = get_settings()
     port = settings.observability.worker_metrics_port if metrics_port is None else metrics_port
     with exit_on_error():
-        runtime = open_runtime(settings, supervise=True)
-        try:
-            require_unprivileged_login(runtime.db, settings.security)
-        except BaseException:
-            runtime.close()
-            raise
+        runtime = open_serving_runtime(settings)
     metrics = WorkerMetrics()
     unwatch = metrics.watch(runtime_collectors(runtime))
     stop_serving = None

@@ -320,3 +320,17 @@ def test_ingest_does_not_import_the_api_or_cli(path: Path) -> None:
     assert {
         n for n in internal(path) if n.startswith(("ragservice.api", "ragservice.cli"))
     } == set()
+
+
+def test_the_query_services_are_built_in_one_place() -> None:
+    """The API, the CLI and the workers get the search and answering services (and their
+    searcher and pipeline) from `services/composition.py`, built alike for each."""
+    builders = ("open_searcher(", "open_pipeline(", "SearchService(", "AnswerService(")
+    fronts = [ROOT / "ragservice" / "api", ROOT / "ragservice" / "cli", ROOT / "ingest"]
+    offenders = [
+        str(path.relative_to(ROOT))
+        for front in fronts
+        for path in front.rglob("*.py")
+        if any(builder in path.read_text() for builder in builders)
+    ]
+    assert offenders == []
