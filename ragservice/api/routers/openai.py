@@ -16,7 +16,6 @@ import uuid
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-import anyio.to_thread
 import numpy as np
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import StreamingResponse
@@ -37,22 +36,16 @@ from ragservice.api.schemas.common import error_responses
 from ragservice.api.schemas.openai import ChatCompletionRequest, ChatMessageIn, EmbeddingsRequest
 from ragservice.api.sse import frame, stream_answer
 from ragservice.api.stopping import first_unless_stopping, stopping_of
-from ragservice.embedding.embedder import SentenceTransformerEmbedder
-from ragservice.embedding.registry import ModelRegistry, ServingModel
-from ragservice.embedding.token_ids import tiktoken_texts
-from ragservice.embedding.tokens import BatchTokenizer, TokenIds
 from ragservice.errors import InvalidInputError, NotFoundError
 from ragservice.limits.rate_limits import ANSWER_COST, embedding_cost
 from ragservice.limits.request_bounds import (
-    check_batch,
     check_chat,
-    check_embedding_count,
-    check_embedding_texts,
     check_text,
 )
 from ragservice.limits.results import ANSWER_K
 from ragservice.limits.shape import MAX_COLLECTIONS_PER_REQUEST
 from ragservice.safety.html import AnswerText
+from ragservice.services import embeddings as embedding_service
 from ragservice.services.answers import AskQuery
 from ragservice.services.collections import collection_names
 from ragservice.services.search import SearchQuery
@@ -79,7 +72,11 @@ def list_models(principal: Reader, db: DatabaseDep, models: ModelsDep) -> dict[s
         "data": [
             *({**_model_entry(m), "type": "chat"} for m in chat),
             *(
-                {**_model_entry(_model_id(m, i)), "type": "embedding", "dimension": m.dimension}
+                {
+                    **_model_entry(embedding_service.served_name(m, i)),
+                    "type": "embedding",
+                    "dimension": m.dimension,
+                }
                 for i, m in enumerate(models.loaded())
             ),
         ],
@@ -144,28 +141,13 @@ async def embeddings(
     """Embed texts, or token id arrays (tiktoken's ids, decoded to their texts; or the model's
     own tokenizer's, RAGSERVICE_EMBEDDING_TOKEN_IDS), with the requested embedding model
     (normalized vectors, cosine-ready)."""
-    model, model_id = _embedding_model(models, body.model)  # one for the request
-    embedder = model.embedder
-    inputs = _inputs(body.input)
-    texts = [text for text in inputs if isinstance(text, str)]
-    noun = "texts" if len(texts) == len(inputs) else "token arrays"
-    check_batch(len(inputs), settings.limits, field="input")
-    check_embedding_count(len(inputs), settings.limits, noun=noun)
-    check_embedding_texts(texts, settings.limits)
-    charge(request, principal.rate_key, embedding_cost(len(inputs)), what=f"{len(inputs)} {noun}")
-    _check_embedding_input(inputs, body.dimensions, embedder)
-    if len(texts) < len(inputs) and settings.embedding.embedding_token_ids == "tiktoken":
-        arrays = [ids for ids in inputs if isinstance(ids, list)]
-        encoding = settings.embedding.embedding_tiktoken_encoding
-        texts = await anyio.to_thread.run_sync(tiktoken_texts, arrays, encoding)
-        check_embedding_texts(texts, settings.limits)
-    if len(texts) == len(inputs):
-        vectors = await anyio.to_thread.run_sync(_embed, embedder, texts)
-        tokens = await anyio.to_thread.run_sync(_token_count, embedder, texts)
-    else:
-        token_inputs = _token_inputs(embedder, [ids for ids in inputs if isinstance(ids, list)])
-        vectors = await anyio.to_thread.run_sync(embedder.embed_tokens, token_inputs)
-        tokens = sum(map(len, token_inputs))
+    planned = embedding_service.plan(models, settings.limits, body.model, body.input)
+    noun, count = planned.noun, planned.count
+    charge(request, principal.rate_key, embedding_cost(count), what=f"{count} {noun}")
+    embedded = await embedding_service.embed(
+        planned, settings.embedding, settings.limits, dimensions=body.dimensions
+    )
+    vectors, tokens, model_id = embedded.vectors, embedded.tokens, planned.model_id
     return {
         "object": "list",
         "data": [
@@ -314,83 +296,6 @@ def _extra(answer: Answer) -> dict[str, Any]:
 
 
 # -- embeddings ------------------------------------------------------------------------------
-
-
-Input = str | list[int]
-"""One `/v1/embeddings` input: a text, or one text's token ids."""
-
-
-def _inputs(given: str | list[str] | list[int] | list[list[int]]) -> list[Input]:
-    """The request's inputs, one per vector: a text, texts, one text's ids, or lists of ids."""
-    if isinstance(given, str):
-        return [given]
-    if given and all(isinstance(item, int) for item in given):
-        return [[item for item in given if isinstance(item, int)]]
-    return [item for item in given if not isinstance(item, int)]
-
-
-def _embedding_model(models: ModelRegistry, requested: str) -> tuple[ServingModel, str]:
-    """The model `requested` names among those loaded (none named: the serving one), and the
-    id replies name it by; 404 naming the available ones otherwise."""
-    loaded = models.loaded()
-    if not requested:
-        return loaded[0], _model_id(loaded[0], 0)
-    for position, model in enumerate(loaded):
-        if requested in model.names:
-            return model, _model_id(model, position)
-    available = ", ".join(_model_id(m, i) for i, m in enumerate(loaded))
-    raise NotFoundError(
-        f"embedding model {requested!r} not found; this server embeds with {available} "
-        "(GET /v1/models lists them)"
-    )
-
-
-def _model_id(model: ServingModel, position: int) -> str:
-    """The serving model by its name, one loaded besides it by `NAME:VERSION`."""
-    return model.name if position == 0 else f"{model.name}:{model.version}"
-
-
-def _token_inputs(embedder: SentenceTransformerEmbedder, arrays: list[list[int]]) -> list[TokenIds]:
-    """Model inputs from token id arrays, each checked against the model's tokenizer."""
-    tokenizer: BatchTokenizer | None = embedder.batch_tokenizer
-    if tokenizer is None:
-        raise InvalidInputError(
-            f"input: embedding model {embedder.name!r} takes texts only, not token ids"
-        )
-    inputs: list[TokenIds] = []
-    for i, ids in enumerate(arrays):
-        try:
-            inputs.append(tokenizer.input_from_ids(ids))
-        except ValueError as exc:
-            raise InvalidInputError(
-                f"input[{i}]: {exc}; token ids are read as the embedding model's own "
-                "tokenizer's (RAGSERVICE_EMBEDDING_TOKEN_IDS=model), not tiktoken's: send "
-                "the text instead"
-            ) from exc
-    return inputs
-
-
-def _check_embedding_input(
-    inputs: list[Input], dimensions: int | None, embedder: SentenceTransformerEmbedder
-) -> None:
-    if not inputs:
-        raise InvalidInputError("input: give at least one text")
-    if dimensions is not None and dimensions != embedder.dimension:
-        raise InvalidInputError(
-            f"dimensions: this model gives {embedder.dimension}, not {dimensions}"
-        )
-
-
-def _token_count(embedder: SentenceTransformerEmbedder, texts: list[str]) -> int:
-    return int(embedder.token_lengths(texts).sum())
-
-
-def _embed(
-    embedder: SentenceTransformerEmbedder, texts: list[str]
-) -> np.ndarray[Any, np.dtype[np.float32]]:
-    if len(texts) == 1:  # one text: the fast query encoder
-        return embedder.embed_query(texts[0]).reshape(1, -1)
-    return embedder.embed(texts)
 
 
 def _encode(vector: np.ndarray[Any, np.dtype[np.float32]], encoding: str) -> list[float] | str:
