@@ -36,13 +36,10 @@ def models_list(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
 ) -> None:
     """Registered models: active one, chunks embedded, base, held-out figures."""
-    from ragservice.embedding import registry
+    from ragservice.services import embedding_models
 
-    with database() as db, db.read() as session:
-        statuses = registry.model_statuses(session)
-    rows = [
-        {**registry.model_row(status, statuses), "path": status.model.path} for status in statuses
-    ]
+    with database() as db:
+        rows = embedding_models.registered_models(db)
     if as_json:
         typer.echo(json.dumps(rows, indent=2))
         return
@@ -82,10 +79,10 @@ def models_activate(
 ) -> None:
     """Make MODEL the one every server serves (they switch within
     RAGSERVICE_MODEL_CHECK_SECONDS, after loading it); refused until it embedded every chunk."""
-    from ragservice.embedding import registry
+    from ragservice.services import embedding_models
 
     with database() as db, exit_on_error():
-        switch = registry.activate(db, model, force=force, actor=cli_actor())
+        switch = embedding_models.switch_to(db, model, force=force, actor=cli_actor())
     _print_switch(switch)
 
 
@@ -96,10 +93,10 @@ def models_rollback(
     ] = False,
 ) -> None:
     """Activate again the model the latest activation replaced."""
-    from ragservice.embedding import registry
+    from ragservice.services import embedding_models
 
     with database() as db, exit_on_error():
-        switch = registry.rollback(db, force=force, actor=cli_actor())
+        switch = embedding_models.switch_back(db, force=force, actor=cli_actor())
     _print_switch(switch)
 
 
@@ -109,10 +106,10 @@ def models_drop_embeddings(
 ) -> None:
     """Delete a model's chunk embeddings and its HNSW index (refused for the active model);
     `reembed` makes them again."""
-    from ragservice.embedding import registry
+    from ragservice.services import embedding_models
 
     with database() as db, exit_on_error():
-        row, deleted = registry.drop_embeddings(db, model, actor=cli_actor())
+        row, deleted = embedding_models.drop_embeddings(db, model, actor=cli_actor())
     console.print(f"deleted {deleted} embeddings of {row.name}:{row.version} and its index")
 
 
@@ -143,17 +140,16 @@ def models_convert(
     searches scan without an index until the build ends. The active model only with --force:
     servers search it the new way within RAGSERVICE_MODEL_CHECK_SECONDS, finding nothing by
     dense search meanwhile when the column changes (halfvec to or from the others)."""
-    from ragservice.embedding import indexing, registry
+    from ragservice.services import embedding_models
 
     with database() as db, exit_on_error():
-        with db.read() as session:
-            row = registry.get_model_by_name(session, model)
+        row = embedding_models.model_named(db, model)
         target = _storage(storage)
         if row.active and not force and row.storage != target:
             raise fail(f"{row.name}:{row.version} is the active model; pass --force to convert it")
         label = f"{row.name}:{row.version}"
         with _index_progress(label) as on_index:
-            done = indexing.convert_storage(db, row, target, progress=on_index)
+            done = embedding_models.convert_storage(db, row, target, progress=on_index)
     if done.build is None:
         console.print(f"{label} is already stored as {target}")
         return
@@ -171,15 +167,13 @@ def models_reindex(
     """Drop and build MODEL's HNSW index again, in one go, with the build memory and workers
     of RAGSERVICE_INDEX_BUILD_MEMORY_MB and RAGSERVICE_INDEX_BUILD_WORKERS; shows its progress.
     Its searches scan without an index until the build ends."""
-    from ragservice.embedding import indexing, registry
+    from ragservice.services import embedding_models
 
     with database() as db, exit_on_error():
-        with db.read() as session:
-            row = registry.get_model_by_name(session, model)
+        row = embedding_models.model_named(db, model)
         label = f"{row.name}:{row.version}"
-        indexing.drop_embedding_index(db, row)
         with _index_progress(label) as on_index:
-            build = indexing.build_embedding_index(db, row, progress=on_index)
+            build = embedding_models.rebuild_index(db, row, progress=on_index)
     _print_build(label, build)
 
 
