@@ -96,8 +96,13 @@ ocr:
 
 # pytest exits 5 when it collected no test at all; say so instead of failing obscurely.
 # RAGSERVICE_REQUIRE_BROWSER: the browser tests fail instead of skipping without a browser.
+# The suite runs on TEST_WORKERS pytest-xdist workers (one per core, at most 4: each has its own
+# embedded PostgreSQL and model), a test file's tests all on one (`--dist loadfile`: a module's
+# fixtures are built once, and its tests run in order). `make test TEST_WORKERS=0` runs it in
+# one process.
+TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); [ $$n -gt 4 ] && n=4; echo $$n)
 test: $(DEV_STAMP) $(BM25_STAMP) browser ocr
-	RAGSERVICE_REQUIRE_BROWSER=1 $(BIN)/pytest; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests were collected"; fi; exit $$rc
+	RAGSERVICE_REQUIRE_BROWSER=1 $(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests were collected"; fi; exit $$rc
 
 # The leak suites of one server run on a Citus cluster: each test's database is a clone of a
 # distributed store on every node (tests/citus_template.py; Citus installed by CITUS_INSTALLER).

@@ -17,6 +17,7 @@ distributed store of their own (shards, placements and all), ready in well under
 
 from __future__ import annotations
 
+import fcntl
 import os
 import subprocess
 import tempfile
@@ -44,6 +45,16 @@ def install_citus() -> str | None:
     installed, else why not."""
     if citus_installed():
         return None
+    # One installer at a time: pytest-xdist's workers may all need Citus at once.
+    lock_path = postgres_bin_dir().parent / ".citus-install.lock"
+    with lock_path.open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if citus_installed():  # another worker installed it meanwhile
+            return None
+        return _run_installer()
+
+
+def _run_installer() -> str | None:
     installer = Path(os.environ.get(INSTALLER_VARIABLE) or _DEFAULT_INSTALLER)
     if not installer.is_file():
         return (

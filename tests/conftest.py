@@ -30,6 +30,10 @@ from sqlalchemy.engine import make_url
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# One terminal width for the whole session: a rich console made at import (the CLI's) keeps the
+# COLUMNS it saw then, so the width of its messages would depend on which test imported it
+# first, and that differs between pytest-xdist's workers.
+os.environ["COLUMNS"] = "200"
 
 from ragservice.config import Settings
 from ragservice.db import migrate, tenancy

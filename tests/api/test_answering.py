@@ -194,11 +194,11 @@ def test_upstream_errors_give_502_and_504_or_an_extractive_answer(
     assert "500" in failed.json()["detail"]
     assert "sk-upstream" not in failed.text
 
-    fake.enqueue(slow(3))
+    fake.enqueue(slow(30))  # the 1 s read timeout ends it: a long one costs nothing
     started = time.monotonic()
     timed_out = llm.post("/v1/query", json=question)
     assert timed_out.status_code == 504
-    assert time.monotonic() - started < 2.5
+    assert time.monotonic() - started < 10  # far before the answer's 30 s
 
     fake.enqueue(status(503), status(503))
     fallback = ok(llm.post("/v1/query", json={**question, "on_upstream_error": "extractive"}))

@@ -717,8 +717,14 @@ FILTER_CASES: list[tuple[dict[str, Any], set[str]]] = [
 ]
 
 
+def case_id(value: object) -> str:
+    """A test id the same in every process: a set's order varies with the hash seed, and
+    pytest-xdist's workers must collect the same ids."""
+    return str(sorted(value)) if isinstance(value, set) else str(value)
+
+
 @pytest.mark.parametrize("mode", [Mode.DENSE, Mode.HYBRID])
-@pytest.mark.parametrize(("raw", "expected"), FILTER_CASES, ids=lambda v: str(v))
+@pytest.mark.parametrize(("raw", "expected"), FILTER_CASES, ids=case_id)
 def test_filters_select_exactly_the_matching_documents(
     corpus: Corpus, raw: dict[str, Any], expected: set[str], mode: Mode
 ) -> None:
