@@ -15,7 +15,7 @@ from ragservice.answering.answer_cache import answer_scope
 from ragservice.answering.question import Question
 from ragservice.api.schemas.answers import QueryRequest
 from ragservice.api.schemas.search import Ranking, SearchRequest
-from ragservice.config import SearchSettings, Settings
+from ragservice.config import LimitSettings, SearchSettings, Settings
 from ragservice.errors import InvalidInputError
 from ragservice.retrieval.filters import parse_and_compile
 from ragservice.retrieval.fusion import Fusion
@@ -147,7 +147,8 @@ def test_k_and_mode_are_the_same_in_every_interface() -> None:
         hints = typing.get_type_hints(command, include_extras=True)
         assert typing.get_args(hints["k"])[1].min == 1
     source = inspect.getsource(mcp)
-    assert "k: Annotated[int, Field(ge=1, le=50" in source  # at most the server's max_k
+    assert "k: Annotated[int, Field(ge=1, le=TOOL_MAX_K" in source
+    assert 1 <= mcp.TOOL_K <= mcp.TOOL_MAX_K <= LimitSettings().max_k  # at most the server's
     assert Settings().limits.max_k >= 50
     assert "        mode: Annotated[\n            Mode," in source
 
