@@ -5,10 +5,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Literal, Protocol, TypeAlias
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeAlias
 
-import numpy as np
-import numpy.typing as npt
+if TYPE_CHECKING:  # only annotations: the CLI's --help imports this module, numpy stays unloaded
+    import numpy as np
+    import numpy.typing as npt
 
 
 class JobStatus(StrEnum):
