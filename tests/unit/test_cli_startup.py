@@ -14,7 +14,7 @@ from ragservice.feedback import exports
 from ragservice.retrieval import options
 from ragservice.store import feedback
 
-HEAVY = ("sqlalchemy", "torch", "ingest.loaders")
+HEAVY = ("sqlalchemy", "torch", "numpy", "ingest.loaders")
 
 # Every command's --help in one process: what building any of them imports stays out.
 _PROBE = """
