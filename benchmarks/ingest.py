@@ -83,7 +83,7 @@ def _measure(runtime: Runtime, corpus: Path, limit: int | None) -> dict[str, obj
         model_id=runtime.model_id,
         tenant_id=runtime.default_tenant_id,
         chunking=runtime.chunking_options(),
-        batch_chunks=runtime.settings.ingest.ingest_batch_chunks,
+        batch_chunks=runtime.settings.ingest.batch_chunks,
     )
     started = time.perf_counter()
     report = pipeline.run(islice(load_documents([corpus]), limit), collection="bench")
@@ -115,8 +115,8 @@ def _measure(runtime: Runtime, corpus: Path, limit: int | None) -> dict[str, obj
         "adapter_embed_seconds": round(adapter_seconds, 2),
         "ratio_vs_adapter": round(adapter_seconds / seconds, 3),
         "device": runtime.embedder.device,
-        "batch_size": runtime.settings.embedding.embed_batch_size,
-        "batch_chunks": runtime.settings.ingest.ingest_batch_chunks,
+        "batch_size": runtime.settings.embedding.batch_size,
+        "batch_chunks": runtime.settings.ingest.batch_chunks,
         "chunk_max_tokens": runtime.chunking_options().max_tokens,
         "chunk_overlap_tokens": runtime.chunking_options().overlap_tokens,
     }
@@ -139,9 +139,7 @@ def _time_encode(runtime: Runtime, texts: list[str]) -> float:
     """Plain `SentenceTransformer.encode` on all texts at once: the reference throughput."""
     model = runtime.embedder.model
     started = time.perf_counter()
-    model.encode(
-        texts, batch_size=runtime.settings.embedding.embed_batch_size, normalize_embeddings=True
-    )
+    model.encode(texts, batch_size=runtime.settings.embedding.batch_size, normalize_embeddings=True)
     return time.perf_counter() - started
 
 

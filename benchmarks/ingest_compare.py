@@ -117,7 +117,7 @@ def _ingest(
         model_id=runtime.model_id,
         tenant_id=tenant_id,
         chunking=runtime.chunking_options(),
-        batch_chunks=runtime.settings.ingest.ingest_batch_chunks,
+        batch_chunks=runtime.settings.ingest.batch_chunks,
     )
     started = time.perf_counter()
     report = pipeline.run(islice(load_documents([corpus]), limit), collection=_COLLECTION)

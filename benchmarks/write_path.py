@@ -86,7 +86,7 @@ def _load(
         model_id=runtime.model_id,
         tenant_id=tenant_id,
         chunking=runtime.chunking_options(),
-        batch_chunks=settings.ingest.ingest_batch_chunks,
+        batch_chunks=settings.ingest.batch_chunks,
     )
     before = _wal_position(runtime)
     started = time.perf_counter()
@@ -101,7 +101,7 @@ def _load(
     return {
         "docs": len(report.new),
         "chunks": chunks,
-        "batch_chunks": settings.ingest.ingest_batch_chunks,
+        "batch_chunks": settings.ingest.batch_chunks,
         "index": args.index,
         "postings": _postings(runtime, args),
         "load_chunks_per_s": round(chunks / seconds, 1),
@@ -164,7 +164,7 @@ def _parse_args() -> argparse.Namespace:
     parser.add_argument("--corpus", type=Path, required=True, help="BEIR folder or a JSONL file")
     parser.add_argument("--repeat", type=int, default=1, help="load the corpus this many times")
     parser.add_argument("--index", choices=("deferred", "kept"), default="deferred")
-    parser.add_argument("--batch-chunks", type=int, default=Settings().ingest.ingest_batch_chunks)
+    parser.add_argument("--batch-chunks", type=int, default=Settings().ingest.batch_chunks)
     postings = parser.add_mutually_exclusive_group()
     postings.add_argument(
         "--no-postings", action="store_true", help="disable the postings trigger (diagnosis)"

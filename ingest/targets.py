@@ -58,7 +58,7 @@ def ingest_pipeline(
         model_id=model_id,
         tenant_id=tenant_id,
         chunking=_chunking(runtime, embedder, dimension),
-        batch_chunks=runtime.settings.ingest.ingest_batch_chunks,
+        batch_chunks=runtime.settings.ingest.batch_chunks,
         lookup_batch=lookup_batch,
     )
 

@@ -119,7 +119,7 @@ class JobWorker:
             )
             thread.start()
             self._threads.append(thread)
-        poll = self._runtime.settings.sources.sources_poll_seconds
+        poll = self._runtime.settings.sources.poll_seconds
         if self._threads and poll > 0:  # who runs jobs queues the sources' scheduled runs
             self._scheduler = SourceScheduler(self._runtime.db, poll, on_queued=self.wake)
             self._scheduler.start()
@@ -217,7 +217,7 @@ class JobWorker:
     # -- internals -------------------------------------------------------------------------
 
     def _loop(self, worker: str) -> None:
-        poll = self._runtime.settings.jobs.job_poll_seconds
+        poll = self._runtime.settings.jobs.poll_seconds
         while not self._stopping.is_set():
             self._wakeup.clear()
             try:
@@ -260,8 +260,8 @@ class JobWorker:
                 job = store.jobs.claim_job(
                     session,
                     worker=worker,
-                    stale_after_seconds=settings.jobs.job_stale_seconds,
-                    max_attempts=settings.jobs.job_max_attempts,
+                    stale_after_seconds=settings.jobs.stale_seconds,
+                    max_attempts=settings.jobs.max_attempts,
                     hold=hold,
                 )
         except BaseException:

@@ -39,10 +39,8 @@ def purge_retention(
     """Delete, across tenants, logged queries (with their feedback) older than the query log
     retention, and the items of jobs that ended longer ago than the job payload retention.
     The arguments override the settings. Queries go in batches, each its own transaction."""
-    days = retention.query_log_retention_days if query_log_days is None else query_log_days
-    hours = (
-        retention.job_payload_retention_hours if job_payload_hours is None else job_payload_hours
-    )
+    days = retention.query_log_days if query_log_days is None else query_log_days
+    hours = retention.job_payload_hours if job_payload_hours is None else job_payload_hours
     queries = feedback = 0
     with tenancy.as_system():
         with db.write() as session:
@@ -67,7 +65,7 @@ class RetentionPurger:
         self._rounds = Periodic(
             "retention-purger",
             self.purge_once,
-            retention.retention_purge_seconds,
+            retention.purge_seconds,
             what="the retention purge",
             at_start=True,
         )

@@ -75,7 +75,7 @@ def reader_for(
         )
     include = _globs(given, "include")
     exclude = _globs(given, "exclude")
-    max_bytes = _number(given, "max_bytes", int, config.source_max_bytes, low=1)
+    max_bytes = _number(given, "max_bytes", int, config.max_bytes, low=1)
     run = run_seconds(given, config)
     if kind == "web":
         from ingest.sources.web import WebReader
@@ -91,7 +91,7 @@ def reader_for(
             ),
             run_seconds=run,
             user_agent=_text(given, "user_agent") or config.crawl_user_agent,
-            allow_private=config.sources_allow_private,
+            allow_private=config.allow_private,
             include=include,
             exclude=exclude,
             max_bytes=max_bytes,
@@ -105,7 +105,7 @@ def reader_for(
             profile=_text(given, "profile"),
             endpoint_url=_text(given, "endpoint_url"),
             region=_text(given, "region"),
-            allow_private=config.sources_allow_private,
+            allow_private=config.allow_private,
             include=include,
             exclude=exclude,
             max_bytes=max_bytes,
@@ -121,7 +121,7 @@ def reader_for(
 def run_seconds(options: Mapping[str, Any], settings: SourceSettings) -> float:
     """How long a run of a source with `options` may take: its `run_seconds`, up to
     `RAGSERVICE_SOURCE_RUN_SECONDS` (its default). ValueError for a bad value."""
-    return _number(options, "run_seconds", float, settings.source_run_seconds, low=0.1)
+    return _number(options, "run_seconds", float, settings.run_seconds, low=0.1)
 
 
 def _globs(given: Mapping[str, Any], name: str) -> tuple[str, ...]:

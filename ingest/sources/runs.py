@@ -48,7 +48,7 @@ def open_reader(
     return RunDeadline(
         reader,
         sources.run_seconds(options, settings.sources),
-        turn=settings.sources.source_turn_seconds,
+        turn=settings.sources.turn_seconds,
         others_waiting=others_waiting,
     )
 

@@ -114,14 +114,14 @@ class AnswerPipeline:
         self._upstream = UpstreamPolicy(metrics)
         self._log = QueryLog(metrics)
         # Links to other hosts and active HTML are taken out of every answer (`safety`).
-        self._text = AnswerText(answering.link_hosts(), answering.answer_html)
+        self._text = AnswerText(answering.link_host_names(), answering.html)
 
     def close(self) -> None:
         self._cache.close()
 
     @property
     def model_name(self) -> str:
-        return self._inference_settings.inference_model if self._inference else EXTRACTIVE_MODEL
+        return self._inference_settings.model if self._inference else EXTRACTIVE_MODEL
 
     async def answer(self, question: Question) -> Answer:
         """The whole answer: the sequence of `stream`, collected (one completion upstream)."""
@@ -283,8 +283,8 @@ class AnswerPipeline:
         """max_tokens and temperature: the caller's, else the configured ones."""
         temperature = question.temperature
         if temperature is None:
-            temperature = self._inference_settings.inference_temperature
-        return question.max_tokens or self._inference_settings.inference_max_tokens, temperature
+            temperature = self._inference_settings.temperature
+        return question.max_tokens or self._inference_settings.max_tokens, temperature
 
     # -- the answer ------------------------------------------------------------------------------
 

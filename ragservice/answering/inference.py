@@ -184,19 +184,15 @@ class InferenceClient:
         `owner` tells whose call is being made (the tenant), for the fair share of slots;
         `transport` carries its requests (default: httpx's; a traced one while tracing)."""
         inference, limits = settings.inference, settings.limits
-        if not inference.inference_url:
+        if not inference.url:
             return None
         return cls(
-            inference.inference_url,
-            model=inference.inference_model,
-            api_key=(
-                inference.inference_api_key.get_secret_value()
-                if inference.inference_api_key
-                else None
-            ),
-            connect_timeout=inference.inference_connect_timeout,
-            read_timeout=inference.inference_read_timeout,
-            max_retries=inference.inference_max_retries,
+            inference.url,
+            model=inference.model,
+            api_key=(inference.api_key.get_secret_value() if inference.api_key else None),
+            connect_timeout=inference.connect_timeout,
+            read_timeout=inference.read_timeout,
+            max_retries=inference.max_retries,
             max_concurrent=limits.max_concurrent_upstream,
             max_per_owner=upstream_share(limits),
             owner=owner,

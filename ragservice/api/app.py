@@ -196,8 +196,8 @@ def _start_services(
     cache = runtime.settings.cache
     started: list[BackgroundService] = []
     parts = [factory(runtime, metrics=job_metrics) for factory in factories]
-    if cache.cache_enabled:
-        parts.append(CachePurger(runtime.db, interval=cache.cache_purge_seconds))
+    if cache.enabled:
+        parts.append(CachePurger(runtime.db, interval=cache.purge_seconds))
     parts.append(RetentionPurger(runtime.db, runtime.settings.retention))
     for service in parts:
         service.start()

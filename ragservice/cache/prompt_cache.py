@@ -179,7 +179,7 @@ class PromptCache:
         entry exists or a source changed meanwhile. `vector` is the prompt's by `model_id`;
         `sources` the version of each document the answer was built from."""
         normalized = normalize_prompt(prompt)
-        ttl = store.prompt_cache.cache_ttl(session, collection_ids, self._config.cache_ttl_seconds)
+        ttl = store.prompt_cache.cache_ttl(session, collection_ids, self._config.ttl_seconds)
         entry = store.prompt_cache.NewCacheEntry(
             tenant_id=tenant_id,
             scope=scope,
@@ -218,7 +218,7 @@ class PromptCache:
                 model_id=model_id,
                 dimension=dimension,
                 vector=vector,
-                threshold=self._config.cache_similarity_threshold,
+                threshold=self._config.similarity_threshold,
             )
         for candidate in candidates:
             if exact is not None and candidate.id == exact.id:

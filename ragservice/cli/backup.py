@@ -71,7 +71,7 @@ def restore(
 
 def _embedded_data_dir() -> Path:
     settings = get_settings()
-    if settings.database.database_url is not None:
+    if settings.database.url is not None:
         raise fail(
             "RAGSERVICE_DATABASE_URL is set: backup and restore are for the embedded store; "
             "back up an external database with pg_dump or pg_basebackup (docs/operators.md)"

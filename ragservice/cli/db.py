@@ -116,7 +116,7 @@ def db_settings(
     from ragservice.db.embedded import pgdata_dir, postgres_bin_dir
 
     database = get_settings().database
-    embedded = database.database_url is None
+    embedded = database.url is None
     with exit_on_error():
         overrides = sizing.parse_overrides(database.embedded_pg_settings)
         with _owner_connection(database) as conn:

@@ -96,7 +96,7 @@ def dev_cluster(
     if citus:
         _run_citus_cluster(settings.database.data_dir, workers=workers, first_port=first_port)
         return
-    if settings.database.database_url:
+    if settings.database.url:
         raise fail(
             "dev-cluster runs standbys of the embedded server; unset RAGSERVICE_DATABASE_URL", 2
         )

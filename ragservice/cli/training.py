@@ -250,7 +250,7 @@ def reembed(
             console.print(f"every chunk has an embedding of {row.name}:{row.version}")
             return
         embedder = registry.load_embedder(settings, row)
-        size = batch_size or settings.ingest.ingest_batch_chunks
+        size = batch_size or settings.ingest.batch_chunks
         _reembed_with_progress(db, settings.indexing, row, embedder, size, missing)
 
 

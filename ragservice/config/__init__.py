@@ -138,30 +138,33 @@ class GroupedEnvironment(PydanticBaseSettingsSource):
                 continue
             field = GROUPS[group_name].model_fields[field_name]
             value = self.source.prepare_field_value(field_name, field, raw, False)
-            found.setdefault(group_name, {})[field_name] = value
+            found.setdefault(group_name, {})[name] = value  # by its variable's name, as errors say
         return found
 
 
 def grouped(values: Mapping[str, Any]) -> dict[str, Any]:
     """`values` by group: a group's name keeps its value (a group, or a mapping of its fields),
-    a setting's flat name (`search_rrf_k`) joins its group's fields; any other name is an error."""
+    a setting's flat name (`search_rrf_k`) joins its group's values under that name (which the
+    group's field accepts as its alias); any other name is an error."""
     out: dict[str, Any] = {}
     flat: dict[str, dict[str, Any]] = {}
     for name, value in values.items():
         if name in GROUPS:
             out[name] = value
         elif name in FLAT_NAMES:
-            group_name, field_name = FLAT_NAMES[name]
-            flat.setdefault(group_name, {})[field_name] = value
+            flat.setdefault(FLAT_NAMES[name][0], {})[name] = value
         else:
             raise ValueError(
                 f"no setting is named {name!r} (a group of `Settings`, or the name of a "
                 f"{PREFIX}* variable without its prefix)"
             )
-    for group_name, fields in flat.items():
+    for group_name, named in flat.items():
         given = out.get(group_name, {})
-        given = dict(given) if isinstance(given, SettingsGroup | Mapping) else given
-        out[group_name] = {**given, **fields}
+        if isinstance(given, SettingsGroup):
+            given = {
+                env_name(f, field): getattr(given, f) for f, field in given.model_fields.items()
+            }
+        out[group_name] = {**given, **named}
     return out
 
 
@@ -219,8 +222,11 @@ class Settings(BaseSettings):
             return super().model_copy(deep=deep)
         changes = grouped(update)
         for name, change in changes.items():
-            if isinstance(change, dict):  # fields of the group, over this object's group
-                changes[name] = getattr(self, name).model_copy(update=change)
+            if isinstance(change, dict):  # values of the group's fields, over this object's group
+                fields = {
+                    FLAT_NAMES[key][1] if key in FLAT_NAMES else key: v for key, v in change.items()
+                }
+                changes[name] = getattr(self, name).model_copy(update=fields)
         return super().model_copy(update=changes, deep=deep)
 
 

@@ -16,7 +16,8 @@ class DatabaseSettings(SettingsGroup):
     """The database: its URLs, the embedded PostgreSQL (data, supervision, settings), analysts."""
 
     # Secrets are SecretStr: a repr, a log line or an error message of the settings shows ***.
-    database_url: SecretStr | None = Field(
+    url: SecretStr | None = Field(
+        validation_alias="database_url",
         default=None,
         description=(
             "PostgreSQL (≥ 15, with pgvector ≥ 0.7) to use, e.g. "
@@ -24,7 +25,8 @@ class DatabaseSettings(SettingsGroup):
             "in `RAGSERVICE_DATA_DIR`."
         ),
     )
-    owner_database_url: SecretStr | None = Field(
+    owner_url: SecretStr | None = Field(
+        validation_alias="owner_database_url",
         default=None,
         description=(
             "the schema owner's URL, for migrations and operator commands; unset: "
@@ -103,14 +105,16 @@ class ReplicationSettings(SettingsGroup):
             "[replicas.md](replicas.md)"
         ),
     )
-    replica_max_lag_seconds: float = Field(
+    max_lag_seconds: float = Field(
+        validation_alias="replica_max_lag_seconds",
         default=5.0,
         gt=0,
         description=(
             "a replica further behind the primary than this serves no reads until it catches up"
         ),
     )
-    replica_wait_seconds: float = Field(
+    wait_seconds: float = Field(
+        validation_alias="replica_wait_seconds",
         default=0.5,
         ge=0,
         description=(
@@ -118,12 +122,14 @@ class ReplicationSettings(SettingsGroup):
             "replay it before the primary serves it"
         ),
     )
-    replica_check_seconds: float = Field(
+    check_seconds: float = Field(
+        validation_alias="replica_check_seconds",
         default=1.0,
         gt=0,
         description="how often every node's health and lag are checked in the background",
     )
-    replica_connect_timeout: int = Field(
+    connect_timeout: int = Field(
+        validation_alias="replica_connect_timeout",
         default=2,
         ge=2,
         description="connect timeout to a replica, in whole seconds (libpq's minimum is 2)",
@@ -142,7 +148,8 @@ class ReplicationSettings(SettingsGroup):
 class EmbeddingSettings(SettingsGroup):
     """The embedding model: which one, where it runs, how queries and token arrays are embedded."""
 
-    embedding_model: str = Field(
+    model: str = Field(
+        validation_alias="embedding_model",
         default=DEFAULT_EMBEDDING_MODEL,
         description=(
             "a sentence-transformers model name or local path; the default loads offline "
@@ -163,7 +170,8 @@ class EmbeddingSettings(SettingsGroup):
         default="auto",
         description="`auto` (CUDA with fp16 when available, else CPU), `cpu` or `cuda`",
     )
-    embed_batch_size: int = Field(
+    batch_size: int = Field(
+        validation_alias="embed_batch_size",
         default=64,
         ge=1,
         le=4096,
@@ -176,7 +184,8 @@ class EmbeddingSettings(SettingsGroup):
             "`onnx`, `torch`"
         ),
     )
-    embedding_precision: Literal["float", "int8"] = Field(
+    precision: Literal["float", "int8"] = Field(
+        validation_alias="embedding_precision",
         default="float",
         description=(
             "`int8`: on CPU, ingest batches and queries are embedded by the model's ONNX "
@@ -187,7 +196,8 @@ class EmbeddingSettings(SettingsGroup):
             "CUDA (fp16 there)"
         ),
     )
-    embedding_token_ids: Literal["tiktoken", "model"] = Field(
+    token_ids: Literal["tiktoken", "model"] = Field(
+        validation_alias="embedding_token_ids",
         default="tiktoken",
         description=(
             "whose ids `/v1/embeddings` token arrays are: `tiktoken` (as OpenAI clients "
@@ -197,7 +207,8 @@ class EmbeddingSettings(SettingsGroup):
             "[api.md](api.md#openai-compatible-endpoints)"
         ),
     )
-    embedding_tiktoken_encoding: str = Field(
+    tiktoken_encoding: str = Field(
+        validation_alias="embedding_tiktoken_encoding",
         default="cl100k_base",
         min_length=1,
         description="the tiktoken encoding token arrays are decoded with",
@@ -222,7 +233,8 @@ class IngestSettings(SettingsGroup):
             "tokens a chunk repeats from the end of the previous one (below half the chunk size)"
         ),
     )
-    ingest_batch_chunks: int = Field(
+    batch_chunks: int = Field(
+        validation_alias="ingest_batch_chunks",
         default=2048,
         ge=1,
         description=(
@@ -323,7 +335,8 @@ class IndexSettings(SettingsGroup):
             "[operators.md](operators.md#vector-storage-and-index-builds))"
         ),
     )
-    index_build_memory_mb: int = Field(
+    build_memory_mb: int = Field(
+        validation_alias="index_build_memory_mb",
         default=0,
         ge=0,
         description=(
@@ -332,7 +345,8 @@ class IndexSettings(SettingsGroup):
             "(within the cgroup's limit), at most 16 GB and half of /dev/shm's free space"
         ),
     )
-    index_build_workers: int | None = Field(
+    build_workers: int | None = Field(
+        validation_alias="index_build_workers",
         default=None,
         ge=0,
         le=64,

@@ -89,13 +89,13 @@ def group_table(name: str, group: type[SettingsGroup]) -> str:
         "",
         f"`settings.{name}` ({group.__name__}): {cell((group.__doc__ or '').strip())}",
         "",
-        "| variable | type | default | bounds | description |",
-        "|---|---|---|---|---|",
+        "| variable | field | type | default | bounds | description |",
+        "|---|---|---|---|---|---|",
     ]
     for field_name, field in group.model_fields.items():
         variable = f"{PREFIX}{env_name(field_name, field).upper()}"
         rows.append(
-            f"| `{variable}` | {cell(type_name(field.annotation))} "
+            f"| `{variable}` | `{field_name}` | {cell(type_name(field.annotation))} "
             f"| {cell(default_text(field.default, in_bytes=field_name.endswith('_bytes')))} "
             f"| {bounds_text(field)} "
             f"| {cell(field.description or '')} |"

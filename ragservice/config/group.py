@@ -12,9 +12,12 @@ PREFIX = "RAGSERVICE_"
 class SettingsGroup(BaseModel):
     """One subject's settings, an attribute of `Settings` (`settings.search`), so a module takes
     the group it needs rather than every setting of the service. Each field is read from
-    `RAGSERVICE_<NAME>` (`env_name`). A group built directly (`SearchSettings()`, in tests)
-    holds its defaults: only `Settings` reads the environment. A new setting is a field of its
-    subject's group, never of `Settings` itself."""
+    `RAGSERVICE_<NAME>` (`env_name`); a field does not repeat its group's name, and where the
+    variable does, the field's validation alias keeps it (`settings.cache.enabled` is
+    `RAGSERVICE_CACHE_ENABLED`, and `CacheSettings(cache_enabled=...)` is still accepted).
+    A group built directly (`SearchSettings()`, in tests) holds its defaults: only `Settings`
+    reads the environment. A new setting is a field of its subject's group, never of `Settings`
+    itself."""
 
     # Defaults validated too, as pydantic-settings validates those of `Settings`.
     model_config = ConfigDict(frozen=True, validate_default=True, validate_by_name=True)

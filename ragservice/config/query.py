@@ -65,25 +65,29 @@ class SearchSettings(SettingsGroup):
             "re-scored by exact cosine"
         ),
     )
-    search_rrf_k: int = Field(
+    rrf_k: int = Field(
+        validation_alias="search_rrf_k",
         default=30,
         ge=1,
         le=1000,
         description="reciprocal rank fusion constant (`SEARCH_FUSION=rrf`)",
     )
-    search_dense_candidates: int = Field(
+    dense_candidates: int = Field(
+        validation_alias="search_dense_candidates",
         default=100,
         ge=1,
         le=1000,
         description="candidates the dense side contributes to hybrid fusion (at least `k`)",
     )
-    search_text_candidates: int = Field(
+    text_candidates: int = Field(
+        validation_alias="search_text_candidates",
         default=100,
         ge=1,
         le=1000,
         description="candidates the full-text side contributes to hybrid fusion (at least `k`)",
     )
-    search_fusion: Literal["rrf", "minmax", "zscore", "dbsf"] = Field(
+    fusion: Literal["rrf", "minmax", "zscore", "dbsf"] = Field(
+        validation_alias="search_fusion",
         default="zscore",
         description=(
             "how hybrid search fuses its two candidate lists: `rrf` (reciprocal rank "
@@ -91,42 +95,49 @@ class SearchSettings(SettingsGroup):
             "`dbsf` (chosen on SciFact's train queries: docs/benchmarks.md)"
         ),
     )
-    search_text_weight: float = Field(
+    text_weight: float = Field(
+        validation_alias="search_text_weight",
         default=0.5,
         ge=0,
         le=1,
         description="hybrid: the full-text side's weight (the dense side's is 1 minus it)",
     )
-    search_adaptive_weight: bool = Field(
+    adaptive_weight: bool = Field(
+        validation_alias="search_adaptive_weight",
         default=False,
         description="hybrid: weigh each side per query by how peaked its normalised scores are",
     )
-    search_prf: Literal["off", "rm3"] = Field(
+    prf: Literal["off", "rm3"] = Field(
+        validation_alias="search_prf",
         default="off",
         description=(
             "`rm3`: pseudo-relevance feedback for full text (and hybrid's full-text "
             "side); it lost on SciFact train, so off"
         ),
     )
-    search_prf_docs: int = Field(
+    prf_docs: int = Field(
+        validation_alias="search_prf_docs",
         default=10,
         ge=1,
         le=50,
         description="RM3: first-pass chunks the expansion comes from",
     )
-    search_prf_terms: int = Field(
+    prf_terms: int = Field(
+        validation_alias="search_prf_terms",
         default=20,
         ge=1,
         le=50,
         description="RM3: lexemes added to the query at most",
     )
-    search_prf_query_weight: float = Field(
+    prf_query_weight: float = Field(
+        validation_alias="search_prf_query_weight",
         default=0.7,
         ge=0,
         le=1,
         description="RM3: the original query's share of the weight (the train-best variant)",
     )
-    search_document_share: float = Field(
+    document_share: float = Field(
+        validation_alias="search_document_share",
         default=0.0,
         ge=0,
         le=1,
@@ -218,14 +229,16 @@ class AnsweringSettings(SettingsGroup):
             "them as [n]); unset: the built-in prompt"
         ),
     )
-    answer_link_hosts: str = Field(
+    link_hosts: str = Field(
+        validation_alias="answer_link_hosts",
         default="",
         description=(
             "comma-separated hosts that links and images in answers may point to "
             "(subdomains included); others are removed, their text kept"
         ),
     )
-    answer_html: Literal["strip", "escape", "keep"] = Field(
+    html: Literal["strip", "escape", "keep"] = Field(
+        validation_alias="answer_html",
         default="strip",
         description=(
             "HTML in answers and chat `Sources:` titles: `strip` (nh3 takes out script, "
@@ -241,16 +254,17 @@ class AnsweringSettings(SettingsGroup):
         ),
     )
 
-    def link_hosts(self) -> frozenset[str]:
+    def link_host_names(self) -> frozenset[str]:
         """`RAGSERVICE_ANSWER_LINK_HOSTS` as lower-case host names."""
-        hosts = (host.strip().lower().rstrip(".") for host in self.answer_link_hosts.split(","))
+        hosts = (host.strip().lower().rstrip(".") for host in self.link_hosts.split(","))
         return frozenset(host for host in hosts if host)
 
 
 class InferenceSettings(SettingsGroup):
     """The upstream OpenAI-compatible server that writes answers."""
 
-    inference_url: str | None = Field(
+    url: str | None = Field(
+        validation_alias="inference_url",
         default=None,
         description=(
             "an OpenAI-compatible base URL (vLLM, TGI, Ollama, OpenAI: e.g. "
@@ -258,18 +272,21 @@ class InferenceSettings(SettingsGroup):
             "with citations)"
         ),
     )
-    inference_model: str = Field(
+    model: str = Field(
+        validation_alias="inference_model",
         default="default",
         description="the model name sent upstream",
     )
-    inference_api_key: SecretStr | None = Field(
+    api_key: SecretStr | None = Field(
+        validation_alias="inference_api_key",
         default=None,
         description=(
             "the upstream bearer key (sent only over https, or plain http to this "
             "machine: the service refuses to start otherwise)"
         ),
     )
-    inference_connect_timeout: float = Field(
+    connect_timeout: float = Field(
+        validation_alias="inference_connect_timeout",
         default=5.0,
         gt=0,
         description=(
@@ -277,7 +294,8 @@ class InferenceSettings(SettingsGroup):
             "connect + read timeout, retries included)"
         ),
     )
-    inference_read_timeout: float = Field(
+    read_timeout: float = Field(
+        validation_alias="inference_read_timeout",
         default=60.0,
         gt=0,
         description=(
@@ -285,7 +303,8 @@ class InferenceSettings(SettingsGroup):
             " read timeout, retries included)"
         ),
     )
-    inference_max_retries: int = Field(
+    max_retries: int = Field(
+        validation_alias="inference_max_retries",
         default=2,
         ge=0,
         le=10,
@@ -293,12 +312,14 @@ class InferenceSettings(SettingsGroup):
             "retries on connection errors, 429 and 5xx, with backoff honouring `Retry-After`"
         ),
     )
-    inference_max_tokens: int = Field(
+    max_tokens: int = Field(
+        validation_alias="inference_max_tokens",
         default=512,
         ge=1,
         description="tokens an answer may have unless the caller asks otherwise",
     )
-    inference_temperature: float = Field(
+    temperature: float = Field(
+        validation_alias="inference_temperature",
         default=0.1,
         ge=0,
         le=2,
@@ -309,11 +330,13 @@ class InferenceSettings(SettingsGroup):
 class CacheSettings(SettingsGroup):
     """The semantic prompt cache."""
 
-    cache_enabled: bool = Field(
+    enabled: bool = Field(
+        validation_alias="cache_enabled",
         default=True,
         description="the semantic prompt cache of `/v1/query` and `/v1/chat/completions`",
     )
-    cache_similarity_threshold: float = Field(
+    similarity_threshold: float = Field(
+        validation_alias="cache_similarity_threshold",
         default=0.90,
         ge=0,
         le=1,
@@ -322,7 +345,8 @@ class CacheSettings(SettingsGroup):
             "(then the meaning guard decides)"
         ),
     )
-    cache_ttl_seconds: int = Field(
+    ttl_seconds: int = Field(
+        validation_alias="cache_ttl_seconds",
         default=86400,
         ge=1,
         description=(
@@ -330,7 +354,8 @@ class CacheSettings(SettingsGroup):
             "collection may set its own (`cache_ttl_seconds`)"
         ),
     )
-    cache_purge_seconds: float = Field(
+    purge_seconds: float = Field(
+        validation_alias="cache_purge_seconds",
         default=300.0,
         gt=0,
         description="how often expired entries are deleted (they are never served meanwhile)",

@@ -335,7 +335,8 @@ class JobSettings(SettingsGroup):
             "worker` processes)"
         ),
     )
-    job_poll_seconds: float = Field(
+    poll_seconds: float = Field(
+        validation_alias="job_poll_seconds",
         default=1.0,
         gt=0,
         description=(
@@ -343,7 +344,8 @@ class JobSettings(SettingsGroup):
             "wakes them at once)"
         ),
     )
-    job_stale_seconds: float = Field(
+    stale_seconds: float = Field(
+        validation_alias="job_stale_seconds",
         default=120.0,
         gt=0,
         description=(
@@ -352,7 +354,8 @@ class JobSettings(SettingsGroup):
             "advisory lock ends with its connection)"
         ),
     )
-    job_max_attempts: int = Field(
+    max_attempts: int = Field(
+        validation_alias="job_max_attempts",
         default=3,
         ge=1,
         description="attempts before a job whose workers keep dying is marked failed",
@@ -362,7 +365,8 @@ class JobSettings(SettingsGroup):
 class RetentionSettings(SettingsGroup):
     """How long the query log and jobs' payloads are kept."""
 
-    query_log_retention_days: int = Field(
+    query_log_days: int = Field(
+        validation_alias="query_log_retention_days",
         default=90,
         ge=0,
         description=(
@@ -371,7 +375,8 @@ class RetentionSettings(SettingsGroup):
             "[operators.md](operators.md#retention-and-erasure))"
         ),
     )
-    job_payload_retention_hours: float = Field(
+    job_payload_hours: float = Field(
+        validation_alias="job_payload_retention_hours",
         default=24.0,
         ge=0,
         description=(
@@ -380,7 +385,8 @@ class RetentionSettings(SettingsGroup):
             "`0`: at the next purge"
         ),
     )
-    retention_purge_seconds: float = Field(
+    purge_seconds: float = Field(
+        validation_alias="retention_purge_seconds",
         default=3600.0,
         gt=0,
         description=(

@@ -10,7 +10,8 @@ from ragservice.config.group import SettingsGroup
 class SourceSettings(SettingsGroup):
     """Sources: where a crawl or a bucket may connect, how fast and how far a crawl goes."""
 
-    sources_allow_private: bool = Field(
+    allow_private: bool = Field(
+        validation_alias="sources_allow_private",
         default=False,
         description=(
             "let web sources and S3 endpoints reach private, loopback, link-local (cloud "
@@ -68,7 +69,8 @@ class SourceSettings(SettingsGroup):
             "however slowly its bytes come; a page past it fails (that page only)"
         ),
     )
-    source_run_seconds: float = Field(
+    run_seconds: float = Field(
+        validation_alias="source_run_seconds",
         default=3600.0,
         gt=0,
         le=7 * 86400,
@@ -78,7 +80,8 @@ class SourceSettings(SettingsGroup):
             "goes on from there"
         ),
     )
-    source_turn_seconds: float = Field(
+    turn_seconds: float = Field(
+        validation_alias="source_turn_seconds",
         default=60.0,
         gt=0,
         le=86400,
@@ -88,7 +91,8 @@ class SourceSettings(SettingsGroup):
             "nothing deleted), and its next run is queued behind the waiting jobs"
         ),
     )
-    source_max_bytes: int = Field(
+    max_bytes: int = Field(
+        validation_alias="source_max_bytes",
         default=32 * 2**20,
         ge=1,
         description=(
@@ -97,7 +101,8 @@ class SourceSettings(SettingsGroup):
         ),
     )
     # -- sources kept in sync (H5: the schedule and what the API may add) ---------------------
-    sources_poll_seconds: float = Field(
+    poll_seconds: float = Field(
+        validation_alias="sources_poll_seconds",
         default=30.0,
         ge=0,
         description=(
@@ -105,7 +110,8 @@ class SourceSettings(SettingsGroup):
             "the sources whose schedule is due (0: no scheduled runs from this process)"
         ),
     )
-    sources_s3_buckets: str = Field(
+    s3_buckets: str = Field(
+        validation_alias="sources_s3_buckets",
         default="",
         description=(
             "comma-separated S3 buckets the API may add sources for (empty: none; the "
@@ -113,12 +119,13 @@ class SourceSettings(SettingsGroup):
             "at the command line may add any bucket"
         ),
     )
-    sources_max_per_collection: int = Field(
+    max_per_collection: int = Field(
+        validation_alias="sources_max_per_collection",
         default=50,
         ge=1,
         description="sources one collection may have at most",
     )
 
-    def s3_buckets(self) -> frozenset[str]:
+    def s3_bucket_names(self) -> frozenset[str]:
         """The buckets of `RAGSERVICE_SOURCES_S3_BUCKETS`."""
-        return frozenset(b.strip() for b in self.sources_s3_buckets.split(",") if b.strip())
+        return frozenset(b.strip() for b in self.s3_buckets.split(",") if b.strip())

@@ -198,16 +198,16 @@ def error_summary(exc: BaseException) -> str:
 
 def resolve_database_url(database: DatabaseSettings) -> str:
     """The configured URL, or the embedded server's (started on demand) when none is set."""
-    if database.database_url:
-        return _with_psycopg_driver(database.database_url.get_secret_value())
+    if database.url:
+        return _with_psycopg_driver(database.url.get_secret_value())
     return embedded_database_url(database.data_dir)
 
 
 def resolve_owner_url(database: DatabaseSettings, service_url: str) -> str:
     """The owner's login: `RAGSERVICE_OWNER_DATABASE_URL`, else the service's own URL (the
     embedded server's administrator when none is configured)."""
-    if database.owner_database_url:
-        return _with_psycopg_driver(database.owner_database_url.get_secret_value())
+    if database.owner_url:
+        return _with_psycopg_driver(database.owner_url.get_secret_value())
     return service_url
 
 
@@ -242,7 +242,7 @@ def open_database(
         check_pgvector(bootstrap)
         if run_migrations:
             _migrate(bootstrap)
-        if not settings.database.database_url:
+        if not settings.database.url:
             ensure_service_login(bootstrap)
             url = (
                 make_url(url)
@@ -334,7 +334,7 @@ def make_router(
     """The read router over `RAGSERVICE_REPLICAS`; not started. `role`: see `make_engine`."""
     pairs = replication.replica_urls()
     names = replica_names([region for region, _ in pairs])
-    connect_args = {"connect_timeout": replication.replica_connect_timeout}
+    connect_args = {"connect_timeout": replication.connect_timeout}
     replicas = [
         Replica(
             name,
@@ -349,10 +349,10 @@ def make_router(
         primary,
         replicas,
         region=replication.region,
-        max_lag_seconds=replication.replica_max_lag_seconds,
-        wait_seconds=replication.replica_wait_seconds,
-        check_seconds=replication.replica_check_seconds,
-        check_timeout=replication.replica_connect_timeout + 1.0,
+        max_lag_seconds=replication.max_lag_seconds,
+        wait_seconds=replication.wait_seconds,
+        check_seconds=replication.check_seconds,
+        check_timeout=replication.connect_timeout + 1.0,
     )
 
 

@@ -309,7 +309,7 @@ def supervise_embedded(
 ) -> EmbeddedSupervisor | None:
     """A started supervisor of the embedded server this process holds, or None when there is
     none to watch (`RAGSERVICE_DATABASE_URL` set) or `RAGSERVICE_EMBEDDED_SUPERVISE` is off."""
-    if database.database_url or not database.embedded_supervise:
+    if database.url or not database.embedded_supervise:
         return None
     supervisor = EmbeddedSupervisor(
         database.data_dir,

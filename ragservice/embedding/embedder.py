@@ -474,18 +474,18 @@ def make_embedder(
     """The configured embedder, not yet loaded (call `warm_up`); `owner` tells whose work a
     computation is, for the fair share of its slots (see `SentenceTransformerEmbedder`)."""
     embedding = settings.embedding
-    if resolve_model_path(embedding.embedding_model) != embedding.embedding_model:
+    if resolve_model_path(embedding.model) != embedding.model:
         # The bundled model is on disk: make sure nothing reaches for the hub.
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
     return SentenceTransformerEmbedder(
-        embedding.embedding_model,
+        embedding.model,
         device=embedding.device,
-        batch_size=embedding.embed_batch_size,
+        batch_size=embedding.batch_size,
         query_encoder=embedding.query_encoder,
         cache_dir=settings.database.data_dir / "onnx",
         max_concurrent=settings.limits.max_concurrent_embeddings,
         owner=owner,
-        precision=embedding.embedding_precision,
+        precision=embedding.precision,
     )
 
 

@@ -349,7 +349,7 @@ def resolve_base(db: Database, embedding: EmbeddingSettings, ref: str | None) ->
             active = store.embedding_models.active_model(session)
             if active is not None and active.path and Path(active.path).exists():
                 return _registered(active)
-            ref = embedding.embedding_model
+            ref = embedding.model
         try:
             return _registered(get_model_by_name(session, ref))
         except NotFoundError:

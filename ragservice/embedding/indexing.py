@@ -58,15 +58,15 @@ class IndexBuild:
 def build_memory_mb(index: IndexSettings) -> int:
     """maintenance_work_mem for a build, in MB (see the module's docstring and
     `db.sizing.index_build_memory_mb`)."""
-    if index.index_build_memory_mb > 0:
-        return index.index_build_memory_mb
+    if index.build_memory_mb > 0:
+        return index.build_memory_mb
     shm_free = sizing.filesystem_mb(Path("/dev/shm"), free=True)
     return sizing.index_build_memory_mb(sizing.available_memory_mb(), shm_free)
 
 
 def build_workers(index: IndexSettings) -> int:
-    if index.index_build_workers is not None:
-        return index.index_build_workers
+    if index.build_workers is not None:
+        return index.build_workers
     return max(sizing.cpu_count() - 1, 0)
 
 

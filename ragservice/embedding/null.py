@@ -84,7 +84,7 @@ class NullEmbedder:
 
 def null_embedder(embedding: EmbeddingSettings) -> NullEmbedder:
     """The null embedder standing in for the configured model (its tokenizer and dimension)."""
-    return NullEmbedder(resolve_model_path(embedding.embedding_model))
+    return NullEmbedder(resolve_model_path(embedding.model))
 
 
 def _max_sequence(folder: Path, hf_tokenizer: object) -> int:

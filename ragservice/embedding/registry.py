@@ -214,13 +214,13 @@ def _serving(row: EmbeddingModel, embedder: SentenceTransformerEmbedder) -> Serv
 def loadable(row: EmbeddingModel, embedding: EmbeddingSettings) -> bool:
     """Whether this process can load the model without fetching anything: its folder exists,
     or it is the configured model (which the operator chose to load by name)."""
-    return bool(row.path and Path(row.path).exists()) or row.name == embedding.embedding_model
+    return bool(row.path and Path(row.path).exists()) or row.name == embedding.model
 
 
 def load_embedder(settings: Settings, row: EmbeddingModel) -> SentenceTransformerEmbedder:
     """The row's model with the configured device, batch size and query encoder, not yet
     loaded (call `warm_up`, or just `embed`)."""
-    if row.name == settings.embedding.embedding_model or not (row.path and Path(row.path).exists()):
+    if row.name == settings.embedding.model or not (row.path and Path(row.path).exists()):
         name = row.name
     else:
         name = row.path

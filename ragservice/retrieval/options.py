@@ -29,25 +29,25 @@ MAX_EF_SEARCH = 1000
 DOCUMENT_CHUNKS = 2
 
 DEFAULTS_FROM: Final[Mapping[str, str]] = {
-    "rrf_k": "search_rrf_k",
-    "dense_candidates": "search_dense_candidates",
-    "text_candidates": "search_text_candidates",
+    "rrf_k": "rrf_k",
+    "dense_candidates": "dense_candidates",
+    "text_candidates": "text_candidates",
     "bm25_k1": "bm25_k1",
     "bm25_b": "bm25_b",
     "bm25_postings_per_term": "bm25_postings_per_term",
     "bm25_exact": "bm25_exact",
     "rescore_factor": "binary_rescore_factor",
-    "fusion": "search_fusion",
-    "text_weight": "search_text_weight",
-    "adaptive_weight": "search_adaptive_weight",
-    "prf": "search_prf",
-    "prf_docs": "search_prf_docs",
-    "prf_terms": "search_prf_terms",
-    "prf_query_weight": "search_prf_query_weight",
-    "document_share": "search_document_share",
+    "fusion": "fusion",
+    "text_weight": "text_weight",
+    "adaptive_weight": "adaptive_weight",
+    "prf": "prf",
+    "prf_docs": "prf_docs",
+    "prf_terms": "prf_terms",
+    "prf_query_weight": "prf_query_weight",
+    "document_share": "document_share",
     "ef_search": "hnsw_ef_search",
 }
-"""The setting each option's default and bounds come from (`RAGSERVICE_<SETTING>`)."""
+"""The `SearchSettings` field each option's default and bounds come from."""
 
 
 class Mode(StrEnum):

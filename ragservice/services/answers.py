@@ -60,7 +60,7 @@ def open_pipeline(
     if reranker is not None:
         reranker.warm_up()
     cache = None
-    if settings.cache.cache_enabled:
+    if settings.cache.enabled:
         cache = PromptCache(db, cache=settings.cache, metrics=metrics)
     return AnswerPipeline(
         db=db,

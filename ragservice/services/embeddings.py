@@ -86,9 +86,9 @@ async def embed(
     model's own tokenizer's, as RAGSERVICE_EMBEDDING_TOKEN_IDS says."""
     embedder, inputs, texts = planned.model.embedder, planned.inputs, planned.texts
     _check_input(inputs, dimensions, embedder)
-    if len(texts) < len(inputs) and embedding.embedding_token_ids == "tiktoken":
+    if len(texts) < len(inputs) and embedding.token_ids == "tiktoken":
         arrays = [ids for ids in inputs if isinstance(ids, list)]
-        encoding = embedding.embedding_tiktoken_encoding
+        encoding = embedding.tiktoken_encoding
         texts = await anyio.to_thread.run_sync(tiktoken_texts, arrays, encoding)
         check_embedding_texts(texts, limits)
     if len(texts) == len(inputs):

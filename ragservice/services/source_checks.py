@@ -181,7 +181,7 @@ def _check_shape(location: str, spec: SourceSpec, operator: bool) -> None:
 
 def _check_remote(settings: Settings, kind: str, location: str, options: dict[str, Any]) -> None:
     """What the API may not ask of the service's network and credentials."""
-    guard = Guard(allow_private=settings.sources.sources_allow_private)
+    guard = Guard(allow_private=settings.sources.allow_private)
     try:
         if kind == "web":
             guard.check_url(location)
@@ -196,7 +196,7 @@ def _check_remote(settings: Settings, kind: str, location: str, options: dict[st
 
 def _check_bucket(settings: Settings, location: str, options: dict[str, Any]) -> None:
     bucket = urlsplit(location).netloc
-    allowed = settings.sources.s3_buckets()
+    allowed = settings.sources.s3_bucket_names()
     if bucket not in allowed:
         hint = "none are" if not allowed else "it is not one of them"
         raise InvalidInputError(

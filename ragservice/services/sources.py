@@ -111,7 +111,7 @@ def add_source(
     has a source there already or has `RAGSERVICE_SOURCES_MAX_PER_COLLECTION`. No run is
     queued (`queue_run`)."""
     checked = checked_source(settings, spec, operator=operator)
-    limit = settings.sources.sources_max_per_collection
+    limit = settings.sources.max_per_collection
     with db.write() as session:
         cid = store.collections.ensure_collection(session, caller.tenant_id, collection)
         if store.sources.find_source(session, cid, checked.location) is not None:

@@ -68,7 +68,7 @@ def test_semantic_hit_above_the_threshold(client: TestClient, keys: Keys) -> Non
     near = ask(client, keys.reader, "When do new staff members receive their laptop?")
     assert near["cache"]["hit"] is True, near["cache"]
     assert near["cache"]["kind"] == "semantic"
-    threshold = client.app.state.runtime.settings.cache.cache_similarity_threshold  # type: ignore[attr-defined]
+    threshold = client.app.state.runtime.settings.cache.similarity_threshold  # type: ignore[attr-defined]
     assert near["cache"]["similarity"] >= threshold
 
 
@@ -103,7 +103,7 @@ def test_scopes_never_share_entries(client: TestClient, keys: Keys) -> None:
         {"bm25_postings_per_term": 50},
         {"binary_rescore_factor": 8},
         {"bm25_exact": False},
-        {"search_rrf_k": 60},
+        {"rrf_k": 60},
         {"hnsw_ef_search": 7},
     ],
     ids=lambda setting: next(iter(setting)),

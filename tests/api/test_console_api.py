@@ -56,7 +56,7 @@ def test_me_tells_the_tenant_role_and_limits(
     assert keys.reader["Authorization"].removeprefix("Bearer ").startswith(reader["key_prefix"])
     assert reader["max_file_bytes"] == api_settings.limits.max_file_bytes
     assert reader["max_files_per_upload"] == api_settings.limits.max_files_per_upload
-    assert reader["cache_enabled"] is api_settings.cache.cache_enabled
+    assert reader["cache_enabled"] is api_settings.cache.enabled
     assert reader["answer_model"] == "extractive"  # no upstream configured
 
     admin = ok(client.get("/v1/me", headers=keys.admin))
@@ -177,7 +177,7 @@ def test_cache_entries_and_insights_show_the_tenants_own_questions(
     assert entry["answer"] == first["answer"] and entry["bytes"] > 0
     assert entry["expires_at"] > entry["created_at"]
     assert page["ttl_seconds"] is None
-    assert page["default_ttl_seconds"] == api_settings.cache.cache_ttl_seconds
+    assert page["default_ttl_seconds"] == api_settings.cache.ttl_seconds
     globex_page = ok(client.get("/v1/collections/hr/cache/entries", headers=keys.other_tenant))
     assert [e["question"] for e in globex_page["entries"]] == [GLOBEX_QUESTION]
     entries = "/v1/collections/{}/cache/entries"

@@ -105,7 +105,7 @@ def test_migration_down_and_up_keeps_the_chunks_and_brings_the_pages_back(
 ) -> None:
     ingest(runtime, files)
     runtime.db.dispose()
-    engine = create_engine(settings.database.owner_database_url.get_secret_value())  # type: ignore[union-attr]
+    engine = create_engine(settings.database.owner_url.get_secret_value())  # type: ignore[union-attr]
     config = migrate.alembic_config()
     with engine.connect() as conn:
         config.attributes["connection"] = conn

@@ -109,7 +109,7 @@ def corpus(settings: Settings) -> Iterator[Corpus]:
 
 
 def _as_owner(settings: Settings, statement: str) -> None:
-    owner = create_engine(settings.database.owner_database_url.get_secret_value())  # type: ignore[union-attr]
+    owner = create_engine(settings.database.owner_url.get_secret_value())  # type: ignore[union-attr]
     with owner.begin() as conn:
         conn.execute(text(statement))
     owner.dispose()
@@ -305,7 +305,7 @@ def test_downgrade_keeps_halfvec_rows_as_float32_and_upgrade_comes_back(
 
     convert(corpus, "halfvec")
     corpus.db.dispose()
-    engine = create_engine(settings.database.owner_database_url.get_secret_value())  # type: ignore[union-attr]
+    engine = create_engine(settings.database.owner_url.get_secret_value())  # type: ignore[union-attr]
     config = migrate.alembic_config()
     with engine.connect() as conn:
         config.attributes["connection"] = conn

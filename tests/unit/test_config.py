@@ -13,6 +13,7 @@ from ragservice.config import (
     DEFAULT_EMBEDDING_MODEL,
     FLAT_NAMES,
     GROUPS,
+    CacheSettings,
     GroupedEnvironment,
     IngestSettings,
     SearchSettings,
@@ -29,9 +30,9 @@ def test_defaults_mean_embedded_database_and_bundled_model(monkeypatch: pytest.M
     for var in ("RAGSERVICE_DATABASE_URL", "RAGSERVICE_DATA_DIR", "RAGSERVICE_EMBEDDING_MODEL"):
         monkeypatch.delenv(var, raising=False)
     settings = Settings()
-    assert settings.database.database_url is None
+    assert settings.database.url is None
     assert settings.database.data_dir == Path(".ragservice")
-    assert settings.embedding.embedding_model == DEFAULT_EMBEDDING_MODEL
+    assert settings.embedding.model == DEFAULT_EMBEDDING_MODEL
     assert settings.embedding.device == "auto"
 
 
@@ -40,10 +41,10 @@ def test_environment_variables_with_prefix(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setenv("RAGSERVICE_EMBED_BATCH_SIZE", "128")
     monkeypatch.setenv("RAGSERVICE_DEVICE", "cpu")
     settings = Settings()
-    assert settings.database.database_url is not None
+    assert settings.database.url is not None
     assert (
-        settings.database.database_url.get_secret_value(),
-        settings.embedding.embed_batch_size,
+        settings.database.url.get_secret_value(),
+        settings.embedding.batch_size,
         settings.embedding.device,
     ) == ("postgresql://db/rag", 128, "cpu")
 
@@ -141,7 +142,10 @@ def test_every_setting_is_in_exactly_one_group() -> None:
 
 
 def test_groups_the_lead_relies_on_hold_their_subjects() -> None:
-    fields = {name: set(group.model_fields) for name, group in GROUPS.items()}
+    fields = {
+        name: {env_name(f, field) for f, field in group.model_fields.items()}
+        for name, group in GROUPS.items()
+    }
     named = set(FLAT_NAMES)
     assert {f for f in named if f.startswith(("search_", "bm25_", "hnsw_ef_search"))} | {
         "binary_rescore_factor"
@@ -172,25 +176,25 @@ def test_each_group_holds_the_values_of_its_settings() -> None:
         assert group == kind.model_validate(
             {f: v for f, v in dict(group).items()}  # a group holds nothing but its fields
         )
-    assert (settings.search.search_rrf_k, settings.search.bm25_k1) == (7, 1.5)
-    assert (settings.cache.cache_enabled, settings.limits.max_k) == (False, 50)
+    assert (settings.search.rrf_k, settings.search.bm25_k1) == (7, 1.5)
+    assert (settings.cache.enabled, settings.limits.max_k) == (False, 50)
 
 
 def test_groups_are_immutable_and_a_copy_changes_its_own() -> None:
     settings = Settings(search_rrf_k=7)
     assert settings.search is settings.search
     with pytest.raises(ValidationError, match="frozen"):
-        settings.search.search_rrf_k = 8
+        settings.search.rrf_k = 8
     with pytest.raises(ValidationError, match="frozen"):
         settings.search = SearchSettings()
     changed = settings.model_copy(update={"search_rrf_k": 9, "max_k": 5})
-    assert (changed.search.search_rrf_k, settings.search.search_rrf_k) == (9, 7)
+    assert (changed.search.rrf_k, settings.search.rrf_k) == (9, 7)
     assert (changed.limits.max_k, settings.limits.max_k) == (5, 200)
     assert changed.cache is settings.cache  # the groups not named are shared, immutable
     assert settings == Settings(search_rrf_k=7) != changed
     assert changed == Settings(search_rrf_k=9, max_k=5)
     whole = settings.model_copy(update={"search": SearchSettings(bm25_k1=2.0)})
-    assert (whole.search.bm25_k1, whole.search.search_rrf_k) == (2.0, 30)
+    assert (whole.search.bm25_k1, whole.search.rrf_k) == (2.0, 30)
 
 
 def test_settings_hold_the_groups_alone() -> None:
@@ -216,13 +220,13 @@ def test_a_name_that_is_no_setting_is_refused() -> None:
 def test_flat_names_and_groups_build_the_same_settings(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RAGSERVICE_BM25_B", "0.5")
     by_name = Settings(search_rrf_k=7, bm25_k1=1.5)
-    assert (by_name.search.search_rrf_k, by_name.search.bm25_k1, by_name.search.bm25_b) == (
+    assert (by_name.search.rrf_k, by_name.search.bm25_k1, by_name.search.bm25_b) == (
         7,
         1.5,
         0.5,  # the environment still sets the group's other fields
     )
     given = Settings(search=SearchSettings(search_rrf_k=7))
-    assert (given.search.search_rrf_k, given.search.bm25_b) == (7, 0.4)  # a group given is whole
+    assert (given.search.rrf_k, given.search.bm25_b) == (7, 0.4)  # a group given is whole
     assert Settings(search={"search_rrf_k": 7}, bm25_k1=1.5).search == by_name.search
 
 
@@ -231,16 +235,16 @@ def test_the_variable_names_are_unchanged_in_the_environment_and_an_env_file(
 ) -> None:
     monkeypatch.setenv("RAGSERVICE_SEARCH_RRF_K", "12")
     monkeypatch.setenv("RAGSERVICE_BM25_K1", "1.2")
-    assert (Settings().search.search_rrf_k, Settings().search.bm25_k1) == (12, 1.2)
+    assert (Settings().search.rrf_k, Settings().search.bm25_k1) == (12, 1.2)
     monkeypatch.delenv("RAGSERVICE_SEARCH_RRF_K")
     monkeypatch.delenv("RAGSERVICE_BM25_K1")
     env_file = tmp_path / ".env"
     env_file.write_text("RAGSERVICE_SEARCH_RRF_K=13\nRAGSERVICE_CACHE_TTL_SECONDS=60\n")
     read = Settings(_env_file=env_file)
-    assert (read.search.search_rrf_k, read.cache.cache_ttl_seconds) == (13, 60)
+    assert (read.search.rrf_k, read.cache.ttl_seconds) == (13, 60)
     # As before, the service reads no .env of its own accord.
     monkeypatch.chdir(tmp_path)
-    assert Settings().search.search_rrf_k == SearchSettings().search_rrf_k == 30
+    assert Settings().search.rrf_k == SearchSettings().rrf_k == 30
 
 
 def test_bm25_k1_has_the_api_s_bound() -> None:
@@ -262,9 +266,10 @@ def test_every_variable_reaches_its_group_s_field(monkeypatch: pytest.MonkeyPatc
     for name in FLAT_NAMES:
         monkeypatch.setenv(f"RAGSERVICE_{name.upper()}", f"<{name}>")
     read = GroupedEnvironment(Settings, EnvSettingsSource(Settings))()
+    # Each under its group, by its variable's name (the field's alias where it differs).
     assert {
-        (group, field): value for group, fields in read.items() for field, value in fields.items()
-    } == {place: f"<{name}>" for name, place in FLAT_NAMES.items()}
+        (group, name): value for group, values in read.items() for name, value in values.items()
+    } == {(group, name): f"<{name}>" for name, (group, _) in FLAT_NAMES.items()}
 
 
 def test_variables_are_parsed_and_checked_as_before(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -275,9 +280,9 @@ def test_variables_are_parsed_and_checked_as_before(monkeypatch: pytest.MonkeyPa
     monkeypatch.setenv("RAGSERVICE_JWT_JWKS", " ")
     monkeypatch.setenv("RAGSERVICE_CHUNK_MAX_TOKENS", "128")
     settings = Settings()
-    assert settings.database.database_url is not None
-    assert settings.database.database_url.get_secret_value() == "postgresql://rag:pw@db/rag"
-    assert settings.cache.cache_enabled is False
+    assert settings.database.url is not None
+    assert settings.database.url.get_secret_value() == "postgresql://rag:pw@db/rag"
+    assert settings.cache.enabled is False
     assert settings.replication.replica_urls() == [
         ("eu", "postgresql://r/db"),
         ("us", "postgresql://s/db"),
@@ -294,3 +299,40 @@ def test_variables_are_parsed_and_checked_as_before(monkeypatch: pytest.MonkeyPa
     with pytest.raises(ValidationError, match="half the chunk size"):
         Settings()
     assert Settings(chunk_overlap_tokens=8).ingest.chunk_overlap_tokens == 8  # init wins
+
+
+STEMS = {
+    **{name: name for name in GROUPS},
+    "replication": "replica",
+    "embedding": "embed",
+    "sources": "source",
+    "indexing": "index",
+    "answering": "answer",
+    "limits": "limit",
+    "jobs": "job",
+}
+
+
+def test_a_field_does_not_repeat_its_group_s_name() -> None:
+    repeating = [
+        f"{group}.{field}"
+        for group, kind in GROUPS.items()
+        for field in kind.model_fields
+        if field.startswith(STEMS[group]) and field != "replicas"  # the replicas themselves
+    ]
+    assert repeating == []
+
+
+def test_a_shortened_field_keeps_its_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RAGSERVICE_CACHE_ENABLED", "false")
+    monkeypatch.setenv("RAGSERVICE_SEARCH_RRF_K", "12")
+    monkeypatch.setenv("RAGSERVICE_INFERENCE_URL", "http://localhost:8080/v1")
+    settings = Settings(cache_ttl_seconds=60)
+    assert (settings.cache.enabled, settings.cache.ttl_seconds) == (False, 60)
+    assert settings.search.rrf_k == 12
+    assert settings.inference.url == "http://localhost:8080/v1"
+    assert CacheSettings(enabled=False) == CacheSettings(cache_enabled=False)
+    copied = settings.model_copy(update={"search_rrf_k": 5, "cache": CacheSettings(ttl_seconds=9)})
+    assert (copied.search.rrf_k, copied.cache.ttl_seconds, copied.cache.enabled) == (5, 9, True)
+    with pytest.raises(ValidationError, match="search_rrf_k"):
+        Settings(search_rrf_k=0)  # the error names the variable's setting

@@ -28,7 +28,7 @@ def me(principal: Reader, db: DatabaseDep, settings: SettingsDep, pipeline: Pipe
         readers=None if principal.readers is None else sorted(principal.readers),
         max_file_bytes=settings.limits.max_file_bytes,
         max_files_per_upload=settings.limits.max_files_per_upload,
-        cache_enabled=settings.cache.cache_enabled,
+        cache_enabled=settings.cache.enabled,
         answer_model=pipeline.model_name,
     )
 

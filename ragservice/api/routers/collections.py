@@ -84,7 +84,7 @@ def cache_entries(
     return CacheEntries(
         entries=[CacheEntryOut(**asdict(entry)) for entry in listing.entries],
         ttl_seconds=listing.ttl_seconds,
-        default_ttl_seconds=settings.cache.cache_ttl_seconds,
+        default_ttl_seconds=settings.cache.ttl_seconds,
     )
 
 

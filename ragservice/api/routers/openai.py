@@ -117,7 +117,7 @@ async def chat_completions(
     answering = settings.answering
     block = answering.chat_sources_block if body.sources_block is None else body.sources_block
     # Titles in the sources footer are document text too: their links and HTML are cleaned.
-    footer = _Footer(AnswerText(answering.link_hosts(), answering.answer_html)) if block else None
+    footer = _Footer(AnswerText(answering.link_host_names(), answering.html)) if block else None
     if not body.stream:
         answer = await answers.answer(principal.tenant_id, ask)
         return _completion(completion_id, body.model, answer, footer)
