@@ -1,10 +1,10 @@
 """Where reads go: the replica of the server's region when it is healthy and current, else
 another healthy replica, else the primary.
 
-A background thread checks every node each `replica_check_seconds` (never per request): the
+A background thread checks every node each `replication.check_seconds` (never per request): the
 primary's WAL position, and each replica's recovery state, replayed WAL position and last
 replayed commit time. A replica serves reads while it answers and is at most
-`replica_max_lag_seconds` behind. A read that fails to connect takes its replica out at once
+`replication.max_lag_seconds` behind. A read that fails to connect takes its replica out at once
 (the next request goes elsewhere); the next good check takes it back.
 
 Lag is measured without trusting clocks: the checker remembers when it first saw the primary
@@ -13,7 +13,7 @@ the replica has replayed (precise to one check interval). A replica behind every
 checker has seen falls back to `now() - pg_last_xact_replay_timestamp()` on the replica.
 
 Read-your-writes: a read carrying a consistency token (a WAL position) is served by a replica
-only once that replica has replayed it, waiting at most `replica_wait_seconds`, else by the
+only once that replica has replayed it, waiting at most `replication.wait_seconds`, else by the
 primary. A token ahead of the primary's own position was not issued by it and is ignored.
 """
 
