@@ -37,7 +37,7 @@ from pydantic import SecretStr
 from ingest.pipeline import IngestReport, ProgressCallback, pack_postings
 from ingest.targets import ingest_pipeline
 from ragservice import store
-from ragservice.config import Settings
+from ragservice.config import EmbeddingSettings, Settings
 from ragservice.db import tenancy
 from ragservice.embedding.embedder import Embedder, available_cpus
 from ragservice.errors import NotFoundError, RagServiceError
@@ -46,8 +46,9 @@ from ragservice.types import LoadedDocument, LoadFailure, LoadResult, SkippedFil
 
 log = logging.getLogger(__name__)
 
-EmbedderFactory = Callable[[Settings], Embedder]
-"""Builds a worker's embedder from its settings; a module-level function (it is pickled)."""
+EmbedderFactory = Callable[[EmbeddingSettings], Embedder]
+"""Builds a worker's embedder from its embedding settings (`null_embedder`, say); a
+module-level function (it is pickled)."""
 
 GROUP_SIZE = 64
 """Documents per hand-out to a worker."""
@@ -379,7 +380,7 @@ def _run_worker(
 ) -> None:
     runtime = open_runtime(task.settings, warm=False)
     try:
-        embedder = task.embedder_factory(task.settings) if task.embedder_factory else None
+        embedder = task.embedder_factory(task.settings.embedding) if task.embedder_factory else None
         with tenancy.as_tenant(task.tenant_id), runtime.db.read() as session:
             model = store.embedding_models.get_model(session, task.model_id)
         if model is None:

@@ -18,7 +18,7 @@ from ingest.loaders import load_documents
 from ingest.parallel import IngestWorkerError, run_parallel
 from ingest.pipeline import IngestReport
 from ingest.targets import ingest_pipeline
-from ragservice.config import Settings
+from ragservice.config import EmbeddingSettings
 from ragservice.embedding.null import NullEmbedder, null_embedder
 from ragservice.runtime import Runtime
 
@@ -155,7 +155,7 @@ def test_a_rerun_with_workers_is_unchanged_and_prunes_what_is_gone(
     assert after["chunks"] == kept
 
 
-def failing_embedder(settings: Settings) -> NullEmbedder:
+def failing_embedder(embedding: EmbeddingSettings) -> NullEmbedder:
     raise RuntimeError("no model for this worker")
 
 

@@ -37,7 +37,7 @@ def test_migration_0029_splits_credentials_off_locations_and_downgrades(
             ),
         )
     runtime.db.dispose()
-    engine = create_engine(settings.owner_database_url.get_secret_value())
+    engine = create_engine(settings.database.owner_url.get_secret_value())
     config = migrate.alembic_config()
     insert = text(
         "INSERT INTO sources (tenant_id, collection_id, kind, location) "

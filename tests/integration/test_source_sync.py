@@ -458,7 +458,7 @@ def test_migration_0027_downgrades_with_sources_and_runs_and_comes_back(
     source = add_source(runtime)
     queue(runtime, source)
     runtime.db.dispose()
-    engine = create_engine(settings.owner_database_url.get_secret_value())
+    engine = create_engine(settings.database.owner_url.get_secret_value())
     config = migrate.alembic_config()
     try:
         with engine.connect() as conn:
