@@ -1,5 +1,5 @@
 """A Citus cluster of the embedded PostgreSQL for the tests that need one: a coordinator and two
-workers on loopback (`ragservice.dev.citus.CitusCluster`), started once per session.
+workers on loopback (`ragservice.dev.citus.CitusCluster`), started once per test module.
 
 The session installs Citus into the embedded PostgreSQL (`tests.citus_template.install_citus`:
 the installer named by `CITUS_INSTALLER`). Where there is no installer, or it fails, the
@@ -26,10 +26,11 @@ def citus_available() -> None:
         pytest.skip(problem)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def citus_cluster(citus_available: None) -> Iterator[CitusCluster]:
     """A coordinator and two workers, the store migrated on the coordinator with the service's
-    login. A short path under /tmp (Unix socket paths are limited to about 107 bytes); at the
+    login; one per test module, which may add workers and distribute the store (the modules
+    run in any order, on any pytest-xdist worker). A short path under /tmp (Unix socket paths are limited to about 107 bytes); at the
     end the nodes stop and the folder is deleted."""
     cluster = CitusCluster(Path(tempfile.mkdtemp(prefix="ragservice-citus-")), workers=2)
     try:
