@@ -516,9 +516,10 @@ def test_one_tenants_search_finds_what_a_search_across_tenants_finds(
         mine = corpus.search(query, k=8, **options)
         theirs = corpus.search(query, [corpus.other], k=8, **options)
     assert across.hits
-    assert [(h.chunk_id, h.score) for h in mine.hits] == [
-        (h.chunk_id, h.score) for h in across.hits
-    ]
+    assert [h.chunk_id for h in mine.hits] == [h.chunk_id for h in across.hits]
+    # The same scores up to the last bits: a document's score sums its chunks' in the order the
+    # plan returns them, which may differ between the two statements.
+    assert [h.score for h in mine.hits] == pytest.approx([h.score for h in across.hits], rel=1e-12)
     assert theirs.hits == []
 
 
