@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import Browser, ViewportSize, sync_playwright
+from playwright.sync_api import Browser, BrowserContext, ViewportSize, sync_playwright
 
 from ragservice import store
 from ragservice.auth.keys import new_key
@@ -159,3 +159,13 @@ def screenshots(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
         Path(extra).mkdir(parents=True, exist_ok=True)
         folders.append(Path(extra))
     return folders
+
+
+@pytest.fixture
+def context(browser: Browser) -> Iterator[BrowserContext]:
+    """A fresh browser context (no cookies, no storage) at the desktop viewport."""
+    opened = browser.new_context(viewport=VIEWPORT)
+    try:
+        yield opened
+    finally:
+        opened.close()

@@ -5,7 +5,6 @@ untrusted text shown as text, and a 375 px wide screen without horizontal scroll
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -49,15 +48,6 @@ DROP_FILES = """(files) => {
   }
   return transfer;
 }"""
-
-
-@pytest.fixture
-def context(browser: Browser) -> Iterator[BrowserContext]:
-    opened = browser.new_context(viewport=VIEWPORT)
-    try:
-        yield opened
-    finally:
-        opened.close()
 
 
 def shoot(page: Page, folders: list[Path], name: str, top: Locator | None = None) -> None:

@@ -4,13 +4,11 @@ sheets."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
-from playwright.sync_api import Browser, BrowserContext, expect
+from playwright.sync_api import BrowserContext, expect
 
 from ingest.loaders.formats import SUPPORTED_SUFFIXES
-from tests.browser.conftest import VIEWPORT, Console
+from tests.browser.conftest import Console
 from tests.browser.test_console import no_alerts, sign_in
 from tests.corpus_office import make_deck, make_workbook
 
@@ -18,15 +16,6 @@ pytestmark = pytest.mark.slow
 
 PPTX = "application/vnd.openxmlformats-officedocument.presentationml.presentation"
 XLSX = "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet"
-
-
-@pytest.fixture
-def context(browser: Browser) -> Iterator[BrowserContext]:
-    opened = browser.new_context(viewport=VIEWPORT)
-    try:
-        yield opened
-    finally:
-        opened.close()
 
 
 def test_a_deck_and_a_workbook_are_uploaded_and_ingested(

@@ -30,8 +30,8 @@ def citus_available() -> None:
 def citus_cluster(citus_available: None) -> Iterator[CitusCluster]:
     """A coordinator and two workers, the store migrated on the coordinator with the service's
     login; one per test module, which may add workers and distribute the store (the modules
-    run in any order, on any pytest-xdist worker). A short path under /tmp (Unix socket paths are limited to about 107 bytes); at the
-    end the nodes stop and the folder is deleted."""
+    run in any order, on any pytest-xdist worker). A short path under /tmp (Unix socket paths
+    are limited to about 107 bytes); at the end the nodes stop and the folder is deleted."""
     cluster = CitusCluster(Path(tempfile.mkdtemp(prefix="ragservice-citus-")), workers=2)
     try:
         cluster.start()
