@@ -29,6 +29,7 @@ from sqlalchemy import (
     UniqueConstraint,
     func,
 )
+from sqlalchemy import text as sql_text
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB, UUID
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -200,11 +201,27 @@ class ChunkEmbedding(Base):
     __table_args__ = (
         PrimaryKeyConstraint("chunk_id", "model_id", "tenant_id", name="chunk_embeddings_pkey"),
         _tenant_key("chunk_embeddings", "chunk_id", "chunks"),
+        Index(
+            "chunk_embeddings_readers",
+            "readers",
+            postgresql_using="gin",
+            postgresql_where=sql_text("readers IS NOT NULL"),
+        ),
+        Index(
+            "chunk_embeddings_unrestricted",
+            "model_id",
+            postgresql_where=sql_text("readers IS NULL"),
+        ),
     )
 
     chunk_id: Mapped[uuid.UUID]
     model_id: Mapped[int] = mapped_column(ForeignKey("embedding_models.id", ondelete="CASCADE"))
     tenant_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
+    # The chunk's collection and readers, copied so that a restricted or filtered dense search
+    # can read only the vectors it may return (migration 0034; set by `INSERT_STAGED`, kept by
+    # the documents' readers trigger).
+    collection_id: Mapped[uuid.UUID]
+    readers: Mapped[list[str] | None] = mapped_column(ARRAY(Text), nullable=True)
     # No fixed dimension: models of different sizes live side by side, each with its own
     # partial HNSW index over `embedding::vector(dim)` (see migration 0001). A model stored as
     # halfvec keeps its vectors in `embedding_half` instead (exactly one is set; migration 0015).

@@ -276,7 +276,7 @@ def _copy_embeddings(conn: psycopg.Connection[Any], rows: Sequence[tuple[Any, ..
     )
     types = ("uuid", "int4", "uuid", "vector")
     bulk.copy_rows(conn, "copy_chunk_embeddings", indexes.STAGED_COLUMNS, types, rows)
-    indexes.insert_staged(conn, "copy_chunk_embeddings", existing_chunks=False)
+    indexes.insert_staged(conn, "copy_chunk_embeddings")
 
 
 def _chunk_row(

@@ -213,7 +213,7 @@ def add_embeddings(
     rows = [(c.id, model_id, c.tenant_id, v) for c, v in zip(chunks, vectors, strict=True)]
     types = ("uuid", "int4", "uuid", "vector")
     bulk.copy_rows(conn, "new_embeddings", indexes.STAGED_COLUMNS, types, rows)
-    return indexes.insert_staged(conn, "new_embeddings", existing_chunks=True)
+    return indexes.insert_staged(conn, "new_embeddings")
 
 
 def next_model_version(session: Session, name: str) -> int:

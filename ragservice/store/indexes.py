@@ -26,13 +26,18 @@ FULL_VECTOR = "coalesce(e.embedding, e.embedding_half::vector)"
 STAGED_COLUMNS = ("chunk_id", "model_id", "tenant_id", "embedding")
 
 # Rows staged as float32 (chunk_id, model_id, tenant_id, embedding) go into the column their
-# model's storage says: one statement for every writer, whatever the storage.
+# model's storage says, with their chunk's collection and readers (migration 0034: what a
+# restricted or filtered dense search selects by): one statement for every writer, whatever the
+# storage. A row whose chunk is gone is skipped.
 INSERT_STAGED = sql.SQL("""
-INSERT INTO chunk_embeddings (chunk_id, model_id, tenant_id, embedding, embedding_half)
+INSERT INTO chunk_embeddings
+    (chunk_id, model_id, tenant_id, embedding, embedding_half, collection_id, readers)
 SELECT s.chunk_id, s.model_id, s.tenant_id,
        CASE WHEN m.storage = 'halfvec' THEN NULL ELSE s.embedding END,
-       CASE WHEN m.storage = 'halfvec' THEN s.embedding::halfvec END
-FROM {staging} s JOIN embedding_models m ON m.id = s.model_id {join}
+       CASE WHEN m.storage = 'halfvec' THEN s.embedding::halfvec END,
+       c.collection_id, c.readers
+FROM {staging} s JOIN embedding_models m ON m.id = s.model_id
+JOIN chunks c ON c.id = s.chunk_id AND c.tenant_id = s.tenant_id
 ON CONFLICT DO NOTHING""")
 
 
@@ -45,12 +50,11 @@ def storage_of(value: str) -> Storage:
     return value  # type: ignore[return-value]
 
 
-def insert_staged(conn: psycopg.Connection[Any], staging: str, *, existing_chunks: bool) -> int:
+def insert_staged(conn: psycopg.Connection[Any], staging: str) -> int:
     """Move the rows of the temporary table `staging` into chunk_embeddings (see
-    `INSERT_STAGED`); `existing_chunks`: only rows whose chunk still exists. Rows already
-    stored are skipped. Returns the rows inserted."""
-    join = sql.SQL("JOIN chunks c ON c.id = s.chunk_id" if existing_chunks else "")
-    statement = INSERT_STAGED.format(staging=sql.Identifier(staging), join=join)
+    `INSERT_STAGED`): only rows whose chunk exists; rows already stored are skipped. Returns
+    the rows inserted."""
+    statement = INSERT_STAGED.format(staging=sql.Identifier(staging))
     return conn.execute(statement).rowcount
 
 

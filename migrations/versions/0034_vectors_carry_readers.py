@@ -1,0 +1,149 @@
+"""The vectors' rows carry their chunk's readers and collection, so that a restricted or
+filtered dense search can read only the vectors it may return.
+
+A dense search for an asker who may not read every document found its candidates by walking
+the HNSW graph and joining each vector to its chunk to test the chunk's readers: under a 10 %
+share that walk reads about ten times the index tuples, and under 1 % it stops at
+`hnsw.max_scan_tuples` before it has found them. With the readers and the collection on the
+vector's own row (`chunk_embeddings.readers`, `.collection_id`, copied from the chunk), indexed
+(a GIN index over the readers of restricted rows, a partial index over the unrestricted ones),
+the planner can instead read exactly the vectors the asker may see and rank them by distance:
+an exact search, which it picks when its estimate of the visible rows says that is cheaper than
+the graph walk (`retrieval.statements.NEAREST`).
+
+- `chunk_embeddings.readers` (text[], NULL: the whole tenant, as `chunks.readers`) and
+  `chunk_embeddings.collection_id` (uuid, NOT NULL): filled from the chunks here, set by every
+  writer of vectors (`store.indexes.INSERT_STAGED`), and kept by
+  `ragservice_documents_readers_changed` when a document's readers change.
+- `chunk_embeddings_readers` (GIN over `readers` where it is set) and
+  `chunk_embeddings_unrestricted` (btree over `model_id` where `readers` is NULL): the two arms
+  of `readers IS NULL OR readers && <the asker's principals>`.
+- The restrictive `document_readers` policy of chunks on the vectors too (migration 0026): a
+  vector is hidden wherever its chunk is. The chunk's policy still applies to every search (each
+  joins its candidates to their chunks), so the copy is an access path and a second fence.
+
+Filling the columns rewrites every vector's row. The models' HNSW indexes would take each new
+row version in one by one (about a millisecond a row), so they are dropped for the update and
+built again after it; the table is analyzed last (the planner's estimate of the visible vectors
+needs the statistics of `readers`). At 100,000 vectors of 384 dimensions this took about a
+minute here. On a store distributed on Citus the trigger function is rewritten again for the
+shards (`db.citus_schema.rewrite_trigger_functions`), as `ragservice db distribute` does.
+
+Revision ID: 0034
+Revises: 0033
+Create Date: 2027-06-24
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from typing import Any
+
+from alembic import op
+
+revision = "0034"
+down_revision = "0033"
+branch_labels = None
+depends_on = None
+
+# Added to the readers trigger's statement (0026, with 0028's widened entries), after the
+# chunks follow their document: their vectors follow too.
+_CHUNKS_FOLLOW = (
+    "WHERE c.document_id = changed.id AND c.readers IS DISTINCT FROM changed.readers\n    )"
+)
+_VECTORS_FOLLOW = """, vectors_changed AS (
+        UPDATE chunk_embeddings e SET readers = changed.readers
+        FROM chunks c JOIN changed ON c.document_id = changed.id
+        WHERE e.chunk_id = c.id AND e.tenant_id = c.tenant_id
+          AND e.readers IS DISTINCT FROM changed.readers
+    )"""
+
+
+def _readers_changed(vectors: bool) -> str:
+    """The readers trigger's function as 0028 left it; with `vectors`, its vectors' readers
+    kept too."""
+    body: str = _migration("0028_writers_scope.py")._readers_changed(widened=True)
+    if not vectors:
+        return body
+    assert body.count(_CHUNKS_FOLLOW) == 1, body
+    return body.replace(_CHUNKS_FOLLOW, _CHUNKS_FOLLOW + _VECTORS_FOLLOW)
+
+
+def _migration(filename: str) -> Any:
+    """An earlier migration's module (its name starts with a digit: loaded by path)."""
+    path = Path(__file__).with_name(filename)
+    spec = importlib.util.spec_from_file_location(f"ragservice_migration_{path.stem}", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _replace_trigger_function(vectors: bool) -> None:
+    op.execute(_readers_changed(vectors))
+    conn = op.get_bind()
+    distributed = conn.exec_driver_sql(
+        "SELECT to_regprocedure('public.ragservice_local_table(name, name, text)')"
+    ).scalar()
+    if distributed is not None:
+        from ragservice.db import citus_schema, distribution
+
+        citus_schema.rewrite_trigger_functions(
+            conn.connection.driver_connection, distribution.STORE_PLAN
+        )
+
+
+# The models' HNSW indexes on the vectors (migration 0007's function names them so).
+_HNSW_INDEXES = """
+SELECT i.relname, pg_get_indexdef(i.oid) FROM pg_index x
+JOIN pg_class i ON i.oid = x.indexrelid JOIN pg_am a ON a.oid = i.relam
+WHERE x.indrelid = 'public.chunk_embeddings'::regclass AND a.amname = 'hnsw'
+ORDER BY 1"""
+
+
+def _fill_columns() -> None:
+    """Every vector's collection and readers from its chunk. Each updated row is a new row
+    version, which every index of the table takes in again: the HNSW indexes are dropped for the
+    update and built again after it, in bulk (an HNSW insert per row costs about a millisecond,
+    a build a fraction of that)."""
+    conn = op.get_bind()
+    hnsw = conn.exec_driver_sql(_HNSW_INDEXES).fetchall()
+    for name, _ in hnsw:
+        op.execute(f'DROP INDEX public."{name}"')
+    op.execute(
+        "UPDATE chunk_embeddings e SET readers = c.readers, collection_id = c.collection_id "
+        "FROM chunks c WHERE c.id = e.chunk_id AND c.tenant_id = e.tenant_id"
+    )
+    for _, definition in hnsw:
+        op.execute(definition)
+
+
+def upgrade() -> None:
+    op.execute("ALTER TABLE chunk_embeddings ADD COLUMN readers text[]")
+    op.execute("ALTER TABLE chunk_embeddings ADD COLUMN collection_id uuid")
+    _fill_columns()
+    op.execute("ALTER TABLE chunk_embeddings ALTER COLUMN collection_id SET NOT NULL")
+    op.execute(
+        "CREATE INDEX chunk_embeddings_readers ON chunk_embeddings USING gin (readers) "
+        "WHERE readers IS NOT NULL"
+    )
+    op.execute(
+        "CREATE INDEX chunk_embeddings_unrestricted ON chunk_embeddings (model_id) "
+        "WHERE readers IS NULL"
+    )
+    op.execute(
+        "CREATE POLICY document_readers ON chunk_embeddings AS RESTRICTIVE "
+        f"USING ({_migration('0026_document_readers.py')._READABLE}) WITH CHECK (true)"
+    )
+    _replace_trigger_function(vectors=True)
+    op.execute("ANALYZE chunk_embeddings")
+
+
+def downgrade() -> None:
+    _replace_trigger_function(vectors=False)
+    op.execute("DROP POLICY document_readers ON chunk_embeddings")
+    op.execute("DROP INDEX chunk_embeddings_unrestricted")
+    op.execute("DROP INDEX chunk_embeddings_readers")
+    op.execute("ALTER TABLE chunk_embeddings DROP COLUMN collection_id")
+    op.execute("ALTER TABLE chunk_embeddings DROP COLUMN readers")
