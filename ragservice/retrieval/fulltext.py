@@ -35,7 +35,7 @@ class FullTextEngine:
     """Whether the function runs as the tenant's (`ragservice_bm25_topk_tenant`): on Citus."""
 
     def exact(self, options: SearchOptions, probe: Probe) -> bool:
-        """Whether an unfiltered full-text search in this transaction's tenancy runs the exact
+        """Whether a full-text search in this transaction's tenancy runs the exact
         function (on Citus not across tenants: the function reads one tenant's shards)."""
         function = options.bm25_exact and self.has_function(probe)
         return function and not (self.distributed and tenancy.current().tenant_id is None)

@@ -38,25 +38,29 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
+import psycopg
 from psycopg import sql
 
 from ragservice.db import Database, tenancy
 from ragservice.db.engine import driver_connection
 from ragservice.errors import EmbeddingError
-from ragservice.retrieval import statements
+from ragservice.retrieval import dense, statements
 from ragservice.retrieval.fulltext import FullTextEngine
 from ragservice.retrieval.fusion import document_scores, fuse, rm3_weights
+from ragservice.retrieval.hits import SearchHit as SearchHit
+from ragservice.retrieval.hits import SearchResult as SearchResult
+from ragservice.retrieval.hits import downweight_flagged as downweight_flagged
+from ragservice.retrieval.hits import row_hit
 from ragservice.retrieval.options import DOCUMENT_CHUNKS, MAX_EF_SEARCH
 from ragservice.retrieval.options import Mode as Mode
 from ragservice.retrieval.options import SearchOptions as SearchOptions
 from ragservice.retrieval.restricted import deepened, first_depth, restricted
 from ragservice.timing import add_ms, timed, with_total
-from ragservice.types import PageSpan
 
 QueryEmbedder = Callable[[str], npt.NDArray[np.float32]]
 
@@ -91,43 +95,6 @@ class FixedModel:
         return self.embed(text)
 
 
-@dataclass(frozen=True, slots=True)
-class SearchHit:
-    chunk_id: uuid.UUID
-    score: float
-    text: str
-    ordinal: int
-    start_char: int
-    end_char: int
-    chunk_metadata: dict[str, Any]
-    collection_id: uuid.UUID
-    collection: str
-    document_id: uuid.UUID
-    external_id: str
-    title: str | None
-    document_metadata: dict[str, Any]
-    document_version: int = 1
-    # The injection detector's reasons when it flagged the chunk (empty: not flagged), and
-    # what the chunk's collection does with flagged chunks (mark, downweight, drop).
-    injection: tuple[str, ...] = ()
-    flagged_policy: str = "downweight"
-    pages: PageSpan | None = None  # where in a paged document (pages, slides, sheets) it lies
-
-    @property
-    def flagged(self) -> bool:
-        return bool(self.injection)
-
-
-@dataclass(frozen=True, slots=True)
-class SearchResult:
-    """Hits best first, the milliseconds each stage took (only the stages that ran), and the
-    id of the embedding model searched with."""
-
-    hits: list[SearchHit]
-    timings_ms: dict[str, float] = field(default_factory=dict)
-    model_id: int | None = None
-
-
 # -- the searcher ----------------------------------------------------------------------------
 
 
@@ -141,6 +108,16 @@ class _Statement:
     wanted: int | None = None
     """A restricted asker's exact full text (`statements.BM25_EXACT_DEEP`): the rows wanted;
     fewer come back when too few of the top %(depth)s are visible, and it is run deeper."""
+    exact: sql.Composed | None = None
+    """A restricted or filtered dense statement: the same ranked exactly, run instead where
+    `estimate` says that is cheaper, or when the walk of the HNSW index brought fewer than
+    `dense_wanted` rows (it ended before it found them)."""
+    dense_wanted: int = 0
+    estimate: sql.Composed | None = None
+    """The vectors such a search may return (`dense.visible_rows`), for the choice."""
+    model_id: int = 0
+    explained: bool = False
+    """Its plan is wanted (`EXPLAIN` of the statement as it would run), not its rows."""
 
 
 class Searcher:
@@ -211,7 +188,7 @@ class Searcher:
                 )
                 with timed(timings, stage):
                     rows = self._run(statement)
-            hits = downweight_flagged([_hit(row) for row in rows])
+            hits = downweight_flagged([row_hit(row) for row in rows])
         return SearchResult(hits=hits, timings_ms=with_total(timings, started), model_id=model.id)
 
     def explain(
@@ -231,9 +208,7 @@ class Searcher:
             statement = self._text_statement(collections, query, options, options.text_limit)
         else:  # the dense candidates, as hybrid and document searches read them
             statement = self._dense_candidates(model, collections, options, _vector(model, query))
-        explain = _Statement(
-            sql.SQL("EXPLAIN {}").format(statement.query), statement.params, statement.ef_search
-        )
+        explain = replace(statement, explained=True, wanted=None)
         return "\n".join(str(row[0]) for row in self._run(explain))
 
     def neighbours(self, hits: Sequence[SearchHit], distance: int) -> list[SearchHit]:
@@ -246,7 +221,7 @@ class Searcher:
             sql.Composed([statements.neighbours(tenant), statements.hits(tenant)]),
             {"ids": ids, "distance": distance, "tenant": tenant},
         )
-        return [_hit(row) for row in self._run(statement)]
+        return [row_hit(row) for row in self._run(statement)]
 
     # -- statements per mode ---------------------------------------------------------------------
 
@@ -278,10 +253,16 @@ class Searcher:
         if options.mode is Mode.DENSE:
             with timed(timings, "embed"):
                 vector = _vector(model, query, given)
-            ctes = (_nearest(model, options, tenant), statements.DENSE_RANKED)
-            dense = statements.with_ctes(*ctes, select=statements.hits(tenant))
+
+            def ranked(exact: bool) -> sql.Composed:
+                nearest = dense.nearest(
+                    model, options, tenant, restricted=restricted(), exact=exact
+                )
+                ctes = (nearest, statements.DENSE_RANKED)
+                return statements.with_ctes(*ctes, select=statements.hits(tenant))
+
             return self._dense_statement(
-                dense, model, collections, options, vector, tenant
+                ranked, model, collections, options, vector, tenant
             ), "dense"
         raise AssertionError("hybrid searches are ranked by the searcher")  # scored_here
 
@@ -384,7 +365,7 @@ class Searcher:
         self, query: sql.Composed, params: dict[str, Any], options: SearchOptions, limit: int
     ) -> _Statement:
         """A full-text statement; for a restricted asker's exact one, the depth it starts at."""
-        if not (restricted() and options.filters is None and self._exact(options)):
+        if not ((restricted() or options.filters is not None) and self._exact(options)):
             return _Statement(query, params)
         return _Statement(query, params | {"depth": first_depth(limit)}, wanted=limit)
 
@@ -396,19 +377,22 @@ class Searcher:
         vector: npt.NDArray[np.float32],
     ) -> _Statement:
         tenant = tenancy.current().tenant_id
-        nearest = _nearest(model, options, tenant)
-        query = statements.with_ctes(nearest, select=statements.DENSE_CANDIDATES)
-        return self._dense_statement(query, model, collections, options, vector, tenant)
+
+        def candidates(exact: bool) -> sql.Composed:
+            nearest = dense.nearest(model, options, tenant, restricted=restricted(), exact=exact)
+            return statements.with_ctes(nearest, select=statements.DENSE_CANDIDATES)
+
+        return self._dense_statement(candidates, model, collections, options, vector, tenant)
 
     def _candidates(self, statement: _Statement) -> list[_Candidate]:
         query = statement.query
         if statement.ef_search is None:  # a BM25 statement: bare CTEs
             query = statements.with_ctes(query, select=statements.TEXT_CANDIDATES)
-        return _candidate_list(self._run(_Statement(query, statement.params, statement.ef_search)))
+        return _candidate_list(self._run(replace(statement, query=query)))
 
     def _dense_statement(
         self,
-        query: sql.Composed,
+        query: Callable[[bool], sql.Composed],
         model: QueryModel,
         collections: list[uuid.UUID],
         options: SearchOptions,
@@ -420,7 +404,23 @@ class Searcher:
         wanted = options.index_limit(model.storage)
         ef_search = min(max(options.ef_search_for(model.storage), wanted), MAX_EF_SEARCH)
         params = self._params(collections, options, tenant, vector=vector)
-        return _Statement(query, params, ef_search)
+        if not (restricted() or options.filters is not None):
+            return _Statement(query(False), params, ef_search)
+        readers = tenancy.asker_principals()
+        if readers is not None:
+            params["readers"] = readers
+        estimate = None
+        if model.storage != "binary":  # its walk reads the bit index: the planner chooses
+            estimate = dense.visible_rows(model, options, tenant, restricted=restricted())
+        return _Statement(
+            query(False),
+            params,
+            ef_search,
+            exact=query(True),
+            dense_wanted=wanted,
+            estimate=estimate,
+            model_id=model.id,
+        )
 
     # -- pieces ----------------------------------------------------------------------------------
 
@@ -442,13 +442,39 @@ class Searcher:
                     statements.SET_DENSE.format(ef_search=sql.Literal(int(statement.ef_search))),
                     prepare=False,
                 )
-            rows = conn.execute(statement.query, statement.params, prepare=False).fetchall()
+            rows = self._dense_rows(conn, statement)
             if statement.wanted:
                 rows = deepened(conn, statement.query, statement.params, rows, statement.wanted)
             if then is not None:
                 follow = then(rows)
                 rows = conn.execute(follow.query, follow.params, prepare=False).fetchall()
             return rows
+
+    def _dense_rows(
+        self, conn: psycopg.Connection[Any], statement: _Statement
+    ) -> list[tuple[Any, ...]]:
+        """The statement's rows; for a restricted or filtered dense one, by the exact ranking
+        where that is cheaper, or when the index's walk ended short of the rows wanted."""
+        exact = (
+            statement.exact is not None
+            and statement.estimate is not None
+            and dense.exact_is_cheaper(
+                conn,
+                statement.estimate,
+                statement.params,
+                statement.model_id,
+                statement.dense_wanted,
+            )
+        )
+        query = statement.exact if exact and statement.exact is not None else statement.query
+        if statement.explained:
+            query = sql.SQL("EXPLAIN {}").format(query)
+        rows = conn.execute(query, statement.params, prepare=False).fetchall()
+        if statement.exact is None or statement.explained:
+            return rows
+        if not exact and len(rows) < statement.dense_wanted:
+            rows = conn.execute(statement.exact, statement.params, prepare=False).fetchall()
+        return rows
 
     def _exact(self, options: SearchOptions) -> bool:
         """Whether unfiltered full text runs the extension's exact function."""
@@ -536,64 +562,3 @@ def _vector(
             f"query embedding has {vector.shape[0]} dimensions, the index {model.dimension}"
         )
     return vector
-
-
-def _nearest(model: QueryModel, options: SearchOptions, tenant: uuid.UUID | None) -> sql.Composed:
-    """The dense candidates, read as the model's storage says (the tenant's, for one)."""
-    dim = sql.Literal(int(model.dimension))
-    pieces = {
-        "dim": dim,
-        "model_id": sql.Literal(int(model.id)),
-        "tenant": statements.tenant_and("c", tenant),
-        "document_join": statements.document_join(options.filters),
-        "filter": statements.filter_and(options.filters),
-        "limit": sql.Literal(options.dense_limit),
-    }
-    if model.storage == "binary":
-        candidates = sql.Literal(options.index_limit(model.storage))
-        return statements.NEAREST_BINARY.format(candidates=candidates, **pieces)
-    halfvec = model.storage == "halfvec"
-    distance = (statements.DISTANCE_HALFVEC if halfvec else statements.DISTANCE).format(dim=dim)
-    return statements.NEAREST.format(distance=distance, **pieces)
-
-
-# A flagged chunk in a `downweight` collection keeps half its score (a negative cosine score
-# moves as far down): it still ranks, after unflagged chunks of a similar score.
-_DOWNWEIGHT = 0.5
-
-
-def downweight_flagged(hits: list[SearchHit]) -> list[SearchHit]:
-    """`hits` with the flagged ones of `downweight` collections scored lower, best first."""
-    if not any(_downweighted(hit) for hit in hits):
-        return hits  # the common case: nothing to rescore, the order stands
-    weighed = [
-        replace(hit, score=hit.score - abs(hit.score) * _DOWNWEIGHT) if _downweighted(hit) else hit
-        for hit in hits
-    ]
-    return sorted(weighed, key=lambda hit: (-hit.score, hit.chunk_id))
-
-
-def _downweighted(hit: SearchHit) -> bool:
-    return hit.flagged and hit.flagged_policy == "downweight"
-
-
-def _hit(row: tuple[Any, ...]) -> SearchHit:
-    return SearchHit(
-        chunk_id=row[0],
-        score=float(row[1]),
-        text=row[2],
-        ordinal=row[3],
-        start_char=row[4],
-        end_char=row[5],
-        chunk_metadata=row[6],
-        collection_id=row[7],
-        collection=row[8],
-        document_id=row[9],
-        external_id=row[10],
-        title=row[11],
-        document_metadata=row[12],
-        document_version=row[13],
-        injection=tuple(str(reason) for reason in (row[6] or {}).get("injection") or ()),
-        flagged_policy=row[14],
-        pages=None if row[15] is None else PageSpan.of_chunk(row[15], row[16], row[6] or {}),
-    )

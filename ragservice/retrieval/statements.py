@@ -41,16 +41,60 @@ SET_DENSE = sql.SQL(
     "SET LOCAL hnsw.ef_search = {ef_search}; SET LOCAL hnsw.iterative_scan = relaxed_order"
 )
 
+# The dense candidates: the vectors of the searched collections nearest the query. The
+# vectors' rows carry their chunk's collection and readers (migration 0034), so a search
+# without a metadata filter ranks them alone and joins only the few it keeps to their chunks
+# (whose policy applies there too). For an asker who may not read every document, {visible}
+# names the vectors it may read in a form the indexes over `readers` answer: the planner then
+# reads those vectors alone and ranks them exactly where its estimate of how many there are
+# says that costs less than walking the HNSW graph past the hidden ones.
 NEAREST = sql.SQL("""
+nearest AS MATERIALIZED (
+    SELECT v.chunk_id, c.document_id, v.distance
+    FROM (SELECT e.chunk_id, e.tenant_id, {distance} AS distance
+          FROM chunk_embeddings e
+          WHERE e.model_id = {model_id} AND e.collection_id = ANY(%(collections)s::uuid[])
+                {tenant} {visible}
+          ORDER BY {order}
+          LIMIT {limit}) AS v
+    JOIN chunks c ON c.id = v.chunk_id AND c.tenant_id = v.tenant_id {chunk_tenant}
+)""")
+
+# The same under a metadata filter, which names chunks (`c`) and documents (`d`): each vector
+# is joined to its chunk before the limit.
+NEAREST_FILTERED = sql.SQL("""
 nearest AS MATERIALIZED (
     SELECT e.chunk_id, c.document_id, {distance} AS distance
     FROM chunk_embeddings e
     JOIN chunks c ON c.id = e.chunk_id AND c.tenant_id = e.tenant_id {document_join}
-    WHERE e.model_id = {model_id} AND c.collection_id = ANY(%(collections)s::uuid[]) {tenant}
-          {filter}
-    ORDER BY distance
+    WHERE e.model_id = {model_id} AND e.collection_id = ANY(%(collections)s::uuid[]) {tenant}
+          {visible} {filter}
+    ORDER BY {order}
     LIMIT {limit}
 )""")
+
+# What an asker who may not read every document may read of the vectors: the condition of the
+# `document_readers` policy with the asker's principals bound (%(readers)s), which the GIN index
+# over `readers` and the partial index over the unrestricted rows answer (the policy's own form,
+# through its function calls, no index can).
+VISIBLE = sql.SQL("AND (e.readers IS NULL OR e.readers && %(readers)s::text[])")
+
+# The vectors a restricted or filtered search may return, for the planner's estimate of how
+# many they are (`dense.exact_is_cheaper`; the statement is only explained, never run).
+VISIBLE_VECTORS = sql.SQL("""
+SELECT 1 FROM chunk_embeddings e {chunks} {document_join}
+WHERE e.model_id = {model_id} AND e.collection_id = ANY(%(collections)s::uuid[]) {tenant}
+      {visible} {filter}""")
+CHUNKS_OF_VECTORS = sql.SQL("JOIN chunks c ON c.id = e.chunk_id AND c.tenant_id = e.tenant_id")
+
+# The rows of a model's HNSW index as last counted (VACUUM, ANALYZE, CREATE INDEX).
+INDEX_ROWS = sql.SQL("SELECT reltuples FROM pg_class WHERE oid = to_regclass(%(index)s)")
+
+
+def hnsw_index_name(model_id: int) -> str:
+    """The model's HNSW index (migrations 0007 and 0015 name it so)."""
+    return f"chunk_embeddings_hnsw_model_{int(model_id)}"
+
 
 # The cosine distance a model's HNSW index orders by: over `embedding` (float32), or over
 # `embedding_half` for a model stored as halfvec (its index is over that column).
@@ -59,18 +103,27 @@ DISTANCE_HALFVEC = sql.SQL(
     "e.embedding_half::halfvec({dim}) <=> %(vector)s::vector({dim})::halfvec({dim})"
 )
 
+# Ordered by the distance as the index orders (the planner chooses between the index and an
+# exact ranking), or by an expression no index matches: an exact ranking of every row that
+# passes the conditions, which a restricted or filtered search falls back to when the index's
+# scan ended before it found the rows asked for (`hnsw.max_scan_tuples`).
+EXACT_ORDER = sql.SQL("({distance}) + 0")
+
 # A model stored as binary: {candidates} rows nearest by Hamming distance of the quantized
 # vectors (the bit index), re-scored by the exact cosine distance of the full vectors. The
 # expression matches the index's (migration 0015) so the planner uses it.
+BINARY_DISTANCE = sql.SQL(
+    "binary_quantize(e.embedding::vector({dim}))::bit({dim}) "
+    "<~> binary_quantize(%(vector)s::vector({dim}))::bit({dim})"
+)
 NEAREST_BINARY = sql.SQL("""
 coarse AS MATERIALIZED (
     SELECT e.chunk_id, c.document_id, e.embedding
     FROM chunk_embeddings e
     JOIN chunks c ON c.id = e.chunk_id AND c.tenant_id = e.tenant_id {document_join}
-    WHERE e.model_id = {model_id} AND c.collection_id = ANY(%(collections)s::uuid[]) {tenant}
-          {filter}
-    ORDER BY binary_quantize(e.embedding::vector({dim}))::bit({dim})
-             <~> binary_quantize(%(vector)s::vector({dim}))::bit({dim})
+    WHERE e.model_id = {model_id} AND e.collection_id = ANY(%(collections)s::uuid[]) {tenant}
+          {visible} {filter}
+    ORDER BY {order}
     LIMIT {candidates}
 ),
 nearest AS MATERIALIZED (
@@ -211,14 +264,15 @@ SELECT DISTINCT lexeme, NULL::float8
 FROM unnest(tsvector_to_array(to_tsvector('english'::regconfig, %(query)s))) AS lexeme""")
 
 # For an asker who may not read every document (row-level security hides chunks, migration
-# 0026): the scored chunks are looked up best first, one by one, until {limit} visible ones;
-# the nested loop keeps the score order, and stops as soon as it has them.
+# 0026), or under a metadata filter: the scored chunks are looked up best first, one by one,
+# until {limit} visible ones that pass the filter; the nested loop keeps the score order, and
+# stops as soon as it has them.
 BM25_VISIBLE = sql.SQL("""
 ranked AS (
     SELECT c.id AS chunk_id, c.document_id, b.score
     FROM (SELECT seq, score FROM bm25 ORDER BY score DESC, seq) AS b
-    CROSS JOIN LATERAL (SELECT c.id, c.document_id FROM chunks c
-                        WHERE c.seq = b.seq {tenant}) AS c
+    CROSS JOIN LATERAL (SELECT c.id, c.document_id FROM chunks c {document_join}
+                        WHERE c.seq = b.seq {tenant} {filter}) AS c
     LIMIT {limit}
 )""")
 
@@ -339,14 +393,19 @@ def bm25(
         weight=sql.SQL("w.weight * ") if weighted else sql.SQL(""),
         weight_join=WEIGHT_JOIN if weighted else sql.SQL(""),
     )
-    if restricted and filters is None:
+    if (restricted and filters is None) or (exact and filters is not None):
         if exact:
             scores = BM25_EXACT_DEEP.format(
                 topk=_topk(of_tenant, tenant),
                 terms=terms,
                 weights=sql.SQL("%(weights)s::float8[]") if weighted else sql.SQL("NULL"),
             )
-        visible = BM25_VISIBLE.format(limit=sql.Literal(limit), tenant=tenant_and("c", tenant))
+        visible = BM25_VISIBLE.format(
+            limit=sql.Literal(limit),
+            tenant=tenant_and("c", tenant),
+            document_join=document_join(filters),
+            filter=filter_and(filters),
+        )
         return sql.SQL("{},{}").format(scores, visible)
     if exact and filters is None:
         return BM25_EXACT.format(
