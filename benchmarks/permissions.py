@@ -87,6 +87,7 @@ from ragservice.db.engine import driver_connection  # noqa: E402
 from ragservice.embedding.evaluation import load_beir_queries, mean  # noqa: E402
 from ragservice.readers import principal_set  # noqa: E402
 from ragservice.retrieval import statements  # noqa: E402
+from ragservice.retrieval.filters import parse_and_compile  # noqa: E402
 from ragservice.retrieval.fusion import fuse  # noqa: E402
 from ragservice.retrieval.search import Mode, Searcher, SearchOptions  # noqa: E402
 from ragservice.runtime import Runtime, open_runtime  # noqa: E402
@@ -113,17 +114,20 @@ def main() -> None:
             report["permissions"] = _assign_readers(runtime, collection, args)
             principals = _join_groups(runtime, args)
             report["permissions"] |= _visible(runtime, collection, principals)
-            keys = {
-                "admin": _key(runtime, Role.ADMIN, None),
-                "user": _key(runtime, Role.READER, args.user),
-            }
+            admin = _key(runtime, Role.ADMIN, None)
+            keys = {"admin": admin, "user": _key(runtime, Role.READER, args.user)}
+            if args.filter:
+                report["labels"] = _label_documents(runtime, collection, args)
+                args.filters = _group_filter(principals)
+                keys["user"] = admin
         if not args.stats_only:
             report["http"], found = _http(args, keys, texts)
             with tenancy.as_system():
                 report["recall@10"] = _recall(runtime, collection, principals, texts, found)
             report["sql_ms"] = _sql(runtime, collection, principals, texts, args)
-        names = list(_STATEMENTS) if args.stats_only else ["global", "stats"]
-        report["stats_ms"] = _stats(runtime, collection, principals, texts, names)
+        if not args.filter:
+            names = list(_STATEMENTS) if args.stats_only else ["global", "stats"]
+            report["stats_ms"] = _stats(runtime, collection, principals, texts, names)
     finally:
         runtime.close()
     report["seconds"] = round(time.perf_counter() - started, 1)
@@ -155,7 +159,13 @@ def _parse_args() -> argparse.Namespace:
         help="measure per-asker BM25 statistics only (no server, no recall)",
     )
     # scale.py's build reads these too
+    parser.add_argument(
+        "--filter",
+        action="store_true",
+        help="the second side: the admin key with a metadata filter naming the user's groups",
+    )
     parser.add_argument("--check-sample", type=int, default=500)
+    parser.set_defaults(filters=None)
     parser.add_argument("--batch-chunks", type=int, default=32768)
     return parser.parse_args()
 
@@ -210,6 +220,42 @@ def _assign_readers(
 def _name_width(groups: int) -> int:
     """Digits in a group's number (`g0000`…): at least 4."""
     return max(4, len(str(groups - 1)))
+
+
+def _label_documents(
+    runtime: Runtime, collection: uuid.UUID, args: argparse.Namespace
+) -> dict[str, Any]:
+    """`--filter`: each document's metadata names its readers' group (`{"group": "g0042"}`),
+    so a filter on the user's groups selects the chunks the user may read. Done once per store
+    (a marker file), as the tables' owner, then analyzed."""
+    marker = args.data_dir / f"labels-{args.groups}-{args.seed}.json"
+    if marker.exists():
+        return cast(dict[str, Any], json.loads(marker.read_text()))
+    scale._log("labels: each document's group in its metadata")
+    started = time.perf_counter()
+    with runtime.db.owner() as session:
+        documents = (
+            driver_connection(session)
+            .execute(
+                "UPDATE documents SET metadata = metadata || jsonb_build_object('group', "
+                "substr(readers[1], 7)) WHERE collection_id = %s AND readers IS NOT NULL",
+                (collection,),
+            )
+            .rowcount
+        )
+    with runtime.db.owner_engine() as engine, engine.connect() as owner:
+        owner.execution_options(isolation_level="AUTOCOMMIT").exec_driver_sql(
+            "VACUUM (ANALYZE) documents"
+        )
+    figures = {"labelled": documents, "label_s": round(time.perf_counter() - started, 1)}
+    marker.write_text(json.dumps(figures))
+    return figures
+
+
+def _group_filter(principals: frozenset[str]) -> dict[str, Any]:
+    """The metadata filter that selects the documents of the user's groups."""
+    groups = sorted(p.removeprefix("group:") for p in principals if p.startswith("group:"))
+    return {"group": {"$in": groups}}
 
 
 def _join_groups(runtime: Runtime, args: argparse.Namespace) -> frozenset[str]:
@@ -316,7 +362,11 @@ def _compare(
             for side in SIDES if (i + round_) % 2 == 0 else SIDES[::-1]:
                 started = time.perf_counter()
                 response = clients[side].search(
-                    text, collections=[args.collection], mode=cast(ApiMode, mode), k=K
+                    text,
+                    collections=[args.collection],
+                    mode=cast(ApiMode, mode),
+                    k=K,
+                    filters=args.filters if side == "user" else None,
                 )
                 wall = (time.perf_counter() - started) * 1000
                 if not round_:
@@ -366,7 +416,11 @@ def _sql(
     scale._log("in SQL: the hybrid search's two statements per side")
     vectors = dict(zip(texts, (runtime.embedder.embed_query(t) for t in texts), strict=True))
     options = SearchOptions.from_settings(runtime.settings.search, mode=Mode.HYBRID, k=K)
-    readers = {"admin": None, "user": principals}
+    readers: dict[str, frozenset[str] | None] = {"admin": None, "user": principals}
+    side_options = {"admin": options, "user": options}
+    if args.filter:  # the admin, filtered to the user's groups
+        readers["user"] = None
+        side_options["user"] = replace(options, filters=parse_and_compile(args.filters))
     walls: dict[str, list[float]] = {f"{s}_{p}": [] for s in SIDES for p in ("dense", "text")}
     model = scale._query_model(runtime, vectors.__getitem__)
     with scale._searcher(runtime, vectors) as searcher:
@@ -375,7 +429,7 @@ def _sql(
                 for side in SIDES if i % 2 == 0 else SIDES[::-1]:
                     with tenancy.as_tenant(runtime.default_tenant_id, readers[side]):
                         for part, statement in _statements(
-                            searcher, model, collection, text, options
+                            searcher, model, collection, text, side_options[side]
                         ).items():
                             started = time.perf_counter()
                             searcher._run(statement)
@@ -387,7 +441,7 @@ def _sql(
             for side in SIDES:
                 with tenancy.as_tenant(runtime.default_tenant_id, readers[side]):
                     for part, statement in _statements(
-                        searcher, model, collection, texts[0], options
+                        searcher, model, collection, texts[0], side_options[side]
                     ).items():
                         plan = searcher._run(
                             replace(
@@ -395,6 +449,7 @@ def _sql(
                                 query=sql.SQL("EXPLAIN (ANALYZE, BUFFERS) {}").format(
                                     statement.query
                                 ),
+                                exact=None,
                             )
                         )
                         lines = "\n".join(str(row[0]) for row in plan)
@@ -648,17 +703,7 @@ def _overlap(found: Sequence[uuid.UUID], truth: Sequence[uuid.UUID]) -> float:
 
 def _print(args: argparse.Namespace, report: dict[str, Any]) -> None:
     print(json.dumps(report, indent=1, default=str), file=sys.stderr)
-    stats = report["stats_ms"]
-    per_asker = {
-        "per_asker_stats_ms": {k: stats["user_stats"][k] for k in ("p50", "p95")},
-        "stats_p95_ms": {
-            name.removeprefix("user_"): figures["p95"]
-            for name, figures in stats.items()
-            if name.startswith("user_")
-        },
-        "query_postings_p95": stats["query_postings"]["p95"],
-        "stats_mismatches": stats["mismatches"],
-    }
+    per_asker = _per_asker(report["stats_ms"]) if "stats_ms" in report else {}
     if args.stats_only:
         print(
             json.dumps(
@@ -674,16 +719,21 @@ def _print(args: argparse.Namespace, report: dict[str, Any]) -> None:
         return
     http = report["http"]
     recall = report["recall@10"]
+    # --filter: the second side is a filtered search, named so (`filtered_p95_ratio`: hybrid).
+    prefix = "filtered_" if args.filter else ""
     summary: dict[str, Any] = {
         "chunks": report["chunks"],
         "groups": args.groups,
         "user_share": report["permissions"]["user_share"],
-        **{f"{mode}_p95_ratio": http[mode]["p95_ratio"] for mode in http},
-        **{f"{mode}_p50_ratio": http[mode]["p50_ratio"] for mode in http},
+        **({"filter": args.filters} if args.filter else {}),
+        **{_key_of(prefix, mode, "p95_ratio"): http[mode]["p95_ratio"] for mode in http},
+        **{_key_of(prefix, mode, "p50_ratio"): http[mode]["p50_ratio"] for mode in http},
         **{f"{mode}_p95_ms": {side: http[mode][side]["p95"] for side in SIDES} for mode in http},
-        "recall@10": recall["user"].get("hybrid"),
+        f"{prefix}recall@10": recall["user"].get("hybrid"),
         **{
-            f"{mode}_recall@10": recall["user"][mode] for mode in recall["user"] if mode != "hybrid"
+            f"{prefix}{mode}_recall@10": recall["user"][mode]
+            for mode in recall["user"]
+            if mode != "hybrid"
         },
         "admin_recall@10": recall["admin"],
         "sql_p95_ms": {name: figures["p95"] for name, figures in report["sql_ms"].items()},
@@ -691,6 +741,27 @@ def _print(args: argparse.Namespace, report: dict[str, Any]) -> None:
         "seconds": report["seconds"],
     }
     print(json.dumps(summary))
+
+
+def _per_asker(stats: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "per_asker_stats_ms": {k: stats["user_stats"][k] for k in ("p50", "p95")},
+        "stats_p95_ms": {
+            name.removeprefix("user_"): figures["p95"]
+            for name, figures in stats.items()
+            if name.startswith("user_")
+        },
+        "query_postings_p95": stats["query_postings"]["p95"],
+        "stats_mismatches": stats["mismatches"],
+    }
+
+
+def _key_of(prefix: str, mode: str, figure: str) -> str:
+    """`hybrid_p95_ratio`, or with `--filter` `filtered_p95_ratio` (hybrid) and
+    `filtered_dense_p95_ratio`."""
+    if prefix and mode == "hybrid":
+        return f"{prefix}{figure}"
+    return f"{prefix}{mode}_{figure}"
 
 
 if __name__ == "__main__":
