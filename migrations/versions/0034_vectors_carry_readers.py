@@ -21,6 +21,8 @@ the graph walk (`retrieval.statements.NEAREST`).
 - The restrictive `document_readers` policy of chunks on the vectors too (migration 0026): a
   vector is hidden wherever its chunk is. The chunk's policy still applies to every search (each
   joins its candidates to their chunks), so the copy is an access path and a second fence.
+- `ragservice_nearest_visible(model, collections, vector, limit)`: the exact ranking of the
+  vectors the transaction's asker may read (`SECURITY DEFINER`, see `_NEAREST_VISIBLE`).
 
 Filling the columns rewrites every vector's row. The models' HNSW indexes would take each new
 row version in one by one (about a millisecond a row), so they are dropped for the update and
@@ -94,6 +96,40 @@ def _replace_trigger_function(vectors: bool) -> None:
         )
 
 
+# The exact ranking of the vectors a restricted asker may read. Under row-level security the
+# planner may use an index only for conditions that are leakproof or the policies' own, and
+# `&&` on arrays is not leakproof: the search's own `readers && <set>` could not use the GIN
+# index, and the exact ranking read every vector. This function runs as the tables' owner
+# (who is not subject to the policies) with the transaction's tenant and principal set taken
+# from the session as the policies take them (never from its arguments), so its conditions use
+# the indexes. It returns ids and distances only; the search joins them to `chunks`, whose
+# policies apply there as always. Dynamic SQL: each call is planned with its own values.
+_NEAREST_VISIBLE = """
+CREATE FUNCTION ragservice_nearest_visible(
+    p_model integer, p_collections uuid[], p_vector vector, p_limit integer
+) RETURNS TABLE (chunk_id uuid, tenant_id uuid, distance float8)
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = public AS $$
+BEGIN
+    RETURN QUERY EXECUTE
+        'SELECT e.chunk_id, e.tenant_id, '
+        '       coalesce(e.embedding <=> $3, e.embedding_half <=> $3::halfvec)::float8 AS d '
+        'FROM public.chunk_embeddings e '
+        'WHERE e.model_id = $1 AND e.collection_id = ANY($2) AND e.tenant_id = $5 '
+        '  AND (e.readers IS NULL OR e.readers && $6) '
+        'ORDER BY d, e.chunk_id LIMIT $4'
+        USING p_model, p_collections, p_vector, p_limit, ragservice_current_tenant(),
+              ragservice_current_readers();
+END $$;
+REVOKE ALL ON FUNCTION ragservice_nearest_visible(integer, uuid[], vector, integer) FROM PUBLIC;
+DO $grant$
+BEGIN
+    IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'ragservice_service') THEN
+        GRANT EXECUTE ON FUNCTION ragservice_nearest_visible(integer, uuid[], vector, integer)
+            TO ragservice_service;
+    END IF;
+END $grant$;
+"""
+
 # The models' HNSW indexes on the vectors (migration 0007's function names them so).
 _HNSW_INDEXES = """
 SELECT i.relname, pg_get_indexdef(i.oid) FROM pg_index x
@@ -137,10 +173,12 @@ def upgrade() -> None:
         f"USING ({_migration('0026_document_readers.py')._READABLE}) WITH CHECK (true)"
     )
     _replace_trigger_function(vectors=True)
+    op.execute(_NEAREST_VISIBLE)
     op.execute("ANALYZE chunk_embeddings")
 
 
 def downgrade() -> None:
+    op.execute("DROP FUNCTION ragservice_nearest_visible(integer, uuid[], vector, integer)")
     _replace_trigger_function(vectors=False)
     op.execute("DROP POLICY document_readers ON chunk_embeddings")
     op.execute("DROP INDEX chunk_embeddings_unrestricted")

@@ -47,11 +47,13 @@ def nearest(
     *,
     restricted: bool,
     exact: bool = False,
+    definer: bool = False,
 ) -> sql.Composed:
     """The dense candidates, read as the model's storage says (the tenant's, for one).
     `restricted`: the asker may not read every document (the vectors it may read are named,
     `statements.VISIBLE`); `exact`: ranked by an expression no index matches (every row that
-    passes the conditions), not by the HNSW index."""
+    passes the conditions), not by the HNSW index; with `definer` (and no metadata filter, for
+    one tenant), by `ragservice_nearest_visible`, which uses the indexes over the readers."""
     dim = sql.Literal(int(model.dimension))
     pieces = {
         "dim": dim,
@@ -75,6 +77,10 @@ def nearest(
     order = _ordered(distance, exact)
     if options.filters is None:
         chunk_tenant = statements.tenant_and("c", tenant)
+        if exact and restricted and definer and tenant is not None:
+            return statements.NEAREST_VISIBLE.format(
+                model_id=pieces["model_id"], limit=pieces["limit"], chunk_tenant=chunk_tenant
+            )
         return statements.NEAREST.format(
             distance=distance, order=order, chunk_tenant=chunk_tenant, **pieces
         )

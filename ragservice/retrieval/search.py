@@ -256,7 +256,12 @@ class Searcher:
 
             def ranked(exact: bool) -> sql.Composed:
                 nearest = dense.nearest(
-                    model, options, tenant, restricted=restricted(), exact=exact
+                    model,
+                    options,
+                    tenant,
+                    restricted=restricted(),
+                    exact=exact,
+                    definer=self._definer(),
                 )
                 ctes = (nearest, statements.DENSE_RANKED)
                 return statements.with_ctes(*ctes, select=statements.hits(tenant))
@@ -379,7 +384,14 @@ class Searcher:
         tenant = tenancy.current().tenant_id
 
         def candidates(exact: bool) -> sql.Composed:
-            nearest = dense.nearest(model, options, tenant, restricted=restricted(), exact=exact)
+            nearest = dense.nearest(
+                model,
+                options,
+                tenant,
+                restricted=restricted(),
+                exact=exact,
+                definer=self._definer(),
+            )
             return statements.with_ctes(nearest, select=statements.DENSE_CANDIDATES)
 
         return self._dense_statement(candidates, model, collections, options, vector, tenant)
@@ -475,6 +487,13 @@ class Searcher:
         if not exact and len(rows) < statement.dense_wanted:
             rows = conn.execute(statement.exact, statement.params, prepare=False).fetchall()
         return rows
+
+    def _definer(self) -> bool:
+        """Whether the exact ranking of a restricted asker's vectors may run through
+        `ragservice_nearest_visible`: not on Citus, where a query on a shard may not read the
+        distributed table again."""
+        self._fulltext.has_function(self._probe_fulltext)
+        return not self._fulltext.distributed
 
     def _exact(self, options: SearchOptions) -> bool:
         """Whether unfiltered full text runs the extension's exact function."""

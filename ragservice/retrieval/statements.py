@@ -60,6 +60,18 @@ nearest AS MATERIALIZED (
     JOIN chunks c ON c.id = v.chunk_id AND c.tenant_id = v.tenant_id {chunk_tenant}
 )""")
 
+# The exact ranking for an asker who may not read every document, where no metadata filter
+# applies: the vectors it may read, ranked by `ragservice_nearest_visible` (migration 0034) with
+# the indexes over `readers` (under row-level security the planner may not use them for the
+# search's own, not leakproof `&&`), then joined to their chunks, whose policies apply here.
+NEAREST_VISIBLE = sql.SQL("""
+nearest AS MATERIALIZED (
+    SELECT v.chunk_id, c.document_id, v.distance
+    FROM ragservice_nearest_visible({model_id}, %(collections)s::uuid[], %(vector)s::vector,
+                                    {limit}) AS v
+    JOIN chunks c ON c.id = v.chunk_id AND c.tenant_id = v.tenant_id {chunk_tenant}
+)""")
+
 # The same under a metadata filter, which names chunks (`c`) and documents (`d`): each vector
 # is joined to its chunk before the limit.
 NEAREST_FILTERED = sql.SQL("""

@@ -28,6 +28,7 @@ from ragservice.retrieval.filters import parse_and_compile
 from ragservice.retrieval.search import Mode, Searcher, SearchOptions
 from ragservice.runtime import Runtime, open_runtime
 from ragservice.types import TextChunk
+from tests.conftest import as_service_login
 
 DIMENSION = 8
 DOCUMENTS = 2000
@@ -98,7 +99,11 @@ def module_runtime(
     template = make_url(template_url).database
     _admin(pg_admin_url, "CREATE DATABASE {} TEMPLATE {}", name, str(template))
     url = make_url(pg_admin_url).set(database=name).render_as_string(hide_password=False)
-    settings = Settings(database_url=url, data_dir=tmp_path_factory.mktemp("restricted"))
+    settings = Settings(
+        database_url=as_service_login(url),
+        owner_database_url=url,
+        data_dir=tmp_path_factory.mktemp("restricted"),
+    )
     runtime = open_runtime(settings, embedder=embedder)
     try:
         yield runtime
@@ -285,3 +290,29 @@ def test_the_migration_fills_the_columns_of_the_vectors_stored_before_it(
         ).fetchone()
     assert mismatched == (0,)
     assert indexes is not None and indexes[0] >= 1
+
+
+def test_the_exact_ranking_function_returns_only_what_the_session_may_read(
+    written: Store,
+) -> None:
+    """`ragservice_nearest_visible` runs as the tables' owner, but takes the tenant and the
+    principal set from the session as the policies do: asked for every vector, it returns the
+    asker's group's ten, and nothing for another tenant."""
+    call = text(
+        "SELECT chunk_id FROM ragservice_nearest_visible(:model, ARRAY[:collection]::uuid[], "
+        "CAST(:vector AS vector), 5000)"
+    )
+    args = {
+        "model": written.model_id,
+        "collection": written.collection,
+        "vector": str(written.vectors[0].tolist()),
+    }
+    with (
+        tenancy.as_tenant(written.runtime.default_tenant_id, _groups(1)),
+        written.runtime.db.read() as session,
+    ):
+        mine = session.scalars(call, args).all()
+        readable = session.scalar(text("SELECT count(*) FROM chunks"))
+    assert len(mine) == readable == DOCUMENTS // GROUPS
+    with tenancy.as_tenant(uuid.uuid4(), _groups(GROUPS)), written.runtime.db.read() as session:
+        assert session.scalars(call, args).all() == []
