@@ -5,11 +5,12 @@ not read every document, or under a metadata filter, may return only some of the
 walk then passes over the others (pgvector's iterative scan), about `limit / share` index
 tuples for `limit` candidates, each with its neighbours' distances; ranking exactly the
 vectors it may return costs about one heap tuple and one distance each (`share * rows`). The
-search estimates how many it may return (the planner's estimate of the statement's rows, over
-the indexes and statistics of `chunk_embeddings.readers` and the documents' metadata) and
-ranks them exactly where `visible ** 2 < WALK_COST * limit * rows` (`exact_is_cheaper`). A walk
-that ended before it found `limit` rows (`hnsw.max_scan_tuples`) is followed by the exact
-ranking (`search.Searcher._run`), so a search returns k whenever k visible chunks exist.
+restricted asker's search (`ranks_exactly`) estimates how many vectors it may read (the
+planner's estimate of the statement's rows, from the statistics of `chunk_embeddings.readers`)
+and ranks them exactly where `visible ** 2 < WALK_COST * limit * rows` (`exact_is_cheaper`).
+A walk that ended before it found `limit` rows (`hnsw.max_scan_tuples`), restricted or
+filtered, is followed by the exact ranking (`search.Searcher._run`), so a search returns k
+whenever k visible chunks exist.
 """
 
 from __future__ import annotations
@@ -89,6 +90,28 @@ def nearest(
 
 def _ordered(distance: sql.Composable, exact: bool) -> sql.Composable:
     return statements.EXACT_ORDER.format(distance=distance) if exact else distance
+
+
+def ranks_exactly(
+    model: DenseModel,
+    options: SearchOptions,
+    tenant: uuid.UUID | None,
+    restricted: bool,
+    definer: bool,
+) -> bool:
+    """Whether the search may choose the exact ranking by its estimate: a restricted asker's
+    search of one tenant without a metadata filter, through `ragservice_nearest_visible`.
+    Under row-level security the planner uses no index for a metadata filter (`@>` is not
+    leakproof either), so a filtered exact ranking would read every vector of the
+    collections: a filtered search walks the index, and ranks exactly only when the walk ends
+    short. A model stored as binary walks its bit index (its candidates are re-scored)."""
+    return (
+        restricted
+        and definer
+        and tenant is not None
+        and options.filters is None
+        and model.storage != "binary"
+    )
 
 
 def visible_rows(

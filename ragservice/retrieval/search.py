@@ -422,7 +422,7 @@ class Searcher:
         if readers is not None:
             params["readers"] = readers
         estimate = None
-        if model.storage != "binary":  # its walk reads the bit index: the planner chooses
+        if dense.ranks_exactly(model, options, tenant, restricted(), self._definer()):
             estimate = dense.visible_rows(model, options, tenant, restricted=restricted())
         return _Statement(
             query(False),
