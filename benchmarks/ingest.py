@@ -2,15 +2,12 @@
 
     python benchmarks/ingest.py --corpus ../shared/data/scifact [--limit N] [--database-url URL]
     python benchmarks/ingest.py --corpus ../shared/data/scifact --compare [--limit N]
-    python benchmarks/ingest.py --corpus ../shared/data/scifact --compare --null-only [--repeat 3]
 
 `--compare` ingests the corpus three times in one run, each into a tenant of its own (so no
 vector is reused from another run), with the null embedder (fixed vectors, no model: what the
 pipeline itself sustains, database writes and HNSW upkeep included), the int8 ONNX embedder and
 the float torch model; then it scores dense retrieval (exact search, documents ranked by their
-best chunk) on the BEIR test queries for int8 and float, and times single int8 queries. With
-`--null-only` it runs the null embedder alone, `--repeat` times, with the HNSW index kept and as
-`ragservice ingest --index auto` would, each run into a fresh store (medians). See
+best chunk) on the BEIR test queries for int8 and float, and times single int8 queries. See
 `ingest_compare.py` beside this file.
 
 Ingests `corpus.jsonl` (BEIR layout) into a fresh database with the real pipeline, and times
@@ -55,9 +52,9 @@ def main() -> None:
     corpus = args.corpus / "corpus.jsonl" if args.corpus.is_dir() else args.corpus
     if args.compare:
         sys.path.append(str(_HERE))
-        from ingest_compare import compare, compare_null
+        from ingest_compare import compare
 
-        _print(compare_null(args, corpus) if args.null_only else compare(args, corpus))
+        _print(compare(args, corpus))
         return
     with tempfile.TemporaryDirectory(prefix="rs-bench-") as tmp:
         settings = Settings(
@@ -166,18 +163,7 @@ def _parse_args() -> argparse.Namespace:
         "--compare", action="store_true", help="null, int8 and torch embedders side by side"
     )
     parser.add_argument("--split", default="test", help="BEIR queries split for --compare")
-    parser.add_argument(
-        "--null-only", action="store_true", help="with --compare: the null embedder alone"
-    )
-    parser.add_argument(
-        "--repeat", type=int, default=3, help="with --null-only: runs of each (medians)"
-    )
-    args = parser.parse_args()
-    if args.null_only and not args.compare:
-        parser.error("--null-only goes with --compare")
-    if args.repeat < 1:
-        parser.error("--repeat must be at least 1")
-    return args
+    return parser.parse_args()
 
 
 if __name__ == "__main__":

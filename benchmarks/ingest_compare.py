@@ -5,14 +5,6 @@ within a tenant only, so every run embeds everything), with the model's HNSW ind
 date row by row as a serving model's is. Then dense retrieval is scored by exact search (numpy
 over the tenant's stored vectors; a document ranks where its best chunk ranks) on the BEIR
 queries, and single queries are timed on the int8 and float encoders.
-
-`--null-only` runs the null embedder alone, `--repeat` times, each time twice into a fresh
-store: with the HNSW index kept row by row (`null_embedder_docs_per_s`, as in the full run) and
-as `ragservice ingest` loads a model with no vectors yet (`--index auto`: the index dropped for
-the load and built after it, the build counted); the figures are medians over the repeats.
-`wal_bytes_per_chunk` is the WAL the run wrote (the pack and any index build included) over the
-chunks it wrote; `write_busy_seconds` the wall-clock time with a write transaction open (the
-writers' `write_seconds` are summed over them, and may be more).
 """
 
 from __future__ import annotations
@@ -46,7 +38,6 @@ from ragservice.embedding.evaluation import (
 )
 from ragservice.embedding.null import null_embedder
 from ragservice.runtime import Runtime, open_runtime
-from ragservice.services.index_upkeep import with_index_upkeep
 
 _COLLECTION = "bench"
 _QUERY_REPEATS = 3  # each query is timed this many times; the p50 is over all of them
@@ -69,40 +60,6 @@ def compare(args: argparse.Namespace, corpus: Path) -> dict[str, object]:
             runtime.close()
 
 
-def compare_null(args: argparse.Namespace, corpus: Path) -> dict[str, object]:
-    """`--null-only`: the null embedder's ingest with the index kept and with `--index auto`,
-    `args.repeat` times each, every run into a fresh store; medians of the figures."""
-    runs: dict[str, list[dict[str, Any]]] = {"kept": [], "auto": []}
-    for _ in range(args.repeat):
-        for mode, found in runs.items():
-            with tempfile.TemporaryDirectory(prefix="rs-bench-") as tmp:
-                settings = Settings(database_url=args.database_url, data_dir=Path(tmp))
-                runtime = open_runtime(settings, warm=False)
-                try:
-                    embedder = null_embedder(settings.embedding)
-                    found.append(_ingest(runtime, "null", embedder, corpus, args.limit, mode))
-                finally:
-                    runtime.close()
-    figures: dict[str, object] = {"repeat": args.repeat, "docs": runs["kept"][0]["docs"]}
-    figures["chunks"] = runs["kept"][0]["chunks"]
-    for mode, found in runs.items():
-        prefix = "null_embedder" if mode == "kept" else "null_embedder_index_auto"
-        figures[f"{prefix}_docs_per_s"] = statistics.median(r["docs_per_s"] for r in found)
-        figures[f"{prefix}_docs_per_s_runs"] = [r["docs_per_s"] for r in found]
-        for key in _NULL_FIGURES:
-            figures[f"{prefix}_{key}"] = statistics.median(r[key] for r in found)
-    return figures
-
-
-_NULL_FIGURES = (
-    "seconds",
-    "write_seconds",
-    "write_busy_seconds",
-    "pack_seconds",
-    "wal_bytes_per_chunk",
-)
-
-
 def _compare(
     runtime: Runtime, settings: Settings, corpus: Path, limit: int | None, queries: BeirQueries
 ) -> dict[str, object]:
@@ -115,7 +72,6 @@ def _compare(
         "torch": lambda: float_model,
     }
     runs = {name: _ingest(runtime, name, make(), corpus, limit) for name, make in embedders.items()}
-    null_wal = runs["null"]["wal_bytes_per_chunk"]  # the first run: the store was empty
     workers = max_workers()
     runs["null_workers"] = _ingest_parallel(runtime, workers, corpus, limit)
     int8_vectors = _stored(runtime, runs["int8"]["tenant"])
@@ -126,7 +82,6 @@ def _compare(
         "docs": runs["torch"]["docs"],
         "chunks": runs["torch"]["chunks"],
         "null_embedder_docs_per_s": runs["null"]["docs_per_s"],
-        "null_embedder_wal_bytes_per_chunk": null_wal,
         "null_embedder_workers": workers,
         "null_embedder_workers_docs_per_s": runs["null_workers"]["docs_per_s"],
         "int8_docs_per_s": runs["int8"]["docs_per_s"],
@@ -153,15 +108,8 @@ def _compare(
 
 
 def _ingest(
-    runtime: Runtime,
-    name: str,
-    embedder: Embedder,
-    corpus: Path,
-    limit: int | None,
-    index: str = "kept",
+    runtime: Runtime, name: str, embedder: Embedder, corpus: Path, limit: int | None
 ) -> dict[str, Any]:
-    """One ingest into a fresh tenant, the model's HNSW index kept as `index` says (`kept`:
-    row by row; `auto`: as `ragservice ingest` does, the build counted in the seconds)."""
     tenant_id = _fresh_tenant(runtime, name)
     pipeline = IngestPipeline(
         runtime.db,
@@ -171,19 +119,9 @@ def _ingest(
         chunking=runtime.chunking_options(),
         batch_chunks=runtime.settings.ingest.batch_chunks,
     )
-    wal = _wal_position(runtime)
     started = time.perf_counter()
-    report, _deferred = with_index_upkeep(
-        runtime.db,
-        runtime.model_id,
-        index,
-        lambda: pipeline.run(islice(load_documents([corpus]), limit), collection=_COLLECTION),
-    )
-    figures = _run_figures(name, tenant_id, report, time.perf_counter() - started)
-    figures["wal_bytes_per_chunk"] = round(
-        _wal_bytes_since(runtime, wal) / max(report.chunks_written, 1)
-    )
-    return figures
+    report = pipeline.run(islice(load_documents([corpus]), limit), collection=_COLLECTION)
+    return _run_figures(name, tenant_id, report, time.perf_counter() - started)
 
 
 def _ingest_parallel(
@@ -227,8 +165,6 @@ def _run_figures(
         "chunks": report.chunks_written,
         "seconds": round(seconds, 2),
         "write_seconds": round(report.write_seconds, 2),
-        "write_busy_seconds": round(report.write_busy_seconds, 2),
-        "pack_seconds": round(report.pack_seconds, 2),
         "docs_per_s": round(docs / seconds, 1),
         "model_busy": round(report.embed_seconds / seconds, 3),
         "waits": {
@@ -236,20 +172,6 @@ def _run_figures(
             "writer_s": round(report.write_wait_seconds, 2),
         },
     }
-
-
-def _wal_position(runtime: Runtime) -> str:
-    with runtime.db.read() as session:
-        return str(session.execute(text("SELECT pg_current_wal_insert_lsn()::text")).scalar())
-
-
-def _wal_bytes_since(runtime: Runtime, before: str) -> int:
-    with runtime.db.read() as session:
-        found = session.execute(
-            text("SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), CAST(:b AS pg_lsn))"),
-            {"b": before},
-        ).scalar()
-    return int(found or 0)
 
 
 def _stored(runtime: Runtime, tenant_id: uuid.UUID) -> tuple[list[str], np.ndarray]:

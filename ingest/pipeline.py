@@ -54,9 +54,6 @@ __all__ = ["NO_EMBEDDER", "IngestPipeline", "IngestReport", "ProgressCallback"]
 log = logging.getLogger(__name__)
 
 LOOKUP_BATCH = 256  # documents per round trip when checking stored content hashes
-WRITERS = 2
-"""Batches of a large load written at once: while one writer's backend inserts into the HNSW
-index and builds postings blocks, another's does the same for the next batch."""
 _PREPARED_AHEAD = 2  # batches the preparation thread may have ready before the model takes them
 
 
@@ -149,17 +146,13 @@ class IngestPipeline:
         chunking: ChunkingOptions | Callable[[], ChunkingOptions],
         batch_chunks: int = 2048,
         lookup_batch: int = LOOKUP_BATCH,
-        writers: int | None = None,
     ) -> None:
         """`embedder` None: only documents with their own vectors can be ingested. `chunking`
         may be a function, called when the first text document needs chunking (the options
         depend on the model, which need not be loaded for an import of vectors).
         `lookup_batch`: documents read before their stored hashes are looked up in one round
         trip; a source that hands documents out in groups (the workers of a parallel run)
-        sets its group size, so that no group waits for the next one to arrive.
-        `writers`: batches written at once, each on a connection of its own (default:
-        `WRITERS` where batches are large enough to append their postings blocks, which
-        concurrent writers of a collection do without taking turns; else one)."""
+        sets its group size, so that no group waits for the next one to arrive."""
         self._db = db
         self._embedder = embedder
         self._model_id = model_id
@@ -167,9 +160,6 @@ class IngestPipeline:
         self._chunking_source = chunking
         self._batch_chunks = batch_chunks
         self._lookup_batch = lookup_batch
-        if writers is None:
-            writers = WRITERS if batch_chunks >= store.postings.APPEND_MIN_CHUNKS else 1
-        self._writers = writers
         self._text_tools: tuple[Tokenizer, ChunkingOptions] | None = None
         self._dimension: int | None = None
         self._writes_as: frozenset[str] | None = None  # of the current run
@@ -260,12 +250,7 @@ class IngestPipeline:
             None
             if dry_run
             else BatchWriter(
-                self._db,
-                self._tenant_id,
-                collection_id,
-                self._model_id,
-                self._writes_as,
-                writers=self._writers,
+                self._db, self._tenant_id, collection_id, self._model_id, self._writes_as
             )
         )
         prepared = Prefetch(

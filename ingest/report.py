@@ -27,10 +27,7 @@ class IngestReport:
     """Chunks that came with their vectors (counted as they are prepared for writing)."""
     seconds: float = 0.0
     write_seconds: float = 0.0
-    """Time the writers spent in write transactions (COPY, triggers, commit), summed over
-    the writers: with several at once, more than the wall-clock time they took."""
-    write_busy_seconds: float = 0.0
-    """Wall-clock time during which at least one writer was in a write transaction."""
+    """Time the writer spent in write transactions (COPY, triggers, commit)."""
     embed_seconds: float = 0.0
     """Time the model spent embedding (the rest of `seconds` it was idle)."""
     prepare_wait_seconds: float = 0.0
@@ -58,7 +55,6 @@ class IngestReport:
         self.chunks_reused += part.chunks_reused
         self.chunks_imported += part.chunks_imported
         self.write_seconds += part.write_seconds
-        self.write_busy_seconds += part.write_busy_seconds
         self.embed_seconds += part.embed_seconds
         self.prepare_wait_seconds += part.prepare_wait_seconds
         self.write_wait_seconds += part.write_wait_seconds

@@ -15,7 +15,6 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from types import TracebackType
 from typing import Generic, Literal, TypeVar
 
@@ -108,13 +107,7 @@ class Prefetch(Generic[T]):
 
 
 class BatchWriter:
-    """Commits batches on threads of their own, one transaction each, at most one batch behind
-    the writers busy. With `writers` > 1, as many batches are written at once, each on a
-    connection of its own (a large load: its batches append their postings blocks without
-    taking turns, and the model's HNSW index takes concurrent inserts); they may commit in any
-    order, and are accounted for in the order they were submitted. A crash or Ctrl-C leaves
-    whole batches only (with several writers not necessarily a prefix of them: a rerun skips
-    what is stored, by content hash)."""
+    """Commits batches on a thread of its own, one transaction each, at most one batch behind."""
 
     def __init__(
         self,
@@ -123,110 +116,65 @@ class BatchWriter:
         collection_id: uuid.UUID | None,
         model_id: int,
         writes_as: frozenset[str] | None = None,
-        *,
-        writers: int = 1,
     ) -> None:
-        assert collection_id is not None and writers >= 1
+        assert collection_id is not None
         self._writes_as = writes_as
         self._db = db
         self._tenant_id = tenant_id
         self._collection_id = collection_id
         self._model_id = model_id
-        self._inbox: queue.Queue[tuple[int, list[store.documents.DocumentWrite]] | None] = (
-            queue.Queue(maxsize=1)
+        self._inbox: queue.Queue[list[store.documents.DocumentWrite] | None] = queue.Queue(
+            maxsize=1
         )
-        self._results: queue.Queue[_Written] = queue.Queue()
-        self._submitted = 0
-        self._done: dict[int, _Written] = {}  # committed, waiting for earlier batches
-        self._accounted = 0
-        self._busy = _BusyClock()
-        self._busy_accounted = 0.0
+        self._results: queue.Queue[tuple[store.documents.BatchWriteResult, float]] = queue.Queue()
         self._error: BaseException | None = None
-        self._failed = threading.Event()
-        self._threads = [
-            threading.Thread(target=self._run, name=f"ingest-writer-{i}", daemon=True)
-            for i in range(writers)
-        ]
-        for thread in self._threads:
-            thread.start()
+        self._thread = threading.Thread(target=self._run, name="ingest-writer", daemon=True)
+        self._thread.start()
 
     def _run(self) -> None:
         with tenancy.as_tenant(self._tenant_id):  # the batches' rows are all this tenant's
             self._loop()
 
     def submit(self, writes: list[store.documents.DocumentWrite] | None) -> None:
-        """Queue a batch (None: no more), waiting while the writers are all busy and one
-        batch waits already."""
-        if writes is None:
-            for _ in self._threads:
-                self._put(None)
-            return
-        self._put((self._submitted, writes))
-        self._submitted += 1
-
-    def _put(self, entry: tuple[int, list[store.documents.DocumentWrite]] | None) -> None:
+        """Queue a batch (None: no more), waiting while the previous one is still in flight."""
         while True:
             self._raise_if_failed()
             try:
-                self._inbox.put(entry, timeout=0.2)
+                self._inbox.put(writes, timeout=0.2)
                 return
             except queue.Full:
                 continue
 
     def collect(self, report: IngestReport, progress: ProgressCallback) -> None:
-        """Account for the batches committed so far, in the order they were submitted;
-        re-raise a writer failure here."""
-        self._take_results()
-        while self._accounted in self._done:
-            _account(self._done.pop(self._accounted), report, progress)
-            self._accounted += 1
-        self._account_busy(report)
+        """Account for the batches committed so far; re-raise a writer failure here."""
+        while not self._results.empty():
+            _account(*self._results.get_nowait(), report, progress)
         self._raise_if_failed()
 
     def close(self, report: IngestReport, progress: ProgressCallback) -> None:
         """Wait for every submitted batch to commit."""
         self.submit(None)
-        for thread in self._threads:
-            thread.join()
+        self._thread.join()
         self.collect(report, progress)
 
     def abort(self, report: IngestReport) -> None:
-        """Stop after the batches in flight (each still commits whole, or not at all), and
-        count what did commit."""
+        """Stop after the batch in flight (it still commits whole, or not at all), and count
+        what did commit."""
         with contextlib.suppress(queue.Empty):
-            while True:
-                self._inbox.get_nowait()
-        for _ in self._threads:
-            with contextlib.suppress(queue.Full):
-                self._inbox.put_nowait(None)
-        deadline = time.monotonic() + 60
-        for thread in self._threads:
-            thread.join(timeout=max(deadline - time.monotonic(), 0.0))
-        self._take_results()
-        for index in sorted(self._done):
-            _account(self._done.pop(index), report, lambda _docs, _chunks: None)
-        self._account_busy(report)
-
-    def _account_busy(self, report: IngestReport) -> None:
-        busy = self._busy.seconds()
-        report.write_busy_seconds += busy - self._busy_accounted
-        self._busy_accounted = busy
-
-    def _take_results(self) -> None:
-        with contextlib.suppress(queue.Empty):
-            while True:
-                written = self._results.get_nowait()
-                self._done[written.index] = written
+            self._inbox.get_nowait()
+        with contextlib.suppress(queue.Full):
+            self._inbox.put_nowait(None)
+        self._thread.join(timeout=60)
+        while not self._results.empty():
+            _account(*self._results.get_nowait(), report, lambda _docs, _chunks: None)
 
     def _raise_if_failed(self) -> None:
         if self._error is not None:
             raise self._error
 
     def _loop(self) -> None:
-        while (entry := self._inbox.get()) is not None and not self._failed.is_set():
-            index, writes = entry
+        while (writes := self._inbox.get()) is not None:
             started = time.perf_counter()
-            self._busy.start()
             try:
                 with self._db.write() as session:
                     result = store.documents.write_documents(
@@ -238,54 +186,18 @@ class BatchWriter:
                         writes_as=self._writes_as,
                     )
             except BaseException as exc:  # handed to the main thread, which re-raises it
-                if self._error is None:
-                    self._error = exc
-                self._failed.set()
+                self._error = exc
                 return
-            finally:
-                self._busy.stop()
-            self._results.put(_Written(index, result, time.perf_counter() - started))
+            self._results.put((result, time.perf_counter() - started))
 
 
-@dataclass(frozen=True, slots=True)
-class _Written:
-    """A committed batch: its place in the order of submission, what it wrote, its seconds."""
-
-    index: int
-    result: store.documents.BatchWriteResult
-    seconds: float
-
-
-class _BusyClock:
-    """Wall-clock seconds during which at least one writer is in a transaction."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._running = 0
-        self._since = 0.0
-        self._total = 0.0
-
-    def start(self) -> None:
-        with self._lock:
-            if self._running == 0:
-                self._since = time.perf_counter()
-            self._running += 1
-
-    def stop(self) -> None:
-        with self._lock:
-            self._running -= 1
-            if self._running == 0:
-                self._total += time.perf_counter() - self._since
-
-    def seconds(self) -> float:
-        with self._lock:
-            running = time.perf_counter() - self._since if self._running else 0.0
-            return self._total + running
-
-
-def _account(written: _Written, report: IngestReport, progress: ProgressCallback) -> None:
-    result = written.result
-    report.write_seconds += written.seconds
+def _account(
+    result: store.documents.BatchWriteResult,
+    seconds: float,
+    report: IngestReport,
+    progress: ProgressCallback,
+) -> None:
+    report.write_seconds += seconds
     for doc in result.written:
         (report.new if doc.version == 1 else report.updated).append(doc.external_id)
     report.unchanged.extend(result.unchanged)
