@@ -31,6 +31,9 @@ candidates under a 10 % share cost the same either way (benchmarks/permissions.p
 
 
 class DenseModel(Protocol):
+    """An embedding model as its vectors are stored: its row id (the partial HNSW index), its
+    dimension and its storage (float32, halfvec or binary)."""
+
     @property
     def id(self) -> int: ...
 

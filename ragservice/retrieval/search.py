@@ -65,19 +65,10 @@ from ragservice.timing import add_ms, timed, with_total
 QueryEmbedder = Callable[[str], npt.NDArray[np.float32]]
 
 
-class QueryModel(Protocol):
+class QueryModel(dense.DenseModel, Protocol):
     """The embedding model one search runs with: its row id (the partial HNSW index), its
     dimension, how its vectors are stored (float32, halfvec or binary) and its query encoder,
     resolved once when the search starts."""
-
-    @property
-    def id(self) -> int: ...
-
-    @property
-    def dimension(self) -> int: ...
-
-    @property
-    def storage(self) -> str: ...
 
     def embed_query(self, text: str) -> npt.NDArray[np.float32]: ...
 
@@ -254,21 +245,16 @@ class Searcher:
             with timed(timings, "embed"):
                 vector = _vector(model, query, given)
 
-            def ranked(exact: bool) -> sql.Composed:
-                nearest = dense.nearest(
-                    model,
-                    options,
-                    tenant,
-                    restricted=restricted(),
-                    exact=exact,
-                    definer=self._definer(),
-                )
-                ctes = (nearest, statements.DENSE_RANKED)
-                return statements.with_ctes(*ctes, select=statements.hits(tenant))
-
-            return self._dense_statement(
-                ranked, model, collections, options, vector, tenant
-            ), "dense"
+            statement = self._dense_statement(
+                model,
+                collections,
+                options,
+                vector,
+                tenant,
+                ctes=(statements.DENSE_RANKED,),
+                select=statements.hits(tenant),
+            )
+            return statement, "dense"
         raise AssertionError("hybrid searches are ranked by the searcher")  # scored_here
 
     def _rank_here(
@@ -383,18 +369,9 @@ class Searcher:
     ) -> _Statement:
         tenant = tenancy.current().tenant_id
 
-        def candidates(exact: bool) -> sql.Composed:
-            nearest = dense.nearest(
-                model,
-                options,
-                tenant,
-                restricted=restricted(),
-                exact=exact,
-                definer=self._definer(),
-            )
-            return statements.with_ctes(nearest, select=statements.DENSE_CANDIDATES)
-
-        return self._dense_statement(candidates, model, collections, options, vector, tenant)
+        return self._dense_statement(
+            model, collections, options, vector, tenant, select=statements.DENSE_CANDIDATES
+        )
 
     def _candidates(self, statement: _Statement) -> list[_Candidate]:
         query = statement.query
@@ -404,26 +381,40 @@ class Searcher:
 
     def _dense_statement(
         self,
-        query: Callable[[bool], sql.Composed],
         model: QueryModel,
         collections: list[uuid.UUID],
         options: SearchOptions,
         vector: npt.NDArray[np.float32],
         tenant: uuid.UUID | None,
+        *,
+        ctes: tuple[sql.Composable, ...] = (),
+        select: sql.Composable,
     ) -> _Statement:
+        """The dense candidates (`dense.nearest`), then `ctes`, then `select`; for a restricted
+        or filtered search, the same ranked exactly beside it (see `_dense_rows`)."""
+
+        asker_restricted = restricted()
+        definer = asker_restricted and self._definer()
+
+        def query(exact: bool) -> sql.Composed:
+            nearest = dense.nearest(
+                model, options, tenant, restricted=asker_restricted, exact=exact, definer=definer
+            )
+            return statements.with_ctes(nearest, *ctes, select=select)
+
         # The HNSW candidate list must hold at least the rows asked for: pgvector's default of
         # 40 silently caps LIMIT 100 at 40 rows.
         wanted = options.index_limit(model.storage)
         ef_search = min(max(options.ef_search_for(model.storage), wanted), MAX_EF_SEARCH)
         params = self._params(collections, options, tenant, vector=vector)
-        if not (restricted() or options.filters is not None):
+        if not (asker_restricted or options.filters is not None):
             return _Statement(query(False), params, ef_search)
         readers = tenancy.asker_principals()
         if readers is not None:
             params["readers"] = readers
         estimate = None
-        if dense.ranks_exactly(model, options, tenant, restricted(), self._definer()):
-            estimate = dense.visible_rows(model, options, tenant, restricted=restricted())
+        if dense.ranks_exactly(model, options, tenant, asker_restricted, definer):
+            estimate = dense.visible_rows(model, options, tenant, restricted=asker_restricted)
         return _Statement(
             query(False),
             params,

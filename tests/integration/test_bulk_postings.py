@@ -251,12 +251,14 @@ def test_bulk_blocks_built_in_c_equal_those_built_in_sql(
 _STAND_INS = (
     "ALTER TABLE documents ADD COLUMN readers text[]; "
     "ALTER TABLE chunks ADD COLUMN readers text[]; "
+    "ALTER TABLE chunk_embeddings ADD COLUMN readers text[], ADD COLUMN collection_id uuid; "
     "CREATE UNIQUE INDEX documents_key_stand_in "
     "ON documents (collection_id, external_id, tenant_id)"
 )
 _STAND_INS_GONE = (
     "DROP INDEX documents_key_stand_in; "
-    "ALTER TABLE documents DROP COLUMN readers; ALTER TABLE chunks DROP COLUMN readers"
+    "ALTER TABLE documents DROP COLUMN readers; ALTER TABLE chunks DROP COLUMN readers; "
+    "ALTER TABLE chunk_embeddings DROP COLUMN readers, DROP COLUMN collection_id"
 )
 
 
