@@ -39,6 +39,7 @@ Create Date: 2027-06-24
 from __future__ import annotations
 
 import importlib.util
+import re
 from pathlib import Path
 from typing import Any
 
@@ -82,18 +83,68 @@ def _migration(filename: str) -> Any:
     return module
 
 
+def _distributed() -> bool:
+    """Whether the store was distributed on Citus (`ragservice db distribute` defines
+    `ragservice_local_table`)."""
+    found = (
+        op.get_bind()
+        .exec_driver_sql(
+            "SELECT to_regprocedure('public.ragservice_local_table(name, name, text)')"
+        )
+        .scalar()
+    )
+    return found is not None
+
+
 def _replace_trigger_function(vectors: bool) -> None:
     op.execute(_readers_changed(vectors))
-    conn = op.get_bind()
-    distributed = conn.exec_driver_sql(
-        "SELECT to_regprocedure('public.ragservice_local_table(name, name, text)')"
-    ).scalar()
-    if distributed is not None:
+    if _distributed():
         from ragservice.db import citus_schema, distribution
 
         citus_schema.rewrite_trigger_functions(
-            conn.connection.driver_connection, distribution.STORE_PLAN
+            op.get_bind().connection.driver_connection, distribution.STORE_PLAN
         )
+
+
+def _add_readers_policy() -> None:
+    """The vectors' restrictive policy; on a distributed store folded into the tenant's
+    permissive one at once, as `ragservice db distribute` folds the others (Citus gives the
+    shards every policy as a permissive one, which would widen what a restrictive one narrows)."""
+    readable: str = _migration("0026_document_readers.py")._READABLE
+    if not _distributed():
+        op.execute(
+            "CREATE POLICY document_readers ON chunk_embeddings AS RESTRICTIVE "
+            f"USING ({readable}) WITH CHECK (true)"
+        )
+        return
+    from ragservice.db import citus_schema, distribution
+
+    # Citus refuses a subquery in a policy: the settings' functions are called directly.
+    op.execute(
+        "CREATE POLICY document_readers ON chunk_embeddings AS RESTRICTIVE "
+        f"USING ({_direct_calls(readable)}) WITH CHECK (true)"
+    )
+    citus_schema.fold_restrictive_policies(
+        op.get_bind().connection.driver_connection, distribution.STORE_PLAN
+    )
+
+
+def _direct_calls(expression: str) -> str:
+    """`expression` with each `(SELECT ragservice_…())` a direct call (Citus refuses subqueries
+    in the policies of distributed tables; `ragservice db distribute` rewrites them so)."""
+    return re.sub(r"\(SELECT (ragservice_[a-z_]+\(\))\)", r"\1", expression)
+
+
+def _drop_readers_policy() -> None:
+    """The vectors' restrictive policy gone; on a distributed store, where it was folded into
+    the tenant's policy, that policy as it was before."""
+    if not _distributed():
+        op.execute("DROP POLICY document_readers ON chunk_embeddings")
+        return
+    tenant = _direct_calls(_migration("0026_document_readers.py")._TENANT_POLICY)
+    op.execute(
+        f"ALTER POLICY tenant_isolation ON chunk_embeddings USING ({tenant}) WITH CHECK ({tenant})"
+    )
 
 
 # The exact ranking of the vectors a restricted asker may read. Under row-level security the
@@ -155,7 +206,16 @@ def _fill_columns() -> None:
         op.execute(definition)
 
 
+def _sequential_on_citus() -> None:
+    """On a distributed store, this transaction's statements on distributed tables go over one
+    connection per node: Citus runs a function's DDL (the trigger's) only after such
+    statements, as the service's own connections to a coordinator do."""
+    if _distributed():
+        op.execute("SET LOCAL citus.multi_shard_modify_mode TO 'sequential'")
+
+
 def upgrade() -> None:
+    _sequential_on_citus()
     op.execute("ALTER TABLE chunk_embeddings ADD COLUMN readers text[]")
     op.execute("ALTER TABLE chunk_embeddings ADD COLUMN collection_id uuid")
     _fill_columns()
@@ -168,19 +228,17 @@ def upgrade() -> None:
         "CREATE INDEX chunk_embeddings_unrestricted ON chunk_embeddings (model_id) "
         "WHERE readers IS NULL"
     )
-    op.execute(
-        "CREATE POLICY document_readers ON chunk_embeddings AS RESTRICTIVE "
-        f"USING ({_migration('0026_document_readers.py')._READABLE}) WITH CHECK (true)"
-    )
+    _add_readers_policy()
     _replace_trigger_function(vectors=True)
     op.execute(_NEAREST_VISIBLE)
     op.execute("ANALYZE chunk_embeddings")
 
 
 def downgrade() -> None:
+    _sequential_on_citus()
     op.execute("DROP FUNCTION ragservice_nearest_visible(integer, uuid[], vector, integer)")
     _replace_trigger_function(vectors=False)
-    op.execute("DROP POLICY document_readers ON chunk_embeddings")
+    _drop_readers_policy()
     op.execute("DROP INDEX chunk_embeddings_unrestricted")
     op.execute("DROP INDEX chunk_embeddings_readers")
     op.execute("ALTER TABLE chunk_embeddings DROP COLUMN collection_id")

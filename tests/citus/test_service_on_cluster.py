@@ -469,6 +469,46 @@ def test_a_new_worker_takes_its_share_of_the_shards_by_a_rebalance(
     ]
 
 
+def test_the_vectors_migration_runs_on_a_distributed_store(
+    distributed: CitusCluster, cluster_client: TestClient, tenant: Tenant
+) -> None:
+    """0034 down and up again on a store already distributed (it changes the shared schema and
+    puts it back): the vectors' readers and collection are filled on the shards, the readers'
+    policy is folded into the tenant's (no restrictive policy for Citus to
+    widen on the shards), and each tenant still finds its own documents, and only those."""
+    from sqlalchemy import create_engine
+
+    from tests.integration.test_tenant_keys_migration import _migrate
+
+    other = new_tenant(cluster_client)
+    add_corpus(cluster_client, other, collection="other-kb")
+    engine = create_engine(distributed.url)
+    try:
+        with engine.begin() as conn:
+            _migrate(conn, "downgrade", "0033")
+        with engine.begin() as conn:
+            _migrate(conn, "upgrade", "head")
+    finally:
+        engine.dispose()
+    cluster_client.app.state.runtime.db.dispose()  # type: ignore[attr-defined]
+    with distributed.coordinator_connection() as conn:
+        policies = conn.execute(
+            "SELECT polname, polpermissive FROM pg_policy "
+            "WHERE polrelid = 'chunk_embeddings'::regclass"
+        ).fetchall()
+        mismatched = conn.execute(
+            "SELECT count(*) FROM chunk_embeddings e JOIN chunks c "
+            "ON c.id = e.chunk_id AND c.tenant_id = e.tenant_id "
+            "WHERE e.collection_id <> c.collection_id OR e.readers IS DISTINCT FROM c.readers"
+        ).fetchone()
+    assert policies == [("tenant_isolation", True)]
+    assert mismatched == (0,)
+    for who, collection in ((tenant, "kb"), (other, "other-kb")):
+        found = search(cluster_client, who.reader, query="HNSW graphs", mode="dense", k=10)
+        assert found["results"][0]["document"]["external_id"] == "hnsw"
+        assert {hit["collection"] for hit in found["results"]} == {collection}
+
+
 def test_a_worker_down_is_a_503_for_its_tenants_only(
     cluster_client: TestClient, distributed: CitusCluster
 ) -> None:
