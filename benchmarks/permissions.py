@@ -202,10 +202,7 @@ def _assign_readers(
             params,
         ).rowcount
     set_s = time.perf_counter() - started
-    with runtime.db.owner_engine() as engine, engine.connect() as owner:
-        autocommit = owner.execution_options(isolation_level="AUTOCOMMIT")
-        autocommit.exec_driver_sql("VACUUM (ANALYZE) documents")
-        autocommit.exec_driver_sql("VACUUM (ANALYZE) chunks")
+    _vacuum(runtime, "documents", "chunks")
     figures = {
         "documents": documents,
         "chunks": chunks,
@@ -215,6 +212,14 @@ def _assign_readers(
     marker.write_text(json.dumps(figures))
     scale._log(f"  {figures}")
     return figures
+
+
+def _vacuum(runtime: Runtime, *tables: str) -> None:
+    """VACUUM (ANALYZE) each table, as the owner (outside a transaction)."""
+    with runtime.db.owner_engine() as engine, engine.connect() as owner:
+        autocommit = owner.execution_options(isolation_level="AUTOCOMMIT")
+        for table in tables:
+            autocommit.exec_driver_sql(f"VACUUM (ANALYZE) {table}")
 
 
 def _name_width(groups: int) -> int:
@@ -243,10 +248,7 @@ def _label_documents(
             )
             .rowcount
         )
-    with runtime.db.owner_engine() as engine, engine.connect() as owner:
-        owner.execution_options(isolation_level="AUTOCOMMIT").exec_driver_sql(
-            "VACUUM (ANALYZE) documents"
-        )
+    _vacuum(runtime, "documents")
     figures = {"labelled": documents, "label_s": round(time.perf_counter() - started, 1)}
     marker.write_text(json.dumps(figures))
     return figures

@@ -51,13 +51,13 @@ def nearest(
     *,
     restricted: bool,
     exact: bool = False,
-    definer: bool = False,
+    by_function: bool = False,
 ) -> sql.Composed:
     """The dense candidates, read as the model's storage says (the tenant's, for one).
     `restricted`: the asker may not read every document (the vectors it may read are named,
     `statements.VISIBLE`); `exact`: ranked by an expression no index matches (every row that
-    passes the conditions), not by the HNSW index; with `definer` (and no metadata filter, for
-    one tenant), by `ragservice_nearest_visible`, which uses the indexes over the readers."""
+    passes the conditions), not by the HNSW index, or with `by_function` (`ranks_exactly`) by
+    `ragservice_nearest_visible`, which uses the indexes over the readers."""
     dim = sql.Literal(int(model.dimension))
     pieces = {
         "dim": dim,
@@ -81,7 +81,7 @@ def nearest(
     order = _ordered(distance, exact)
     if options.filters is None:
         chunk_tenant = statements.tenant_and("c", tenant)
-        if exact and restricted and definer and tenant is not None:
+        if exact and by_function:
             return statements.NEAREST_VISIBLE.format(
                 model_id=pieces["model_id"], limit=pieces["limit"], chunk_tenant=chunk_tenant
             )
@@ -99,11 +99,13 @@ def ranks_exactly(
     model: DenseModel,
     options: SearchOptions,
     tenant: uuid.UUID | None,
+    *,
     restricted: bool,
     definer: bool,
 ) -> bool:
     """Whether the search may choose the exact ranking by its estimate: a restricted asker's
-    search of one tenant without a metadata filter, through `ragservice_nearest_visible`.
+    search of one tenant without a metadata filter, through `ragservice_nearest_visible`
+    (`definer`: the function may run, not on Citus).
     Under row-level security the planner uses no index for a metadata filter (`@>` is not
     leakproof either), so a filtered exact ranking would read every vector of the
     collections: a filtered search walks the index, and ranks exactly only when the walk ends
@@ -117,18 +119,13 @@ def ranks_exactly(
     )
 
 
-def visible_rows(
-    model: DenseModel, options: SearchOptions, tenant: uuid.UUID | None, *, restricted: bool
-) -> sql.Composed:
-    """The vectors the search may return, as a statement whose estimated rows the planner
-    gives (`EXPLAIN`, never run)."""
+def visible_rows(model: DenseModel, tenant: uuid.UUID | None) -> sql.Composed:
+    """The vectors a restricted asker may read, as a statement whose estimated rows the
+    planner gives (`EXPLAIN`, never run)."""
     return statements.VISIBLE_VECTORS.format(
         model_id=sql.Literal(int(model.id)),
         tenant=statements.tenant_and("e", tenant),
-        visible=statements.VISIBLE if restricted else sql.SQL(""),
-        chunks=statements.CHUNKS_OF_VECTORS if options.filters is not None else sql.SQL(""),
-        document_join=statements.document_join(options.filters),
-        filter=statements.filter_and(options.filters),
+        visible=statements.VISIBLE,
     )
 
 

@@ -90,6 +90,19 @@ class FixedModel:
 
 
 @dataclass(frozen=True, slots=True)
+class _ExactRanking:
+    """The dense statement ranked exactly: run instead where `estimate` (the vectors a
+    restricted asker may read, `dense.visible_rows`) says that costs less than the walk of the
+    model's HNSW index, or when the walk brought fewer than `wanted` rows (it ended before it
+    found them)."""
+
+    query: sql.Composed
+    wanted: int
+    model_id: int
+    estimate: sql.Composed | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class _Statement:
     """One SQL statement of a search, with its parameters and the HNSW settings it needs."""
 
@@ -99,14 +112,8 @@ class _Statement:
     wanted: int | None = None
     """A restricted asker's exact full text (`statements.BM25_EXACT_DEEP`): the rows wanted;
     fewer come back when too few of the top %(depth)s are visible, and it is run deeper."""
-    exact: sql.Composed | None = None
-    """A restricted or filtered dense statement: the same ranked exactly, run instead where
-    `estimate` says that is cheaper, or when the walk of the HNSW index brought fewer than
-    `dense_wanted` rows (it ended before it found them)."""
-    dense_wanted: int = 0
-    estimate: sql.Composed | None = None
-    """The vectors such a search may return (`dense.visible_rows`), for the choice."""
-    model_id: int = 0
+    exact: _ExactRanking | None = None
+    """A restricted or filtered dense statement's exact ranking (see `_dense_rows`)."""
     explained: bool = False
     """Its plan is wanted (`EXPLAIN` of the statement as it would run), not its rows."""
 
@@ -394,11 +401,22 @@ class Searcher:
         or filtered search, the same ranked exactly beside it (see `_dense_rows`)."""
 
         asker_restricted = restricted()
-        definer = asker_restricted and self._definer()
+        by_function = dense.ranks_exactly(
+            model,
+            options,
+            tenant,
+            restricted=asker_restricted,
+            definer=asker_restricted and self._definer(),
+        )
 
         def query(exact: bool) -> sql.Composed:
             nearest = dense.nearest(
-                model, options, tenant, restricted=asker_restricted, exact=exact, definer=definer
+                model,
+                options,
+                tenant,
+                restricted=asker_restricted,
+                exact=exact,
+                by_function=by_function,
             )
             return statements.with_ctes(nearest, *ctes, select=select)
 
@@ -412,18 +430,9 @@ class Searcher:
         readers = tenancy.asker_principals()
         if readers is not None:
             params["readers"] = readers
-        estimate = None
-        if dense.ranks_exactly(model, options, tenant, asker_restricted, definer):
-            estimate = dense.visible_rows(model, options, tenant, restricted=asker_restricted)
-        return _Statement(
-            query(False),
-            params,
-            ef_search,
-            exact=query(True),
-            dense_wanted=wanted,
-            estimate=estimate,
-            model_id=model.id,
-        )
+        estimate = dense.visible_rows(model, tenant) if by_function else None
+        exact = _ExactRanking(query(True), wanted, model.id, estimate)
+        return _Statement(query(False), params, ef_search, exact=exact)
 
     # -- pieces ----------------------------------------------------------------------------------
 
@@ -458,25 +467,21 @@ class Searcher:
     ) -> list[tuple[Any, ...]]:
         """The statement's rows; for a restricted or filtered dense one, by the exact ranking
         where that is cheaper, or when the index's walk ended short of the rows wanted."""
+        ranking = statement.exact
         exact = (
-            statement.exact is not None
-            and statement.estimate is not None
+            ranking is not None
+            and ranking.estimate is not None
             and dense.exact_is_cheaper(
-                conn,
-                statement.estimate,
-                statement.params,
-                statement.model_id,
-                statement.dense_wanted,
+                conn, ranking.estimate, statement.params, ranking.model_id, ranking.wanted
             )
         )
-        query = statement.exact if exact and statement.exact is not None else statement.query
+        query = ranking.query if exact and ranking is not None else statement.query
         if statement.explained:
             query = sql.SQL("EXPLAIN {}").format(query)
         rows = conn.execute(query, statement.params, prepare=False).fetchall()
-        if statement.exact is None or statement.explained:
-            return rows
-        if not exact and len(rows) < statement.dense_wanted:
-            rows = conn.execute(statement.exact, statement.params, prepare=False).fetchall()
+        short = ranking is not None and not exact and len(rows) < ranking.wanted
+        if short and ranking is not None and not statement.explained:
+            rows = conn.execute(ranking.query, statement.params, prepare=False).fetchall()
         return rows
 
     def _definer(self) -> bool:

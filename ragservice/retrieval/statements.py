@@ -45,9 +45,7 @@ SET_DENSE = sql.SQL(
 # vectors' rows carry their chunk's collection and readers (migration 0034), so a search
 # without a metadata filter ranks them alone and joins only the few it keeps to their chunks
 # (whose policy applies there too). For an asker who may not read every document, {visible}
-# names the vectors it may read in a form the indexes over `readers` answer: the planner then
-# reads those vectors alone and ranks them exactly where its estimate of how many there are
-# says that costs less than walking the HNSW graph past the hidden ones.
+# names the vectors it may read (`VISIBLE`).
 NEAREST = sql.SQL("""
 nearest AS MATERIALIZED (
     SELECT v.chunk_id, c.document_id, v.distance
@@ -86,18 +84,18 @@ nearest AS MATERIALIZED (
 )""")
 
 # What an asker who may not read every document may read of the vectors: the condition of the
-# `document_readers` policy with the asker's principals bound (%(readers)s), which the GIN index
-# over `readers` and the partial index over the unrestricted rows answer (the policy's own form,
-# through its function calls, no index can).
+# `document_readers` policy with the asker's principals bound (%(readers)s). With the values
+# written out the planner estimates its rows from the statistics of `readers` (the policy's own
+# form it cannot); under row-level security it still uses no index for it (`&&` is not
+# leakproof): that is `NEAREST_VISIBLE`'s.
 VISIBLE = sql.SQL("AND (e.readers IS NULL OR e.readers && %(readers)s::text[])")
 
-# The vectors a restricted or filtered search may return, for the planner's estimate of how
-# many they are (`dense.exact_is_cheaper`; the statement is only explained, never run).
+# The vectors a restricted asker may read, for the planner's estimate of how many they are
+# (`dense.exact_is_cheaper`; the statement is only explained, never run).
 VISIBLE_VECTORS = sql.SQL("""
-SELECT 1 FROM chunk_embeddings e {chunks} {document_join}
+SELECT 1 FROM chunk_embeddings e
 WHERE e.model_id = {model_id} AND e.collection_id = ANY(%(collections)s::uuid[]) {tenant}
-      {visible} {filter}""")
-CHUNKS_OF_VECTORS = sql.SQL("JOIN chunks c ON c.id = e.chunk_id AND c.tenant_id = e.tenant_id")
+      {visible}""")
 
 # The rows of a model's HNSW index as last counted (VACUUM, ANALYZE, CREATE INDEX).
 INDEX_ROWS = sql.SQL("SELECT reltuples FROM pg_class WHERE oid = to_regclass(%(index)s)")
